@@ -1,0 +1,50 @@
+# Thin wrapper around CMake so the README's commands stay short.
+#   make test          build (debug, ASan+UBSan) and run the whole suite
+#   make test-tsan     the suite under ThreadSanitizer
+#   make test-valgrind the deterministic ("fast") tests under valgrind memcheck
+#   make bench         release build, run the benchmarks
+#   make fuzz          libFuzzer targets for a bounded time (FUZZ_SECONDS)
+JOBS ?= $(shell nproc)
+FUZZ_SECONDS ?= 60
+CMAKE_FLAGS ?=
+
+.PHONY: all deps test test-tsan test-valgrind release bench fuzz clean format
+
+all: deps
+	@cmake -S . -B build/debug -DCMAKE_BUILD_TYPE=Debug -DKVP_SANITIZE=address,undefined $(CMAKE_FLAGS) >/dev/null
+	@cmake --build build/debug -j $(JOBS)
+
+deps:
+	@pkg-config --exists ucx libxxhash cmocka libsodium libmicrohttpd inih 2>/dev/null && \
+	  command -v cmake >/dev/null && command -v valgrind >/dev/null || ./scripts/install-deps.sh
+
+test: all
+	cd build/debug && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+
+test-tsan: deps
+	@cmake -S . -B build/tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVP_SANITIZE=thread $(CMAKE_FLAGS) >/dev/null
+	@cmake --build build/tsan -j $(JOBS)
+	cd build/tsan && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+
+test-valgrind: deps
+	@cmake -S . -B build/valgrind -DCMAKE_BUILD_TYPE=Debug -DKVP_VALGRIND=ON $(CMAKE_FLAGS) >/dev/null
+	@cmake --build build/valgrind -j $(JOBS)
+	cd build/valgrind && ctest --output-on-failure -j $(JOBS) -L fast $(CTEST_ARGS)
+
+release: deps
+	@cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null
+	@cmake --build build/release -j $(JOBS)
+
+bench: release
+	@for b in build/release/bench/*/*_bench; do [ -x "$$b" ] && echo "== $$b" && "$$b" || true; done
+
+fuzz: deps
+	@CC=clang cmake -S . -B build/fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVP_FUZZ=ON -DKVP_SANITIZE=address,undefined $(CMAKE_FLAGS) >/dev/null
+	@cmake --build build/fuzz -j $(JOBS)
+	@./scripts/run-fuzz.sh build/fuzz $(FUZZ_SECONDS)
+
+format:
+	clang-format -i $$(git ls-files '*.c' '*.h')
+
+clean:
+	rm -rf build

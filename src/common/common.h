@@ -1,0 +1,228 @@
+/*
+ * common.h -- the common layer: status text, logging with rate limiting, the
+ * injectable clock, the allocation seam, xxh3 digests, random bytes, an
+ * intrusive list, and the test time multiplier.
+ *
+ * Internal: names are kvp__ or kvp_<thing>_; nothing here is exported.
+ */
+#ifndef KVP_COMMON_H
+#define KVP_COMMON_H
+
+#include "kvpeer.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define KVP_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+#define KVP_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define KVP_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define KVP_NSEC_PER_MSEC 1000000ull
+#define KVP_NSEC_PER_SEC 1000000000ull
+#define KVP_CONTAINER_OF(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
+
+/* Always-on cheap invariant. Violations are bugs in kvpeer, never bad input
+ * (bad input gets a status). */
+#define KVP_ASSERT(cond)                                                                           \
+    do {                                                                                           \
+        if (__builtin_expect(!(cond), 0))                                                          \
+            kvp__assert_fail(#cond, __FILE__, __LINE__, __func__);                                 \
+    } while (0)
+void kvp__assert_fail(const char *cond, const char *file, int line, const char *func)
+    __attribute__((noreturn));
+
+/* ------------------------------------------------------------------ logging */
+
+typedef enum kvp_log_level {
+    KVP_LOG_ERROR = 0,
+    KVP_LOG_WARN = 1,
+    KVP_LOG_INFO = 2,
+    KVP_LOG_DEBUG = 3,
+    KVP_LOG_TRACE = 4,
+} kvp_log_level_t;
+
+/* A sink receives every formatted line that passed the level and the rate
+ * limit. The default sink writes to stderr. Tests install one to capture
+ * lines ("an error log was written"). `line` is valid for the call only. */
+typedef void (*kvp_log_sink_cb)(kvp_log_level_t level, const char *prefix, const char *line,
+                                void *arg);
+
+/* Global log level (default INFO, or KVPEER_LOG_LEVEL=error|warn|info|debug|trace). */
+extern int kvp__log_level;
+void kvp_log_set_level(kvp_log_level_t level);
+void kvp_log_set_sink(kvp_log_sink_cb sink, void *arg);
+/* Per-level count of lines emitted (and suppressed by rate limits). */
+uint64_t kvp_log_count(kvp_log_level_t level);
+uint64_t kvp_log_suppressed(void);
+
+void kvp__log(kvp_log_level_t level, const char *prefix, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Level macros skip argument evaluation when the level is off. `prefix` is
+ * the node's name (or NULL); it is printed in brackets. */
+#define KVP_LOG(level, prefix, ...)                                                                \
+    do {                                                                                           \
+        if ((int)(level) <= kvp__log_level)                                                        \
+            kvp__log((level), (prefix), __VA_ARGS__);                                              \
+    } while (0)
+#define KVP_ERROR(prefix, ...) KVP_LOG(KVP_LOG_ERROR, prefix, __VA_ARGS__)
+#define KVP_WARN(prefix, ...) KVP_LOG(KVP_LOG_WARN, prefix, __VA_ARGS__)
+#define KVP_INFO(prefix, ...) KVP_LOG(KVP_LOG_INFO, prefix, __VA_ARGS__)
+#define KVP_DEBUG(prefix, ...) KVP_LOG(KVP_LOG_DEBUG, prefix, __VA_ARGS__)
+#define KVP_TRACE(prefix, ...) KVP_LOG(KVP_LOG_TRACE, prefix, __VA_ARGS__)
+
+/* Rate limit for a repeated line (per peer, per cause): at most `burst`
+ * lines per `interval_ns`; the rest are counted and reported with the next
+ * line that passes. Embed one per (peer, cause). */
+typedef struct kvp_ratelimit {
+    uint64_t interval_ns;
+    uint32_t burst;
+    uint32_t emitted;    /* in the current window */
+    uint64_t window_start;
+    uint64_t suppressed; /* since the last emitted line */
+} kvp_ratelimit_t;
+
+void kvp_ratelimit_init(kvp_ratelimit_t *rl, uint64_t interval_ns, uint32_t burst);
+/* True if a line may be emitted now; *suppressed gets the count of lines
+ * dropped since the last one that passed. */
+bool kvp_ratelimit_allow(kvp_ratelimit_t *rl, uint64_t now_ns, uint64_t *suppressed);
+
+#define KVP_LOG_RL(rl, now, level, prefix, fmt, ...)                                               \
+    do {                                                                                           \
+        uint64_t kvp__sup_;                                                                        \
+        if ((int)(level) <= kvp__log_level && kvp_ratelimit_allow((rl), (now), &kvp__sup_)) {      \
+            if (kvp__sup_)                                                                         \
+                kvp__log((level), (prefix), fmt " (%llu similar suppressed)", ##__VA_ARGS__,       \
+                         (unsigned long long)kvp__sup_);                                           \
+            else                                                                                   \
+                kvp__log((level), (prefix), fmt, ##__VA_ARGS__);                                   \
+        }                                                                                          \
+    } while (0)
+
+/* -------------------------------------------------------------------- clock */
+
+/* The injectable monotonic clock. Everything that reads time takes one.
+ * `now_ns` must be monotonic. The real clock is CLOCK_MONOTONIC. */
+typedef struct kvp_clock {
+    uint64_t (*now_ns)(void *arg);
+    void *arg;
+} kvp_clock_t;
+
+const kvp_clock_t *kvp_clock_real(void);
+
+static inline uint64_t kvp_clock_now(const kvp_clock_t *c)
+{
+    return c->now_ns(c->arg);
+}
+
+/* A manual clock for deterministic tests and the simulator. Thread-safe
+ * reads (atomic), advanced by the test. */
+typedef struct kvp_manual_clock {
+    kvp_clock_t clock; /* pass &mc.clock wherever a clock is needed */
+    uint64_t now;
+} kvp_manual_clock_t;
+
+void kvp_manual_clock_init(kvp_manual_clock_t *mc, uint64_t start_ns);
+void kvp_manual_clock_advance(kvp_manual_clock_t *mc, uint64_t delta_ns);
+void kvp_manual_clock_set(kvp_manual_clock_t *mc, uint64_t now_ns);
+
+/* ---------------------------------------------------------- allocation seam */
+
+/* All library allocations go through these, so tests can fail the Nth one.
+ * kvp__free(NULL) is a no-op. */
+void *kvp__malloc(size_t size);
+void *kvp__calloc(size_t n, size_t size);
+void *kvp__realloc(void *p, size_t size);
+void kvp__free(void *p);
+char *kvp__strdup(const char *s);
+
+/* Test hook: make the allocation with 1-based index `n` (counted from this
+ * call) and every later one fail (`sticky`) or only that one. n == 0 turns
+ * the injection off. */
+void kvp_alloc_fail_at(uint64_t n, bool sticky);
+/* Allocations made since the last kvp_alloc_fail_at() call. */
+uint64_t kvp_alloc_count(void);
+/* Live allocations (allocated and not yet freed) through the seam. */
+int64_t kvp_alloc_live(void);
+
+/* -------------------------------------------------------------- hash & rand */
+
+typedef struct kvp_digest {
+    uint64_t lo, hi;
+} kvp_digest_t;
+
+/* xxh3-128 of a block (libxxhash). */
+kvp_digest_t kvp_digest(const void *data, size_t len, uint64_t seed);
+static inline bool kvp_digest_eq(const kvp_digest_t *a, const kvp_digest_t *b)
+{
+    return a->lo == b->lo && a->hi == b->hi;
+}
+/* xxh3-64 of a key, for indexes. */
+uint64_t kvp_hash64(const void *data, size_t len, uint64_t seed);
+
+/* Cryptographically random bytes (getrandom). */
+kvp_status_t kvp_random_bytes(void *buf, size_t len);
+
+/* Deterministic PRNG (splitmix64 seeding xoshiro256**) for tests, the fake
+ * transport and the simulator. */
+typedef struct kvp_rng {
+    uint64_t s[4];
+} kvp_rng_t;
+void kvp_rng_seed(kvp_rng_t *r, uint64_t seed);
+uint64_t kvp_rng_next(kvp_rng_t *r);
+/* Uniform in [0, bound), bound > 0. */
+uint64_t kvp_rng_below(kvp_rng_t *r, uint64_t bound);
+
+/* --------------------------------------------------------- intrusive list */
+
+/* Circular doubly-linked list (libuv's queue). A node that is not on a list
+ * points at itself, so kvp_list_linked() tells membership in O(1). */
+typedef struct kvp_list {
+    struct kvp_list *next, *prev;
+} kvp_list_t;
+
+static inline void kvp_list_init(kvp_list_t *l)
+{
+    l->next = l->prev = l;
+}
+static inline bool kvp_list_empty(const kvp_list_t *l)
+{
+    return l->next == l;
+}
+static inline bool kvp_list_linked(const kvp_list_t *n)
+{
+    return n->next != n;
+}
+static inline void kvp_list_insert_tail(kvp_list_t *head, kvp_list_t *n)
+{
+    n->next = head;
+    n->prev = head->prev;
+    head->prev->next = n;
+    head->prev = n;
+}
+static inline void kvp_list_insert_head(kvp_list_t *head, kvp_list_t *n)
+{
+    n->next = head->next;
+    n->prev = head;
+    head->next->prev = n;
+    head->next = n;
+}
+static inline void kvp_list_remove(kvp_list_t *n)
+{
+    n->prev->next = n->next;
+    n->next->prev = n->prev;
+    n->next = n->prev = n;
+}
+#define kvp_list_foreach_safe(pos, tmp, head)                                                      \
+    for ((pos) = (head)->next, (tmp) = (pos)->next; (pos) != (head); (pos) = (tmp), (tmp) = (pos)->next)
+
+/* ------------------------------------------------------------------- tests */
+
+/* The one multiplier by which tests on the real clock scale every bound:
+ * KVPEER_TEST_TIME_SCALE if set (a positive number), else 1. The build sets
+ * it higher under sanitizers and valgrind. */
+double kvp_test_time_scale(void);
+uint64_t kvp_test_scaled_ns(uint64_t ns);
+
+#endif /* KVP_COMMON_H */

@@ -1,0 +1,203 @@
+/*
+ * ctl.h -- the control transport (SPEC §2 layer 3, §4, §8): an epoll event
+ * loop with named deadlines, non-blocking framed connections (TCP, or a fake
+ * in-memory network for deterministic tests), and the control plane of one
+ * node: listener, dials with backoff, the authenticated handshake with
+ * epochs, heartbeats, identity conflicts. Knows nothing of KV.
+ *
+ * Threading: everything here runs on the loop's owner thread, except
+ * kvp_loop_wakeup(), which any thread may call.
+ */
+#ifndef KVP_CTL_H
+#define KVP_CTL_H
+
+#include "common/common.h"
+#include "wire/wire.h"
+
+/* ================================================================= loop */
+
+typedef struct kvp_loop kvp_loop_t;
+typedef struct kvp_io kvp_io_t;
+typedef struct kvp_timer kvp_timer_t;
+
+/* events: EPOLLIN / EPOLLOUT / EPOLLERR / EPOLLHUP bits from <sys/epoll.h> */
+typedef void (*kvp_io_cb)(kvp_io_t *io, uint32_t events);
+typedef void (*kvp_timer_cb)(kvp_timer_t *t);
+
+/* Embedded in the owner's struct; the loop never allocates or frees one. */
+struct kvp_io {
+    int fd;
+    uint32_t events;
+    kvp_io_cb cb;
+    void *data;
+    bool active;
+};
+
+/* A named deadline. Embedded in the owner's struct (e.g. a session has
+ * handshake, heartbeat, dead, load... timers); all active timers feed one
+ * min-heap; the poll timeout comes from its top. */
+struct kvp_timer {
+    uint64_t deadline_ns;
+    kvp_timer_cb cb;
+    void *data;
+    const char *name; /* for traces: "handshake", "dead-after", ... */
+    uint32_t heap_index; /* UINT32_MAX when not active */
+};
+
+/* `clock` is borrowed for the loop's lifetime (NULL = real clock). */
+kvp_status_t kvp_loop_create(const kvp_clock_t *clock, kvp_loop_t **out);
+/* Every io and timer must have been stopped. */
+void kvp_loop_destroy(kvp_loop_t *loop);
+const kvp_clock_t *kvp_loop_clock(const kvp_loop_t *loop);
+uint64_t kvp_loop_now(const kvp_loop_t *loop);
+
+kvp_status_t kvp_io_start(kvp_loop_t *loop, kvp_io_t *io, int fd, uint32_t events, kvp_io_cb cb,
+                          void *data);
+kvp_status_t kvp_io_modify(kvp_loop_t *loop, kvp_io_t *io, uint32_t events);
+void kvp_io_stop(kvp_loop_t *loop, kvp_io_t *io);
+
+void kvp_timer_init(kvp_timer_t *t, const char *name, kvp_timer_cb cb, void *data);
+/* (Re)arm at an absolute deadline on the loop's clock. */
+void kvp_timer_start(kvp_loop_t *loop, kvp_timer_t *t, uint64_t deadline_ns);
+void kvp_timer_stop(kvp_loop_t *loop, kvp_timer_t *t);
+bool kvp_timer_active(const kvp_timer_t *t);
+/* Nearest deadline, or UINT64_MAX. */
+uint64_t kvp_loop_next_deadline(const kvp_loop_t *loop);
+
+/* One iteration: wait up to timeout_ms (-1 = until the next deadline or an
+ * event; 0 = do not sleep), dispatch ready fds, then fire due timers.
+ * Returns the number of callbacks run. An idle loop sleeps: no busy polling. */
+int kvp_loop_run_once(kvp_loop_t *loop, int timeout_ms);
+/* Any thread: make a sleeping run_once return (eventfd). */
+void kvp_loop_wakeup(kvp_loop_t *loop);
+/* Called on the owner thread after a wakeup was consumed. */
+void kvp_loop_set_wakeup_cb(kvp_loop_t *loop, void (*cb)(void *arg), void *arg);
+/* The epoll fd: readable when run_once has work (caller-driven mode). */
+int kvp_loop_fd(const kvp_loop_t *loop);
+
+/* ========================================================== control plane */
+
+typedef struct kvp_ctl kvp_ctl_t;
+typedef struct kvp_link kvp_link_t; /* one control-connection incarnation */
+
+/* Why a link went down. */
+typedef enum kvp_down_reason {
+    KVP_DOWN_BYE = 0,            /* the peer sent BYE (see bye_reason) */
+    KVP_DOWN_EOF = 1,            /* connection closed / reset */
+    KVP_DOWN_DEAD = 2,           /* nothing received for dead_after */
+    KVP_DOWN_HANDSHAKE_TIMEOUT = 3,
+    KVP_DOWN_PROTOCOL = 4,       /* malformed frame, bad epochs on a handshake frame */
+    KVP_DOWN_INCOMPATIBLE = 5,   /* layout / fingerprint / seed / version */
+    KVP_DOWN_AUTH = 6,
+    KVP_DOWN_DUPLICATE = 7,      /* refused duplicate or lost a simultaneous dial */
+    KVP_DOWN_LIMIT = 8,          /* session cap */
+    KVP_DOWN_LOCAL_CLOSE = 9,    /* kvp_link_close() */
+    KVP_DOWN_SLOW_PEER = 10,     /* write queue over its bound */
+    KVP_DOWN_REFUSED = 11,       /* the ready callback refused the peer */
+} kvp_down_reason_t;
+
+const char *kvp_down_reason_str(kvp_down_reason_t r);
+
+/* The network a ctl speaks over: real TCP, or the fake in-memory network. */
+typedef struct kvp_fake_net kvp_fake_net_t;
+
+typedef struct kvp_ctl_callbacks {
+    /* Handshake complete (HELLO validated, AUTH if configured, both HELLO_ACKs
+     * exchanged). `blob` is the peer's data-transport address blob, borrowed
+     * for the call. Returning non-OK refuses the peer (link closed with a
+     * fault BYE, on_down not called for a link that never became ready). */
+    kvp_status_t (*on_ready)(void *arg, kvp_link_t *link, const kvp_msg_hello_t *peer,
+                             const void *blob, size_t blob_len);
+    /* A post-handshake frame whose epochs match this incarnation (PING/PONG/
+     * BYE are handled here; everything else is delivered). `msg` and its
+     * arrays are valid for the call only. */
+    void (*on_frame)(void *arg, kvp_link_t *link, const kvp_msg_t *msg);
+    /* A ready link went down. `fault` is false only for a graceful BYE (or a
+     * local graceful close). The link is freed after the callback returns. */
+    void (*on_down)(void *arg, kvp_link_t *link, kvp_down_reason_t reason, uint16_t bye_reason,
+                    bool fault);
+    /* Optional: a fresh PONG arrived (proof of life; RTT in ns). */
+    void (*on_pong)(void *arg, kvp_link_t *link, uint64_t rtt_ns);
+    void *arg;
+} kvp_ctl_callbacks_t;
+
+typedef struct kvp_ctl_config {
+    const char *peer_id;     /* our advertised host:port; NULL = the bound address */
+    const char *instance_id; /* NULL = peer_id */
+    const char *listen_addr; /* "host:port" (port 0 = ephemeral), IPv4 or [IPv6]; NULL = no listener */
+    uint32_t num_blocks, block_size;
+    uint64_t fingerprint, hash_seed;
+    const uint8_t *psk; /* pre-shared key or NULL; borrowed */
+    size_t psk_len;
+    const void *blob;   /* our data-transport blob; borrowed for the ctl's lifetime */
+    size_t blob_len;
+    uint64_t heartbeat_ns;         /* default 500 ms */
+    uint64_t dead_after_ns;        /* default 2 s */
+    uint64_t handshake_timeout_ns; /* default 10 s */
+    uint64_t backoff_min_ns, backoff_max_ns; /* default 100 ms, 5 s */
+    uint32_t max_sessions;   /* default 1024 */
+    size_t wbuf_max;         /* per-connection write queue bound, default 64 MiB */
+    kvp_loop_t *loop;        /* borrowed */
+    kvp_fake_net_t *fake_net; /* non-NULL: use the fake network instead of TCP */
+    kvp_ctl_callbacks_t cb;
+    const char *log_prefix;
+} kvp_ctl_config_t;
+
+typedef struct kvp_ctl_stats {
+    uint64_t links_ready, links_handshaking;
+    uint64_t frames_in, frames_out, bytes_in, bytes_out;
+    uint64_t stale_frames;    /* dropped: epochs of another incarnation */
+    uint64_t protocol_errors;
+    uint64_t refused_incompatible, refused_auth, refused_duplicate, refused_limit;
+    uint64_t handshakes_timed_out, peers_dead, dials, dial_failures;
+} kvp_ctl_stats_t;
+
+kvp_status_t kvp_ctl_create(const kvp_ctl_config_t *cfg, kvp_ctl_t **out);
+/* Closes every link (no callbacks) and the listener. */
+void kvp_ctl_destroy(kvp_ctl_t *ctl);
+/* Our peer id ("host:port" of the listener). */
+const char *kvp_ctl_peer_id(const kvp_ctl_t *ctl);
+
+/* Want a session with `addr` ("host:port"): dial now, redial with exponential
+ * backoff and jitter while wanted and not ready. Idempotent. */
+kvp_status_t kvp_ctl_want(kvp_ctl_t *ctl, const char *addr);
+/* Stop wanting `addr` (links already up stay until closed). */
+void kvp_ctl_unwant(kvp_ctl_t *ctl, const char *addr);
+
+/* Send a frame on a link; the ctl stamps the epochs. Before the link is ready
+ * frames are queued and flushed in order after both acks. KVP_ERR_CLOSED if
+ * the link is going down; KVP_ERR_LIMIT if the write queue is over its bound
+ * (the link is then closed as a slow peer). */
+kvp_status_t kvp_link_send(kvp_link_t *link, const kvp_msg_t *msg);
+/* Close: sends BYE(reason), then closes. Asynchronous: on_down runs from the
+ * loop, never inside this call. */
+void kvp_link_close(kvp_link_t *link, kvp_bye_reason_t reason);
+/* PING now (e.g. probation: prove the peer alive; on_pong reports it). */
+void kvp_link_ping(kvp_link_t *link);
+
+const char *kvp_link_peer_id(const kvp_link_t *link);
+const char *kvp_link_instance_id(const kvp_link_t *link);
+const kvp_epoch_t *kvp_link_local_epoch(const kvp_link_t *link);
+const kvp_epoch_t *kvp_link_remote_epoch(const kvp_link_t *link);
+uint64_t kvp_link_rtt_ns(const kvp_link_t *link);
+void kvp_link_set_user(kvp_link_t *link, void *user);
+void *kvp_link_user(const kvp_link_t *link);
+
+void kvp_ctl_get_stats(const kvp_ctl_t *ctl, kvp_ctl_stats_t *st);
+
+/* ============================================================ fake network */
+
+/* An in-memory network for deterministic tests and the simulator: many ctls
+ * in one process, no sockets, on the loop's (manual) clock. Delivery is in
+ * order per connection after `latency_ns`. */
+kvp_status_t kvp_fake_net_create(uint64_t latency_ns, kvp_fake_net_t **out);
+void kvp_fake_net_destroy(kvp_fake_net_t *net);
+/* Cut / heal connectivity between two addresses (both directions): frames
+ * are held, not delivered, while partitioned. */
+void kvp_fake_net_partition(kvp_fake_net_t *net, const char *a, const char *b, bool cut);
+/* Reset every connection of `addr` as if its process died (EOF to peers). */
+void kvp_fake_net_kill(kvp_fake_net_t *net, const char *addr);
+/* Deliver everything due at the clock's now. Returns frames delivered. */
+int kvp_fake_net_deliver(kvp_fake_net_t *net);
+
+#endif /* KVP_CTL_H */

@@ -1,0 +1,196 @@
+/*
+ * store.h -- the block store (SPEC §3): a region of num_blocks x block_size
+ * bytes, a slot table, a key index, pins, LRU eviction and checksums. No I/O.
+ *
+ * Slot state machine (one set_state() asserts every transition):
+ *
+ *        reserve                 commit
+ *   FREE ---------> FILLING ----------------> READY
+ *    ^  <---------   |   abandon               |  evict (pins == 0) / drop (suspect
+ *    |               |                         |  re-verify failed)
+ *    |               v quarantine              |
+ *    +---------- QUARANTINED <-----------------+ (never: READY is not quarantined)
+ *      release_quarantined (proof, or the hold cap -> suspect)
+ *
+ *   FREE         on the free list; key empty; pins 0.
+ *   FILLING      reserved for a local writer or an inbound remote WRITE; key
+ *                indexed (answers "pending"); not evictable.
+ *   READY        holds the block of its key; indexed; evictable iff pins == 0
+ *                (pinned <=> not on the LRU list, asserted).
+ *   QUARANTINED  a WRITE may still land here; content garbage; not indexed,
+ *                never handed out, never evicted.
+ *
+ * A slot's generation increases each time it leaves FREE. Everything outside
+ * the store names a slot by kvp_slot_ref_t (slot, generation); a stale ref is
+ * refused with KVP_ERR_STALE, never acted on.
+ *
+ * Threading: a store is owned by one thread (the node's owner thread). No
+ * call locks. Allocation happens only in create.
+ */
+#ifndef KVP_STORE_H
+#define KVP_STORE_H
+
+#include "common/common.h"
+
+#define KVP_KEY_MAX 64
+
+typedef struct kvp_store kvp_store_t;
+
+typedef enum kvp_slot_state {
+    KVP_SLOT_FREE = 0,
+    KVP_SLOT_FILLING = 1,
+    KVP_SLOT_READY = 2,
+    KVP_SLOT_QUARANTINED = 3,
+} kvp_slot_state_t;
+
+const char *kvp_slot_state_str(kvp_slot_state_t s);
+
+typedef struct kvp_slot_ref {
+    uint32_t slot;
+    uint32_t gen;
+} kvp_slot_ref_t;
+
+/* Called when a slot becomes READY (commit), so the node can serve lookups
+ * pending on the key and parked WAIT_FOR_SUPPLY demand. Must not call back
+ * into the store's mutating API synchronously except pin/unpin. */
+typedef void (*kvp_store_commit_cb)(void *arg, const void *key, uint32_t key_len,
+                                    kvp_slot_ref_t ref);
+
+typedef struct kvp_store_config {
+    uint32_t num_blocks;  /* > 0 */
+    uint32_t block_size;  /* > 0, a multiple of the page size */
+    /* Region supplied from outside (by the data transport, which for UCX
+     * allocates it, or by the embedding engine): base and length, length >=
+     * num_blocks * block_size, base page-aligned. The supplier frees it after
+     * kvp_store_destroy. NULL: the store maps its own (anonymous, populated)
+     * and unmaps it at destroy. */
+    void *region;
+    size_t region_len;
+    bool huge_pages;            /* own mapping only: try MAP_HUGETLB, fall back cleanly */
+    uint32_t max_pins;          /* global bound on pins; 0 = 4 * num_blocks */
+    uint64_t suspect_period_ns; /* how long a cap-released slot stays suspect */
+    uint64_t hash_seed;         /* xxh3 seed for checksums */
+    const kvp_clock_t *clock;   /* NULL = real clock */
+    kvp_store_commit_cb commit_cb;
+    void *commit_cb_arg;
+    const char *log_prefix;     /* borrowed for the store's lifetime; may be NULL */
+} kvp_store_config_t;
+
+typedef struct kvp_store_stats {
+    uint64_t slots[4];          /* by kvp_slot_state_t */
+    uint64_t pins;              /* current total */
+    uint64_t suspect;           /* slots currently marked suspect */
+    uint64_t evictions;
+    uint64_t checksum_mismatches; /* suspect re-verify failures + commit_verify failures */
+    uint64_t reserves, commits, abandons, quarantines, quarantine_releases;
+    uint64_t lookups_hit, lookups_miss, lookups_pending;
+    uint64_t pin_limit_refusals;
+} kvp_store_stats_t;
+
+/* Everything about one slot, for the landing checker, inspection and tests. */
+typedef struct kvp_slot_info {
+    kvp_slot_state_t state;
+    uint32_t gen;
+    uint32_t pins;
+    uint8_t key_len;
+    uint8_t key[KVP_KEY_MAX];
+    kvp_digest_t digest;          /* valid when READY */
+    uint64_t quarantined_at_ns;   /* valid when QUARANTINED */
+    uint64_t suspect_until_ns;    /* 0 = not suspect */
+} kvp_slot_info_t;
+
+/* Create a store. Out-param written only on KVP_OK. KVP_ERR_INVALID for a
+ * zero or non-page-multiple block size, zero blocks, a region too small or
+ * unaligned; KVP_ERR_NOMEM if an allocation fails (nothing leaks). */
+kvp_status_t kvp_store_create(const kvp_store_config_t *cfg, kvp_store_t **out);
+/* Frees metadata and the region if the store mapped it. Asserts nothing is
+ * pinned unless `force` (shutdown after the drain). */
+void kvp_store_destroy(kvp_store_t *s);
+
+uint32_t kvp_store_num_blocks(const kvp_store_t *s);
+uint32_t kvp_store_block_size(const kvp_store_t *s);
+void *kvp_store_base(const kvp_store_t *s);
+size_t kvp_store_region_len(const kvp_store_t *s);
+/* Pointer to a slot's bytes. Valid for the store's lifetime. */
+void *kvp_store_slot_ptr(const kvp_store_t *s, uint32_t slot);
+
+/* Flags for reserve. */
+enum {
+    /* The slot will be the destination of a remote load whose content is
+     * verified against the source's checksum: suspect slots may be used. */
+    KVP_STORE_RESERVE_REMOTE = 1u << 0,
+};
+
+/* Reserve a slot for `key` (1..64 bytes): FREE (or evict the LRU READY
+ * unpinned slot) -> FILLING; the key is indexed at once.
+ *   KVP_OK          *ref, *ptr written
+ *   KVP_ERR_EXISTS  the key is READY (no slot taken)
+ *   KVP_ERR_PENDING the key is FILLING (no slot taken)
+ *   KVP_ERR_NOSPACE nothing free and nothing evictable
+ *   KVP_ERR_INVALID bad key or arguments */
+kvp_status_t kvp_store_reserve(kvp_store_t *s, const void *key, size_t key_len, unsigned flags,
+                               kvp_slot_ref_t *ref, void **ptr);
+/* FILLING -> READY: computes the xxh3-128 digest of the slot and fires the
+ * commit callback. */
+kvp_status_t kvp_store_commit(kvp_store_t *s, kvp_slot_ref_t ref);
+/* Like commit, but first verifies the content against `expected` (the
+ * source's checksum). On mismatch returns KVP_ERR_CHECKSUM, counts it, and
+ * leaves the slot FILLING (the caller abandons it). */
+kvp_status_t kvp_store_commit_verify(kvp_store_t *s, kvp_slot_ref_t ref,
+                                     const kvp_digest_t *expected);
+/* FILLING -> FREE, key unindexed. */
+kvp_status_t kvp_store_abandon(kvp_store_t *s, kvp_slot_ref_t ref);
+
+/* Look a key up.
+ *   KVP_OK            READY: pinned (caller unpins), *ref/*ptr/*digest written
+ *   KVP_ERR_PENDING   FILLING
+ *   KVP_ERR_NOT_FOUND missing
+ *   KVP_ERR_LIMIT     READY but the pin bound is reached (counted)
+ * A suspect slot is re-verified against its digest on every acquire; a
+ * mismatch drops the block (READY -> FREE), is counted and logged, and
+ * answers NOT_FOUND. Any out-param may be NULL. Touches LRU. */
+kvp_status_t kvp_store_lookup(kvp_store_t *s, const void *key, size_t key_len, kvp_slot_ref_t *ref,
+                              const void **ptr, kvp_digest_t *digest);
+/* Index probe without pinning or touching LRU: state of the key's slot, or
+ * KVP_ERR_NOT_FOUND. */
+kvp_status_t kvp_store_probe(const kvp_store_t *s, const void *key, size_t key_len,
+                             kvp_slot_ref_t *ref, kvp_slot_state_t *state);
+
+/* Add / drop one pin on a READY slot named by ref. */
+kvp_status_t kvp_store_pin(kvp_store_t *s, kvp_slot_ref_t ref);
+kvp_status_t kvp_store_unpin(kvp_store_t *s, kvp_slot_ref_t ref);
+
+/* FILLING -> QUARANTINED (a WRITE may still land), key unindexed, stamped
+ * with the clock's now. */
+kvp_status_t kvp_store_quarantine(kvp_store_t *s, kvp_slot_ref_t ref);
+/* QUARANTINED -> FREE on proof. With `suspect` (released by the hold cap,
+ * not by proof) the slot is marked suspect for suspect_period_ns: it is handed
+ * out only to KVP_STORE_RESERVE_REMOTE reserves and re-verified on acquire. */
+kvp_status_t kvp_store_release_quarantined(kvp_store_t *s, kvp_slot_ref_t ref, bool suspect);
+
+/* Evict the least-recently-used READY unpinned slot (READY -> FREE).
+ * KVP_ERR_NOSPACE if none. */
+kvp_status_t kvp_store_evict_one(kvp_store_t *s);
+
+/* Slot details. KVP_ERR_INVALID if slot >= num_blocks. */
+kvp_status_t kvp_store_slot_info(const kvp_store_t *s, uint32_t slot, kvp_slot_info_t *info);
+/* Is ref the slot's current generation? */
+bool kvp_store_ref_valid(const kvp_store_t *s, kvp_slot_ref_t ref);
+
+/* Call fn for every slot not FREE; stop when fn returns false. */
+typedef bool (*kvp_store_iter_cb)(void *arg, uint32_t slot, const kvp_slot_info_t *info);
+void kvp_store_iterate(const kvp_store_t *s, kvp_store_iter_cb fn, void *arg);
+
+void kvp_store_get_stats(const kvp_store_t *s, kvp_store_stats_t *st);
+/* Bytes of metadata per slot (slot table + index share), for the bench. */
+size_t kvp_store_meta_bytes_per_slot(const kvp_store_t *s);
+
+/* Validate every invariant (state vs lists vs index vs pins vs counters).
+ * KVP_OK or KVP_ERR_STATE with a description in `why` (may be NULL). */
+kvp_status_t kvp_store_check(const kvp_store_t *s, char *why, size_t why_len);
+
+/* Test-only hooks that break one invariant on purpose, so tests can prove
+ * kvp_store_check() can fail. */
+void kvp__store_test_break_lru(kvp_store_t *s, uint32_t slot);
+
+#endif /* KVP_STORE_H */
