@@ -52,6 +52,177 @@ typedef enum kvp_status {
 /* Static English text for a status; never NULL. */
 KVP_EXPORT const char *kvp_status_str(kvp_status_t status);
 
+/* ================================================================== node */
+
+typedef struct kvp_node kvp_node_t;
+
+typedef enum kvp_transport_kind {
+    KVP_TRANSPORT_UCX = 0,  /* real one-sided puts (shared memory, tcp, rdma) */
+    KVP_TRANSPORT_FAKE = 1, /* deterministic test double (tests, simulator) */
+} kvp_transport_kind_t;
+
+typedef enum kvp_thread_mode {
+    KVP_THREAD_OWN = 0,    /* the node runs its own progress thread (default) */
+    KVP_THREAD_CALLER = 1, /* the embedding calls kvp_node_progress() on one thread */
+} kvp_thread_mode_t;
+
+/* Node configuration. Fill with kvp_config_init() (every default of the
+ * SPEC §8 table), then override. Strings and buffers are borrowed for the
+ * duration of kvp_node_create() only (the node copies what it keeps). */
+typedef struct kvp_config {
+    const char *name;        /* log prefix; NULL = the peer id */
+    const char *listen_addr; /* "host:port", port 0 = ephemeral; default "127.0.0.1:0" */
+    const char *peer_id;     /* advertised id; NULL = the bound listen address */
+    const char *instance_id; /* ranks of one engine share it; NULL = peer id */
+    uint32_t num_blocks;     /* default 1024 */
+    uint32_t block_size;     /* bytes, multiple of the page size; default 256 KiB */
+    const char *compat;      /* opaque compatibility string; its hash is the fingerprint */
+    uint64_t hash_seed;      /* checksum / fingerprint seed; must match peers */
+    const uint8_t *psk;      /* pre-shared key, or NULL */
+    uint32_t psk_len;
+    int32_t transport;       /* kvp_transport_kind_t */
+    int32_t thread_mode;     /* kvp_thread_mode_t */
+    void *region;            /* embedding-supplied region (emulated path), or NULL */
+    uint64_t region_len;
+    uint8_t verify_checksums;/* default 1 */
+    uint8_t huge_pages;      /* own mapping only */
+    uint16_t reserved0;
+    uint32_t heartbeat_ms, dead_after_ms, handshake_timeout_ms;
+    uint32_t lookup_pending_ms, supply_pin_ms, load_timeout_ms;
+    uint32_t abort_resend_ms, abort_ack_timeout_ms, parked_demand_ms;
+    uint32_t hold_cap_ms;       /* retained transfers and quarantined slots */
+    uint64_t suspect_period_ms; /* default 10 x hold cap */
+    uint32_t idle_session_ms, shutdown_drain_ms;
+    uint32_t max_sessions, max_pins, max_retained, max_quarantined;
+    uint64_t max_inflight_bytes_per_peer;
+    uint32_t backoff_min_ms, backoff_max_ms;
+} kvp_config_t;
+
+KVP_EXPORT void kvp_config_init(kvp_config_t *cfg);
+
+/* Create a node: region, store, transports, listener, and (KVP_THREAD_OWN)
+ * the progress thread. On error nothing is left behind. */
+KVP_EXPORT kvp_status_t kvp_node_create(const kvp_config_t *cfg, kvp_node_t **out);
+/* Bounded drain (shutdown_drain_ms) of in-flight work, retained transfers and
+ * quarantined slots; what remains is force-released with error logs; then
+ * everything is freed. Pending operations complete with KVP_ERR_CLOSED. */
+KVP_EXPORT void kvp_node_destroy(kvp_node_t *node);
+/* The node's peer id ("host:port"); valid for the node's lifetime. */
+KVP_EXPORT const char *kvp_node_peer_id(const kvp_node_t *node);
+/* Readable when events are ready (both modes); in caller-driven mode also
+ * when kvp_node_progress() has work. */
+KVP_EXPORT int kvp_node_fd(const kvp_node_t *node);
+/* Caller-driven mode: run one poll round, sleeping at most timeout_ms. */
+KVP_EXPORT kvp_status_t kvp_node_progress(kvp_node_t *node, int32_t timeout_ms);
+
+/* Peers: want a session with a peer ("host:port"); redialled with backoff. */
+KVP_EXPORT kvp_status_t kvp_peer_add(kvp_node_t *node, const char *addr);
+/* Close the session gracefully and stop redialling. */
+KVP_EXPORT kvp_status_t kvp_peer_remove(kvp_node_t *node, const char *addr);
+
+/* Local put: copy `len` (== block_size, or less: zero-padded) bytes as the
+ * block of `key`. request_id (0 = none) ties it to a source request so parked
+ * demand (WAIT_FOR_SUPPLY) of that request is served at once. */
+KVP_EXPORT kvp_status_t kvp_put(kvp_node_t *node, const void *key, uint32_t key_len,
+                                const void *data, uint64_t len, uint64_t request_id);
+
+/* A pinned block: read-only until kvp_release(). */
+typedef struct kvp_block {
+    const void *data;
+    uint64_t len;
+    uint32_t slot, gen;
+} kvp_block_t;
+
+/* Acquire the READY block of `key` (pinned). KVP_ERR_NOT_FOUND / PENDING. */
+KVP_EXPORT kvp_status_t kvp_get(kvp_node_t *node, const void *key, uint32_t key_len,
+                                kvp_block_t *out);
+KVP_EXPORT kvp_status_t kvp_release(kvp_node_t *node, const kvp_block_t *block);
+
+/* Remote operations complete through events (kvp_poll_events). Keys are
+ * given as one buffer of concatenated keys with a length array. */
+enum {
+    KVP_FETCH_FLAG_WAIT_FOR_SUPPLY = 1, /* the source parks demand until supplied */
+};
+
+/* Ask `peer` which keys it holds. `results` (n bytes, 1 = HIT, 0 = MISS) is
+ * caller-owned and must stay valid until the KVP_EV_LOOKUP event for *op_id. */
+KVP_EXPORT kvp_status_t kvp_lookup(kvp_node_t *node, const char *peer, uint64_t request_id,
+                                   const uint8_t *keys, const uint32_t *key_lens, uint32_t n,
+                                   uint8_t *results, uint64_t *op_id);
+/* Fetch keys from `peer` into our store (after a lookup of the same request,
+ * or with KVP_FETCH_FLAG_WAIT_FOR_SUPPLY). Exactly one KVP_EV_LOAD event per
+ * load. `block_status` (n int32, may be NULL) is caller-owned like `results`. */
+KVP_EXPORT kvp_status_t kvp_fetch(kvp_node_t *node, const char *peer, uint64_t request_id,
+                                  const uint8_t *keys, const uint32_t *key_lens, uint32_t n,
+                                  uint32_t flags, int32_t *block_status, uint64_t *op_id);
+/* Abort a load (its event still comes, with KVP_ERR_CANCELED unless decided). */
+KVP_EXPORT kvp_status_t kvp_cancel(kvp_node_t *node, uint64_t op_id);
+/* The engine finished `request_id` locally: its loads fail, its supply and
+ * parked demand on this node are released. */
+KVP_EXPORT kvp_status_t kvp_finish_request(kvp_node_t *node, uint64_t request_id);
+
+typedef enum kvp_event_type {
+    KVP_EV_LOOKUP = 1,    /* op_id, status, n_hits */
+    KVP_EV_LOAD = 2,      /* op_id, status (KVP_OK = every block verified and committed) */
+    KVP_EV_PEER_UP = 3,   /* peer */
+    KVP_EV_PEER_DOWN = 4, /* peer, status = reason (fault or not: `fault`) */
+} kvp_event_type_t;
+
+typedef struct kvp_event {
+    int32_t type;   /* kvp_event_type_t */
+    int32_t status; /* kvp_status_t */
+    uint64_t op_id;
+    uint64_t request_id;
+    uint32_t n_keys, n_ok; /* lookup: hits; load: blocks committed */
+    uint32_t fault;        /* peer down: 1 = fault, 0 = graceful */
+    uint32_t reserved;
+    char peer[256];
+} kvp_event_t;
+
+/* Take up to cap events (non-blocking). */
+KVP_EXPORT kvp_status_t kvp_poll_events(kvp_node_t *node, kvp_event_t *out, uint32_t cap,
+                                        uint32_t *n_out);
+
+typedef struct kvp_stats {
+    uint64_t slots_free, slots_filling, slots_ready, slots_quarantined, slots_suspect;
+    uint64_t pins;
+    uint64_t lookups_hit, lookups_miss, lookups_pending;
+    uint64_t fetches_ok, fetches_failed, fetches_aborted;
+    uint64_t blocks_in, bytes_in, blocks_out, bytes_out;
+    uint64_t transfer_latency_ns_sum, transfers_done;
+    uint64_t sessions_ready, sessions_handshaking;
+    uint64_t retained_transfers, quarantined_slots, force_releases;
+    uint64_t checksum_mismatches, stale_frames, protocol_errors, peers_down;
+    uint64_t probations, evictions, loads_inflight;
+} kvp_stats_t;
+
+KVP_EXPORT kvp_status_t kvp_node_stats(kvp_node_t *node, kvp_stats_t *out);
+
+/* Inspection: retained transfers and quarantined slots with their ages. */
+typedef struct kvp_held_item {
+    int32_t kind; /* 1 = retained transfer, 2 = quarantined slot, 3 = suspect slot */
+    uint32_t slot;
+    uint64_t id;     /* transfer id (retained) */
+    uint64_t age_ms;
+    char peer[256];
+} kvp_held_item_t;
+
+KVP_EXPORT kvp_status_t kvp_node_held(kvp_node_t *node, kvp_held_item_t *out, uint32_t cap,
+                                      uint32_t *n_out);
+
+/* Per-peer session info, including the data path ("direct-shm", "tcp", ...). */
+typedef struct kvp_peer_info {
+    char peer[256];
+    char instance[256];
+    char data_path[32];
+    uint32_t ready, probation;
+    uint64_t rtt_ns;
+    uint64_t loads_inflight, bytes_inflight;
+} kvp_peer_info_t;
+
+KVP_EXPORT kvp_status_t kvp_node_peers(kvp_node_t *node, kvp_peer_info_t *out, uint32_t cap,
+                                       uint32_t *n_out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -42,6 +42,7 @@ struct kvp_timer {
     void *data;
     const char *name; /* for traces: "handshake", "dead-after", ... */
     uint32_t heap_index; /* UINT32_MAX when not active */
+    uint64_t seq;        /* arm order: equal deadlines fire in the order armed (determinism) */
 };
 
 /* `clock` is borrowed for the loop's lifetime (NULL = real clock). */
@@ -150,6 +151,9 @@ typedef struct kvp_ctl_stats {
     uint64_t protocol_errors;
     uint64_t refused_incompatible, refused_auth, refused_duplicate, refused_limit;
     uint64_t handshakes_timed_out, peers_dead, dials, dial_failures;
+    /* Added by the ctl layer: HELLO_ACKs (data-transport blobs) received from
+     * / sent to peers. A refused peer never gets one (tests assert this). */
+    uint64_t blobs_in, blobs_out;
 } kvp_ctl_stats_t;
 
 kvp_status_t kvp_ctl_create(const kvp_ctl_config_t *cfg, kvp_ctl_t **out);
@@ -184,6 +188,20 @@ void kvp_link_set_user(kvp_link_t *link, void *user);
 void *kvp_link_user(const kvp_link_t *link);
 
 void kvp_ctl_get_stats(const kvp_ctl_t *ctl, kvp_ctl_stats_t *st);
+
+/* --- additions (ctl layer) --- */
+/* The READY link whose peer id is `peer_id`, or NULL. Borrowed: valid until
+ * its on_down returns. */
+kvp_link_t *kvp_ctl_link_by_peer(const kvp_ctl_t *ctl, const char *peer_id);
+/* True between on_ready and the decision that the link is down. */
+bool kvp_link_is_ready(const kvp_link_t *link);
+/* Bytes queued on the link and not yet handed to the kernel / fake peer
+ * (write queue + frames waiting for the handshake). Bounded by wbuf_max. */
+size_t kvp_link_queued_bytes(const kvp_link_t *link);
+/* Test hook: send `msg` on a READY link with the given epochs instead of the
+ * live pair (to inject stale frames). KVP_ERR_STATE if not ready. */
+kvp_status_t kvp_link_send_epochs(kvp_link_t *link, const kvp_msg_t *msg, const kvp_epoch_t *src,
+                                  const kvp_epoch_t *dst);
 
 /* ============================================================ fake network */
 

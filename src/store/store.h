@@ -142,7 +142,7 @@ kvp_status_t kvp_store_commit_verify(kvp_store_t *s, kvp_slot_ref_t ref,
 kvp_status_t kvp_store_abandon(kvp_store_t *s, kvp_slot_ref_t ref);
 
 /* Look a key up.
- *   KVP_OK            READY: pinned (caller unpins), *ref/*ptr/*digest written
+ *   KVP_OK            READY: pinned (caller unpins), *ref, *ptr, *digest written
  *   KVP_ERR_PENDING   FILLING
  *   KVP_ERR_NOT_FOUND missing
  *   KVP_ERR_LIMIT     READY but the pin bound is reached (counted)
@@ -184,6 +184,13 @@ void kvp_store_iterate(const kvp_store_t *s, kvp_store_iter_cb fn, void *arg);
 void kvp_store_get_stats(const kvp_store_t *s, kvp_store_stats_t *st);
 /* Bytes of metadata per slot (slot table + index share), for the bench. */
 size_t kvp_store_meta_bytes_per_slot(const kvp_store_t *s);
+
+/* Added by the store layer: bytes of key arena per slot (64, kept apart from
+ * the metadata so kvp_store_meta_bytes_per_slot stays small), and whether
+ * the store's own mapping got huge pages (false for a supplied region or
+ * after the fallback). */
+size_t kvp_store_key_bytes_per_slot(const kvp_store_t *s);
+bool kvp_store_is_huge(const kvp_store_t *s);
 
 /* Validate every invariant (state vs lists vs index vs pins vs counters).
  * KVP_OK or KVP_ERR_STATE with a description in `why` (may be NULL). */

@@ -229,6 +229,13 @@ typedef struct kvp_frame_hdr {
  *                      or length over the type's limit / the frame limit */
 kvp_status_t kvp_wire_parse_hdr(const kvp_wire_ctx_t *ctx, const uint8_t *buf, size_t len,
                                 kvp_frame_hdr_t *hdr);
+/* Added helper: kvp_wire_parse_hdr that also explains a KVP_ERR_PROTO in
+ * why[0..why_len) (may be NULL), for the connection layer's log line.
+ * Note: KVP_WIRE_FRAME_MAX and KVP_WIRE_FRAME_MAX_PREHS count the 8-byte
+ * header, so a receive buffer of KVP_WIRE_FRAME_MAX bytes always holds a
+ * whole frame; per-type limits (X-macro) count the payload only. */
+kvp_status_t kvp_wire_parse_hdr_why(const kvp_wire_ctx_t *ctx, const uint8_t *buf, size_t len,
+                                    kvp_frame_hdr_t *hdr, char *why, size_t why_len);
 
 /* Decode one complete frame (header + payload, exactly `len` bytes).
  * KVP_ERR_PROTO for anything that breaks a rule; `why` (may be NULL) gets a
@@ -238,11 +245,17 @@ kvp_status_t kvp_wire_decode(const kvp_wire_ctx_t *ctx, const uint8_t *frame, si
                              kvp_wire_scratch_t *scratch, kvp_msg_t *msg, char *why,
                              size_t why_len);
 
-/* Bytes the encoded frame of m will take (header included). */
+/* Bytes the encoded frame of m will take (header included); 0 if m breaks a
+ * rule (kvp_wire_encode would return KVP_ERR_INVALID). */
 size_t kvp_wire_encoded_size(const kvp_msg_t *m);
 /* Encode m into buf[0..cap). KVP_ERR_INVALID if m breaks a rule (a key of 0
  * or > 64 bytes, a list over its bound, ...), KVP_ERR_NOSPACE if cap is too
  * small; *len_out written on KVP_OK. */
 kvp_status_t kvp_wire_encode(const kvp_msg_t *m, uint8_t *buf, size_t cap, size_t *len_out);
+
+/* Added helper: true if a and b carry the same message (type, flags,
+ * epochs, and every field of the type's payload; lists compared by content,
+ * not by pointer). For tests, the fuzz target and debug checks. */
+bool kvp_wire_msg_eq(const kvp_msg_t *a, const kvp_msg_t *b);
 
 #endif /* KVP_WIRE_H */

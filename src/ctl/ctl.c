@@ -1,0 +1,405 @@
+/* ctl.c -- the control plane of one node: configuration, the listener, the
+ * links it accepts or dials, wanted peers redialed with backoff, the reap
+ * that runs on_down and frees links from the loop, and stats. The per-link
+ * protocol lives in link.c. */
+#include "ctl/ctl_int.h"
+
+#include <sodium.h>
+#include <stdio.h>
+#include <string.h>
+
+static const char *const down_reason_names[] = {
+    "bye",        "eof",         "dead",        "handshake-timeout", "protocol",  "incompatible",
+    "auth",       "duplicate",   "limit",       "local-close",       "slow-peer", "refused",
+};
+
+const char *kvp_down_reason_str(kvp_down_reason_t r)
+{
+    if ((unsigned)r >= KVP_ARRAY_SIZE(down_reason_names))
+        return "unknown";
+    return down_reason_names[r];
+}
+
+kvp_status_t ctl_encode(kvp_ctl_t *ctl, const kvp_msg_t *m, size_t *len)
+{
+    size_t need = kvp_wire_encoded_size(m);
+    if (need > ctl->ebuf_cap) {
+        size_t cap = KVP_MAX(need, ctl->ebuf_cap * 2);
+        uint8_t *b = kvp__realloc(ctl->ebuf, cap);
+        if (!b)
+            return KVP_ERR_NOMEM;
+        ctl->ebuf = b;
+        ctl->ebuf_cap = cap;
+    }
+    return kvp_wire_encode(m, ctl->ebuf, ctl->ebuf_cap, len);
+}
+
+/* ------------------------------------------------------------------- reap */
+
+static void ctl_want_link_gone(kvp_ctl_t *ctl, kvp_link_t *l);
+
+void ctl_link_finish(kvp_link_t *l)
+{
+    kvp_ctl_t *ctl = l->ctl;
+    KVP_ASSERT(l->state == LINK_CLOSING);
+    if (l->was_ready && ctl->cfg.cb.on_down)
+        ctl->cfg.cb.on_down(ctl->cfg.cb.arg, l, l->down_reason, l->down_bye, l->down_fault);
+    ctl_want_link_gone(ctl, l);
+    ctl_link_free(l);
+}
+
+static void ctl_on_reap(kvp_timer_t *t)
+{
+    kvp_ctl_t *ctl = t->data;
+    while (!kvp_list_empty(&ctl->closing))
+        ctl_link_finish(KVP_CONTAINER_OF(ctl->closing.next, kvp_link_t, node));
+}
+
+void ctl_schedule_reap(kvp_ctl_t *ctl)
+{
+    if (!kvp_timer_active(&ctl->t_reap))
+        kvp_timer_start(ctl->loop, &ctl->t_reap, kvp_loop_now(ctl->loop));
+}
+
+void ctl_kick_checks(kvp_ctl_t *ctl, const char *peer_id)
+{
+    kvp_list_t *pos;
+    for (pos = ctl->links.next; pos != &ctl->links; pos = pos->next) {
+        kvp_link_t *o = KVP_CONTAINER_OF(pos, kvp_link_t, node);
+        if (o->state == LINK_CHECK && !strcmp(o->peer_id, peer_id))
+            kvp_timer_start(ctl->loop, &o->t_check, kvp_loop_now(ctl->loop));
+    }
+}
+
+/* ------------------------------------------------------------------ wants */
+
+static ctl_want_t *ctl_want_find(kvp_ctl_t *ctl, const char *addr)
+{
+    kvp_list_t *pos;
+    for (pos = ctl->wants.next; pos != &ctl->wants; pos = pos->next) {
+        ctl_want_t *w = KVP_CONTAINER_OF(pos, ctl_want_t, node);
+        if (!strcmp(w->addr, addr))
+            return w;
+    }
+    return NULL;
+}
+
+/* A link to the wanted peer that is up or on its way up (any direction). */
+static bool ctl_has_link_to(const kvp_ctl_t *ctl, const char *addr)
+{
+    const kvp_list_t *pos;
+    for (pos = ctl->links.next; pos != &ctl->links; pos = pos->next) {
+        const kvp_link_t *o = KVP_CONTAINER_OF(pos, kvp_link_t, node);
+        if ((o->have_peer || o->outbound) && !strcmp(o->peer_id, addr))
+            return true;
+    }
+    return false;
+}
+
+static void ctl_want_arm(ctl_want_t *w)
+{
+    kvp_ctl_t *ctl = w->ctl;
+    if (w->link || kvp_timer_active(&w->t_redial) || ctl_has_link_to(ctl, w->addr))
+        return;
+    /* jitter: uniform in [3/4, 5/4] of the backoff, so peers do not redial in step */
+    uint64_t b = w->backoff_ns, delay = b - b / 4 + kvp_rng_below(&ctl->rng, b / 2 + 1);
+    kvp_timer_start(ctl->loop, &w->t_redial, kvp_loop_now(ctl->loop) + delay);
+}
+
+static kvp_status_t ctl_dial(kvp_ctl_t *ctl, const char *addr, kvp_link_t **out)
+{
+    kvp_conn_t *c = NULL;
+    kvp_status_t st;
+    if (ctl->cfg.fake_net) {
+        /* our fake source address: the listener's, else a client-only name
+         * that partitions of our peer id do not match */
+        char local[KVP_WIRE_STR_MAX + 1];
+        if (ctl->cfg.listen_addr)
+            snprintf(local, sizeof(local), "%s", ctl->cfg.listen_addr);
+        else
+            snprintf(local, sizeof(local), "%.200s/client", ctl->peer_id);
+        st = kvp_fake_dial(ctl->cfg.fake_net, ctl->loop, local, addr, ctl->cfg.wbuf_max,
+                           &ctl_link_handler, NULL, &c);
+    } else
+        st = kvp_tcp_dial(ctl->loop, addr, ctl->cfg.wbuf_max, &ctl_link_handler, NULL, &c);
+    if (st != KVP_OK)
+        return st;
+    ctl->st.dials++;
+    st = ctl_link_new(ctl, c, true, addr, out);
+    if (st != KVP_OK)
+        c->ops->close(c, false);
+    return st;
+}
+
+static void ctl_want_dial(ctl_want_t *w)
+{
+    kvp_ctl_t *ctl = w->ctl;
+    kvp_link_t *l;
+    if (ctl_has_link_to(ctl, w->addr))
+        return;
+    kvp_status_t st = ctl_dial(ctl, w->addr, &l);
+    if (st != KVP_OK) {
+        ctl->st.dial_failures++;
+        w->backoff_ns = KVP_MIN(w->backoff_ns * 2, ctl->cfg.backoff_max_ns);
+        ctl_want_arm(w);
+        return;
+    }
+    l->want = w;
+    w->link = l;
+}
+
+static void ctl_on_redial(kvp_timer_t *t)
+{
+    ctl_want_dial(t->data);
+}
+
+void ctl_want_link_ready(kvp_ctl_t *ctl, kvp_link_t *l)
+{
+    ctl_want_t *w = ctl_want_find(ctl, l->peer_id);
+    if (l->want && l->want != w) {
+        l->want->link = NULL; /* dialed under another name: that want is satisfied too */
+        l->want->backoff_ns = ctl->cfg.backoff_min_ns;
+    }
+    if (w) {
+        w->backoff_ns = ctl->cfg.backoff_min_ns;
+        kvp_timer_stop(ctl->loop, &w->t_redial);
+        if (w->link == l)
+            w->link = NULL;
+    }
+    l->want = NULL;
+}
+
+static void ctl_want_link_gone(kvp_ctl_t *ctl, kvp_link_t *l)
+{
+    ctl_want_t *w = l->want;
+    if (w) {
+        w->link = NULL;
+        if (!l->was_ready)
+            w->backoff_ns = KVP_MIN(w->backoff_ns * 2, ctl->cfg.backoff_max_ns);
+        ctl_want_arm(w);
+    }
+    if (l->have_peer && (w = ctl_want_find(ctl, l->peer_id)) != NULL)
+        ctl_want_arm(w);
+}
+
+kvp_status_t kvp_ctl_want(kvp_ctl_t *ctl, const char *addr)
+{
+    if (!addr || !*addr || strlen(addr) > KVP_WIRE_STR_MAX)
+        return KVP_ERR_INVALID;
+    if (ctl_want_find(ctl, addr))
+        return KVP_OK;
+    ctl_want_t *w = kvp__calloc(1, sizeof(*w));
+    if (!w)
+        return KVP_ERR_NOMEM;
+    w->ctl = ctl;
+    snprintf(w->addr, sizeof(w->addr), "%s", addr);
+    w->backoff_ns = ctl->cfg.backoff_min_ns;
+    kvp_timer_init(&w->t_redial, "redial", ctl_on_redial, w);
+    kvp_list_insert_tail(&ctl->wants, &w->node);
+    ctl_want_dial(w);
+    return KVP_OK;
+}
+
+static void ctl_want_free(kvp_ctl_t *ctl, ctl_want_t *w)
+{
+    kvp_timer_stop(ctl->loop, &w->t_redial);
+    if (w->link)
+        w->link->want = NULL;
+    kvp_list_remove(&w->node);
+    kvp__free(w);
+}
+
+void kvp_ctl_unwant(kvp_ctl_t *ctl, const char *addr)
+{
+    ctl_want_t *w = ctl_want_find(ctl, addr);
+    if (w)
+        ctl_want_free(ctl, w);
+}
+
+/* ---------------------------------------------------------------- accept */
+
+static void ctl_on_accept(kvp_listener_t *lis, kvp_conn_t *c)
+{
+    kvp_ctl_t *ctl = lis->owner;
+    size_t n = 0;
+    kvp_list_t *pos;
+    for (pos = ctl->links.next; pos != &ctl->links; pos = pos->next)
+        n++;
+    /* Connections that never send a HELLO are bounded here and by the
+     * handshake timeout; the clean BYE LIMIT needs the peer's HELLO. */
+    if (n >= (size_t)ctl->cfg.max_sessions + 64) {
+        ctl->st.refused_limit++;
+        KVP_WARN(ctl->prefix, "%s: too many connections (%zu): closed", c->remote, n);
+        c->linger_head = &ctl->lingering;
+        c->ops->close(c, false);
+        return;
+    }
+    kvp_link_t *l;
+    c->linger_head = &ctl->lingering;
+    if (ctl_link_new(ctl, c, false, c->remote, &l) != KVP_OK)
+        c->ops->close(c, false);
+}
+
+/* ---------------------------------------------------------- create/destroy */
+
+static void ctl_apply_defaults(kvp_ctl_config_t *c)
+{
+    if (!c->heartbeat_ns)
+        c->heartbeat_ns = 500 * KVP_NSEC_PER_MSEC;
+    if (!c->dead_after_ns)
+        c->dead_after_ns = 2 * KVP_NSEC_PER_SEC;
+    if (!c->handshake_timeout_ns)
+        c->handshake_timeout_ns = 10 * KVP_NSEC_PER_SEC;
+    if (!c->backoff_min_ns)
+        c->backoff_min_ns = 100 * KVP_NSEC_PER_MSEC;
+    if (!c->backoff_max_ns)
+        c->backoff_max_ns = 5 * KVP_NSEC_PER_SEC;
+    if (c->backoff_max_ns < c->backoff_min_ns)
+        c->backoff_max_ns = c->backoff_min_ns;
+    if (!c->max_sessions)
+        c->max_sessions = 1024;
+    if (!c->wbuf_max)
+        c->wbuf_max = 64u << 20;
+}
+
+static kvp_status_t ctl_check_config(const kvp_ctl_config_t *c)
+{
+    if (!c->loop || !c->block_size || !c->num_blocks || c->blob_len > KVP_WIRE_BLOB_MAX ||
+        (c->blob_len && !c->blob) || (c->psk_len && !c->psk))
+        return KVP_ERR_INVALID;
+    if ((c->peer_id && strlen(c->peer_id) > KVP_WIRE_STR_MAX) ||
+        (c->instance_id && strlen(c->instance_id) > KVP_WIRE_STR_MAX))
+        return KVP_ERR_INVALID;
+    if (c->fake_net && !c->listen_addr && !c->peer_id)
+        return KVP_ERR_INVALID; /* a fake-net ctl needs an address to be told apart */
+    return KVP_OK;
+}
+
+static kvp_status_t ctl_listen(kvp_ctl_t *ctl)
+{
+    const kvp_ctl_config_t *c = &ctl->cfg;
+    if (!c->listen_addr)
+        return KVP_OK;
+    if (c->fake_net)
+        return kvp_fake_listen(c->fake_net, ctl->loop, c->listen_addr, c->wbuf_max, ctl_on_accept,
+                               ctl, &ctl->listener);
+    return kvp_tcp_listen(ctl->loop, c->listen_addr, c->wbuf_max, ctl_on_accept, ctl,
+                          &ctl->listener);
+}
+
+static void ctl_set_ids(kvp_ctl_t *ctl, const kvp_ctl_config_t *cfg)
+{
+    if (cfg->peer_id)
+        snprintf(ctl->peer_id, sizeof(ctl->peer_id), "%s", cfg->peer_id);
+    else if (ctl->listener)
+        snprintf(ctl->peer_id, sizeof(ctl->peer_id), "%s", ctl->listener->addr);
+    else
+        snprintf(ctl->peer_id, sizeof(ctl->peer_id), "unbound-%016llx",
+                 (unsigned long long)kvp_rng_next(&ctl->rng));
+    snprintf(ctl->instance_id, sizeof(ctl->instance_id), "%s",
+             cfg->instance_id ? cfg->instance_id : ctl->peer_id);
+    ctl->cfg.peer_id = ctl->peer_id;
+    ctl->cfg.instance_id = ctl->instance_id;
+    snprintf(ctl->prefix, sizeof(ctl->prefix), "%.63s",
+             cfg->log_prefix ? cfg->log_prefix : ctl->peer_id);
+    ctl->cfg.log_prefix = ctl->prefix;
+}
+
+kvp_status_t kvp_ctl_create(const kvp_ctl_config_t *cfg, kvp_ctl_t **out)
+{
+    kvp_status_t st = ctl_check_config(cfg);
+    if (st != KVP_OK)
+        return st;
+    if (sodium_init() < 0)
+        return KVP_ERR_IO;
+    kvp_ctl_t *ctl = kvp__calloc(1, sizeof(*ctl));
+    if (!ctl)
+        return KVP_ERR_NOMEM;
+    ctl->cfg = *cfg;
+    ctl_apply_defaults(&ctl->cfg);
+    ctl->loop = cfg->loop;
+    kvp_list_init(&ctl->links);
+    kvp_list_init(&ctl->closing);
+    kvp_list_init(&ctl->lingering);
+    kvp_list_init(&ctl->wants);
+    kvp_timer_init(&ctl->t_reap, "reap", ctl_on_reap, ctl);
+    kvp_ratelimit_init(&ctl->rl_proto, KVP_NSEC_PER_SEC, 10);
+    uint64_t seed;
+    st = kvp_random_bytes(&seed, sizeof(seed));
+    if (st != KVP_OK)
+        goto err_ctl;
+    kvp_rng_seed(&ctl->rng, seed);
+    st = kvp_wire_scratch_create(&ctl->scratch);
+    if (st != KVP_OK)
+        goto err_ctl;
+    st = ctl_listen(ctl);
+    if (st != KVP_OK)
+        goto err_scratch;
+    ctl_set_ids(ctl, cfg);
+    *out = ctl;
+    return KVP_OK;
+
+err_scratch:
+    kvp_wire_scratch_destroy(ctl->scratch);
+err_ctl:
+    kvp__free(ctl);
+    return st;
+}
+
+void kvp_ctl_destroy(kvp_ctl_t *ctl)
+{
+    if (!ctl)
+        return;
+    while (!kvp_list_empty(&ctl->wants))
+        ctl_want_free(ctl, KVP_CONTAINER_OF(ctl->wants.next, ctl_want_t, node));
+    while (!kvp_list_empty(&ctl->links)) {
+        kvp_link_t *l = KVP_CONTAINER_OF(ctl->links.next, kvp_link_t, node);
+        l->was_ready = false; /* destroy: no callbacks */
+        ctl_link_down(l, KVP_DOWN_LOCAL_CLOSE, -1, false);
+    }
+    while (!kvp_list_empty(&ctl->closing)) {
+        kvp_link_t *l = KVP_CONTAINER_OF(ctl->closing.next, kvp_link_t, node);
+        l->want = NULL;
+        ctl_link_free(l);
+    }
+    while (!kvp_list_empty(&ctl->lingering)) {
+        kvp_conn_t *c = KVP_CONTAINER_OF(ctl->lingering.next, kvp_conn_t, lingering);
+        c->ops->destroy(c);
+    }
+    kvp_timer_stop(ctl->loop, &ctl->t_reap);
+    if (ctl->listener)
+        ctl->listener->close(ctl->listener);
+    kvp_wire_scratch_destroy(ctl->scratch);
+    kvp__free(ctl->ebuf);
+    kvp__free(ctl);
+}
+
+const char *kvp_ctl_peer_id(const kvp_ctl_t *ctl)
+{
+    return ctl->peer_id;
+}
+
+void kvp_ctl_get_stats(const kvp_ctl_t *ctl, kvp_ctl_stats_t *st)
+{
+    *st = ctl->st;
+    st->links_ready = st->links_handshaking = 0;
+    const kvp_list_t *pos;
+    for (pos = ctl->links.next; pos != &ctl->links; pos = pos->next) {
+        const kvp_link_t *l = KVP_CONTAINER_OF(pos, kvp_link_t, node);
+        if (l->state == LINK_READY)
+            st->links_ready++;
+        else
+            st->links_handshaking++;
+    }
+}
+
+kvp_link_t *kvp_ctl_link_by_peer(const kvp_ctl_t *ctl, const char *peer_id)
+{
+    const kvp_list_t *pos;
+    for (pos = ctl->links.next; pos != &ctl->links; pos = pos->next) {
+        kvp_link_t *l = KVP_CONTAINER_OF(pos, kvp_link_t, node);
+        if (l->state == LINK_READY && !strcmp(l->peer_id, peer_id))
+            return l;
+    }
+    return NULL;
+}

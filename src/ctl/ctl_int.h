@@ -1,0 +1,124 @@
+/*
+ * ctl_int.h -- internal to the ctl layer: the ctl and link structs shared by
+ * ctl.c (the node-facing object: listener, wants, reaping, stats) and link.c
+ * (one connection incarnation: framing, handshake, liveness, identity).
+ *
+ * Link state machine (link_set_state() asserts the predecessors):
+ *
+ *   CONNECTING --connected--> HELLO          (outbound; inbound starts in HELLO)
+ *   HELLO  --peer HELLO valid, psk-->  AUTH  --peer AUTH verified--> CHECK
+ *   HELLO  --peer HELLO valid, no psk-----------------------------> CHECK
+ *   CHECK  --identity settled (claim / simultaneous dial)--> ACKED  (our HELLO_ACK sent)
+ *   ACKED  --peer HELLO_ACK (may have arrived in CHECK)--> READY   (on_ready)
+ *   any    --error / BYE / timeout / close--> CLOSING   (link_down(); freed by reap)
+ *
+ * Invariants: our blob leaves only in the CHECK->ACKED transition, i.e. after
+ * the peer's HELLO validated and (with a psk) its AUTH verified; on_down runs
+ * only for links that reached READY, from the reap timer or from another
+ * link's timer, never inside a kvp_link_* call.
+ */
+#ifndef KVP_CTL_INT_H
+#define KVP_CTL_INT_H
+
+#include "ctl/conn.h"
+
+typedef enum link_state {
+    LINK_CONNECTING, /* outbound connect in progress; nothing sent */
+    LINK_HELLO,      /* our HELLO sent; waiting for the peer's */
+    LINK_AUTH,       /* peer HELLO valid; our AUTH sent; waiting for the peer's AUTH */
+    LINK_CHECK,      /* peer validated+authenticated; identity conflict being settled */
+    LINK_ACKED,      /* our HELLO_ACK (blob) sent; waiting for the peer's */
+    LINK_READY,      /* both acks crossed; frames flow */
+    LINK_CLOSING,    /* down decided; on the ctl's closing list until reaped */
+} link_state_t;
+
+typedef struct ctl_want ctl_want_t;
+
+/* A frame queued before the link was ready: encoded with our epoch as a
+ * placeholder target epoch, patched at flush. Owned by the link. */
+typedef struct link_pending {
+    kvp_list_t node;
+    size_t len;
+    uint8_t data[];
+} link_pending_t;
+
+/* Ownership: allocated by ctl (accept / dial), freed by ctl_reap() after
+ * on_down (or link_finish() during a restart claim). Owns its conn until
+ * link_down() hands it to the conn's graceful/hard close, the pending frames
+ * and the copy of the peer's blob (freed right after on_ready). */
+struct kvp_link {
+    kvp_ctl_t *ctl;
+    kvp_list_t node; /* ctl->links, or ctl->closing once CLOSING */
+    kvp_conn_t *conn;
+    link_state_t state;
+    bool outbound, have_peer, peer_acked, was_ready;
+    bool claim_started, claim_ping_pending;
+    kvp_msg_hello_t peer; /* the peer's HELLO, valid once have_peer */
+    kvp_epoch_t local_epoch, remote_epoch;
+    uint8_t nonce[KVP_WIRE_NONCE_LEN];
+    char peer_id[KVP_WIRE_STR_MAX + 1]; /* from HELLO; outbound: the dialed address until then */
+    kvp_wire_ctx_t wctx;
+    uint8_t *peer_blob;
+    uint32_t peer_blob_len;
+    kvp_down_reason_t down_reason;
+    uint16_t down_bye;
+    bool down_fault;
+    uint64_t created_ns, last_rx_ns, last_tx_ns, rx_frames;
+    uint64_t ping_seq, rtt_ns;
+    uint64_t claim_start_ns, claim_rx_mark; /* restart claim against another link */
+    kvp_timer_t t_handshake, t_heartbeat, t_dead, t_check;
+    kvp_list_t pending;
+    size_t pending_bytes;
+    ctl_want_t *want; /* the want that dialed this link, or NULL */
+    void *user;
+};
+
+/* kvp_ctl_want(): dial, redial with backoff while not ready. Owned by ctl. */
+struct ctl_want {
+    kvp_list_t node;
+    kvp_ctl_t *ctl;
+    char addr[KVP_WIRE_STR_MAX + 1];
+    kvp_link_t *link; /* our dial in progress (not yet ready), or NULL */
+    uint64_t backoff_ns;
+    kvp_timer_t t_redial;
+};
+
+/* Ownership: created by kvp_ctl_create, freed by kvp_ctl_destroy; the config
+ * strings are copied; psk, blob and loop are borrowed (see ctl.h). */
+struct kvp_ctl {
+    kvp_ctl_config_t cfg; /* defaults applied; string fields point at the copies below */
+    char peer_id[KVP_WIRE_STR_MAX + 1], instance_id[KVP_WIRE_STR_MAX + 1];
+    char prefix[64];
+    kvp_loop_t *loop;
+    kvp_listener_t *listener;
+    kvp_list_t links;     /* links not yet CLOSING */
+    kvp_list_t closing;   /* CLOSING links waiting for ctl_reap() */
+    kvp_list_t lingering; /* closed conns still draining */
+    kvp_list_t wants;
+    kvp_timer_t t_reap;
+    kvp_wire_scratch_t *scratch;
+    uint8_t *ebuf; /* encode buffer */
+    size_t ebuf_cap;
+    kvp_rng_t rng; /* backoff jitter */
+    kvp_ctl_stats_t st;
+    kvp_ratelimit_t rl_proto;
+    const kvp_conn_handler_t *handler;
+};
+
+/* link.c */
+kvp_status_t ctl_link_new(kvp_ctl_t *ctl, kvp_conn_t *conn, bool outbound, const char *addr,
+                          kvp_link_t **out);
+void ctl_link_free(kvp_link_t *l);
+void ctl_link_down(kvp_link_t *l, kvp_down_reason_t reason, int bye, bool fault);
+extern const kvp_conn_handler_t ctl_link_handler;
+
+/* ctl.c */
+void ctl_schedule_reap(kvp_ctl_t *ctl);
+/* Run one CLOSING link's on_down and free it now (loop context only). */
+void ctl_link_finish(kvp_link_t *l);
+/* Re-run identity checks of CHECK links for this peer id (from the loop). */
+void ctl_kick_checks(kvp_ctl_t *ctl, const char *peer_id);
+void ctl_want_link_ready(kvp_ctl_t *ctl, kvp_link_t *l);
+kvp_status_t ctl_encode(kvp_ctl_t *ctl, const kvp_msg_t *m, size_t *len);
+
+#endif /* KVP_CTL_INT_H */

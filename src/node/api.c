@@ -1,0 +1,435 @@
+/*
+ * api.c -- the public C API of kvpeer.h. Every call validates its input
+ * (bad input gets KVP_ERR_INVALID and changes nothing), then runs on the
+ * owner thread through kvp__node_exec (inline in caller-driven mode).
+ * Remote operations complete through events; a call that returns an error
+ * never produces an event.
+ */
+#include "node/node.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static kvp_status_t check_key(const void *key, uint32_t len)
+{
+    return key != NULL && len >= 1 && len <= KVP_KEY_MAX ? KVP_OK : KVP_ERR_INVALID;
+}
+
+static kvp_status_t check_peer(const char *peer)
+{
+    return peer != NULL && peer[0] != '\0' && strlen(peer) <= KVP_WIRE_STR_MAX ? KVP_OK
+                                                                               : KVP_ERR_INVALID;
+}
+
+KVP_EXPORT const char *kvp_node_peer_id(const kvp_node_t *n)
+{
+    return n ? n->peer_id : "";
+}
+
+KVP_EXPORT int kvp_node_fd(const kvp_node_t *n)
+{
+    return n ? n->evfd : -1;
+}
+
+KVP_EXPORT kvp_status_t kvp_node_progress(kvp_node_t *n, int32_t timeout_ms)
+{
+    if (n == NULL)
+        return KVP_ERR_INVALID;
+    return kvp__node_progress(n, timeout_ms);
+}
+
+/* --------------------------------------------------------------- peers */
+
+static kvp_status_t do_peer_add(kvp_node_t *n, void *arg)
+{
+    return kvp_ctl_want(n->ctl, arg);
+}
+
+static kvp_status_t do_peer_remove(kvp_node_t *n, void *arg)
+{
+    kvp_ctl_unwant(n->ctl, arg);
+    kvp_session_t *s = kvp__node_find_session(n, arg);
+    if (s == NULL)
+        return KVP_ERR_NOT_FOUND;
+    if (s->link != NULL && !s->closing) {
+        s->closing = true;
+        kvp_link_close(s->link, KVP_BYE_GRACEFUL); /* teardown from on_down */
+    }
+    return KVP_OK;
+}
+
+KVP_EXPORT kvp_status_t kvp_peer_add(kvp_node_t *n, const char *addr)
+{
+    if (n == NULL || check_peer(addr) != KVP_OK)
+        return KVP_ERR_INVALID;
+    return kvp__node_exec(n, do_peer_add, (void *)addr);
+}
+
+KVP_EXPORT kvp_status_t kvp_peer_remove(kvp_node_t *n, const char *addr)
+{
+    if (n == NULL || check_peer(addr) != KVP_OK)
+        return KVP_ERR_INVALID;
+    return kvp__node_exec(n, do_peer_remove, (void *)addr);
+}
+
+/* ---------------------------------------------------------- local put/get */
+
+typedef struct put_args {
+    const void *key;
+    uint32_t key_len;
+    const void *data;
+    uint64_t len;
+    uint64_t request_id;
+} put_args_t;
+
+static kvp_status_t do_put(kvp_node_t *n, void *arg)
+{
+    put_args_t *a = arg;
+    kvp_slot_ref_t ref;
+    void *ptr;
+    kvp_status_t st = kvp_store_reserve(n->store, a->key, a->key_len, 0, &ref, &ptr);
+    if (st != KVP_OK)
+        return st;
+    memcpy(ptr, a->data, a->len);
+    if (a->len < n->cfg.block_size)
+        memset((uint8_t *)ptr + a->len, 0, n->cfg.block_size - a->len);
+    st = kvp_store_commit(n->store, ref);
+    if (st != KVP_OK) {
+        kvp_store_abandon(n->store, ref);
+        return st;
+    }
+    kvp__server_on_commit(n, a->key, a->key_len); /* pending lookups, parked demand */
+    return KVP_OK;
+}
+
+KVP_EXPORT kvp_status_t kvp_put(kvp_node_t *n, const void *key, uint32_t key_len,
+                                const void *data, uint64_t len, uint64_t request_id)
+{
+    if (n == NULL || check_key(key, key_len) != KVP_OK || data == NULL || len == 0 ||
+        len > n->cfg.block_size)
+        return KVP_ERR_INVALID;
+    put_args_t a = {key, key_len, data, len, request_id};
+    return kvp__node_exec(n, do_put, &a);
+}
+
+typedef struct get_args {
+    const void *key;
+    uint32_t key_len;
+    kvp_block_t *out;
+} get_args_t;
+
+static kvp_status_t do_get(kvp_node_t *n, void *arg)
+{
+    get_args_t *a = arg;
+    kvp_slot_ref_t ref;
+    const void *ptr;
+    kvp_status_t st = kvp_store_lookup(n->store, a->key, a->key_len, &ref, &ptr, NULL);
+    if (st != KVP_OK)
+        return st;
+    a->out->data = ptr;
+    a->out->len = n->cfg.block_size;
+    a->out->slot = ref.slot;
+    a->out->gen = ref.gen;
+    return KVP_OK;
+}
+
+KVP_EXPORT kvp_status_t kvp_get(kvp_node_t *n, const void *key, uint32_t key_len,
+                                kvp_block_t *out)
+{
+    if (n == NULL || out == NULL || check_key(key, key_len) != KVP_OK)
+        return KVP_ERR_INVALID;
+    get_args_t a = {key, key_len, out};
+    return kvp__node_exec(n, do_get, &a);
+}
+
+static kvp_status_t do_release(kvp_node_t *n, void *arg)
+{
+    const kvp_block_t *b = arg;
+    return kvp_store_unpin(n->store, (kvp_slot_ref_t){b->slot, b->gen});
+}
+
+KVP_EXPORT kvp_status_t kvp_release(kvp_node_t *n, const kvp_block_t *b)
+{
+    if (n == NULL || b == NULL)
+        return KVP_ERR_INVALID;
+    return kvp__node_exec(n, do_release, (void *)b);
+}
+
+/* ------------------------------------------------------------- remote */
+
+typedef struct remote_args {
+    const char *peer;
+    uint64_t request_id;
+    const uint8_t *keys;
+    const uint32_t *lens;
+    uint32_t n;
+    uint32_t flags;
+    uint8_t *results;
+    int32_t *block_status;
+    uint64_t op_id;
+} remote_args_t;
+
+/* The session to use, or why there is none (the caller sees a MISS). */
+static kvp_status_t remote_session(kvp_node_t *n, const char *peer, kvp_session_t **out)
+{
+    kvp_session_t *s = kvp__node_find_session(n, peer);
+    if (s == NULL || s->closing || s->link == NULL) {
+        kvp_ctl_want(n->ctl, peer); /* work for a peer: (re)dial with backoff */
+        return KVP_ERR_UNREACHABLE;
+    }
+    if (s->probation)
+        return KVP_ERR_UNREACHABLE;
+    *out = s;
+    return KVP_OK;
+}
+
+static kvp_status_t do_lookup(kvp_node_t *n, void *arg)
+{
+    remote_args_t *a = arg;
+    kvp_session_t *s;
+    kvp_status_t st = remote_session(n, a->peer, &s);
+    if (st != KVP_OK)
+        return st;
+    uint64_t id = n->next_op_id++;
+    st = kvp__client_lookup(s, id, a->request_id, a->keys, a->lens, a->n, a->results);
+    if (st != KVP_OK)
+        return st;
+    if (!kvp_list_linked(&s->flush_link))
+        kvp_list_insert_tail(&n->flushq, &s->flush_link);
+    a->op_id = id;
+    return KVP_OK;
+}
+
+static kvp_status_t do_fetch(kvp_node_t *n, void *arg)
+{
+    remote_args_t *a = arg;
+    kvp_session_t *s;
+    kvp_status_t st = remote_session(n, a->peer, &s);
+    if (st != KVP_OK)
+        return st;
+    uint64_t id = n->next_op_id++;
+    st = kvp__client_fetch(s, id, a->request_id, a->keys, a->lens, a->n, a->flags,
+                           a->block_status);
+    if (st == KVP_OK)
+        a->op_id = id;
+    return st;
+}
+
+static kvp_status_t check_remote(kvp_node_t *n, const char *peer, const uint8_t *keys,
+                                 const uint32_t *lens, uint32_t cnt, const uint64_t *op_id)
+{
+    if (n == NULL || check_peer(peer) != KVP_OK || keys == NULL || lens == NULL || cnt == 0 ||
+        cnt > KVP_WIRE_LIST_MAX || op_id == NULL)
+        return KVP_ERR_INVALID;
+    for (uint32_t i = 0; i < cnt; i++)
+        if (lens[i] == 0 || lens[i] > KVP_KEY_MAX)
+            return KVP_ERR_INVALID;
+    return KVP_OK;
+}
+
+KVP_EXPORT kvp_status_t kvp_lookup(kvp_node_t *n, const char *peer, uint64_t request_id,
+                                   const uint8_t *keys, const uint32_t *key_lens, uint32_t cnt,
+                                   uint8_t *results, uint64_t *op_id)
+{
+    if (check_remote(n, peer, keys, key_lens, cnt, op_id) != KVP_OK || results == NULL)
+        return KVP_ERR_INVALID;
+    remote_args_t a = {peer, request_id, keys, key_lens, cnt, 0, results, NULL, 0};
+    kvp_status_t st = kvp__node_exec(n, do_lookup, &a);
+    if (st == KVP_OK)
+        *op_id = a.op_id;
+    return st;
+}
+
+KVP_EXPORT kvp_status_t kvp_fetch(kvp_node_t *n, const char *peer, uint64_t request_id,
+                                  const uint8_t *keys, const uint32_t *key_lens, uint32_t cnt,
+                                  uint32_t flags, int32_t *block_status, uint64_t *op_id)
+{
+    if (check_remote(n, peer, keys, key_lens, cnt, op_id) != KVP_OK ||
+        (flags & ~(uint32_t)KVP_FETCH_FLAG_WAIT_FOR_SUPPLY))
+        return KVP_ERR_INVALID;
+    remote_args_t a = {peer, request_id, keys, key_lens, cnt, flags, NULL, block_status, 0};
+    kvp_status_t st = kvp__node_exec(n, do_fetch, &a);
+    if (st == KVP_OK)
+        *op_id = a.op_id;
+    return st;
+}
+
+static kvp_status_t do_cancel(kvp_node_t *n, void *arg)
+{
+    kvp_load_t *l = kvp__client_find_load(n, *(uint64_t *)arg);
+    if (l == NULL || l->published)
+        return KVP_ERR_NOT_FOUND;
+    kvp__client_abort(l, KVP_ERR_CANCELED);
+    return KVP_OK;
+}
+
+KVP_EXPORT kvp_status_t kvp_cancel(kvp_node_t *n, uint64_t op_id)
+{
+    if (n == NULL || op_id == 0)
+        return KVP_ERR_INVALID;
+    return kvp__node_exec(n, do_cancel, &op_id);
+}
+
+static kvp_status_t do_finish(kvp_node_t *n, void *arg)
+{
+    uint64_t req = *(uint64_t *)arg;
+    kvp_list_t *p, *t;
+    kvp_list_foreach_safe(p, t, &n->sessions)
+    {
+        kvp_session_t *s = KVP_CONTAINER_OF(p, kvp_session_t, node_link);
+        kvp__client_finish_request(s, req); /* our loads: one failure outcome each (F7) */
+        kvp__server_finish_request(s, req); /* our supply and parked demand (F11) */
+    }
+    return KVP_OK;
+}
+
+KVP_EXPORT kvp_status_t kvp_finish_request(kvp_node_t *n, uint64_t request_id)
+{
+    if (n == NULL)
+        return KVP_ERR_INVALID;
+    return kvp__node_exec(n, do_finish, &request_id);
+}
+
+KVP_EXPORT kvp_status_t kvp_poll_events(kvp_node_t *n, kvp_event_t *out, uint32_t cap,
+                                        uint32_t *n_out)
+{
+    if (n == NULL || out == NULL || n_out == NULL)
+        return KVP_ERR_INVALID;
+    return kvp__node_take_events(n, out, cap, n_out);
+}
+
+/* ------------------------------------------------------------ inspection */
+
+static kvp_status_t do_stats(kvp_node_t *n, void *arg)
+{
+    kvp_stats_t *o = arg;
+    kvp_store_stats_t ss;
+    kvp_ctl_stats_t cs;
+    kvp_store_get_stats(n->store, &ss);
+    kvp_ctl_get_stats(n->ctl, &cs);
+    *o = n->st;
+    o->slots_free = ss.slots[KVP_SLOT_FREE];
+    o->slots_filling = ss.slots[KVP_SLOT_FILLING];
+    o->slots_ready = ss.slots[KVP_SLOT_READY];
+    o->slots_quarantined = ss.slots[KVP_SLOT_QUARANTINED];
+    o->slots_suspect = ss.suspect;
+    o->pins = ss.pins;
+    o->lookups_hit = ss.lookups_hit;
+    o->lookups_miss = ss.lookups_miss;
+    o->lookups_pending = ss.lookups_pending;
+    o->evictions = ss.evictions;
+    o->checksum_mismatches = ss.checksum_mismatches;
+    o->sessions_ready = cs.links_ready;
+    o->sessions_handshaking = cs.links_handshaking;
+    o->stale_frames = cs.stale_frames;
+    o->protocol_errors += cs.protocol_errors;
+    o->retained_transfers = n->n_retained;
+    o->quarantined_slots = ss.slots[KVP_SLOT_QUARANTINED];
+    uint64_t inflight = 0;
+    kvp_list_t *p, *t;
+    kvp_list_foreach_safe(p, t, &n->sessions)
+    {
+        kvp_session_t *s = KVP_CONTAINER_OF(p, kvp_session_t, node_link);
+        kvp_list_t *q, *u;
+        kvp_list_foreach_safe(q, u, &s->loads) inflight++;
+    }
+    o->loads_inflight = inflight;
+    return KVP_OK;
+}
+
+KVP_EXPORT kvp_status_t kvp_node_stats(kvp_node_t *n, kvp_stats_t *out)
+{
+    if (n == NULL || out == NULL)
+        return KVP_ERR_INVALID;
+    return kvp__node_exec(n, do_stats, out);
+}
+
+typedef struct held_args {
+    kvp_held_item_t *out;
+    uint32_t cap, n;
+} held_args_t;
+
+static void held_add(kvp_node_t *n, held_args_t *a, int kind, uint32_t slot, uint64_t id,
+                     uint64_t since, const char *peer)
+{
+    if (a->n >= a->cap)
+        return;
+    kvp_held_item_t *h = &a->out[a->n++];
+    h->kind = kind;
+    h->slot = slot;
+    h->id = id;
+    h->age_ms = (kvp__node_now(n) - since) / KVP_NSEC_PER_MSEC;
+    snprintf(h->peer, sizeof(h->peer), "%s", peer);
+}
+
+static kvp_status_t do_held(kvp_node_t *n, void *arg)
+{
+    held_args_t *a = arg;
+    kvp_list_t *p, *t;
+    kvp_list_foreach_safe(p, t, &n->retained)
+    {
+        kvp_xfer_t *x = KVP_CONTAINER_OF(p, kvp_xfer_t, link);
+        held_add(n, a, 1, 0, x->id, x->retained_ns, x->peer);
+    }
+    kvp_list_foreach_safe(p, t, &n->quarantined)
+    {
+        kvp_load_t *l = KVP_CONTAINER_OF(p, kvp_load_t, link);
+        for (uint32_t i = 0; i < l->n; i++)
+            if (l->blocks[i].reserved)
+                held_add(n, a, 2, l->blocks[i].dst.slot, l->op_id, l->quarantined_ns, l->peer);
+    }
+    return KVP_OK;
+}
+
+KVP_EXPORT kvp_status_t kvp_node_held(kvp_node_t *n, kvp_held_item_t *out, uint32_t cap,
+                                      uint32_t *n_out)
+{
+    if (n == NULL || (out == NULL && cap > 0) || n_out == NULL)
+        return KVP_ERR_INVALID;
+    held_args_t a = {out, cap, 0};
+    kvp_status_t st = kvp__node_exec(n, do_held, &a);
+    if (st == KVP_OK)
+        *n_out = a.n;
+    return st;
+}
+
+typedef struct peers_args {
+    kvp_peer_info_t *out;
+    uint32_t cap, n;
+} peers_args_t;
+
+static kvp_status_t do_peers(kvp_node_t *n, void *arg)
+{
+    peers_args_t *a = arg;
+    kvp_list_t *p, *t;
+    kvp_list_foreach_safe(p, t, &n->sessions)
+    {
+        kvp_session_t *s = KVP_CONTAINER_OF(p, kvp_session_t, node_link);
+        if (a->n >= a->cap)
+            break;
+        kvp_peer_info_t *pi = &a->out[a->n++];
+        memset(pi, 0, sizeof(*pi));
+        snprintf(pi->peer, sizeof(pi->peer), "%s", s->peer_id);
+        snprintf(pi->instance, sizeof(pi->instance), "%s", s->instance_id);
+        snprintf(pi->data_path, sizeof(pi->data_path), "%s", kvp_data_path_str(s->path));
+        pi->ready = s->link != NULL && !s->closing;
+        pi->probation = s->probation;
+        pi->rtt_ns = s->link ? kvp_link_rtt_ns(s->link) : 0;
+        pi->bytes_inflight = s->bytes_inflight;
+        kvp_list_t *q, *u;
+        kvp_list_foreach_safe(q, u, &s->loads) pi->loads_inflight++;
+    }
+    return KVP_OK;
+}
+
+KVP_EXPORT kvp_status_t kvp_node_peers(kvp_node_t *n, kvp_peer_info_t *out, uint32_t cap,
+                                       uint32_t *n_out)
+{
+    if (n == NULL || (out == NULL && cap > 0) || n_out == NULL)
+        return KVP_ERR_INVALID;
+    peers_args_t a = {out, cap, 0};
+    kvp_status_t st = kvp__node_exec(n, do_peers, &a);
+    if (st == KVP_OK)
+        *n_out = a.n;
+    return st;
+}

@@ -1,0 +1,727 @@
+/*
+ * node.c -- the node (SPEC §2 layer 6): owns the store, the data transport,
+ * the control plane and the session table; runs the poll round; reaps
+ * retained transfers and quarantined slots (hold cap); hands work between
+ * engine threads and the owner thread.
+ *
+ * Threads: one thread owns all state below (the progress thread in
+ * KVP_THREAD_OWN mode, the caller of kvp_node_progress() otherwise). Other
+ * threads only touch `lock`, `cmds`, `cond` and the event ring.
+ *
+ * Poll round (node_round): commands -> transport progress -> completions of
+ * sessions with transfers in flight (O(active), not O(sessions)) -> retired
+ * transfers -> queued lookups -> sleep in the loop until an fd or the nearest
+ * named deadline.
+ */
+#include "node/node.h"
+#include "transport/fake.h"
+#include "transport/ucx.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+struct kvp_cmd {
+    kvp_list_t link;
+    kvp_status_t (*fn)(kvp_node_t *n, void *arg);
+    void *arg;
+    kvp_status_t result;
+    bool done;
+};
+
+uint64_t kvp__node_now(const kvp_node_t *n)
+{
+    return kvp_clock_now(n->clock);
+}
+
+/* ------------------------------------------------------------- events */
+
+void kvp__node_emit(kvp_node_t *n, const kvp_event_t *ev)
+{
+    pthread_mutex_lock(&n->lock);
+    if (n->ev_count == n->ev_cap) {
+        uint32_t cap = n->ev_cap ? n->ev_cap * 2 : 64;
+        kvp_event_t *ne = kvp__malloc(cap * sizeof(*ne));
+        if (ne == NULL) {
+            n->events_dropped++;
+            pthread_mutex_unlock(&n->lock);
+            KVP_ERROR(n->name, "event queue full and out of memory: event dropped");
+            return;
+        }
+        for (uint32_t i = 0; i < n->ev_count; i++)
+            ne[i] = n->events[(n->ev_head + i) % n->ev_cap];
+        kvp__free(n->events);
+        n->events = ne;
+        n->ev_head = 0;
+        n->ev_cap = cap;
+    }
+    n->events[(n->ev_head + n->ev_count) % n->ev_cap] = *ev;
+    n->ev_count++;
+    pthread_mutex_unlock(&n->lock);
+    uint64_t one = 1;
+    ssize_t w = write(n->evfd, &one, sizeof(one));
+    (void)w;
+}
+
+kvp_status_t kvp__node_take_events(kvp_node_t *n, kvp_event_t *out, uint32_t cap, uint32_t *n_out)
+{
+    uint32_t k = 0;
+    pthread_mutex_lock(&n->lock);
+    while (k < cap && n->ev_count > 0) {
+        out[k++] = n->events[n->ev_head];
+        n->ev_head = (n->ev_head + 1) % n->ev_cap;
+        n->ev_count--;
+    }
+    if (n->ev_count == 0) {
+        uint64_t v;
+        ssize_t r = read(n->evfd, &v, sizeof(v));
+        (void)r;
+    }
+    pthread_mutex_unlock(&n->lock);
+    *n_out = k;
+    return KVP_OK;
+}
+
+/* ----------------------------------------------------------- sessions */
+
+kvp_session_t *kvp__node_find_session(kvp_node_t *n, const char *peer)
+{
+    kvp_list_t *p, *t;
+    kvp_list_foreach_safe(p, t, &n->sessions)
+    {
+        kvp_session_t *s = KVP_CONTAINER_OF(p, kvp_session_t, node_link);
+        if (strcmp(s->peer_id, peer) == 0)
+            return s;
+    }
+    return NULL;
+}
+
+kvp_status_t kvp__session_send(kvp_session_t *s, kvp_msg_t *m)
+{
+    if (s->link == NULL || s->closing)
+        return KVP_ERR_CLOSED;
+    return kvp_link_send(s->link, m);
+}
+
+void kvp__session_mark_active(kvp_session_t *s)
+{
+    if (!kvp_list_linked(&s->active_link))
+        kvp_list_insert_tail(&s->node->active, &s->active_link);
+}
+
+void kvp__session_fault(kvp_session_t *s, kvp_bye_reason_t reason, const char *why)
+{
+    kvp_node_t *n = s->node;
+    if (s->closing)
+        return;
+    if (reason == KVP_BYE_PROTOCOL)
+        n->st.protocol_errors++;
+    KVP_LOG_RL(&n->rl_proto, kvp__node_now(n), KVP_LOG_ERROR, n->name,
+               "peer %s: closing session as fault (%s): %s", s->peer_id,
+               kvp_bye_reason_str(reason), why);
+    s->closing = true;
+    if (s->link != NULL)
+        kvp_link_close(s->link, reason); /* teardown runs from on_down */
+}
+
+static kvp_status_t ctl_on_ready(void *arg, kvp_link_t *link, const kvp_msg_hello_t *peer,
+                                 const void *blob, size_t blob_len)
+{
+    kvp_node_t *n = arg;
+    kvp_session_t *s;
+    kvp_status_t st = kvp__session_create(n, link, peer, blob, blob_len, &s);
+    if (st != KVP_OK)
+        return st;
+    kvp_link_set_user(link, s);
+    kvp_event_t ev = {.type = KVP_EV_PEER_UP};
+    snprintf(ev.peer, sizeof(ev.peer), "%s", s->peer_id);
+    kvp__node_emit(n, &ev);
+    return KVP_OK;
+}
+
+static void ctl_on_frame(void *arg, kvp_link_t *link, const kvp_msg_t *msg)
+{
+    kvp_session_t *s = kvp_link_user(link);
+    (void)arg;
+    if (s != NULL)
+        kvp__session_on_frame(s, msg);
+}
+
+static void ctl_on_down(void *arg, kvp_link_t *link, kvp_down_reason_t reason, uint16_t bye_reason,
+                        bool fault)
+{
+    kvp_session_t *s = kvp_link_user(link);
+    (void)arg;
+    if (s == NULL)
+        return;
+    kvp_link_set_user(link, NULL);
+    s->link = NULL;
+    if (kvp_list_linked(&s->flush_link))
+        kvp_list_remove(&s->flush_link);
+    char why[128];
+    snprintf(why, sizeof(why), "%s%s%s", kvp_down_reason_str(reason),
+             reason == KVP_DOWN_BYE ? " " : "", reason == KVP_DOWN_BYE ? kvp_bye_reason_str(bye_reason) : "");
+    kvp__session_teardown(s, fault, why);
+}
+
+static void ctl_on_pong(void *arg, kvp_link_t *link, uint64_t rtt_ns)
+{
+    kvp_node_t *n = arg;
+    kvp_session_t *s = kvp_link_user(link);
+    /* Proof of life only from a PING sent after the probation began. */
+    if (s != NULL && s->probation && kvp__node_now(n) - rtt_ns >= s->probation_ns)
+        kvp__session_probation(s, false);
+}
+
+/* ------------------------------------------------------- hold cap, reap */
+
+static void node_poll_retired(kvp_node_t *n)
+{
+    size_t got;
+    if (kvp_list_empty(&n->retained))
+        return;
+    do {
+        got = 0;
+        n->xport->ops->poll_retired(n->xport, n->results, KVP_ARRAY_SIZE(n->results), &got);
+        for (size_t i = 0; i < got; i++) {
+            kvp_list_t *p, *t;
+            kvp_list_foreach_safe(p, t, &n->retained)
+            {
+                kvp_xfer_t *x = KVP_CONTAINER_OF(p, kvp_xfer_t, link);
+                if (x->id != n->results[i].id)
+                    continue;
+                KVP_INFO(n->name, "peer %s: retained transfer %llu stopped (%s): released", x->peer,
+                         (unsigned long long)x->id, kvp_status_str(n->results[i].status));
+                kvp__xfer_release(n, x); /* terminal: proof; unpin the store job */
+                n->n_retained--;
+                break;
+            }
+        }
+    } while (got == KVP_ARRAY_SIZE(n->results));
+}
+
+static void node_force_release_retired(kvp_node_t *n, kvp_xfer_t *x, const char *why)
+{
+    KVP_ERROR(n->name, "peer %s: retained transfer %llu force-released (%s): its source slots "
+                       "may still be read",
+              x->peer, (unsigned long long)x->id, why);
+    n->xport->ops->force_release_retired(n->xport, &x->id, 1);
+    kvp__xfer_release(n, x);
+    n->n_retained--;
+    n->st.force_releases++;
+}
+
+static void node_force_release_quarantine(kvp_node_t *n, kvp_load_t *l, const char *why)
+{
+    KVP_ERROR(n->name, "peer %s: %u quarantined slots of load %llu released (%s): marked suspect",
+              l->peer, l->n, (unsigned long long)l->op_id, why);
+    n->st.force_releases++;
+    kvp__load_release_quarantine(l, true);
+}
+
+/* Hold cap (SPEC §7.3-4) and the consumer endpoint check (F26). */
+static void node_hold_check(kvp_node_t *n)
+{
+    uint64_t now = kvp__node_now(n), cap = (uint64_t)n->cfg.hold_cap_ms * KVP_NSEC_PER_MSEC;
+    kvp_list_t *p, *t;
+    kvp_list_foreach_safe(p, t, &n->retained)
+    {
+        kvp_xfer_t *x = KVP_CONTAINER_OF(p, kvp_xfer_t, link);
+        if (now - x->retained_ns >= cap)
+            node_force_release_retired(n, x, "hold cap");
+    }
+    kvp_list_foreach_safe(p, t, &n->quarantined)
+    {
+        kvp_load_t *l = KVP_CONTAINER_OF(p, kvp_load_t, link);
+        if (now - l->quarantined_ns >= cap)
+            node_force_release_quarantine(n, l, "hold cap");
+    }
+    kvp_list_foreach_safe(p, t, &n->sessions)
+    {
+        kvp_session_t *s = KVP_CONTAINER_OF(p, kvp_session_t, node_link);
+        kvp_status_t st = n->xport->ops->peer_status(n->xport, s->xpeer);
+        if (st != KVP_OK && !s->closing && !kvp_list_empty(&s->loads))
+            kvp__session_fault(s, KVP_BYE_TRANSPORT, "error on our endpoint to the source: "
+                                                     "outcome of its loads unknown");
+    }
+}
+
+static uint64_t hold_period_ns(const kvp_node_t *n)
+{
+    uint64_t p = (uint64_t)n->cfg.hold_cap_ms * KVP_NSEC_PER_MSEC / 8;
+    return KVP_MAX(KVP_MIN(p, 250 * KVP_NSEC_PER_MSEC), 5 * KVP_NSEC_PER_MSEC);
+}
+
+static void hold_timer_cb(kvp_timer_t *t)
+{
+    kvp_node_t *n = t->data;
+    node_hold_check(n);
+    kvp_timer_start(n->loop, &n->hold_timer, kvp__node_now(n) + hold_period_ns(n));
+}
+
+/* -------------------------------------------------------------- round */
+
+static void node_poll_sessions(kvp_node_t *n)
+{
+    kvp_list_t *p, *t;
+    kvp_list_foreach_safe(p, t, &n->active)
+    {
+        kvp_session_t *s = KVP_CONTAINER_OF(p, kvp_session_t, active_link);
+        size_t got;
+        do {
+            got = 0;
+            n->xport->ops->poll(n->xport, s->xpeer, n->results, KVP_ARRAY_SIZE(n->results), &got);
+            for (size_t i = 0; i < got; i++)
+                kvp__server_on_xfer_done(s, n->results[i].id, n->results[i].status);
+        } while (got == KVP_ARRAY_SIZE(n->results));
+        if (s->xfers_inflight == 0)
+            kvp_list_remove(&s->active_link);
+    }
+}
+
+static void node_flush_lookups(kvp_node_t *n)
+{
+    while (!kvp_list_empty(&n->flushq)) {
+        kvp_session_t *s = KVP_CONTAINER_OF(n->flushq.next, kvp_session_t, flush_link);
+        kvp_list_remove(&s->flush_link);
+        kvp__client_flush_lookups(s);
+    }
+}
+
+static void node_run_commands(kvp_node_t *n)
+{
+    kvp_list_t todo;
+    kvp_list_init(&todo);
+    pthread_mutex_lock(&n->lock);
+    while (!kvp_list_empty(&n->cmds)) {
+        kvp_list_t *c = n->cmds.next;
+        kvp_list_remove(c);
+        kvp_list_insert_tail(&todo, c);
+    }
+    pthread_mutex_unlock(&n->lock);
+    while (!kvp_list_empty(&todo)) {
+        kvp_cmd_t *c = KVP_CONTAINER_OF(todo.next, kvp_cmd_t, link);
+        kvp_list_remove(&c->link);
+        kvp_status_t r = c->fn(n, c->arg);
+        pthread_mutex_lock(&n->lock);
+        c->result = r;
+        c->done = true;
+        pthread_cond_broadcast(&n->cond);
+        pthread_mutex_unlock(&n->lock);
+    }
+}
+
+/* Work that follows any state change: completions, reaping, lookups out. */
+static void node_settle(kvp_node_t *n)
+{
+    for (int i = 0; i < 64 && n->xport->ops->progress(n->xport); i++)
+        ;
+    node_poll_sessions(n);
+    node_poll_retired(n);
+    node_flush_lookups(n);
+}
+
+static void node_round(kvp_node_t *n, int timeout_ms)
+{
+    static const int busy_limit = 32;
+    int busy = 0;
+    node_run_commands(n);
+    node_settle(n);
+    if (timeout_ms != 0 && (n->xport->ops->caps & KVP_XPORT_CAP_EVENT_FD)) {
+        while (n->xport->ops->arm(n->xport) == KVP_ERR_BUSY && busy++ < busy_limit)
+            node_settle(n);
+        if (busy > busy_limit) /* arm keeps answering busy: bounded spin, short sleep */
+            timeout_ms = 1;
+    }
+    kvp_loop_run_once(n->loop, timeout_ms);
+    node_settle(n);
+}
+
+static void *node_thread_main(void *arg)
+{
+    kvp_node_t *n = arg;
+    for (;;) {
+        pthread_mutex_lock(&n->lock);
+        bool stop = n->stopping;
+        pthread_mutex_unlock(&n->lock);
+        if (stop)
+            break;
+        node_round(n, 100);
+    }
+    node_run_commands(n); /* nobody waits forever on a command */
+    return NULL;
+}
+
+static void node_wakeup_cb(void *arg)
+{
+    (void)arg; /* the round that follows runs the commands */
+}
+
+static void xport_io_cb(kvp_io_t *io, uint32_t events)
+{
+    (void)io;
+    (void)events; /* progress runs in every round */
+}
+
+kvp_status_t kvp__node_exec(kvp_node_t *n, kvp_status_t (*fn)(kvp_node_t *, void *), void *arg)
+{
+    if (!n->thread_running || pthread_equal(pthread_self(), n->thread)) {
+        kvp_status_t r = fn(n, arg);
+        node_flush_lookups(n);
+        return r;
+    }
+    kvp_cmd_t c = {.fn = fn, .arg = arg};
+    pthread_mutex_lock(&n->lock);
+    if (n->stopping) {
+        pthread_mutex_unlock(&n->lock);
+        return KVP_ERR_CLOSED;
+    }
+    kvp_list_insert_tail(&n->cmds, &c.link);
+    pthread_mutex_unlock(&n->lock);
+    kvp_loop_wakeup(n->loop);
+    pthread_mutex_lock(&n->lock);
+    while (!c.done)
+        pthread_cond_wait(&n->cond, &n->lock);
+    pthread_mutex_unlock(&n->lock);
+    return c.result;
+}
+
+kvp_status_t kvp__node_progress(kvp_node_t *n, int timeout_ms)
+{
+    if (n->thread_running)
+        return KVP_ERR_STATE;
+    node_round(n, timeout_ms);
+    return KVP_OK;
+}
+
+/* -------------------------------------------------------------- create */
+
+KVP_EXPORT void kvp_config_init(kvp_config_t *c)
+{
+    memset(c, 0, sizeof(*c));
+    c->listen_addr = "127.0.0.1:0";
+    c->num_blocks = 1024;
+    c->block_size = 256 * 1024;
+    c->compat = "";
+    c->verify_checksums = 1;
+    c->heartbeat_ms = 500;
+    c->dead_after_ms = 2000;
+    c->handshake_timeout_ms = 10000;
+    c->lookup_pending_ms = 5000;
+    c->supply_pin_ms = 30000;
+    c->load_timeout_ms = 30000;
+    c->abort_resend_ms = 2000;
+    c->abort_ack_timeout_ms = 10000;
+    c->parked_demand_ms = 20000;
+    c->hold_cap_ms = 120000;
+    c->suspect_period_ms = 0; /* 0 = 10 x hold cap */
+    c->idle_session_ms = 300000;
+    c->shutdown_drain_ms = 3000;
+    c->max_sessions = 1024;
+    c->max_pins = 0; /* 0 = 4 x num_blocks */
+    c->max_retained = 4096;
+    c->max_quarantined = 0; /* 0 = 25% of the region */
+    c->max_inflight_bytes_per_peer = 1ull << 30;
+    c->backoff_min_ms = 100;
+    c->backoff_max_ms = 5000;
+}
+
+static kvp_status_t config_check(const kvp_config_t *c)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    if (c->num_blocks == 0 || c->block_size == 0 || c->block_size % (uint32_t)page != 0)
+        return KVP_ERR_INVALID;
+    if (c->transport != KVP_TRANSPORT_UCX && c->transport != KVP_TRANSPORT_FAKE)
+        return KVP_ERR_INVALID;
+    if (c->thread_mode != KVP_THREAD_OWN && c->thread_mode != KVP_THREAD_CALLER)
+        return KVP_ERR_INVALID;
+    if ((c->psk == NULL) != (c->psk_len == 0))
+        return KVP_ERR_INVALID;
+    if ((c->peer_id && (strlen(c->peer_id) == 0 || strlen(c->peer_id) > KVP_WIRE_STR_MAX)) ||
+        (c->instance_id &&
+         (strlen(c->instance_id) == 0 || strlen(c->instance_id) > KVP_WIRE_STR_MAX)) ||
+        (c->name && strlen(c->name) > KVP_WIRE_STR_MAX))
+        return KVP_ERR_INVALID;
+    if (c->dead_after_ms == 0 || c->heartbeat_ms == 0 || c->heartbeat_ms >= c->dead_after_ms)
+        return KVP_ERR_INVALID;
+    if (c->max_sessions == 0 || c->hold_cap_ms == 0 || c->load_timeout_ms == 0)
+        return KVP_ERR_INVALID;
+    return KVP_OK;
+}
+
+static void store_config(const kvp_node_t *n, kvp_store_config_t *sc)
+{
+    memset(sc, 0, sizeof(*sc));
+    sc->num_blocks = n->cfg.num_blocks;
+    sc->block_size = n->cfg.block_size;
+    sc->huge_pages = n->cfg.huge_pages;
+    sc->max_pins = n->cfg.max_pins;
+    sc->suspect_period_ns = n->cfg.suspect_period_ms * KVP_NSEC_PER_MSEC;
+    sc->hash_seed = n->cfg.hash_seed;
+    sc->clock = n->clock;
+    sc->log_prefix = n->name;
+}
+
+/* Fake transport: the store maps its own region first, so the fake's landing
+ * checker can see our slots; then the region is registered. */
+static kvp_status_t node_make_fake(kvp_node_t *n, const kvp_node_seams_t *seams)
+{
+    kvp_store_config_t sc;
+    kvp_layout_t layout = {n->cfg.num_blocks, n->cfg.block_size};
+    void *base;
+    kvp_status_t st;
+    if (seams == NULL || seams->fake_fabric == NULL)
+        return KVP_ERR_UNSUPPORTED; /* the fake needs a fabric: tests pass one */
+    store_config(n, &sc);
+    if ((st = kvp_store_create(&sc, &n->store)) != KVP_OK)
+        return st;
+    kvp_fake_config_t fc = {0};
+    fc.fabric = seams->fake_fabric;
+    fc.clock = n->clock;
+    fc.store = n->store;
+    fc.log_prefix = n->name;
+    fc.default_path = seams->fake_path ? seams->fake_path : KVP_PATH_FAKE_FENCEABLE;
+    fc.default_delay_ns = seams->fake_delay_ns;
+    if ((st = kvp_fake_create(&fc, &n->xport)) != KVP_OK)
+        return st;
+    return n->xport->ops->register_region(n->xport, kvp_store_base(n->store),
+                                          kvp_store_region_len(n->store), &layout, &base);
+}
+
+/* UCX: the transport allocates the region (direct shared-memory puts) unless
+ * the embedding supplied one; the store manages it; the transport frees it. */
+static kvp_status_t node_make_ucx(kvp_node_t *n)
+{
+    kvp_layout_t layout = {n->cfg.num_blocks, n->cfg.block_size};
+    size_t len = (size_t)n->cfg.num_blocks * n->cfg.block_size;
+    void *base = NULL;
+    kvp_store_config_t sc;
+    kvp_ucx_config_t uc;
+    kvp_ucx_config_default(&uc);
+    uc.log_prefix = n->name;
+    uc.clock = n->clock;
+    uc.max_transfers = n->cfg.max_retained + 1024;
+    kvp_status_t st = kvp_ucx_xport_create(&uc, &n->xport);
+    if (st != KVP_OK)
+        return st;
+    st = n->xport->ops->register_region(n->xport, n->cfg.region, len, &layout, &base);
+    if (st != KVP_OK)
+        return st;
+    store_config(n, &sc);
+    sc.region = base;
+    sc.region_len = len;
+    return kvp_store_create(&sc, &n->store);
+}
+
+kvp_xport_t *kvp__node_xport(kvp_node_t *n)
+{
+    return n->xport;
+}
+
+kvp_store_t *kvp__node_store(kvp_node_t *n)
+{
+    return n->store;
+}
+
+static kvp_status_t node_make_ctl(kvp_node_t *n, const kvp_node_seams_t *seams)
+{
+    kvp_ctl_config_t cc = {0};
+    cc.peer_id = n->cfg.peer_id;
+    cc.instance_id = n->cfg.instance_id;
+    cc.listen_addr = n->cfg.listen_addr;
+    cc.num_blocks = n->cfg.num_blocks;
+    cc.block_size = n->cfg.block_size;
+    cc.fingerprint = n->fingerprint;
+    cc.hash_seed = n->cfg.hash_seed;
+    cc.psk = n->cfg.psk;
+    cc.psk_len = n->cfg.psk_len;
+    cc.blob = n->blob;
+    cc.blob_len = n->blob_len;
+    cc.heartbeat_ns = (uint64_t)n->cfg.heartbeat_ms * KVP_NSEC_PER_MSEC;
+    cc.dead_after_ns = (uint64_t)n->cfg.dead_after_ms * KVP_NSEC_PER_MSEC;
+    cc.handshake_timeout_ns = (uint64_t)n->cfg.handshake_timeout_ms * KVP_NSEC_PER_MSEC;
+    cc.backoff_min_ns = (uint64_t)n->cfg.backoff_min_ms * KVP_NSEC_PER_MSEC;
+    cc.backoff_max_ns = (uint64_t)n->cfg.backoff_max_ms * KVP_NSEC_PER_MSEC;
+    cc.max_sessions = n->cfg.max_sessions;
+    cc.loop = n->loop;
+    cc.fake_net = seams ? seams->fake_net : NULL;
+    cc.cb = (kvp_ctl_callbacks_t){ctl_on_ready, ctl_on_frame, ctl_on_down, ctl_on_pong, n};
+    cc.log_prefix = n->name;
+    return kvp_ctl_create(&cc, &n->ctl);
+}
+
+static void node_free(kvp_node_t *n);
+
+kvp_status_t kvp__node_create_ex(const kvp_config_t *cfg, const kvp_node_seams_t *seams,
+                                 kvp_node_t **out)
+{
+    kvp_status_t st;
+    if (cfg == NULL || out == NULL || (st = config_check(cfg)) != KVP_OK)
+        return KVP_ERR_INVALID;
+    kvp_node_t *n = kvp__calloc(1, sizeof(*n));
+    if (n == NULL)
+        return KVP_ERR_NOMEM;
+    n->cfg = *cfg;
+    n->evfd = -1;
+    snprintf(n->name, sizeof(n->name), "%s", cfg->name ? cfg->name : "kvpeer");
+    if (n->cfg.suspect_period_ms == 0)
+        n->cfg.suspect_period_ms = 10ull * n->cfg.hold_cap_ms;
+    if (n->cfg.max_quarantined == 0)
+        n->cfg.max_quarantined = KVP_MAX(n->cfg.num_blocks / 4, 1);
+    n->fingerprint = kvp_hash64(cfg->compat ? cfg->compat : "",
+                                cfg->compat ? strlen(cfg->compat) : 0, cfg->hash_seed);
+    n->clock = seams && seams->clock ? seams->clock : kvp_clock_real();
+    n->next_op_id = 1;
+    n->next_round = 1;
+    kvp_list_init(&n->sessions);
+    kvp_list_init(&n->active);
+    kvp_list_init(&n->waiting);
+    kvp_list_init(&n->retained);
+    kvp_list_init(&n->quarantined);
+    kvp_list_init(&n->flushq);
+    kvp_list_init(&n->cmds);
+    kvp_ratelimit_init(&n->rl_proto, KVP_NSEC_PER_SEC, 5);
+    kvp_ratelimit_init(&n->rl_cap, KVP_NSEC_PER_SEC, 1);
+    pthread_mutex_init(&n->lock, NULL);
+    pthread_cond_init(&n->cond, NULL);
+    n->xport_io.fd = -1;
+    if ((n->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0) {
+        st = KVP_ERR_IO;
+        goto fail;
+    }
+    if ((st = kvp_loop_create(n->clock, &n->loop)) != KVP_OK)
+        goto fail;
+    kvp_loop_set_wakeup_cb(n->loop, node_wakeup_cb, n);
+    st = cfg->transport == KVP_TRANSPORT_FAKE ? node_make_fake(n, seams) : node_make_ucx(n);
+    if (st != KVP_OK)
+        goto fail;
+    if ((st = n->xport->ops->local_blob(n->xport, &n->blob, &n->blob_len)) != KVP_OK)
+        goto fail;
+    if ((st = node_make_ctl(n, seams)) != KVP_OK)
+        goto fail;
+    snprintf(n->peer_id, sizeof(n->peer_id), "%s", kvp_ctl_peer_id(n->ctl));
+    if (cfg->name == NULL)
+        snprintf(n->name, sizeof(n->name), "%s", n->peer_id);
+    int xfd = n->xport->ops->event_fd(n->xport);
+    if (xfd >= 0 && (st = kvp_io_start(n->loop, &n->xport_io, xfd, EPOLLIN, xport_io_cb, n)) != KVP_OK)
+        goto fail;
+    kvp_timer_init(&n->hold_timer, "hold-cap", hold_timer_cb, n);
+    kvp_timer_start(n->loop, &n->hold_timer, kvp__node_now(n) + hold_period_ns(n));
+    if (cfg->thread_mode == KVP_THREAD_OWN) {
+        if (pthread_create(&n->thread, NULL, node_thread_main, n) != 0) {
+            st = KVP_ERR_IO;
+            goto fail;
+        }
+        n->thread_running = true;
+    }
+    KVP_INFO(n->name, "node up: %u blocks x %u B, transport %s", n->cfg.num_blocks,
+             n->cfg.block_size, n->xport->ops->name);
+    *out = n;
+    return KVP_OK;
+fail:
+    node_free(n);
+    return st;
+}
+
+KVP_EXPORT kvp_status_t kvp_node_create(const kvp_config_t *cfg, kvp_node_t **out)
+{
+    return kvp__node_create_ex(cfg, NULL, out);
+}
+
+/* ------------------------------------------------------------- destroy */
+
+static bool node_busy(kvp_node_t *n)
+{
+    kvp_list_t *p, *t;
+    if (!kvp_list_empty(&n->retained) || !kvp_list_empty(&n->quarantined) ||
+        !kvp_list_empty(&n->active))
+        return true;
+    kvp_list_foreach_safe(p, t, &n->sessions)
+    {
+        kvp_session_t *s = KVP_CONTAINER_OF(p, kvp_session_t, node_link);
+        if (!kvp_list_empty(&s->loads))
+            return true;
+    }
+    return false;
+}
+
+/* Bounded drain (SPEC §7.6): in-flight loads and transfers, then sessions
+ * closed, then retained transfers and quarantined slots; what remains at the
+ * deadline is released with error logs. */
+static void node_drain(kvp_node_t *n)
+{
+    uint64_t deadline = kvp__node_now(n) + (uint64_t)n->cfg.shutdown_drain_ms * KVP_NSEC_PER_MSEC;
+    bool real = n->clock == kvp_clock_real();
+    int rounds = 0;
+    while (node_busy(n) && kvp__node_now(n) < deadline && (real || rounds++ < 100))
+        node_round(n, 5);
+    while (!kvp_list_empty(&n->sessions)) {
+        kvp_session_t *s = KVP_CONTAINER_OF(n->sessions.next, kvp_session_t, node_link);
+        if (s->link != NULL) {
+            kvp_link_set_user(s->link, NULL);
+            kvp_link_close(s->link, KVP_BYE_SHUTDOWN);
+            s->link = NULL;
+        }
+        if (kvp_list_linked(&s->flush_link))
+            kvp_list_remove(&s->flush_link);
+        kvp__session_teardown(s, false, "node shutdown");
+    }
+    rounds = 0;
+    while (node_busy(n) && kvp__node_now(n) < deadline && (real || rounds++ < 100))
+        node_round(n, 5);
+    while (!kvp_list_empty(&n->retained))
+        node_force_release_retired(n, KVP_CONTAINER_OF(n->retained.next, kvp_xfer_t, link),
+                                   "shutdown drain over");
+    while (!kvp_list_empty(&n->quarantined))
+        node_force_release_quarantine(n, KVP_CONTAINER_OF(n->quarantined.next, kvp_load_t, link),
+                                      "shutdown drain over");
+    for (int i = 0; i < 10; i++) /* let the BYEs go out */
+        kvp_loop_run_once(n->loop, 0);
+}
+
+static void node_free(kvp_node_t *n)
+{
+    if (n->ctl)
+        kvp_ctl_destroy(n->ctl);
+    if (n->loop) {
+        kvp_timer_stop(n->loop, &n->hold_timer);
+        if (n->xport_io.active)
+            kvp_io_stop(n->loop, &n->xport_io);
+    }
+    /* Transport first: its pending copies may still target our region;
+     * then the store (which unmaps the region only if it mapped it). */
+    if (n->xport)
+        n->xport->ops->close(n->xport, true);
+    if (n->store)
+        kvp_store_destroy(n->store);
+    if (n->loop)
+        kvp_loop_destroy(n->loop);
+    if (n->evfd >= 0)
+        close(n->evfd);
+    pthread_mutex_destroy(&n->lock);
+    pthread_cond_destroy(&n->cond);
+    kvp__free(n->events);
+    kvp__free(n->txbuf);
+    kvp__free(n);
+}
+
+KVP_EXPORT void kvp_node_destroy(kvp_node_t *n)
+{
+    if (n == NULL)
+        return;
+    if (n->thread_running) {
+        pthread_mutex_lock(&n->lock);
+        n->stopping = true;
+        pthread_mutex_unlock(&n->lock);
+        kvp_loop_wakeup(n->loop);
+        pthread_join(n->thread, NULL);
+        n->thread_running = false;
+    }
+    node_drain(n);
+    KVP_INFO(n->name, "node down");
+    node_free(n);
+}

@@ -1,0 +1,308 @@
+/*
+ * node.h -- internal header of the session and node layers (SPEC §2 layers
+ * 5 and 6). The public surface is include/kvpeer.h; this header is shared by
+ * src/session/ (client and server roles of one session) and src/node/ (the
+ * session table, the poll round, teardown, threads, the API).
+ *
+ * Records that hold memory a WRITE may touch, and the proof that frees them:
+ *
+ *   kvp_load_t    consumer side. Its destination slots are FILLING from the
+ *                 FETCH until FETCH_DONE (commit / abandon) or ABORT_ACK
+ *                 (abandon). If the outcome becomes unknown (session fault,
+ *                 probation, escalation, endpoint error) they become
+ *                 QUARANTINED and the load moves to node->quarantined; they
+ *                 return to FREE only on proof (FETCH_DONE / ABORT_ACK on a
+ *                 live session, a completed fence on a fenceable path) or at
+ *                 the hold cap (then suspect). The load's outcome is
+ *                 published exactly once, separately from slot release.
+ *
+ *   kvp_xfer_t    source side: one posted transfer and its store job (the
+ *                 pinned source slots it reads). The pins are dropped only
+ *                 when the transport hands the transfer back as terminal
+ *                 (poll on the live peer, poll_retired after the session
+ *                 ended) or at the hold cap (force_release, logged).
+ *                 A transfer outliving its session is "retained" on
+ *                 node->retained.
+ *
+ *   kvp_sround_t  source side: one round (lookup->fetch generation) of a
+ *                 request on a session: supply pinned by LOOKUP, demand from
+ *                 FETCH, parked demand, the transfer in flight.
+ */
+#ifndef KVP_NODE_H
+#define KVP_NODE_H
+
+#include "kvpeer.h"
+#include "common/common.h"
+#include "ctl/ctl.h"
+#include "store/store.h"
+#include "transport/transport.h"
+#include "wire/wire.h"
+
+#include <pthread.h>
+
+typedef struct kvp_session kvp_session_t;
+typedef struct kvp_load kvp_load_t;
+typedef struct kvp_xfer kvp_xfer_t;
+typedef struct kvp_sround kvp_sround_t;
+typedef struct kvp_lookup_op kvp_lookup_op_t;
+
+/* Test seams: an injected clock, the fake control network and a prebuilt
+ * data transport (e.g. the fake). Borrowed; must outlive the node. */
+typedef struct kvp_fake_fabric kvp_fake_fabric_t;
+typedef struct kvp_node_seams {
+    const kvp_clock_t *clock;
+    kvp_fake_net_t *fake_net;
+    /* KVP_TRANSPORT_FAKE: the node creates its fake transport on this fabric
+     * (with its store, for the landing checker) and closes it at destroy. */
+    kvp_fake_fabric_t *fake_fabric;
+    kvp_data_path_t fake_path;   /* FAKE_FENCEABLE (default) or FAKE_UNFENCEABLE */
+    uint64_t fake_delay_ns;      /* default script delay */
+} kvp_node_seams_t;
+
+/* The node's data transport (tests: scripts, call log). */
+kvp_xport_t *kvp__node_xport(kvp_node_t *n);
+kvp_store_t *kvp__node_store(kvp_node_t *n);
+
+kvp_status_t kvp__node_create_ex(const kvp_config_t *cfg, const kvp_node_seams_t *seams,
+                                 kvp_node_t **out);
+
+/* ------------------------------------------------------------- records */
+
+typedef struct kvp_key_buf {
+    uint8_t len;
+    uint8_t data[KVP_KEY_MAX];
+} kvp_key_buf_t;
+
+typedef enum kvp_load_phase {
+    KVP_LOAD_QUEUED = 0,   /* FETCH not yet on the wire (session not ready) */
+    KVP_LOAD_SENT = 1,     /* FETCH sent; load timer running */
+    KVP_LOAD_ABORTING = 2, /* ABORT sent; re-sent until ABORT_ACK / FETCH_DONE */
+    KVP_LOAD_SETTLED = 3,  /* slots committed/abandoned or quarantined */
+} kvp_load_phase_t;
+
+typedef struct kvp_load_block {
+    kvp_key_buf_t key;
+    kvp_slot_ref_t dst;
+    bool reserved; /* dst holds a FILLING/QUARANTINED slot of ours */
+} kvp_load_block_t;
+
+struct kvp_load {
+    kvp_list_t link; /* session->loads, or node->quarantined */
+    kvp_node_t *node;
+    kvp_session_t *sess; /* NULL once the session is gone */
+    kvp_xpeer_id_t xpeer; /* the transport peer WRITEs come through (fence scope) */
+    uint64_t op_id, request_id, round;
+    uint32_t flags;
+    kvp_load_phase_t phase;
+    bool published;   /* the single outcome was published */
+    bool quarantined; /* slots are QUARANTINED awaiting proof or the cap */
+    uint32_t n;
+    kvp_load_block_t *blocks;
+    int32_t *block_status; /* caller-owned, may be NULL */
+    uint64_t bytes;
+    uint64_t started_ns, quarantined_ns, abort_started_ns;
+    char peer[KVP_WIRE_STR_MAX + 1];
+    kvp_timer_t timer; /* load timeout, then abort resend / abort-ack timeout */
+};
+
+struct kvp_xfer {
+    kvp_list_t link; /* session->xfers, or node->retained */
+    kvp_xfer_id_t id;
+    kvp_sround_t *round; /* NULL once retained */
+    uint32_t n;
+    kvp_slot_ref_t *src; /* the store job: pinned source slots */
+    uint64_t posted_ns, retained_ns;
+    char peer[KVP_WIRE_STR_MAX + 1];
+};
+
+typedef enum kvp_sround_phase {
+    KVP_SR_LOOKUP_PENDING = 0, /* LOOKUP with FILLING keys: answer deferred */
+    KVP_SR_SUPPLIED = 1,       /* LOOKUP answered; supply pinned until FETCH */
+    KVP_SR_PARKED = 2,         /* WAIT_FOR_SUPPLY demand waiting for commits */
+    KVP_SR_TRANSFERRING = 3,   /* transfer posted */
+    KVP_SR_ABORTING = 4,       /* ABORT received; waiting for the transfer */
+    KVP_SR_FINISHED = 5,       /* FETCH_DONE or ABORT_ACK sent */
+} kvp_sround_phase_t;
+
+typedef struct kvp_supply {
+    kvp_key_buf_t key;
+    kvp_slot_ref_t ref;
+    bool pinned;
+    bool pending; /* LOOKUP_PENDING: key was FILLING */
+} kvp_supply_t;
+
+typedef struct kvp_demand {
+    kvp_key_buf_t key;
+    uint32_t dst_slot, dst_gen;
+    int32_t supply; /* index into supply[], -1 = not (yet) supplied */
+} kvp_demand_t;
+
+struct kvp_sround {
+    kvp_list_t link; /* session->srounds */
+    kvp_list_t wait_link; /* node->waiting (pending lookups, parked demand) */
+    kvp_session_t *sess;
+    uint64_t request_id, round;
+    kvp_sround_phase_t phase;
+    uint32_t n_supply, cap_supply;
+    kvp_supply_t *supply;
+    uint32_t n_demand;
+    kvp_demand_t *demand;
+    uint32_t flags;
+    kvp_xfer_t *xfer;       /* in flight, or NULL */
+    int32_t final_status;   /* what FETCH_DONE said / will say */
+    bool sent_done, sent_ack;
+    kvp_digest_t *digests;  /* per demand, for FETCH_DONE */
+    uint8_t *block_ok;
+    kvp_timer_t timer;      /* pending deadline / supply-pin / parked demand */
+};
+
+/* Client-side lookup: aggregated per (session, request) per poll round. */
+struct kvp_lookup_op {
+    kvp_list_t link; /* session->lookups_queued, then session->lookups_sent */
+    uint64_t op_id, request_id, round;
+    uint32_t n;
+    kvp_key_buf_t *keys;
+    uint8_t *results; /* caller-owned */
+    kvp_timer_t timer; /* answer deadline */
+    kvp_session_t *sess;
+};
+
+/* What the consumer learned from the latest lookup of a request. */
+typedef struct kvp_creq {
+    kvp_list_t link;
+    uint64_t request_id;
+    uint64_t round;  /* latest lookup round answered */
+    bool fetched;    /* that round already carries a FETCH */
+} kvp_creq_t;
+
+struct kvp_session {
+    kvp_list_t node_link; /* node->sessions */
+    kvp_list_t active_link; /* node->active: sessions with transfers in flight */
+    kvp_list_t flush_link;  /* node->flushq: sessions with lookups to send */
+    kvp_node_t *node;
+    kvp_link_t *link; /* control link; NULL once down */
+    char peer_id[KVP_WIRE_STR_MAX + 1];
+    char instance_id[KVP_WIRE_STR_MAX + 1];
+    uint32_t peer_num_blocks, peer_block_size;
+    kvp_xpeer_id_t xpeer;
+    kvp_data_path_t path;
+    bool probation;
+    bool closing;
+    uint64_t probation_ns;
+    uint64_t bytes_inflight; /* consumer side: bytes of loads not settled */
+    /* client role */
+    kvp_list_t lookups_queued, lookups_sent, loads, creqs;
+    /* server role */
+    kvp_list_t srounds, xfers;
+    uint32_t xfers_inflight;
+    uint64_t last_work_ns;
+};
+
+/* ------------------------------------------------------------------ node */
+
+typedef struct kvp_cmd kvp_cmd_t;
+
+struct kvp_node {
+    kvp_config_t cfg; /* strings below are owned copies */
+    char name[KVP_WIRE_STR_MAX + 1];
+    char peer_id[KVP_WIRE_STR_MAX + 1];
+    const kvp_clock_t *clock;
+    kvp_loop_t *loop;
+    kvp_store_t *store;
+    kvp_xport_t *xport;
+    bool own_xport;
+    kvp_ctl_t *ctl;
+    const void *blob;
+    size_t blob_len;
+    uint64_t fingerprint;
+
+    kvp_list_t sessions;    /* kvp_session_t, ready */
+    kvp_list_t active;      /* sessions with transfers in flight */
+    kvp_list_t waiting;     /* srounds waiting for commits (pending lookups, parked) */
+    kvp_list_t retained;    /* kvp_xfer_t retained after their session ended */
+    kvp_list_t quarantined; /* kvp_load_t whose slots are QUARANTINED */
+    kvp_list_t flushq;      /* sessions with queued lookups */
+    uint32_t n_sessions, n_retained;
+    uint64_t next_op_id, next_round;
+    kvp_io_t xport_io;
+    kvp_timer_t hold_timer;
+
+    /* scratch for frames and transport results (owner thread only) */
+    uint8_t *txbuf;
+    size_t txcap;
+    kvp_xfer_result_t results[256];
+
+    /* threads: commands in, events out */
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    kvp_list_t cmds;
+    pthread_t thread;
+    bool thread_running, stopping;
+    int evfd;
+    kvp_event_t *events;
+    uint32_t ev_head, ev_count, ev_cap;
+    uint64_t events_dropped;
+
+    kvp_stats_t st; /* counters owned by the node (store/ctl stats merged on read) */
+    kvp_ratelimit_t rl_proto, rl_cap;
+};
+
+/* node.c */
+kvp_status_t kvp__node_exec(kvp_node_t *n, kvp_status_t (*fn)(kvp_node_t *, void *), void *arg);
+kvp_status_t kvp__node_progress(kvp_node_t *n, int timeout_ms);
+kvp_status_t kvp__node_take_events(kvp_node_t *n, kvp_event_t *out, uint32_t cap,
+                                   uint32_t *n_out);
+uint64_t kvp__node_now(const kvp_node_t *n);
+void kvp__node_emit(kvp_node_t *n, const kvp_event_t *ev);
+kvp_session_t *kvp__node_find_session(kvp_node_t *n, const char *peer);
+/* Serialise and send a message on a session (stamped by ctl). */
+kvp_status_t kvp__session_send(kvp_session_t *s, kvp_msg_t *m);
+void kvp__session_mark_active(kvp_session_t *s);
+/* Close a session from inside a callback: BYE, teardown runs from on_down. */
+void kvp__session_fault(kvp_session_t *s, kvp_bye_reason_t reason, const char *why);
+
+/* session.c: lifecycle and dispatch */
+kvp_status_t kvp__session_create(kvp_node_t *n, kvp_link_t *link, const kvp_msg_hello_t *hello,
+                                 const void *blob, size_t blob_len, kvp_session_t **out);
+void kvp__session_on_frame(kvp_session_t *s, const kvp_msg_t *m);
+/* The link is down: teardown per SPEC §7, then free the session. */
+void kvp__session_teardown(kvp_session_t *s, bool fault, const char *why);
+void kvp__session_probation(kvp_session_t *s, bool on);
+
+/* client.c: the consumer role */
+kvp_status_t kvp__client_lookup(kvp_session_t *s, uint64_t op_id, uint64_t request_id,
+                                const uint8_t *keys, const uint32_t *lens, uint32_t n,
+                                uint8_t *results);
+void kvp__client_flush_lookups(kvp_session_t *s);
+kvp_status_t kvp__client_fetch(kvp_session_t *s, uint64_t op_id, uint64_t request_id,
+                               const uint8_t *keys, const uint32_t *lens, uint32_t n,
+                               uint32_t flags, int32_t *block_status);
+void kvp__client_on_lookup_resp(kvp_session_t *s, const kvp_msg_lookup_resp_t *m);
+void kvp__client_on_fetch_done(kvp_session_t *s, const kvp_msg_fetch_done_t *m);
+void kvp__client_on_abort_ack(kvp_session_t *s, const kvp_msg_abort_t *m);
+kvp_load_t *kvp__client_find_load(kvp_node_t *n, uint64_t op_id);
+void kvp__client_abort(kvp_load_t *l, kvp_status_t why);
+void kvp__client_finish_request(kvp_session_t *s, uint64_t request_id);
+/* Outcome unknown (fault, probation, endpoint error): publish routing
+ * failure, quarantine the load's slots. */
+void kvp__client_fail_unknown(kvp_load_t *l, kvp_status_t why);
+void kvp__client_teardown(kvp_session_t *s, bool fault);
+void kvp__load_publish(kvp_load_t *l, kvp_status_t st, uint32_t n_ok);
+/* Release a quarantined load's slots (proof, or cap = suspect). Frees it. */
+void kvp__load_release_quarantine(kvp_load_t *l, bool by_cap);
+void kvp__load_free(kvp_load_t *l);
+
+/* server.c: the source role */
+void kvp__server_on_lookup(kvp_session_t *s, const kvp_msg_lookup_t *m);
+void kvp__server_on_fetch(kvp_session_t *s, const kvp_msg_fetch_t *m);
+void kvp__server_on_abort(kvp_session_t *s, const kvp_msg_abort_t *m);
+/* A key was committed locally: serve pending lookups and parked demand. */
+void kvp__server_on_commit(kvp_node_t *n, const void *key, uint32_t key_len);
+/* Transfers of this session reported terminal by poll. */
+void kvp__server_on_xfer_done(kvp_session_t *s, kvp_xfer_id_t id, kvp_status_t st);
+void kvp__server_finish_request(kvp_session_t *s, uint64_t request_id);
+/* Teardown: cancel in WAIT mode; running transfers move to node->retained. */
+void kvp__server_teardown(kvp_session_t *s);
+void kvp__xfer_release(kvp_node_t *n, kvp_xfer_t *x);
+
+#endif /* KVP_NODE_H */

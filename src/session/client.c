@@ -1,0 +1,602 @@
+/*
+ * client.c -- the consumer role of a session (SPEC §5): lookups aggregated
+ * per request per poll round, fetches into reserved FILLING slots, FETCH_DONE
+ * verification and commit, abort with resend and escalation, and the
+ * consumer half of teardown (quarantine).
+ *
+ * Load phases: QUEUED -> SENT -> (ABORTING) -> SETTLED. The outcome is
+ * published exactly once (kvp__load_publish asserts it); releasing the
+ * slots is a separate step that needs proof:
+ *   FETCH_DONE          commit verified blocks, abandon the rest
+ *   ABORT_ACK           abandon every block
+ *   outcome unknown     quarantine; release on proof or at the hold cap
+ */
+#include "node/node.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static void load_timer_cb(kvp_timer_t *t);
+
+static void key_copy(kvp_key_buf_t *dst, const uint8_t *data, uint32_t len)
+{
+    dst->len = (uint8_t)len;
+    memcpy(dst->data, data, len);
+}
+
+static kvp_status_t check_keys(const uint8_t *keys, const uint32_t *lens, uint32_t n)
+{
+    if (n == 0 || n > KVP_WIRE_LIST_MAX || keys == NULL || lens == NULL)
+        return KVP_ERR_INVALID;
+    for (uint32_t i = 0; i < n; i++)
+        if (lens[i] == 0 || lens[i] > KVP_KEY_MAX)
+            return KVP_ERR_INVALID;
+    return KVP_OK;
+}
+
+static kvp_creq_t *creq_get(kvp_session_t *s, uint64_t request_id, bool create)
+{
+    kvp_list_t *p, *t;
+    kvp_list_foreach_safe(p, t, &s->creqs)
+    {
+        kvp_creq_t *c = KVP_CONTAINER_OF(p, kvp_creq_t, link);
+        if (c->request_id == request_id)
+            return c;
+    }
+    if (!create)
+        return NULL;
+    kvp_creq_t *c = kvp__calloc(1, sizeof(*c));
+    if (c == NULL)
+        return NULL;
+    c->request_id = request_id;
+    c->fetched = true; /* no lookup round to fetch against yet */
+    kvp_list_insert_tail(&s->creqs, &c->link);
+    return c;
+}
+
+/* --------------------------------------------------------------- lookup */
+
+kvp_status_t kvp__client_lookup(kvp_session_t *s, uint64_t op_id, uint64_t request_id,
+                                const uint8_t *keys, const uint32_t *lens, uint32_t n,
+                                uint8_t *results)
+{
+    kvp_status_t st = check_keys(keys, lens, n);
+    if (st != KVP_OK || results == NULL)
+        return KVP_ERR_INVALID;
+    kvp_lookup_op_t *op = kvp__calloc(1, sizeof(*op));
+    kvp_key_buf_t *kb = kvp__calloc(n, sizeof(*kb));
+    if (op == NULL || kb == NULL) {
+        kvp__free(op);
+        kvp__free(kb);
+        return KVP_ERR_NOMEM;
+    }
+    size_t off = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        key_copy(&kb[i], keys + off, lens[i]);
+        off += lens[i];
+    }
+    op->op_id = op_id;
+    op->request_id = request_id;
+    op->n = n;
+    op->keys = kb;
+    op->results = results;
+    op->sess = s;
+    kvp_list_insert_tail(&s->lookups_queued, &op->link);
+    return KVP_OK;
+}
+
+static void lookup_op_finish(kvp_lookup_op_t *op, kvp_status_t st, uint32_t hits)
+{
+    kvp_node_t *n = op->sess->node;
+    kvp_event_t ev = {.type = KVP_EV_LOOKUP, .status = st, .op_id = op->op_id};
+    ev.request_id = op->request_id;
+    ev.n_keys = op->n;
+    ev.n_ok = hits;
+    snprintf(ev.peer, sizeof(ev.peer), "%s", op->sess->peer_id);
+    if (st != KVP_OK)
+        memset(op->results, KVP_LOOKUP_MISS, op->n);
+    kvp_list_remove(&op->link);
+    kvp_timer_stop(n->loop, &op->timer);
+    kvp__free(op->keys);
+    kvp__free(op);
+    kvp__node_emit(n, &ev);
+}
+
+static void lookup_timer_cb(kvp_timer_t *t)
+{
+    kvp_lookup_op_t *op = t->data;
+    /* F13: a LOOKUP never answered -- the session is not serving us. */
+    kvp__session_fault(op->sess, KVP_BYE_PROTOCOL, "LOOKUP not answered in time");
+}
+
+/* One LOOKUP per request per poll round with the union of the queued keys of
+ * that request (a key asked twice in the same round is sent once). */
+void kvp__client_flush_lookups(kvp_session_t *s)
+{
+    kvp_node_t *n = s->node;
+    while (!kvp_list_empty(&s->lookups_queued)) {
+        kvp_lookup_op_t *first = KVP_CONTAINER_OF(s->lookups_queued.next, kvp_lookup_op_t, link);
+        uint64_t req = first->request_id, round = n->next_round++;
+        uint32_t total = 0;
+        kvp_list_t *p, *t;
+        kvp_list_foreach_safe(p, t, &s->lookups_queued)
+        {
+            kvp_lookup_op_t *op = KVP_CONTAINER_OF(p, kvp_lookup_op_t, link);
+            if (op->request_id == req)
+                total += op->n;
+        }
+        kvp_key_t *keys = kvp__calloc(total, sizeof(*keys));
+        uint32_t nk = 0;
+        kvp_list_foreach_safe(p, t, &s->lookups_queued)
+        {
+            kvp_lookup_op_t *op = KVP_CONTAINER_OF(p, kvp_lookup_op_t, link);
+            if (op->request_id != req)
+                continue;
+            op->round = round;
+            for (uint32_t i = 0; keys && i < op->n; i++) {
+                uint32_t j = 0;
+                while (j < nk && !(keys[j].len == op->keys[i].len &&
+                                   memcmp(keys[j].data, op->keys[i].data, keys[j].len) == 0))
+                    j++;
+                if (j == nk)
+                    keys[nk++] = (kvp_key_t){op->keys[i].data, op->keys[i].len};
+            }
+            kvp_list_remove(&op->link);
+            kvp_list_insert_tail(&s->lookups_sent, &op->link);
+            kvp_timer_init(&op->timer, "lookup", lookup_timer_cb, op);
+            kvp_timer_start(n->loop, &op->timer,
+                            kvp__node_now(n) + ((uint64_t)n->cfg.lookup_pending_ms +
+                                                n->cfg.dead_after_ms) * KVP_NSEC_PER_MSEC);
+        }
+        if (keys == NULL) {
+            kvp__session_fault(s, KVP_BYE_PROTOCOL, "out of memory sending LOOKUP");
+            return;
+        }
+        kvp_msg_t m = {.type = KVP_MSG_LOOKUP};
+        m.u.lookup = (kvp_msg_lookup_t){req, round, nk, keys};
+        kvp__session_send(s, &m);
+        kvp__free(keys);
+    }
+}
+
+void kvp__client_on_lookup_resp(kvp_session_t *s, const kvp_msg_lookup_resp_t *m)
+{
+    /* Rebuild the key order of the LOOKUP we sent from the ops of that round. */
+    kvp_list_t *p, *t;
+    kvp_key_buf_t *order[256];
+    kvp_key_buf_t **keys = m->n <= 256 ? order : kvp__calloc(m->n, sizeof(*keys));
+    uint32_t nk = 0;
+    bool found = false;
+    if (keys == NULL) {
+        kvp__session_fault(s, KVP_BYE_PROTOCOL, "out of memory on LOOKUP_RESP");
+        return;
+    }
+    kvp_list_foreach_safe(p, t, &s->lookups_sent)
+    {
+        kvp_lookup_op_t *op = KVP_CONTAINER_OF(p, kvp_lookup_op_t, link);
+        if (op->round != m->round)
+            continue;
+        found = true;
+        for (uint32_t i = 0; i < op->n; i++) {
+            uint32_t j = 0;
+            while (j < nk && !(keys[j]->len == op->keys[i].len &&
+                               memcmp(keys[j]->data, op->keys[i].data, keys[j]->len) == 0))
+                j++;
+            if (j == nk && nk < m->n)
+                keys[nk++] = &op->keys[i];
+            op->results[i] = j < m->n ? m->results[j] : KVP_LOOKUP_MISS;
+        }
+    }
+    if (keys != order)
+        kvp__free(keys);
+    if (!found)
+        return; /* a response to a lookup we already failed: ignore */
+    if (nk != m->n) {
+        kvp__session_fault(s, KVP_BYE_PROTOCOL, "LOOKUP_RESP has the wrong number of results");
+        return;
+    }
+    kvp_creq_t *c = creq_get(s, m->request_id, true);
+    if (c != NULL) {
+        c->round = m->round;
+        c->fetched = false;
+    }
+    kvp_list_foreach_safe(p, t, &s->lookups_sent)
+    {
+        kvp_lookup_op_t *op = KVP_CONTAINER_OF(p, kvp_lookup_op_t, link);
+        if (op->round != m->round)
+            continue;
+        uint32_t hits = 0;
+        for (uint32_t i = 0; i < op->n; i++)
+            hits += op->results[i] == KVP_LOOKUP_HIT;
+        lookup_op_finish(op, KVP_OK, hits);
+    }
+}
+
+/* ---------------------------------------------------------------- fetch */
+
+static void load_free_blocks(kvp_load_t *l)
+{
+    kvp__free(l->blocks);
+    l->blocks = NULL;
+}
+
+void kvp__load_free(kvp_load_t *l)
+{
+    kvp_node_t *n = l->node;
+    kvp_timer_stop(n->loop, &l->timer);
+    if (kvp_list_linked(&l->link))
+        kvp_list_remove(&l->link);
+    if (l->sess != NULL)
+        l->sess->bytes_inflight -= l->bytes;
+    load_free_blocks(l);
+    kvp__free(l);
+}
+
+void kvp__load_publish(kvp_load_t *l, kvp_status_t st, uint32_t n_ok)
+{
+    kvp_node_t *n = l->node;
+    KVP_ASSERT(!l->published); /* I4: exactly one outcome */
+    l->published = true;
+    kvp_event_t ev = {.type = KVP_EV_LOAD, .status = st, .op_id = l->op_id};
+    ev.request_id = l->request_id;
+    ev.n_keys = l->n;
+    ev.n_ok = n_ok;
+    snprintf(ev.peer, sizeof(ev.peer), "%s", l->peer);
+    kvp__node_emit(n, &ev);
+}
+
+/* Reserve one FILLING slot per key. Keys already READY or FILLING here are
+ * not fetched (their block_status says so). */
+static kvp_status_t load_reserve(kvp_load_t *l, const uint8_t *keys, const uint32_t *lens,
+                                 uint32_t *to_fetch)
+{
+    kvp_node_t *n = l->node;
+    size_t off = 0;
+    *to_fetch = 0;
+    for (uint32_t i = 0; i < l->n; i++) {
+        kvp_load_block_t *b = &l->blocks[i];
+        key_copy(&b->key, keys + off, lens[i]);
+        off += lens[i];
+        void *ptr;
+        kvp_status_t st = kvp_store_reserve(n->store, b->key.data, b->key.len,
+                                            KVP_STORE_RESERVE_REMOTE, &b->dst, &ptr);
+        if (st == KVP_OK) {
+            b->reserved = true;
+            (*to_fetch)++;
+        } else if (st != KVP_ERR_EXISTS && st != KVP_ERR_PENDING) {
+            return st;
+        }
+        if (l->block_status)
+            l->block_status[i] = st;
+    }
+    return KVP_OK;
+}
+
+static void load_abandon_all(kvp_load_t *l)
+{
+    for (uint32_t i = 0; i < l->n; i++) {
+        if (l->blocks[i].reserved) {
+            KVP_ASSERT(kvp_store_abandon(l->node->store, l->blocks[i].dst) == KVP_OK);
+            l->blocks[i].reserved = false;
+        }
+    }
+}
+
+static kvp_status_t load_send_fetch(kvp_load_t *l, uint32_t to_fetch)
+{
+    kvp_fetch_item_t *items = kvp__calloc(to_fetch, sizeof(*items));
+    if (items == NULL)
+        return KVP_ERR_NOMEM;
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < l->n; i++) {
+        kvp_load_block_t *b = &l->blocks[i];
+        if (b->reserved)
+            items[k++] = (kvp_fetch_item_t){{b->key.data, b->key.len}, b->dst.slot, b->dst.gen};
+    }
+    kvp_msg_t m = {.type = KVP_MSG_FETCH};
+    m.u.fetch = (kvp_msg_fetch_t){l->request_id, l->round, l->flags, k, items};
+    kvp_status_t st = kvp__session_send(l->sess, &m);
+    kvp__free(items);
+    return st;
+}
+
+kvp_status_t kvp__client_fetch(kvp_session_t *s, uint64_t op_id, uint64_t request_id,
+                               const uint8_t *keys, const uint32_t *lens, uint32_t n,
+                               uint32_t flags, int32_t *block_status)
+{
+    kvp_node_t *node = s->node;
+    kvp_status_t st = check_keys(keys, lens, n);
+    if (st != KVP_OK)
+        return st;
+    uint64_t bytes = (uint64_t)n * node->cfg.block_size;
+    if (s->bytes_inflight + bytes > node->cfg.max_inflight_bytes_per_peer)
+        return KVP_ERR_LIMIT;
+    kvp_store_stats_t ss;
+    kvp_store_get_stats(node->store, &ss);
+    if (ss.slots[KVP_SLOT_QUARANTINED] >= node->cfg.max_quarantined)
+        return KVP_ERR_LIMIT;
+    kvp_load_t *l = kvp__calloc(1, sizeof(*l));
+    if (l == NULL || (l->blocks = kvp__calloc(n, sizeof(*l->blocks))) == NULL) {
+        kvp__free(l);
+        return KVP_ERR_NOMEM;
+    }
+    l->node = node;
+    l->sess = s;
+    l->xpeer = s->xpeer;
+    l->op_id = op_id;
+    l->request_id = request_id;
+    l->flags = flags & KVP_FETCH_WAIT_FOR_SUPPLY;
+    l->n = n;
+    l->block_status = block_status;
+    l->started_ns = kvp__node_now(node);
+    snprintf(l->peer, sizeof(l->peer), "%s", s->peer_id);
+    kvp_list_init(&l->link);
+    kvp_timer_init(&l->timer, "load", load_timer_cb, l);
+    uint32_t to_fetch = 0;
+    st = load_reserve(l, keys, lens, &to_fetch);
+    if (st != KVP_OK) {
+        load_abandon_all(l);
+        load_free_blocks(l);
+        kvp__free(l);
+        return st;
+    }
+    kvp_creq_t *c = creq_get(s, request_id, true);
+    if (c != NULL && !c->fetched && !(l->flags & KVP_FETCH_WAIT_FOR_SUPPLY)) {
+        l->round = c->round; /* fetch against the supply of the latest lookup */
+        c->fetched = true;
+    } else {
+        l->round = node->next_round++;
+    }
+    kvp_list_insert_tail(&s->loads, &l->link);
+    if (to_fetch == 0) { /* everything is here already */
+        l->phase = KVP_LOAD_SETTLED;
+        kvp__load_publish(l, KVP_OK, 0);
+        kvp__load_free(l);
+        return KVP_OK;
+    }
+    l->bytes = (uint64_t)to_fetch * node->cfg.block_size;
+    s->bytes_inflight += l->bytes;
+    if ((st = load_send_fetch(l, to_fetch)) != KVP_OK) {
+        load_abandon_all(l); /* nothing reached the wire: no WRITE can come */
+        kvp__load_free(l);
+        return st;
+    }
+    l->phase = KVP_LOAD_SENT;
+    kvp_timer_start(node->loop, &l->timer,
+                    l->started_ns + (uint64_t)node->cfg.load_timeout_ms * KVP_NSEC_PER_MSEC);
+    return KVP_OK;
+}
+
+static kvp_load_t *load_find(kvp_session_t *s, uint64_t round)
+{
+    kvp_list_t *p, *t;
+    kvp_list_foreach_safe(p, t, &s->loads)
+    {
+        kvp_load_t *l = KVP_CONTAINER_OF(p, kvp_load_t, link);
+        if (l->round == round)
+            return l;
+    }
+    return NULL;
+}
+
+kvp_load_t *kvp__client_find_load(kvp_node_t *n, uint64_t op_id)
+{
+    kvp_list_t *sp, *st, *p, *t;
+    kvp_list_foreach_safe(sp, st, &n->sessions)
+    {
+        kvp_session_t *s = KVP_CONTAINER_OF(sp, kvp_session_t, node_link);
+        kvp_list_foreach_safe(p, t, &s->loads)
+        {
+            kvp_load_t *l = KVP_CONTAINER_OF(p, kvp_load_t, link);
+            if (l->op_id == op_id)
+                return l;
+        }
+    }
+    return NULL;
+}
+
+/* ---------------------------------------------------- proofs and outcomes */
+
+/* Release a quarantined load's slots: by proof, or by the hold cap (then
+ * the slots are suspect). Frees the load. */
+void kvp__load_release_quarantine(kvp_load_t *l, bool by_cap)
+{
+    kvp_node_t *n = l->node;
+    for (uint32_t i = 0; i < l->n; i++) {
+        if (!l->blocks[i].reserved)
+            continue;
+        KVP_ASSERT(kvp_store_release_quarantined(n->store, l->blocks[i].dst, by_cap) == KVP_OK);
+        l->blocks[i].reserved = false;
+    }
+    kvp__load_free(l);
+}
+
+void kvp__client_on_fetch_done(kvp_session_t *s, const kvp_msg_fetch_done_t *m)
+{
+    kvp_node_t *n = s->node;
+    kvp_load_t *l = load_find(s, m->round);
+    if (l == NULL)
+        return; /* duplicate of an answer already applied: idempotent */
+    uint32_t want = 0;
+    for (uint32_t i = 0; i < l->n; i++)
+        want += l->blocks[i].reserved;
+    if (m->n != want) {
+        kvp__session_fault(s, KVP_BYE_PROTOCOL, "FETCH_DONE block count differs from FETCH");
+        return;
+    }
+    if (l->quarantined) { /* proof from the live session: release */
+        kvp__load_release_quarantine(l, false);
+        return;
+    }
+    uint32_t ok = 0, k = 0;
+    kvp_status_t first_err = m->status != KVP_OK ? (kvp_status_t)m->status : KVP_OK;
+    for (uint32_t i = 0; i < l->n; i++) {
+        kvp_load_block_t *b = &l->blocks[i];
+        if (!b->reserved)
+            continue;
+        const kvp_fetch_block_t *fb = &m->blocks[k++];
+        kvp_status_t st = KVP_ERR_TRANSPORT;
+        if (m->status == KVP_OK && fb->ok)
+            st = n->cfg.verify_checksums
+                     ? kvp_store_commit_verify(n->store, b->dst, &fb->digest)
+                     : kvp_store_commit(n->store, b->dst);
+        if (st == KVP_ERR_CHECKSUM)
+            KVP_ERROR(n->name, "peer %s: block %u of round %llu fails its checksum: dropped",
+                      s->peer_id, i, (unsigned long long)m->round);
+        if (st != KVP_OK) {
+            KVP_ASSERT(kvp_store_abandon(n->store, b->dst) == KVP_OK);
+            if (first_err == KVP_OK)
+                first_err = st;
+        } else {
+            ok++;
+            kvp__server_on_commit(n, b->key.data, b->key.len);
+        }
+        b->reserved = false;
+        if (l->block_status)
+            l->block_status[i] = st;
+    }
+    n->st.blocks_in += ok;
+    n->st.bytes_in += (uint64_t)ok * n->cfg.block_size;
+    if (!l->published)
+        kvp__load_publish(l, first_err, ok);
+    l->phase = KVP_LOAD_SETTLED;
+    kvp__load_free(l);
+}
+
+void kvp__client_on_abort_ack(kvp_session_t *s, const kvp_msg_abort_t *m)
+{
+    kvp_load_t *l = load_find(s, m->round);
+    if (l == NULL)
+        return;
+    if (l->quarantined) {
+        kvp__load_release_quarantine(l, false);
+        return;
+    }
+    load_abandon_all(l);
+    if (!l->published)
+        kvp__load_publish(l, KVP_ERR_CANCELED, 0);
+    l->phase = KVP_LOAD_SETTLED;
+    kvp__load_free(l);
+}
+
+static void send_abort(kvp_load_t *l)
+{
+    kvp_msg_t m = {.type = KVP_MSG_ABORT};
+    m.u.abort.request_id = l->request_id;
+    m.u.abort.round = l->round;
+    kvp__session_send(l->sess, &m);
+}
+
+/* Abort a SENT load: the outcome (failure) is decided now; the slots stay
+ * FILLING until ABORT_ACK or FETCH_DONE, re-sent every abort interval, and
+ * the session is closed as a fault after the abort-ack timeout. */
+void kvp__client_abort(kvp_load_t *l, kvp_status_t why)
+{
+    kvp_node_t *n = l->node;
+    if (!l->published)
+        kvp__load_publish(l, why, 0);
+    if (l->phase != KVP_LOAD_SENT)
+        return;
+    l->phase = KVP_LOAD_ABORTING;
+    l->abort_started_ns = kvp__node_now(n);
+    n->st.fetches_aborted++;
+    send_abort(l);
+    kvp_timer_start(n->loop, &l->timer,
+                    l->abort_started_ns + (uint64_t)n->cfg.abort_resend_ms * KVP_NSEC_PER_MSEC);
+}
+
+static void load_timer_cb(kvp_timer_t *t)
+{
+    kvp_load_t *l = t->data;
+    kvp_node_t *n = l->node;
+    if (l->phase == KVP_LOAD_SENT) {
+        KVP_WARN(n->name, "peer %s: load %llu timed out: aborting", l->peer,
+                 (unsigned long long)l->op_id);
+        kvp__client_abort(l, KVP_ERR_TIMEOUT);
+        return;
+    }
+    if (l->phase != KVP_LOAD_ABORTING || l->sess == NULL)
+        return;
+    uint64_t now = kvp__node_now(n);
+    if (now - l->abort_started_ns >= (uint64_t)n->cfg.abort_ack_timeout_ms * KVP_NSEC_PER_MSEC) {
+        kvp__session_fault(l->sess, KVP_BYE_ABORT_ACK_TIMEOUT, "no ABORT_ACK in time");
+        return;
+    }
+    send_abort(l); /* F5: re-send until ABORT_ACK or FETCH_DONE */
+    uint64_t next = now + (uint64_t)n->cfg.abort_resend_ms * KVP_NSEC_PER_MSEC;
+    uint64_t limit = l->abort_started_ns + (uint64_t)n->cfg.abort_ack_timeout_ms * KVP_NSEC_PER_MSEC;
+    kvp_timer_start(n->loop, &l->timer, KVP_MIN(next, limit));
+}
+
+/* The outcome is unknown: publish routing failure now, quarantine the
+ * destination slots (a WRITE may still land in them). */
+void kvp__client_fail_unknown(kvp_load_t *l, kvp_status_t why)
+{
+    kvp_node_t *n = l->node;
+    if (!l->published)
+        kvp__load_publish(l, why, 0);
+    if (l->quarantined)
+        return;
+    for (uint32_t i = 0; i < l->n; i++)
+        if (l->blocks[i].reserved)
+            KVP_ASSERT(kvp_store_quarantine(n->store, l->blocks[i].dst) == KVP_OK);
+    l->quarantined = true;
+    l->quarantined_ns = kvp__node_now(n);
+}
+
+/* The engine finished the request locally: its loads fail (exactly once) and
+ * are aborted; the source is told with a terminal empty FETCH. */
+void kvp__client_finish_request(kvp_session_t *s, uint64_t request_id)
+{
+    kvp_list_t *p, *t;
+    bool any = false;
+    kvp_list_foreach_safe(p, t, &s->loads)
+    {
+        kvp_load_t *l = KVP_CONTAINER_OF(p, kvp_load_t, link);
+        if (l->request_id != request_id)
+            continue;
+        any = true;
+        kvp__client_abort(l, KVP_ERR_CANCELED);
+    }
+    kvp_creq_t *c = creq_get(s, request_id, false);
+    if (c != NULL || any) {
+        kvp_msg_t m = {.type = KVP_MSG_FETCH};
+        m.u.fetch = (kvp_msg_fetch_t){request_id, s->node->next_round++, 0, 0, NULL};
+        kvp__session_send(s, &m);
+    }
+    if (c != NULL) {
+        kvp_list_remove(&c->link);
+        kvp__free(c);
+    }
+}
+
+/* Session teardown, consumer side (SPEC §7.4): every load whose outcome is
+ * unknown fails for routing and its slots are quarantined; the loads move
+ * to node->quarantined to wait for proof or the hold cap. */
+void kvp__client_teardown(kvp_session_t *s, bool fault)
+{
+    kvp_node_t *n = s->node;
+    kvp_list_t *p, *t;
+    (void)fault;
+    kvp_list_foreach_safe(p, t, &s->lookups_queued)
+        lookup_op_finish(KVP_CONTAINER_OF(p, kvp_lookup_op_t, link), KVP_ERR_UNREACHABLE, 0);
+    kvp_list_foreach_safe(p, t, &s->lookups_sent)
+        lookup_op_finish(KVP_CONTAINER_OF(p, kvp_lookup_op_t, link), KVP_ERR_UNREACHABLE, 0);
+    kvp_list_foreach_safe(p, t, &s->loads)
+    {
+        kvp_load_t *l = KVP_CONTAINER_OF(p, kvp_load_t, link);
+        kvp_timer_stop(n->loop, &l->timer);
+        kvp__client_fail_unknown(l, KVP_ERR_UNREACHABLE);
+        kvp_list_remove(&l->link);
+        s->bytes_inflight -= l->bytes;
+        l->bytes = 0;
+        l->sess = NULL;
+        l->phase = KVP_LOAD_SETTLED;
+        kvp_list_insert_tail(&n->quarantined, &l->link);
+    }
+    while (!kvp_list_empty(&s->creqs)) {
+        kvp_creq_t *c = KVP_CONTAINER_OF(s->creqs.next, kvp_creq_t, link);
+        kvp_list_remove(&c->link);
+        kvp__free(c);
+    }
+}

@@ -1,0 +1,672 @@
+/*
+ * server.c -- the source role of a session (SPEC §5): answer LOOKUP from the
+ * store (HIT pins supply for the round), match FETCH demand against the
+ * round's supply, post the transfer, send FETCH_DONE only after the transport
+ * proved remote completion, handle ABORT (cancel in WAIT mode; ABORT_ACK only
+ * once the transfer is terminal), park WAIT_FOR_SUPPLY demand.
+ *
+ * Round phases (one per kvp_sround_t; set only through sround_set_phase):
+ *
+ *   LOOKUP_PENDING --(keys committed / pending deadline)--> SUPPLIED
+ *   SUPPLIED --FETCH all supplied--> TRANSFERRING --poll terminal--> FINISHED
+ *   SUPPLIED|(new) --FETCH WAIT_FOR_SUPPLY, keys missing--> PARKED
+ *   PARKED --keys committed--> TRANSFERRING; --timeout/request finished--> FINISHED
+ *   TRANSFERRING --ABORT, still running--> ABORTING --terminal--> FINISHED
+ *
+ * Pins: supply[i].pinned means this round holds one pin on supply[i].ref.
+ * When the transfer is posted the pins of the demanded supply move to the
+ * kvp_xfer_t (the store job) and are dropped only when the transport hands
+ * the transfer back as terminal, or at the hold cap.
+ */
+#include "node/node.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const char *const sr_phase_names[] = {"LOOKUP_PENDING", "SUPPLIED", "PARKED",
+                                             "TRANSFERRING", "ABORTING", "FINISHED"};
+
+static void sround_set_phase(kvp_sround_t *r, kvp_sround_phase_t to)
+{
+    static const uint8_t legal[6] = {
+        [KVP_SR_LOOKUP_PENDING] = 0,
+        [KVP_SR_SUPPLIED] = 1u << KVP_SR_LOOKUP_PENDING,
+        [KVP_SR_PARKED] = 1u << KVP_SR_SUPPLIED,
+        [KVP_SR_TRANSFERRING] = (1u << KVP_SR_SUPPLIED) | (1u << KVP_SR_PARKED),
+        [KVP_SR_ABORTING] = 1u << KVP_SR_TRANSFERRING,
+        [KVP_SR_FINISHED] = 0x3f & ~(1u << KVP_SR_FINISHED),
+    };
+    KVP_ASSERT(legal[to] & (1u << r->phase));
+    KVP_TRACE(r->sess->node->name, "peer %s round %llu: %s -> %s", r->sess->peer_id,
+              (unsigned long long)r->round, sr_phase_names[r->phase], sr_phase_names[to]);
+    r->phase = to;
+}
+
+static kvp_sround_t *sround_find(kvp_session_t *s, uint64_t round)
+{
+    kvp_list_t *p, *t;
+    kvp_list_foreach_safe(p, t, &s->srounds)
+    {
+        kvp_sround_t *r = KVP_CONTAINER_OF(p, kvp_sround_t, link);
+        if (r->round == round)
+            return r;
+    }
+    return NULL;
+}
+
+static bool key_eq(const kvp_key_buf_t *a, const uint8_t *data, uint32_t len)
+{
+    return a->len == len && memcmp(a->data, data, len) == 0;
+}
+
+static void key_copy(kvp_key_buf_t *dst, const uint8_t *data, uint32_t len)
+{
+    dst->len = (uint8_t)len;
+    memcpy(dst->data, data, len);
+}
+
+static void sround_timer_cb(kvp_timer_t *t);
+
+static kvp_sround_t *sround_new(kvp_session_t *s, uint64_t request_id, uint64_t round,
+                                uint32_t cap_supply)
+{
+    kvp_sround_t *r = kvp__calloc(1, sizeof(*r));
+    if (r == NULL)
+        return NULL;
+    r->supply = kvp__calloc(cap_supply ? cap_supply : 1, sizeof(*r->supply));
+    if (r->supply == NULL) {
+        kvp__free(r);
+        return NULL;
+    }
+    r->cap_supply = cap_supply;
+    r->sess = s;
+    r->request_id = request_id;
+    r->round = round;
+    r->phase = KVP_SR_SUPPLIED;
+    kvp_list_init(&r->wait_link);
+    kvp_timer_init(&r->timer, "round", sround_timer_cb, r);
+    kvp_list_insert_tail(&s->srounds, &r->link);
+    return r;
+}
+
+/* Drop every pin this round still holds on supply (not those moved to a
+ * transfer). */
+static void sround_unpin_supply(kvp_sround_t *r)
+{
+    kvp_store_t *st = r->sess->node->store;
+    for (uint32_t i = 0; i < r->n_supply; i++) {
+        if (r->supply[i].pinned) {
+            KVP_ASSERT(kvp_store_unpin(st, r->supply[i].ref) == KVP_OK);
+            r->supply[i].pinned = false;
+        }
+    }
+}
+
+static void sround_free(kvp_sround_t *r)
+{
+    kvp_node_t *n = r->sess->node;
+    KVP_ASSERT(r->xfer == NULL);
+    sround_unpin_supply(r);
+    kvp_timer_stop(n->loop, &r->timer);
+    if (kvp_list_linked(&r->wait_link))
+        kvp_list_remove(&r->wait_link);
+    kvp_list_remove(&r->link);
+    kvp__free(r->supply);
+    kvp__free(r->demand);
+    kvp__free(r->digests);
+    kvp__free(r->block_ok);
+    kvp__free(r);
+}
+
+/* ------------------------------------------------------------- replies */
+
+static void send_lookup_resp(kvp_sround_t *r)
+{
+    kvp_session_t *s = r->sess;
+    uint8_t stackbuf[256];
+    uint8_t *res = r->n_supply <= sizeof(stackbuf) ? stackbuf : kvp__malloc(r->n_supply);
+    if (res == NULL) {
+        kvp__session_fault(s, KVP_BYE_PROTOCOL, "out of memory answering LOOKUP");
+        return;
+    }
+    for (uint32_t i = 0; i < r->n_supply; i++)
+        res[i] = r->supply[i].pinned ? KVP_LOOKUP_HIT : KVP_LOOKUP_MISS;
+    kvp_msg_t m = {.type = KVP_MSG_LOOKUP_RESP};
+    m.u.lookup_resp.request_id = r->request_id;
+    m.u.lookup_resp.round = r->round;
+    m.u.lookup_resp.n = r->n_supply;
+    m.u.lookup_resp.results = res;
+    kvp__session_send(s, &m);
+    if (res != stackbuf)
+        kvp__free(res);
+}
+
+/* Finish a round: FETCH_DONE (status, digests) or ABORT_ACK; the round is kept
+ * for a while so a repeated ABORT gets the same answer (F5). */
+static void sround_finish(kvp_sround_t *r, bool ack, kvp_status_t status)
+{
+    kvp_session_t *s = r->sess;
+    kvp_node_t *n = s->node;
+    kvp_msg_t m = {0};
+    sround_unpin_supply(r);
+    if (kvp_list_linked(&r->wait_link))
+        kvp_list_remove(&r->wait_link);
+    if (ack) {
+        m.type = KVP_MSG_ABORT_ACK;
+        m.u.abort.request_id = r->request_id;
+        m.u.abort.round = r->round;
+        r->sent_ack = true;
+    } else {
+        kvp_fetch_block_t *blocks = kvp__calloc(r->n_demand ? r->n_demand : 1, sizeof(*blocks));
+        if (blocks == NULL) {
+            kvp__session_fault(s, KVP_BYE_PROTOCOL, "out of memory sending FETCH_DONE");
+            return;
+        }
+        for (uint32_t i = 0; i < r->n_demand; i++) {
+            blocks[i].ok = status == KVP_OK && r->block_ok && r->block_ok[i];
+            if (r->digests)
+                blocks[i].digest = r->digests[i];
+        }
+        m.type = KVP_MSG_FETCH_DONE;
+        m.u.fetch_done.request_id = r->request_id;
+        m.u.fetch_done.round = r->round;
+        m.u.fetch_done.status = status;
+        m.u.fetch_done.n = r->n_demand;
+        m.u.fetch_done.blocks = blocks;
+        r->final_status = status;
+        r->sent_done = true;
+        kvp__session_send(s, &m);
+        kvp__free(blocks);
+        if (status == KVP_OK)
+            n->st.fetches_ok++;
+        else
+            n->st.fetches_failed++;
+    }
+    if (ack)
+        kvp__session_send(s, &m);
+    if (r->phase != KVP_SR_FINISHED)
+        sround_set_phase(r, KVP_SR_FINISHED);
+    /* Keep the answer for replays until the consumer's abort machinery is
+     * surely over. */
+    kvp_timer_start(n->loop, &r->timer,
+                    kvp__node_now(n) +
+                        ((uint64_t)n->cfg.abort_ack_timeout_ms + n->cfg.abort_resend_ms) *
+                            KVP_NSEC_PER_MSEC);
+}
+
+/* --------------------------------------------------------------- LOOKUP */
+
+void kvp__server_on_lookup(kvp_session_t *s, const kvp_msg_lookup_t *m)
+{
+    kvp_node_t *n = s->node;
+    if (sround_find(s, m->round) != NULL) {
+        kvp__session_fault(s, KVP_BYE_PROTOCOL, "LOOKUP reuses a round token");
+        return;
+    }
+    kvp_sround_t *r = sround_new(s, m->request_id, m->round, m->n);
+    if (r == NULL) {
+        kvp__session_fault(s, KVP_BYE_PROTOCOL, "out of memory on LOOKUP");
+        return;
+    }
+    uint32_t pending = 0, hits = 0;
+    for (uint32_t i = 0; i < m->n; i++) {
+        kvp_supply_t *sp = &r->supply[r->n_supply++];
+        key_copy(&sp->key, m->keys[i].data, m->keys[i].len);
+        kvp_status_t st = kvp_store_lookup(n->store, m->keys[i].data, m->keys[i].len, &sp->ref,
+                                           NULL, NULL);
+        if (st == KVP_OK && !s->closing) {
+            sp->pinned = true;
+            hits++;
+        } else if (st == KVP_OK) {
+            kvp_store_unpin(n->store, sp->ref);
+        } else if (st == KVP_ERR_PENDING) {
+            sp->pending = true;
+            pending++;
+        }
+    }
+    if (pending > 0) {
+        r->phase = KVP_SR_LOOKUP_PENDING;
+        kvp_list_insert_tail(&n->waiting, &r->wait_link);
+        kvp_timer_start(n->loop, &r->timer,
+                        kvp__node_now(n) + (uint64_t)n->cfg.lookup_pending_ms * KVP_NSEC_PER_MSEC);
+        return;
+    }
+    send_lookup_resp(r);
+    if (hits == 0) {
+        sround_free(r);
+        return;
+    }
+    kvp_timer_start(n->loop, &r->timer,
+                    kvp__node_now(n) + (uint64_t)n->cfg.supply_pin_ms * KVP_NSEC_PER_MSEC);
+}
+
+/* Pending keys that did not commit in time answer MISS; the rest HIT. */
+static void lookup_pending_resolve(kvp_sround_t *r)
+{
+    kvp_node_t *n = r->sess->node;
+    bool any = false;
+    for (uint32_t i = 0; i < r->n_supply; i++) {
+        r->supply[i].pending = false;
+        any |= r->supply[i].pinned;
+    }
+    if (kvp_list_linked(&r->wait_link))
+        kvp_list_remove(&r->wait_link);
+    sround_set_phase(r, KVP_SR_SUPPLIED);
+    send_lookup_resp(r);
+    if (!any) {
+        sround_free(r);
+        return;
+    }
+    kvp_timer_start(n->loop, &r->timer,
+                    kvp__node_now(n) + (uint64_t)n->cfg.supply_pin_ms * KVP_NSEC_PER_MSEC);
+}
+
+/* ---------------------------------------------------------------- FETCH */
+
+static void sround_post(kvp_sround_t *r);
+
+static void fetch_fail_now(kvp_session_t *s, const kvp_msg_fetch_t *m, kvp_status_t st)
+{
+    kvp_sround_t *r = sround_find(s, m->round);
+    if (r == NULL)
+        r = sround_new(s, m->request_id, m->round, 0);
+    if (r == NULL) {
+        kvp__session_fault(s, KVP_BYE_PROTOCOL, "out of memory on FETCH");
+        return;
+    }
+    if (r->demand == NULL) {
+        r->demand = kvp__calloc(m->n ? m->n : 1, sizeof(*r->demand));
+        r->n_demand = r->demand ? m->n : 0;
+    }
+    sround_finish(r, false, st);
+}
+
+/* Find key in the round's supply, starting at the cursor (consumers fetch in
+ * lookup order, so this is linear in the common case). */
+static int32_t supply_find(kvp_sround_t *r, const kvp_key_t *k, uint32_t *cursor)
+{
+    for (uint32_t j = 0; j < r->n_supply; j++) {
+        uint32_t i = (*cursor + j) % r->n_supply;
+        if (r->supply[i].pinned && key_eq(&r->supply[i].key, k->data, k->len)) {
+            *cursor = i + 1;
+            return (int32_t)i;
+        }
+    }
+    return -1;
+}
+
+/* Try to supply demand d from the store now (WAIT_FOR_SUPPLY). */
+static bool supply_from_store(kvp_sround_t *r, kvp_demand_t *d)
+{
+    kvp_node_t *n = r->sess->node;
+    kvp_slot_ref_t ref;
+    if (r->n_supply == r->cap_supply)
+        return false;
+    if (kvp_store_lookup(n->store, d->key.data, d->key.len, &ref, NULL, NULL) != KVP_OK)
+        return false;
+    kvp_supply_t *sp = &r->supply[r->n_supply];
+    sp->key = d->key;
+    sp->ref = ref;
+    sp->pinned = true;
+    d->supply = (int32_t)r->n_supply++;
+    return true;
+}
+
+static kvp_status_t sround_take_demand(kvp_sround_t *r, const kvp_msg_fetch_t *m,
+                                       uint32_t *missing)
+{
+    r->demand = kvp__calloc(m->n, sizeof(*r->demand));
+    if (r->demand == NULL)
+        return KVP_ERR_NOMEM;
+    if (r->flags & KVP_FETCH_WAIT_FOR_SUPPLY && r->cap_supply < r->n_supply + m->n) {
+        kvp_supply_t *ns = kvp__realloc(r->supply, (r->n_supply + m->n) * sizeof(*ns));
+        if (ns == NULL)
+            return KVP_ERR_NOMEM;
+        r->supply = ns;
+        r->cap_supply = r->n_supply + m->n;
+    }
+    r->n_demand = m->n;
+    uint32_t cursor = 0;
+    *missing = 0;
+    for (uint32_t i = 0; i < m->n; i++) {
+        kvp_demand_t *d = &r->demand[i];
+        key_copy(&d->key, m->items[i].key.data, m->items[i].key.len);
+        d->dst_slot = m->items[i].dst_slot;
+        d->dst_gen = m->items[i].dst_gen;
+        d->supply = r->n_supply ? supply_find(r, &m->items[i].key, &cursor) : -1;
+        if (d->supply >= 0) {
+            /* Claim it: the same supply entry cannot feed two demands. */
+            continue;
+        }
+        if ((r->flags & KVP_FETCH_WAIT_FOR_SUPPLY) && supply_from_store(r, d))
+            continue;
+        (*missing)++;
+    }
+    return KVP_OK;
+}
+
+void kvp__server_on_fetch(kvp_session_t *s, const kvp_msg_fetch_t *m)
+{
+    kvp_node_t *n = s->node;
+    if (m->n == 0) { /* terminal: the consumer finished the request */
+        kvp__server_finish_request(s, m->request_id);
+        return;
+    }
+    kvp_sround_t *r = sround_find(s, m->round);
+    if (r != NULL && r->phase != KVP_SR_SUPPLIED) {
+        if (r->phase == KVP_SR_FINISHED && r->sent_done)
+            return; /* a duplicate of a FETCH we already answered */
+        kvp__session_fault(s, KVP_BYE_PROTOCOL, "second FETCH for a round");
+        return;
+    }
+    if (n->n_retained >= n->cfg.max_retained) {
+        KVP_LOG_RL(&n->rl_cap, kvp__node_now(n), KVP_LOG_WARN, n->name,
+                   "peer %s: %u retained transfers (limit): refusing FETCH", s->peer_id,
+                   n->n_retained);
+        fetch_fail_now(s, m, KVP_ERR_LIMIT);
+        return;
+    }
+    bool wait = (m->flags & KVP_FETCH_WAIT_FOR_SUPPLY) != 0;
+    if (r == NULL && !wait) { /* no supply: never looked up, or expired (F9, F10) */
+        fetch_fail_now(s, m, KVP_ERR_NOT_FOUND);
+        return;
+    }
+    if (r == NULL && (r = sround_new(s, m->request_id, m->round, m->n)) == NULL) {
+        kvp__session_fault(s, KVP_BYE_PROTOCOL, "out of memory on FETCH");
+        return;
+    }
+    r->flags = m->flags;
+    uint32_t missing = 0;
+    if (sround_take_demand(r, m, &missing) != KVP_OK) {
+        sround_finish(r, false, KVP_ERR_NOMEM);
+        return;
+    }
+    if (missing > 0 && !wait) {
+        sround_finish(r, false, KVP_ERR_NOT_FOUND); /* F9: at once, never a silent wait */
+        return;
+    }
+    if (missing > 0) {
+        sround_set_phase(r, KVP_SR_PARKED);
+        kvp_list_insert_tail(&n->waiting, &r->wait_link);
+        kvp_timer_start(n->loop, &r->timer,
+                        kvp__node_now(n) + (uint64_t)n->cfg.parked_demand_ms * KVP_NSEC_PER_MSEC);
+        return;
+    }
+    sround_post(r);
+}
+
+/* Move the demanded supply's pins into a transfer record and post it. */
+static kvp_xfer_t *xfer_new(kvp_sround_t *r)
+{
+    kvp_xfer_t *x = kvp__calloc(1, sizeof(*x));
+    if (x == NULL)
+        return NULL;
+    x->src = kvp__calloc(r->n_demand, sizeof(*x->src));
+    r->digests = kvp__calloc(r->n_demand, sizeof(*r->digests));
+    r->block_ok = kvp__calloc(r->n_demand, 1);
+    if (x->src == NULL || r->digests == NULL || r->block_ok == NULL) {
+        kvp__free(x->src);
+        kvp__free(x);
+        return NULL;
+    }
+    x->n = r->n_demand;
+    x->round = r;
+    snprintf(x->peer, sizeof(x->peer), "%s", r->sess->peer_id);
+    kvp_list_init(&x->link);
+    return x;
+}
+
+static void sround_post(kvp_sround_t *r)
+{
+    kvp_session_t *s = r->sess;
+    kvp_node_t *n = s->node;
+    kvp_xfer_t *x = xfer_new(r);
+    kvp_xfer_block_t *blocks = kvp__calloc(r->n_demand, sizeof(*blocks));
+    if (x == NULL || blocks == NULL) {
+        if (x != NULL) {
+            kvp__free(x->src);
+            kvp__free(x);
+        }
+        kvp__free(blocks);
+        sround_finish(r, false, KVP_ERR_NOMEM);
+        return;
+    }
+    for (uint32_t i = 0; i < r->n_demand; i++) {
+        kvp_supply_t *sp = &r->supply[r->demand[i].supply];
+        kvp_slot_info_t info;
+        kvp_store_slot_info(n->store, sp->ref.slot, &info);
+        r->digests[i] = info.digest;
+        blocks[i] = (kvp_xfer_block_t){sp->ref.slot, sp->ref.gen, r->demand[i].dst_slot,
+                                       r->demand[i].dst_gen};
+        x->src[i] = sp->ref;
+    }
+    kvp_status_t st = n->xport->ops->write(n->xport, s->xpeer, blocks, r->n_demand, &x->id);
+    kvp__free(blocks);
+    if (st != KVP_OK) { /* nothing was posted: fail cleanly (F14) */
+        KVP_WARN(n->name, "peer %s: transfer submit failed: %s", s->peer_id, kvp_status_str(st));
+        kvp__free(x->src);
+        kvp__free(x);
+        sround_finish(r, false, st);
+        return;
+    }
+    /* The pins now belong to the transfer (store job). A demand may name the
+     * same supply twice; each transfer block then needs its own pin. */
+    for (uint32_t i = 0; i < r->n_demand; i++) {
+        kvp_supply_t *sp = &r->supply[r->demand[i].supply];
+        if (sp->pinned)
+            sp->pinned = false;
+        else
+            KVP_ASSERT(kvp_store_pin(n->store, sp->ref) == KVP_OK);
+    }
+    x->posted_ns = kvp__node_now(n);
+    r->xfer = x;
+    kvp_list_insert_tail(&s->xfers, &x->link);
+    s->xfers_inflight++;
+    kvp__session_mark_active(s);
+    kvp_timer_stop(n->loop, &r->timer);
+    sround_set_phase(r, KVP_SR_TRANSFERRING);
+}
+
+/* ---------------------------------------------------------- completions */
+
+void kvp__xfer_release(kvp_node_t *n, kvp_xfer_t *x)
+{
+    for (uint32_t i = 0; i < x->n; i++)
+        KVP_ASSERT(kvp_store_unpin(n->store, x->src[i]) == KVP_OK);
+    kvp_list_remove(&x->link);
+    kvp__free(x->src);
+    kvp__free(x);
+}
+
+void kvp__server_on_xfer_done(kvp_session_t *s, kvp_xfer_id_t id, kvp_status_t st)
+{
+    kvp_node_t *n = s->node;
+    kvp_list_t *p, *t;
+    kvp_list_foreach_safe(p, t, &s->xfers)
+    {
+        kvp_xfer_t *x = KVP_CONTAINER_OF(p, kvp_xfer_t, link);
+        if (x->id != id)
+            continue;
+        kvp_sround_t *r = x->round;
+        uint64_t now = kvp__node_now(n);
+        s->xfers_inflight--;
+        if (st == KVP_OK) {
+            n->st.blocks_out += x->n;
+            n->st.bytes_out += (uint64_t)x->n * n->cfg.block_size;
+            n->st.transfers_done++;
+            n->st.transfer_latency_ns_sum += now - x->posted_ns;
+            memset(r->block_ok, 1, r->n_demand);
+        }
+        r->xfer = NULL;
+        kvp__xfer_release(n, x); /* terminal: proof that frees the source pins */
+        sround_finish(r, r->phase == KVP_SR_ABORTING, st);
+        return;
+    }
+    KVP_ERROR(n->name, "peer %s: completion for unknown transfer %llu", s->peer_id,
+              (unsigned long long)id);
+}
+
+/* --------------------------------------------------------------- ABORT */
+
+void kvp__server_on_abort(kvp_session_t *s, const kvp_msg_abort_t *m)
+{
+    kvp_node_t *n = s->node;
+    kvp_sround_t *r = sround_find(s, m->round);
+    if (r == NULL) {
+        /* Nothing of this round was ever posted in this incarnation: proven. */
+        kvp_msg_t a = {.type = KVP_MSG_ABORT_ACK};
+        a.u.abort = *m;
+        kvp__session_send(s, &a);
+        return;
+    }
+    switch (r->phase) {
+    case KVP_SR_FINISHED: /* replay the same answer (F5) */
+        if (r->sent_ack) {
+            kvp_msg_t a = {.type = KVP_MSG_ABORT_ACK};
+            a.u.abort = *m;
+            kvp__session_send(s, &a);
+        } else {
+            sround_finish(r, false, r->final_status);
+        }
+        return;
+    case KVP_SR_ABORTING:
+        return; /* the ack follows once the transfer is terminal */
+    case KVP_SR_TRANSFERRING: {
+        kvp_xfer_id_t running[1];
+        size_t n_running = 0;
+        n->xport->ops->cancel(n->xport, &r->xfer->id, 1, KVP_CANCEL_WAIT, running, &n_running);
+        sround_set_phase(r, KVP_SR_ABORTING);
+        if (n_running == 0) { /* terminal already: released by cancel */
+            s->xfers_inflight--;
+            kvp__xfer_release(n, r->xfer);
+            r->xfer = NULL;
+            sround_finish(r, true, KVP_ERR_CANCELED);
+        }
+        n->st.fetches_aborted++;
+        return;
+    }
+    default:
+        sround_finish(r, true, KVP_ERR_CANCELED);
+        n->st.fetches_aborted++;
+        return;
+    }
+}
+
+/* ------------------------------------------------------- timers, commits */
+
+static void sround_timer_cb(kvp_timer_t *t)
+{
+    kvp_sround_t *r = t->data;
+    switch (r->phase) {
+    case KVP_SR_LOOKUP_PENDING:
+        lookup_pending_resolve(r);
+        return;
+    case KVP_SR_SUPPLIED: /* supply-pin timeout: never fetched */
+        sround_free(r);
+        return;
+    case KVP_SR_PARKED: /* parked-demand timeout (F11) */
+        sround_finish(r, false, KVP_ERR_TIMEOUT);
+        return;
+    case KVP_SR_FINISHED:
+        sround_free(r);
+        return;
+    default:
+        return;
+    }
+}
+
+static bool sround_take_commit(kvp_sround_t *r, const void *key, uint32_t key_len)
+{
+    kvp_store_t *st = r->sess->node->store;
+    bool changed = false;
+    if (r->phase == KVP_SR_LOOKUP_PENDING) {
+        bool still = false;
+        for (uint32_t i = 0; i < r->n_supply; i++) {
+            kvp_supply_t *sp = &r->supply[i];
+            if (sp->pending && key_eq(&sp->key, key, key_len) &&
+                kvp_store_lookup(st, key, key_len, &sp->ref, NULL, NULL) == KVP_OK) {
+                sp->pending = false;
+                sp->pinned = true;
+            }
+            still |= sp->pending;
+        }
+        return !still;
+    }
+    for (uint32_t i = 0; i < r->n_demand; i++) {
+        kvp_demand_t *d = &r->demand[i];
+        if (d->supply < 0 && key_eq(&d->key, key, key_len))
+            changed |= supply_from_store(r, d);
+    }
+    for (uint32_t i = 0; i < r->n_demand; i++)
+        if (r->demand[i].supply < 0)
+            return false;
+    return changed;
+}
+
+void kvp__server_on_commit(kvp_node_t *n, const void *key, uint32_t key_len)
+{
+    kvp_list_t *p, *t;
+    kvp_list_foreach_safe(p, t, &n->waiting)
+    {
+        kvp_sround_t *r = KVP_CONTAINER_OF(p, kvp_sround_t, wait_link);
+        if (!sround_take_commit(r, key, key_len))
+            continue;
+        if (r->phase == KVP_SR_LOOKUP_PENDING) {
+            lookup_pending_resolve(r);
+        } else {
+            kvp_list_remove(&r->wait_link);
+            sround_post(r);
+        }
+    }
+}
+
+/* The request finished (locally on this node, or the consumer's terminal
+ * empty FETCH): unfetched supply is unpinned, parked demand fails at once,
+ * transfers in flight complete normally. */
+void kvp__server_finish_request(kvp_session_t *s, uint64_t request_id)
+{
+    kvp_list_t *p, *t;
+    kvp_list_foreach_safe(p, t, &s->srounds)
+    {
+        kvp_sround_t *r = KVP_CONTAINER_OF(p, kvp_sround_t, link);
+        if (r->request_id != request_id)
+            continue;
+        if (r->phase == KVP_SR_SUPPLIED)
+            sround_free(r);
+        else if (r->phase == KVP_SR_PARKED)
+            sround_finish(r, false, KVP_ERR_CANCELED);
+        else if (r->phase == KVP_SR_LOOKUP_PENDING)
+            lookup_pending_resolve(r);
+    }
+}
+
+/* Session teardown, source side (SPEC §7.1): cancel in WAIT mode; transfers
+ * still running are retained with their store jobs; nothing is unpinned
+ * that a running transfer reads. */
+void kvp__server_teardown(kvp_session_t *s)
+{
+    kvp_node_t *n = s->node;
+    kvp_list_t *p, *t;
+    kvp_list_foreach_safe(p, t, &s->xfers)
+    {
+        kvp_xfer_t *x = KVP_CONTAINER_OF(p, kvp_xfer_t, link);
+        kvp_xfer_id_t running[1];
+        size_t n_running = 0;
+        n->xport->ops->cancel(n->xport, &x->id, 1, KVP_CANCEL_WAIT, running, &n_running);
+        x->round->xfer = NULL;
+        x->round = NULL;
+        if (n_running == 0) {
+            kvp__xfer_release(n, x);
+            continue;
+        }
+        kvp_list_remove(&x->link);
+        x->retained_ns = kvp__node_now(n);
+        kvp_list_insert_tail(&n->retained, &x->link);
+        n->n_retained++;
+        KVP_WARN(n->name, "peer %s: transfer %llu still running at teardown: retained", s->peer_id,
+                 (unsigned long long)x->id);
+    }
+    s->xfers_inflight = 0;
+    while (!kvp_list_empty(&s->srounds))
+        sround_free(KVP_CONTAINER_OF(s->srounds.next, kvp_sround_t, link));
+}

@@ -1,0 +1,160 @@
+/*
+ * session.c -- one session per peer (SPEC §2 layer 5): created when the
+ * control link is ready (HELLO, AUTH, both HELLO_ACKs), bound to the peer's
+ * data-transport registration; dispatches frames to the client and server
+ * roles; tears down per SPEC §7 when the link goes down.
+ *
+ * Incarnation isolation (I3): frames of another incarnation never reach
+ * here (the ctl drops frames whose epochs do not match); transfers of an old
+ * incarnation are retired by remove_peer and never reported by poll() of the
+ * new peer handle; loads of the old incarnation live on node->quarantined,
+ * unreachable from the new session's frames.
+ */
+#include "node/node.h"
+
+#include <stdio.h>
+#include <string.h>
+
+kvp_status_t kvp__session_create(kvp_node_t *n, kvp_link_t *link, const kvp_msg_hello_t *hello,
+                                 const void *blob, size_t blob_len, kvp_session_t **out)
+{
+    if (n->n_sessions >= n->cfg.max_sessions)
+        return KVP_ERR_LIMIT;
+    kvp_session_t *s = kvp__calloc(1, sizeof(*s));
+    if (s == NULL)
+        return KVP_ERR_NOMEM;
+    kvp_layout_t layout = {hello->num_blocks, hello->block_size};
+    kvp_status_t st = n->xport->ops->add_peer(n->xport, blob, blob_len, &layout, &s->xpeer);
+    if (st != KVP_OK) {
+        KVP_ERROR(n->name, "peer %s: data-transport blob refused: %s", hello->peer_id,
+                  kvp_status_str(st));
+        kvp__free(s);
+        return st;
+    }
+    s->node = n;
+    s->link = link;
+    snprintf(s->peer_id, sizeof(s->peer_id), "%s", hello->peer_id);
+    snprintf(s->instance_id, sizeof(s->instance_id), "%s", hello->instance_id);
+    s->peer_num_blocks = hello->num_blocks;
+    s->peer_block_size = hello->block_size;
+    s->path = n->xport->ops->peer_path(n->xport, s->xpeer);
+    s->last_work_ns = kvp__node_now(n);
+    kvp_list_init(&s->active_link);
+    kvp_list_init(&s->flush_link);
+    kvp_list_init(&s->lookups_queued);
+    kvp_list_init(&s->lookups_sent);
+    kvp_list_init(&s->loads);
+    kvp_list_init(&s->creqs);
+    kvp_list_init(&s->srounds);
+    kvp_list_init(&s->xfers);
+    kvp_list_insert_tail(&n->sessions, &s->node_link);
+    n->n_sessions++;
+    KVP_INFO(n->name, "peer %s (instance %s) up, data path %s", s->peer_id, s->instance_id,
+             kvp_data_path_str(s->path));
+    *out = s;
+    return KVP_OK;
+}
+
+void kvp__session_on_frame(kvp_session_t *s, const kvp_msg_t *m)
+{
+    if (s->closing)
+        return;
+    s->last_work_ns = kvp__node_now(s->node);
+    switch (m->type) {
+    case KVP_MSG_LOOKUP:
+        kvp__server_on_lookup(s, &m->u.lookup);
+        break;
+    case KVP_MSG_FETCH:
+        kvp__server_on_fetch(s, &m->u.fetch);
+        break;
+    case KVP_MSG_ABORT:
+        kvp__server_on_abort(s, &m->u.abort);
+        break;
+    case KVP_MSG_LOOKUP_RESP:
+        kvp__client_on_lookup_resp(s, &m->u.lookup_resp);
+        break;
+    case KVP_MSG_FETCH_DONE:
+        kvp__client_on_fetch_done(s, &m->u.fetch_done);
+        break;
+    case KVP_MSG_ABORT_ACK:
+        kvp__client_on_abort_ack(s, &m->u.abort);
+        break;
+    default: /* handshake frames after ready: protocol error */
+        kvp__session_fault(s, KVP_BYE_PROTOCOL, "unexpected frame type after handshake");
+        break;
+    }
+}
+
+/* Probation (SPEC §8): a sibling of this session's instance died by a fault.
+ * Loads in flight fail for routing (slots quarantined until ABORT_ACK or
+ * FETCH_DONE proves them), new work answers MISS until a fresh PONG. */
+void kvp__session_probation(kvp_session_t *s, bool on)
+{
+    kvp_node_t *n = s->node;
+    if (on == s->probation)
+        return;
+    s->probation = on;
+    if (!on) {
+        KVP_INFO(n->name, "peer %s: proven alive, probation over", s->peer_id);
+        return;
+    }
+    n->st.probations++;
+    s->probation_ns = kvp__node_now(n);
+    KVP_WARN(n->name, "peer %s: sibling of instance %s died: on probation", s->peer_id,
+             s->instance_id);
+    kvp_list_t *p, *t;
+    kvp_list_foreach_safe(p, t, &s->loads)
+    {
+        kvp_load_t *l = KVP_CONTAINER_OF(p, kvp_load_t, link);
+        if (l->quarantined || l->phase == KVP_LOAD_SETTLED)
+            continue;
+        kvp__client_fail_unknown(l, KVP_ERR_UNREACHABLE);
+        kvp__client_abort(l, KVP_ERR_UNREACHABLE); /* the ack is the proof */
+    }
+    if (s->link != NULL)
+        kvp_link_ping(s->link);
+}
+
+/* Teardown per SPEC §7: consumer side quarantines, fence (proof on a
+ * fenceable path), source side cancels in WAIT mode and retains, then the
+ * peer is removed from the transport (retire; endpoint release deferred). */
+void kvp__session_teardown(kvp_session_t *s, bool fault, const char *why)
+{
+    kvp_node_t *n = s->node;
+    kvp_xport_t *x = n->xport;
+    s->closing = true;
+    kvp__client_teardown(s, fault);
+    bool proof = false;
+    if (x->ops->fence_peer(x, s->xpeer, &proof) == KVP_OK && proof) {
+        kvp_list_t *p, *t;
+        kvp_list_foreach_safe(p, t, &n->quarantined)
+        {
+            kvp_load_t *l = KVP_CONTAINER_OF(p, kvp_load_t, link);
+            if (l->xpeer == s->xpeer)
+                kvp__load_release_quarantine(l, false); /* fenced: no byte can land */
+        }
+    }
+    kvp__server_teardown(s);
+    x->ops->remove_peer(x, s->xpeer);
+    if (kvp_list_linked(&s->active_link))
+        kvp_list_remove(&s->active_link);
+    kvp_list_remove(&s->node_link);
+    n->n_sessions--;
+    n->st.peers_down++;
+    KVP_LOG(fault ? KVP_LOG_WARN : KVP_LOG_INFO, n->name, "peer %s down (%s): %s", s->peer_id,
+            fault ? "fault" : "graceful", why);
+    if (fault) {
+        kvp_list_t *p, *t;
+        kvp_list_foreach_safe(p, t, &n->sessions)
+        {
+            kvp_session_t *o = KVP_CONTAINER_OF(p, kvp_session_t, node_link);
+            if (strcmp(o->instance_id, s->instance_id) == 0)
+                kvp__session_probation(o, true);
+        }
+    }
+    kvp_event_t ev = {.type = KVP_EV_PEER_DOWN, .status = fault ? KVP_ERR_UNREACHABLE : KVP_OK};
+    ev.fault = fault;
+    snprintf(ev.peer, sizeof(ev.peer), "%s", s->peer_id);
+    kvp__node_emit(n, &ev);
+    kvp__free(s);
+}

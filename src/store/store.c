@@ -1,0 +1,615 @@
+/*
+ * store.c -- the block store (SPEC §3): region, slot state machine, pins,
+ * LRU eviction, quarantine, suspect slots and checksums. The key index is in
+ * store_index.c, the invariant validator in store_check.c, the layout in
+ * store_int.h.
+ *
+ * Who performs each transition (all through set_state()):
+ *   FREE        -> FILLING      kvp_store_reserve
+ *   FILLING     -> READY        kvp_store_commit / kvp_store_commit_verify
+ *   FILLING     -> FREE         kvp_store_abandon
+ *   FILLING     -> QUARANTINED  kvp_store_quarantine
+ *   READY       -> FREE         evict_slot (kvp_store_evict_one, reserve) and
+ *                               drop_corrupt (suspect re-verify failed)
+ *   QUARANTINED -> FREE         kvp_store_release_quarantined
+ */
+#include "store/store_int.h"
+
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+static const char *const slot_state_names[] = {"FREE", "FILLING", "READY", "QUARANTINED"};
+
+const char *kvp_slot_state_str(kvp_slot_state_t st)
+{
+    if ((unsigned)st >= KVP_ARRAY_SIZE(slot_state_names))
+        return "?";
+    return slot_state_names[st];
+}
+
+/* Legal predecessors of each state, as a bit set of kvp_slot_state_t. */
+static const uint8_t slot_state_from[4] = {
+    [KVP_SLOT_FREE] = (1u << KVP_SLOT_FILLING) | (1u << KVP_SLOT_READY) |
+                      (1u << KVP_SLOT_QUARANTINED),
+    [KVP_SLOT_FILLING] = 1u << KVP_SLOT_FREE,
+    [KVP_SLOT_READY] = 1u << KVP_SLOT_FILLING,
+    [KVP_SLOT_QUARANTINED] = 1u << KVP_SLOT_FILLING,
+};
+
+/* The one place a slot changes state: asserts the predecessor, bumps the
+ * generation when the slot leaves FREE, keeps the per-state counters and
+ * traces old -> new. List and index membership are the caller's part. */
+static void set_state(kvp_store_t *s, uint32_t slot, kvp_slot_state_t to)
+{
+    kvp_slot_meta_t *m = &s->meta[slot];
+    kvp_slot_state_t from = (kvp_slot_state_t)m->state;
+    KVP_ASSERT(slot_state_from[to] & (1u << from));
+    if (from == KVP_SLOT_FREE) {
+        if (++m->gen == 0) /* wrapped: 0 means "never used" */
+            m->gen = 1;
+    }
+    KVP_ASSERT(s->st.slots[from] > 0);
+    s->st.slots[from]--;
+    s->st.slots[to]++;
+    m->state = (uint8_t)to;
+    KVP_TRACE(s->log_prefix, "store: slot %u gen %u %s -> %s", slot, m->gen,
+              slot_state_names[from], slot_state_names[to]);
+}
+
+/* ------------------------------------------------------------------ lists */
+
+static inline bool link_linked(const kvp_store_t *s, uint32_t i)
+{
+    return s->links[i].next != i;
+}
+
+static inline void link_self(kvp_store_t *s, uint32_t i)
+{
+    s->links[i].prev = s->links[i].next = i;
+}
+
+static inline void list_insert_tail(kvp_store_t *s, uint32_t head, uint32_t i)
+{
+    uint32_t tail = s->links[head].prev;
+    s->links[i].prev = tail;
+    s->links[i].next = head;
+    s->links[tail].next = i;
+    s->links[head].prev = i;
+}
+
+static inline void list_remove(kvp_store_t *s, uint32_t i)
+{
+    uint32_t p = s->links[i].prev, nx = s->links[i].next;
+    s->links[p].next = nx;
+    s->links[nx].prev = p;
+    link_self(s, i);
+}
+
+/* First element of the list at head, or UINT32_MAX if empty. */
+static inline uint32_t list_first(const kvp_store_t *s, uint32_t head)
+{
+    uint32_t i = s->links[head].next;
+    return i == head ? UINT32_MAX : i;
+}
+
+/* --------------------------------------------------------------- suspects */
+
+static void suspect_clear(kvp_store_t *s, uint32_t slot)
+{
+    s->meta[slot].flags &= (uint8_t)~KVP_SLOTF_SUSPECT;
+    s->t_ns[slot] = 0;
+    KVP_ASSERT(s->st.suspect > 0);
+    s->st.suspect--;
+}
+
+/* For a slot off the free lists: is it still suspect? Clears an expired mark. */
+static bool suspect_active(kvp_store_t *s, uint32_t slot)
+{
+    if (!(s->meta[slot].flags & KVP_SLOTF_SUSPECT))
+        return false;
+    if (kvp_clock_now(s->clock) < s->t_ns[slot])
+        return true;
+    suspect_clear(s, slot);
+    return false;
+}
+
+/* A slot that just became FREE goes on the clean or the suspect free list. */
+static void free_push(kvp_store_t *s, uint32_t slot)
+{
+    KVP_ASSERT(s->meta[slot].state == KVP_SLOT_FREE && !link_linked(s, slot));
+    s->meta[slot].key_len = 0;
+    bool suspect = suspect_active(s, slot);
+    list_insert_tail(s, suspect ? KVP_STORE_SUSPECT_HEAD(s) : KVP_STORE_FREE_HEAD(s), slot);
+}
+
+/* Take a FREE slot: clean ones first; a remote reserve may take a suspect
+ * one; a local reserve only one whose suspect period has ended. The suspect
+ * list is in release order, so with a fixed period its head expires first. */
+static uint32_t free_take(kvp_store_t *s, bool remote)
+{
+    uint32_t slot = list_first(s, KVP_STORE_FREE_HEAD(s));
+    if (slot == UINT32_MAX) {
+        slot = list_first(s, KVP_STORE_SUSPECT_HEAD(s));
+        if (slot == UINT32_MAX)
+            return UINT32_MAX;
+        if (remote) {
+            list_remove(s, slot);
+            (void)suspect_active(s, slot); /* clears the mark if it has expired */
+            return slot;
+        }
+        if (kvp_clock_now(s->clock) < s->t_ns[slot])
+            return UINT32_MAX;
+        list_remove(s, slot);
+        suspect_clear(s, slot);
+        return slot;
+    }
+    list_remove(s, slot);
+    return slot;
+}
+
+/* ------------------------------------------------------------ create/destroy */
+
+static kvp_status_t config_check(const kvp_store_config_t *cfg, size_t *need)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    if (cfg->num_blocks == 0 || cfg->num_blocks > (1u << 31) || cfg->block_size == 0 ||
+        cfg->block_size % (uint32_t)page != 0)
+        return KVP_ERR_INVALID;
+    *need = (size_t)cfg->num_blocks * cfg->block_size;
+    if (cfg->region) {
+        if ((uintptr_t)cfg->region % (uintptr_t)page != 0 || cfg->region_len < *need)
+            return KVP_ERR_INVALID;
+    }
+    return KVP_OK;
+}
+
+static kvp_status_t region_map(kvp_store_t *s, size_t len, bool huge)
+{
+    int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE;
+    void *p = MAP_FAILED;
+    if (huge) {
+        size_t hlen = (len + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1);
+        p = mmap(NULL, hlen, PROT_READ | PROT_WRITE, flags | MAP_HUGETLB, -1, 0);
+        if (p != MAP_FAILED) {
+            s->map_len = hlen;
+            s->huge = true;
+        } else {
+            KVP_INFO(s->log_prefix, "store: no huge pages for %zu bytes, using normal pages", len);
+        }
+    }
+    if (p == MAP_FAILED) {
+        p = mmap(NULL, len, PROT_READ | PROT_WRITE, flags, -1, 0);
+        if (p == MAP_FAILED) {
+            KVP_ERROR(s->log_prefix, "store: mmap of %zu bytes failed", len);
+            return KVP_ERR_NOMEM;
+        }
+        s->map_len = len;
+    }
+    s->region = p;
+    s->region_len = len;
+    s->own_region = true;
+    return KVP_OK;
+}
+
+static kvp_status_t arrays_alloc(kvp_store_t *s)
+{
+    size_t n = s->n;
+    s->index_cap = (uint32_t)(n + n / 2 + 1);
+    s->meta = kvp__calloc(n, sizeof(*s->meta));
+    s->links = s->meta ? kvp__calloc(n + 3, sizeof(*s->links)) : NULL;
+    s->digest = s->links ? kvp__calloc(n, sizeof(*s->digest)) : NULL;
+    s->t_ns = s->digest ? kvp__calloc(n, sizeof(*s->t_ns)) : NULL;
+    s->index = s->t_ns ? kvp__calloc(s->index_cap, sizeof(*s->index)) : NULL;
+    s->keys = s->index ? kvp__calloc(n, KVP_KEY_MAX) : NULL;
+    return s->keys ? KVP_OK : KVP_ERR_NOMEM;
+}
+
+static void arrays_free(kvp_store_t *s)
+{
+    kvp__free(s->keys);
+    kvp__free(s->index);
+    kvp__free(s->t_ns);
+    kvp__free(s->digest);
+    kvp__free(s->links);
+    kvp__free(s->meta);
+}
+
+kvp_status_t kvp_store_create(const kvp_store_config_t *cfg, kvp_store_t **out)
+{
+    size_t need;
+    kvp_status_t rc;
+    if (!cfg || !out)
+        return KVP_ERR_INVALID;
+    if ((rc = config_check(cfg, &need)) != KVP_OK)
+        return rc;
+    kvp_store_t *s = kvp__calloc(1, sizeof(*s));
+    if (!s)
+        return KVP_ERR_NOMEM;
+    s->n = cfg->num_blocks;
+    s->block_size = cfg->block_size;
+    s->max_pins = cfg->max_pins ? cfg->max_pins : (uint32_t)KVP_MIN(4ull * s->n, UINT32_MAX);
+    s->suspect_period_ns = cfg->suspect_period_ns;
+    s->hash_seed = cfg->hash_seed;
+    s->clock = cfg->clock ? cfg->clock : kvp_clock_real();
+    s->commit_cb = cfg->commit_cb;
+    s->commit_cb_arg = cfg->commit_cb_arg;
+    s->log_prefix = cfg->log_prefix;
+    if ((rc = arrays_alloc(s)) != KVP_OK)
+        goto undo_arrays;
+    if (cfg->region) {
+        s->region = cfg->region;
+        s->region_len = cfg->region_len;
+    } else if ((rc = region_map(s, need, cfg->huge_pages)) != KVP_OK) {
+        goto undo_arrays;
+    }
+    for (uint32_t i = 0; i < s->n + 3; i++)
+        link_self(s, i);
+    for (uint32_t i = 0; i < s->n; i++)
+        list_insert_tail(s, KVP_STORE_FREE_HEAD(s), i);
+    s->st.slots[KVP_SLOT_FREE] = s->n;
+    *out = s;
+    return KVP_OK;
+
+undo_arrays:
+    arrays_free(s);
+    kvp__free(s);
+    return rc;
+}
+
+void kvp_store_destroy(kvp_store_t *s)
+{
+    if (!s)
+        return;
+    /* The header's `force` has no parameter: destroy is the shutdown path
+     * after the drain, so leftover pins are reported, not asserted. */
+    if (s->st.pins)
+        KVP_WARN(s->log_prefix, "store: destroyed with %llu pins held",
+                 (unsigned long long)s->st.pins);
+    if (s->own_region)
+        munmap(s->region, s->map_len);
+    arrays_free(s);
+    kvp__free(s);
+}
+
+uint32_t kvp_store_num_blocks(const kvp_store_t *s)
+{
+    return s->n;
+}
+
+uint32_t kvp_store_block_size(const kvp_store_t *s)
+{
+    return s->block_size;
+}
+
+void *kvp_store_base(const kvp_store_t *s)
+{
+    return s->region;
+}
+
+size_t kvp_store_region_len(const kvp_store_t *s)
+{
+    return s->region_len;
+}
+
+void *kvp_store_slot_ptr(const kvp_store_t *s, uint32_t slot)
+{
+    KVP_ASSERT(slot < s->n);
+    return s->region + (size_t)slot * s->block_size;
+}
+
+bool kvp_store_is_huge(const kvp_store_t *s)
+{
+    return s->huge;
+}
+
+/* --------------------------------------------------------------- refs */
+
+/* Resolve a ref to a slot in state `want`. FREE slots have no live refs. */
+static kvp_status_t ref_resolve(const kvp_store_t *s, kvp_slot_ref_t ref, kvp_slot_state_t want)
+{
+    if (!s || ref.slot >= s->n)
+        return KVP_ERR_INVALID;
+    const kvp_slot_meta_t *m = &s->meta[ref.slot];
+    if (m->gen != ref.gen || m->state == KVP_SLOT_FREE)
+        return KVP_ERR_STALE;
+    if (m->state != want)
+        return KVP_ERR_STATE;
+    return KVP_OK;
+}
+
+bool kvp_store_ref_valid(const kvp_store_t *s, kvp_slot_ref_t ref)
+{
+    return s && ref.slot < s->n && s->meta[ref.slot].gen == ref.gen &&
+           s->meta[ref.slot].state != KVP_SLOT_FREE;
+}
+
+static inline kvp_slot_ref_t ref_of(const kvp_store_t *s, uint32_t slot)
+{
+    kvp_slot_ref_t r = {slot, s->meta[slot].gen};
+    return r;
+}
+
+static bool key_ok(const void *key, size_t len)
+{
+    return key && len >= 1 && len <= KVP_KEY_MAX;
+}
+
+/* -------------------------------------------------------------- eviction */
+
+/* READY (unpinned, on the LRU) -> FREE: unindexed, onto a free list. */
+static void ready_to_free(kvp_store_t *s, uint32_t slot)
+{
+    KVP_ASSERT(s->meta[slot].pins == 0 && link_linked(s, slot));
+    list_remove(s, slot);
+    kvp__store_index_remove(s, slot);
+    set_state(s, slot, KVP_SLOT_FREE);
+    free_push(s, slot);
+}
+
+static kvp_status_t evict_slot(kvp_store_t *s)
+{
+    uint32_t slot = list_first(s, KVP_STORE_LRU_HEAD(s));
+    if (slot == UINT32_MAX)
+        return KVP_ERR_NOSPACE;
+    ready_to_free(s, slot);
+    s->st.evictions++;
+    return KVP_OK;
+}
+
+kvp_status_t kvp_store_evict_one(kvp_store_t *s)
+{
+    if (!s)
+        return KVP_ERR_INVALID;
+    return evict_slot(s);
+}
+
+/* ------------------------------------------------------- reserve / commit */
+
+kvp_status_t kvp_store_reserve(kvp_store_t *s, const void *key, size_t key_len, unsigned flags,
+                               kvp_slot_ref_t *ref, void **ptr)
+{
+    if (!s || !key_ok(key, key_len) || !ref || (flags & ~KVP_STORE_RESERVE_REMOTE))
+        return KVP_ERR_INVALID;
+    uint32_t h32 = (uint32_t)kvp__store_hash(s, key, key_len);
+    uint32_t found = kvp__store_index_find(s, key, key_len, h32);
+    if (found != UINT32_MAX)
+        return s->meta[found].state == KVP_SLOT_READY ? KVP_ERR_EXISTS : KVP_ERR_PENDING;
+    bool remote = flags & KVP_STORE_RESERVE_REMOTE;
+    uint32_t slot;
+    /* A local reserve may evict suspect READY slots that it cannot use; they
+     * land on the suspect free list for remote reserves. Bounded by n. */
+    while ((slot = free_take(s, remote)) == UINT32_MAX) {
+        if (evict_slot(s) != KVP_OK)
+            return KVP_ERR_NOSPACE;
+    }
+    kvp_slot_meta_t *m = &s->meta[slot];
+    KVP_ASSERT(remote || !(m->flags & KVP_SLOTF_SUSPECT));
+    memcpy(s->keys + (size_t)slot * KVP_KEY_MAX, key, key_len);
+    m->key_len = (uint8_t)key_len;
+    kvp__store_index_insert(s, slot, h32);
+    set_state(s, slot, KVP_SLOT_FILLING);
+    s->st.reserves++;
+    *ref = ref_of(s, slot);
+    if (ptr)
+        *ptr = kvp_store_slot_ptr(s, slot);
+    return KVP_OK;
+}
+
+static void commit_digest(kvp_store_t *s, uint32_t slot, const kvp_digest_t *d)
+{
+    s->digest[slot] = *d;
+    set_state(s, slot, KVP_SLOT_READY);
+    list_insert_tail(s, KVP_STORE_LRU_HEAD(s), slot);
+    s->st.commits++;
+    if (s->commit_cb)
+        s->commit_cb(s->commit_cb_arg, kvp__store_key(s, slot), s->meta[slot].key_len,
+                     ref_of(s, slot));
+}
+
+static kvp_digest_t slot_digest(const kvp_store_t *s, uint32_t slot)
+{
+    return kvp_digest(kvp_store_slot_ptr(s, slot), s->block_size, s->hash_seed);
+}
+
+kvp_status_t kvp_store_commit(kvp_store_t *s, kvp_slot_ref_t ref)
+{
+    kvp_status_t rc = ref_resolve(s, ref, KVP_SLOT_FILLING);
+    if (rc != KVP_OK)
+        return rc;
+    kvp_digest_t d = slot_digest(s, ref.slot);
+    commit_digest(s, ref.slot, &d);
+    return KVP_OK;
+}
+
+kvp_status_t kvp_store_commit_verify(kvp_store_t *s, kvp_slot_ref_t ref,
+                                     const kvp_digest_t *expected)
+{
+    kvp_status_t rc = ref_resolve(s, ref, KVP_SLOT_FILLING);
+    if (rc != KVP_OK)
+        return rc;
+    if (!expected)
+        return KVP_ERR_INVALID;
+    kvp_digest_t d = slot_digest(s, ref.slot);
+    if (!kvp_digest_eq(&d, expected)) {
+        s->st.checksum_mismatches++;
+        KVP_WARN(s->log_prefix, "store: slot %u gen %u: content does not match the source's "
+                 "checksum (%016llx%016llx != %016llx%016llx)", ref.slot, ref.gen,
+                 (unsigned long long)d.hi, (unsigned long long)d.lo,
+                 (unsigned long long)expected->hi, (unsigned long long)expected->lo);
+        return KVP_ERR_CHECKSUM;
+    }
+    commit_digest(s, ref.slot, &d);
+    return KVP_OK;
+}
+
+kvp_status_t kvp_store_abandon(kvp_store_t *s, kvp_slot_ref_t ref)
+{
+    kvp_status_t rc = ref_resolve(s, ref, KVP_SLOT_FILLING);
+    if (rc != KVP_OK)
+        return rc;
+    kvp__store_index_remove(s, ref.slot);
+    set_state(s, ref.slot, KVP_SLOT_FREE);
+    free_push(s, ref.slot);
+    s->st.abandons++;
+    return KVP_OK;
+}
+
+/* ------------------------------------------------------------ pins, lookup */
+
+/* Add a pin to a READY slot: pinned <=> off the LRU list. */
+static kvp_status_t pin_slot(kvp_store_t *s, uint32_t slot)
+{
+    kvp_slot_meta_t *m = &s->meta[slot];
+    if (s->st.pins >= s->max_pins) {
+        s->st.pin_limit_refusals++;
+        return KVP_ERR_LIMIT;
+    }
+    KVP_ASSERT((m->pins == 0) == link_linked(s, slot));
+    if (m->pins++ == 0)
+        list_remove(s, slot);
+    s->st.pins++;
+    return KVP_OK;
+}
+
+kvp_status_t kvp_store_pin(kvp_store_t *s, kvp_slot_ref_t ref)
+{
+    kvp_status_t rc = ref_resolve(s, ref, KVP_SLOT_READY);
+    return rc != KVP_OK ? rc : pin_slot(s, ref.slot);
+}
+
+kvp_status_t kvp_store_unpin(kvp_store_t *s, kvp_slot_ref_t ref)
+{
+    kvp_status_t rc = ref_resolve(s, ref, KVP_SLOT_READY);
+    if (rc != KVP_OK)
+        return rc;
+    kvp_slot_meta_t *m = &s->meta[ref.slot];
+    if (m->pins == 0)
+        return KVP_ERR_STATE; /* the caller holds no pin: its bug, not ours */
+    KVP_ASSERT(!link_linked(s, ref.slot));
+    s->st.pins--;
+    if (--m->pins == 0)
+        list_insert_tail(s, KVP_STORE_LRU_HEAD(s), ref.slot); /* most recently used */
+    return KVP_OK;
+}
+
+/* Re-verify a suspect READY slot. On mismatch the block is dropped (if no one
+ * else holds a pin; otherwise it stays indexed and the next acquire checks
+ * again), the mismatch is counted and logged. */
+static bool suspect_verify(kvp_store_t *s, uint32_t slot)
+{
+    kvp_digest_t d = slot_digest(s, slot);
+    if (kvp_digest_eq(&d, &s->digest[slot]))
+        return true;
+    s->st.checksum_mismatches++;
+    KVP_ERROR(s->log_prefix, "store: suspect slot %u gen %u: content changed since commit "
+              "(a late write landed); block dropped", slot, s->meta[slot].gen);
+    if (s->meta[slot].pins == 0)
+        ready_to_free(s, slot);
+    return false;
+}
+
+kvp_status_t kvp_store_lookup(kvp_store_t *s, const void *key, size_t key_len, kvp_slot_ref_t *ref,
+                              const void **ptr, kvp_digest_t *digest)
+{
+    if (!s || !key_ok(key, key_len))
+        return KVP_ERR_INVALID;
+    uint32_t h32 = (uint32_t)kvp__store_hash(s, key, key_len);
+    uint32_t slot = kvp__store_index_find(s, key, key_len, h32);
+    if (slot == UINT32_MAX) {
+        s->st.lookups_miss++;
+        return KVP_ERR_NOT_FOUND;
+    }
+    if (s->meta[slot].state == KVP_SLOT_FILLING) {
+        s->st.lookups_pending++;
+        return KVP_ERR_PENDING;
+    }
+    if (__builtin_expect(s->meta[slot].flags & KVP_SLOTF_SUSPECT, 0) && suspect_active(s, slot) &&
+        !suspect_verify(s, slot)) {
+        s->st.lookups_miss++;
+        return KVP_ERR_NOT_FOUND;
+    }
+    kvp_status_t rc = pin_slot(s, slot);
+    if (rc != KVP_OK)
+        return rc;
+    s->st.lookups_hit++;
+    if (ref)
+        *ref = ref_of(s, slot);
+    if (ptr)
+        *ptr = kvp_store_slot_ptr(s, slot);
+    if (digest)
+        *digest = s->digest[slot];
+    return KVP_OK;
+}
+
+kvp_status_t kvp_store_probe(const kvp_store_t *s, const void *key, size_t key_len,
+                             kvp_slot_ref_t *ref, kvp_slot_state_t *state)
+{
+    if (!s || !key_ok(key, key_len))
+        return KVP_ERR_INVALID;
+    uint32_t slot = kvp__store_index_find(s, key, key_len,
+                                          (uint32_t)kvp__store_hash(s, key, key_len));
+    if (slot == UINT32_MAX)
+        return KVP_ERR_NOT_FOUND;
+    if (ref)
+        *ref = ref_of(s, slot);
+    if (state)
+        *state = (kvp_slot_state_t)s->meta[slot].state;
+    return KVP_OK;
+}
+
+/* -------------------------------------------------------------- quarantine */
+
+kvp_status_t kvp_store_quarantine(kvp_store_t *s, kvp_slot_ref_t ref)
+{
+    kvp_status_t rc = ref_resolve(s, ref, KVP_SLOT_FILLING);
+    if (rc != KVP_OK)
+        return rc;
+    kvp__store_index_remove(s, ref.slot);
+    s->meta[ref.slot].key_len = 0;
+    set_state(s, ref.slot, KVP_SLOT_QUARANTINED);
+    s->t_ns[ref.slot] = kvp_clock_now(s->clock);
+    s->st.quarantines++;
+    return KVP_OK;
+}
+
+kvp_status_t kvp_store_release_quarantined(kvp_store_t *s, kvp_slot_ref_t ref, bool suspect)
+{
+    kvp_status_t rc = ref_resolve(s, ref, KVP_SLOT_QUARANTINED);
+    if (rc != KVP_OK)
+        return rc;
+    kvp_slot_meta_t *m = &s->meta[ref.slot];
+    bool was = m->flags & KVP_SLOTF_SUSPECT;
+    set_state(s, ref.slot, KVP_SLOT_FREE);
+    if (suspect || was) {
+        if (!was)
+            s->st.suspect++;
+        m->flags |= KVP_SLOTF_SUSPECT;
+        s->t_ns[ref.slot] = kvp_clock_now(s->clock) + s->suspect_period_ns;
+    } else {
+        s->t_ns[ref.slot] = 0;
+    }
+    free_push(s, ref.slot);
+    s->st.quarantine_releases++;
+    return KVP_OK;
+}
+
+/* ------------------------------------------------------------------ stats */
+
+void kvp_store_get_stats(const kvp_store_t *s, kvp_store_stats_t *st)
+{
+    *st = s->st;
+}
+
+size_t kvp_store_meta_bytes_per_slot(const kvp_store_t *s)
+{
+    size_t per = sizeof(*s->meta) + sizeof(*s->links) + sizeof(*s->digest) + sizeof(*s->t_ns);
+    size_t index = (size_t)s->index_cap * sizeof(*s->index);
+    return per + (index + s->n - 1) / s->n;
+}
+
+size_t kvp_store_key_bytes_per_slot(const kvp_store_t *s)
+{
+    (void)s;
+    return KVP_KEY_MAX;
+}

@@ -1,0 +1,23 @@
+/* transport.c -- backend-independent helpers of the data transport (SPEC §6). */
+#include "transport/transport.h"
+
+const char *kvp_data_path_str(kvp_data_path_t p)
+{
+    switch (p) {
+    case KVP_PATH_UNKNOWN:
+        return "unknown";
+    case KVP_PATH_DIRECT_SHM:
+        return "direct-shm";
+    case KVP_PATH_EMULATED_SHM:
+        return "emulated-shm";
+    case KVP_PATH_TCP:
+        return "tcp";
+    case KVP_PATH_RDMA:
+        return "rdma";
+    case KVP_PATH_FAKE_FENCEABLE:
+        return "fake-fenceable";
+    case KVP_PATH_FAKE_UNFENCEABLE:
+        return "fake-unfenceable";
+    }
+    return "invalid";
+}

@@ -1,0 +1,88 @@
+/*
+ * ucx.h -- the UCX backend of the data transport (SPEC §6), behind the ops
+ * table of transport.h.
+ *
+ * What it does (UCX 1.13.1, see UCX-NOTES.md for the measurements):
+ *   - one ucp context + worker (UCS_THREAD_MODE_SINGLE, features RMA+WAKEUP);
+ *     UCX settings come from ucp_config_read (so UCX_* environment variables
+ *     still apply, e.g. UCX_TLS=tcp) and ucp_config_modify for what kvpeer
+ *     needs: MM_ERROR_HANDLING=y, KEEPALIVE_INTERVAL, ALLOC_PRIO (posix first);
+ *   - register_region(NULL) allocates the region with UCP_MEM_MAP_ALLOCATE so
+ *     that same-host puts are direct shared-memory writes; it falls back to an
+ *     anonymous mmap (loud warning: same-host puts will be emulated);
+ *   - every endpoint is UCP_ERR_HANDLING_MODE_PEER; an error on it is kept as
+ *     that peer's status ("outcome unknown" for everything it carried);
+ *   - write() bounds-checks every index against both layouts before posting,
+ *     coalesces adjacent (src,dst) runs into one ucp_put_nbx each and ends
+ *     with ucp_ep_flush_nbx. DONE = all puts and the flush completed OK and no
+ *     endpoint error was reported since the transfer was posted;
+ *   - the data path of every peer is classified from the endpoint's lanes
+ *     (direct shm / emulated shm / tcp / rdma), logged once per peer, with a
+ *     loud warning when a same-host peer ended up on tcp (F28).
+ *
+ * Threading: the transport is driven by one owner thread. UCX itself starts
+ * an internal `async` thread; all kvpeer callbacks run inside progress() on
+ * the owner thread.
+ */
+#ifndef KVP_TRANSPORT_UCX_H
+#define KVP_TRANSPORT_UCX_H
+
+#include "transport/transport.h"
+
+/* Upper bound of a local blob (worker address + packed rkey + header); a blob
+ * from a peer longer than this is refused before it is parsed further. */
+#define KVP_UCX_BLOB_MAX (16u * 1024u)
+
+/* Configuration. Every pointer is borrowed for the duration of
+ * kvp_ucx_xport_create() only (strings are copied where kept). Zero/NULL
+ * fields take the default named in the comment. */
+typedef struct kvp_ucx_config {
+    const char *log_prefix;        /* NULL: "ucx"; copied */
+    const kvp_clock_t *clock;      /* NULL: kvp_clock_real(); must outlive the transport */
+    /* UCX transports. NULL: UCX_TLS from the environment, else UCX's default.
+     * Non-NULL (e.g. "tcp") overrides the environment. */
+    const char *tls;
+    /* Keepalive interval (shm and tcp peer-failure detection). NULL: the
+     * environment's UCX_KEEPALIVE_INTERVAL if set, else "1s". */
+    const char *keepalive_interval;
+    /* Allocation order for register_region(NULL). NULL: UCX_ALLOC_PRIO from
+     * the environment if set, else "md:posix,md:sysv,huge,thp,md:*,mmap,heap". */
+    const char *alloc_prio;
+    /* Size of the preallocated transfer-record pool: transfers tracked at
+     * once (live + retired + cancelled-but-still-owned-by-UCX). 0: 4096.
+     * write() answers KVP_ERR_LIMIT when the pool is empty. */
+    uint32_t max_transfers;
+    /* Host identity put in the blob to tell same-host peers. NULL:
+     * hostname + "/" + /proc/sys/kernel/random/boot_id. Copied. */
+    const char *host_id;
+} kvp_ucx_config_t;
+
+/* Fill `cfg` with the defaults (all zero/NULL). */
+void kvp_ucx_config_default(kvp_ucx_config_t *cfg);
+
+/* Create a UCX transport: context, worker, event fd. *out is written only on
+ * KVP_OK; the caller owns it and releases it with (*out)->ops->close().
+ * Errors: KVP_ERR_INVALID (bad config), KVP_ERR_NOMEM, KVP_ERR_TRANSPORT
+ * (UCX refused; the reason is logged). */
+kvp_status_t kvp_ucx_xport_create(const kvp_ucx_config_t *cfg, kvp_xport_t **out);
+
+/* The ops table (name "ucx", caps ALLOCATES_REGION|FENCE|EVENT_FD). */
+extern const kvp_xport_ops_t kvp_ucx_xport_ops;
+
+/* ---- introspection (diagnostics, stats and tests; not on the data path) */
+
+/* True when the peer's blob carried the same host id as ours. False for an
+ * unknown peer. */
+bool kvp_ucx_peer_same_host(kvp_xport_t *x, kvp_xpeer_id_t peer);
+
+/* The endpoint's lane summary as parsed at add_peer (e.g.
+ * "rma(posix/memory) am(sysv/memory) ka(sysv/memory)"), copied into buf
+ * (always NUL-terminated when cap > 0). KVP_ERR_NOT_FOUND for an unknown
+ * peer. */
+kvp_status_t kvp_ucx_peer_lanes(kvp_xport_t *x, kvp_xpeer_id_t peer, char *buf, size_t cap);
+
+/* True when register_region() got its memory from UCX (UCP_MEM_MAP_ALLOCATE)
+ * rather than the anonymous-mmap fallback or the caller. */
+bool kvp_ucx_region_ucx_allocated(kvp_xport_t *x);
+
+#endif /* KVP_TRANSPORT_UCX_H */

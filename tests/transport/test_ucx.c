@@ -1,0 +1,318 @@
+/*
+ * test_ucx.c -- UCX backend, core: real two-process writes on 127.0.0.1 with
+ * the data path asserted (direct shm by default, tcp when forced), and bad
+ * input (malformed blobs, wrong layouts, out-of-range indexes).
+ */
+#include "testutil.h"
+#include "ucx_testlib.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define NB 64u
+#define BS (64u * 1024u)
+
+static const kvp_layout_t g_layout = {NB, BS};
+/* File-static: a failed assert skips logcap_stop, and a stack capture would
+ * dangle into the next test. */
+static kvp_test_logcap_t cap;
+
+typedef struct pair {
+    kvp_xport_t *x;
+    uint8_t *region;
+    ut_child_t child;
+    kvp_xpeer_id_t peer;
+    uint8_t blob[KVP_UCX_BLOB_MAX];
+    uint32_t blob_len;
+} pair_t;
+
+/* Fork the target, create both transports (same tls), import its blob. */
+static void pair_open(pair_t *p, const char *tls, kvp_data_path_t want_path)
+{
+    ut_reply_t r;
+    void *base = NULL;
+
+    memset(p, 0, sizeof(*p));
+    assert_true(ut_child_start(&p->child)); /* before any UCX thread */
+    assert_true(ut_call(&p->child, UT_SETUP, NB, BS, tls, (uint32_t)strlen(tls), &r, p->blob,
+                        sizeof(p->blob)));
+    assert_int_equal(r.status, KVP_OK);
+    p->blob_len = r.len;
+    p->x = ut_xport_new(tls, "producer");
+    assert_non_null(p->x);
+    assert_int_equal(p->x->ops->register_region(p->x, NULL, (size_t)NB * BS, &g_layout, &base),
+                     KVP_OK);
+    p->region = base;
+    assert_int_equal(p->x->ops->add_peer(p->x, p->blob, p->blob_len, &g_layout, &p->peer), KVP_OK);
+    assert_true(kvp_ucx_peer_same_host(p->x, p->peer));
+    char lanes[192];
+    assert_int_equal(kvp_ucx_peer_lanes(p->x, p->peer, lanes, sizeof(lanes)), KVP_OK);
+    print_message("  data path: %s [%s]\n", kvp_data_path_str(p->x->ops->peer_path(p->x, p->peer)),
+                  lanes);
+    /* A silent fallback (e.g. PEER endpoint on tcp) fails here. */
+    assert_int_equal(p->x->ops->peer_path(p->x, p->peer), want_path);
+    if (want_path == KVP_PATH_DIRECT_SHM) {
+        assert_true(kvp_ucx_region_ucx_allocated(p->x));
+        assert_int_equal(r.v1, 1); /* target region UCX-allocated too */
+    }
+}
+
+static void pair_close(pair_t *p)
+{
+    kvp_xport_stats_t st;
+    p->x->ops->get_stats(p->x, &st);
+    assert_int_equal(st.inflight, 0);
+    assert_int_equal(p->x->ops->remove_peer(p->x, p->peer), KVP_OK);
+    assert_int_equal(p->x->ops->close(p->x, false), KVP_OK);
+    assert_true(ut_child_stop(&p->child));
+}
+
+/* Runs and scattered singles: coalescing must not mix up slots. */
+static const kvp_xfer_block_t g_blocks[] = {
+    {0, 1, 10, 1}, {1, 1, 11, 1}, {2, 1, 12, 1}, {3, 1, 13, 1}, /* run of 4 */
+    {20, 1, 3, 1},  {21, 1, 40, 1}, {5, 1, 41, 1},               /* broken runs */
+    {63, 1, 0, 1},  {30, 1, 63, 1}, {31, 1, 62, 1},              /* edges */
+};
+#define NBLK KVP_ARRAY_SIZE(g_blocks)
+
+static int64_t pair_verify(pair_t *p, uint64_t seed)
+{
+    uint32_t pairs[2 * NBLK];
+    ut_reply_t r;
+    for (size_t i = 0; i < NBLK; i++) {
+        pairs[2 * i] = g_blocks[i].dst_slot;
+        pairs[2 * i + 1] = g_blocks[i].src_slot;
+    }
+    assert_true(ut_call(&p->child, UT_VERIFY, 0, seed, pairs, sizeof(pairs), &r, NULL, 0));
+    return r.v1;
+}
+
+static void fill_sources(pair_t *p, uint64_t seed)
+{
+    for (uint32_t s = 0; s < NB; s++)
+        ut_pattern_fill(p->region + (size_t)s * BS, BS, s, seed);
+}
+
+/* Write with the target NOT progressing (paused in nanosleep). A direct
+ * one-sided put completes anyway; an emulated one (tcp) cannot complete until
+ * the target progresses again. This tells the engines apart by behaviour,
+ * not by what UCX printed. */
+static void write_while_paused(pair_t *p, bool direct, uint64_t seed)
+{
+    kvp_xfer_id_t id;
+    kvp_status_t st = KVP_ERR_TIMEOUT;
+    ut_reply_t r;
+    uint64_t pause_ms = 600;
+
+    fill_sources(p, seed);
+    assert_true(ut_send(&p->child, UT_PAUSE, pause_ms, 0, NULL, 0));
+    ut_progress_for(p->x, 50 * KVP_NSEC_PER_MSEC); /* let the child enter its sleep */
+    uint64_t t0 = ut_now_ns();
+    assert_int_equal(p->x->ops->write(p->x, p->peer, g_blocks, NBLK, &id), KVP_OK);
+    assert_int_not_equal(id, 0);
+    bool done = ut_wait_xfer(p->x, p->peer, id, 200 * KVP_NSEC_PER_MSEC, &st);
+    if (direct) {
+        assert_true(done); /* landed with the target asleep: direct put */
+        assert_int_equal(st, KVP_OK);
+        assert_true(ut_now_ns() - t0 < pause_ms * KVP_NSEC_PER_MSEC);
+    } else {
+        assert_false(done); /* emulated: waits for the target's progress */
+    }
+    assert_true(ut_recv_reply(&p->child, &r, NULL, 0));
+    if (!done) {
+        assert_true(ut_wait_xfer(p->x, p->peer, id, kvp_test_scaled_ns(5 * KVP_NSEC_PER_SEC), &st));
+        assert_int_equal(st, KVP_OK);
+    }
+    assert_int_equal(pair_verify(p, seed), 0); /* the target saw every byte */
+}
+
+static void write_and_verify(pair_t *p, uint64_t seed)
+{
+    kvp_xfer_id_t id, id2;
+    kvp_status_t st = KVP_ERR_TIMEOUT;
+
+    fill_sources(p, seed);
+    assert_int_equal(p->x->ops->write(p->x, p->peer, g_blocks, NBLK, &id), KVP_OK);
+    assert_int_equal(p->x->ops->write(p->x, p->peer, g_blocks, 1, &id2), KVP_OK);
+    assert_int_not_equal(id, id2);
+    assert_true(ut_wait_xfer(p->x, p->peer, id, kvp_test_scaled_ns(5 * KVP_NSEC_PER_SEC), &st));
+    assert_int_equal(st, KVP_OK);
+    assert_true(ut_wait_xfer(p->x, p->peer, id2, kvp_test_scaled_ns(5 * KVP_NSEC_PER_SEC), &st));
+    assert_int_equal(st, KVP_OK);
+    assert_int_equal(pair_verify(p, seed), 0);
+    assert_int_not_equal(pair_verify(p, seed + 1), 0); /* the check can fail */
+}
+
+static void test_ucx_write_shm_direct(void **state)
+{
+    pair_t p;
+    kvp_test_logcap_start(&cap);
+    pair_open(&p, "", KVP_PATH_DIRECT_SHM);
+    write_and_verify(&p, 7);
+    write_while_paused(&p, true, 8);
+    kvp_xport_stats_t st;
+    p.x->ops->get_stats(p.x, &st);
+    assert_int_equal(st.done, 3);
+    assert_int_equal(st.failed, 0);
+    assert_int_equal(st.blocks_written, 2 * NBLK + 1);
+    pair_close(&p);
+    kvp_test_logcap_stop();
+    KVP_TEST_ASSERT_NO_LEAKS();
+}
+
+static void test_ucx_write_tcp_forced(void **state)
+{
+    pair_t p;
+    kvp_test_logcap_start(&cap);
+    pair_open(&p, "tcp", KVP_PATH_TCP);
+    /* F28: a same-host peer on tcp is reported loudly. */
+    assert_true(cap.count[KVP_LOG_WARN] >= 1);
+    assert_non_null(strstr(cap.last[KVP_LOG_WARN], "tcp"));
+    write_and_verify(&p, 11);
+    write_while_paused(&p, false, 12);
+    pair_close(&p);
+    kvp_test_logcap_stop();
+    KVP_TEST_ASSERT_NO_LEAKS();
+}
+
+/* UCX_TLS from the environment must still apply (ucp_config_read). */
+static void test_ucx_write_tcp_env(void **state)
+{
+    pair_t p;
+    setenv("UCX_TLS", "tcp", 1); /* inherited by the child at fork */
+    pair_open(&p, "", KVP_PATH_TCP);
+    write_and_verify(&p, 13);
+    pair_close(&p);
+    unsetenv("UCX_TLS");
+    KVP_TEST_ASSERT_NO_LEAKS();
+}
+
+/* ------------------------------------------------------------ bad input */
+
+static kvp_xport_t *solo(kvp_layout_t lay, uint8_t **region)
+{
+    kvp_xport_t *x = ut_xport_new("", "solo");
+    void *base = NULL;
+    assert_non_null(x);
+    assert_int_equal(x->ops->register_region(x, NULL, (size_t)lay.num_blocks * lay.block_size,
+                                             &lay, &base),
+                     KVP_OK);
+    if (region)
+        *region = base;
+    return x;
+}
+
+static void test_ucx_bad_blob(void **state)
+{
+    kvp_xport_t *x = solo(g_layout, NULL);
+    const void *b;
+    size_t len;
+    uint8_t m[KVP_UCX_BLOB_MAX + 8];
+    kvp_xpeer_id_t id = 0;
+    kvp_status_t s;
+
+    assert_int_equal(x->ops->local_blob(x, &b, &len), KVP_OK);
+    assert_true(len > 44 && len < KVP_UCX_BLOB_MAX);
+    for (size_t cut = 0; cut < len; cut += (cut < 64 ? 1 : 37)) { /* every truncation */
+        s = x->ops->add_peer(x, b, cut, &g_layout, &id);
+        assert_true(s == KVP_ERR_TRUNCATED || s == KVP_ERR_PROTO);
+    }
+    memcpy(m, b, len);
+    m[len] = 0;
+    assert_int_equal(x->ops->add_peer(x, m, len + 1, &g_layout, &id), KVP_ERR_PROTO); /* trailing */
+    m[0] ^= 0xff;
+    assert_int_equal(x->ops->add_peer(x, m, len, &g_layout, &id), KVP_ERR_PROTO); /* magic */
+    memcpy(m, b, len);
+    m[4] = 9;
+    assert_int_equal(x->ops->add_peer(x, m, len, &g_layout, &id), KVP_ERR_INCOMPATIBLE);
+    memcpy(m, b, len);
+    m[38] ^= 0x01; /* address length off by one */
+    s = x->ops->add_peer(x, m, len, &g_layout, &id);
+    assert_true(s == KVP_ERR_TRUNCATED || s == KVP_ERR_PROTO);
+    memcpy(m, b, len);
+    m[41] = 0xff; /* rkey length huge */
+    assert_int_equal(x->ops->add_peer(x, m, len, &g_layout, &id), KVP_ERR_PROTO);
+    memcpy(m, b, len);
+    memset(m + 24, 0, 8); /* region shorter than the layout */
+    assert_int_equal(x->ops->add_peer(x, m, len, &g_layout, &id), KVP_ERR_PROTO);
+    assert_int_equal(x->ops->add_peer(x, NULL, len, &g_layout, &id), KVP_ERR_TRUNCATED);
+    /* layout disagreeing with what the peer's HELLO said */
+    kvp_layout_t other_bs = {NB, BS / 4}, other_nb = {NB + 1, BS};
+    assert_int_equal(x->ops->add_peer(x, b, len, &other_bs, &id), KVP_ERR_INCOMPATIBLE);
+    assert_int_equal(x->ops->add_peer(x, b, len, &other_nb, &id), KVP_ERR_INCOMPATIBLE);
+    assert_int_equal(id, 0); /* never written on error */
+    kvp_xport_stats_t st;
+    x->ops->get_stats(x, &st);
+    assert_int_equal(st.peers, 0);
+    assert_int_equal(x->ops->close(x, false), KVP_OK);
+    KVP_TEST_ASSERT_NO_LEAKS();
+}
+
+/* A blob whose block size differs from OUR region's (agreeing with its own
+ * HELLO) cannot be written to: refused at import. */
+static void test_ucx_blob_other_block_size(void **state)
+{
+    kvp_layout_t small = {NB, BS / 4};
+    kvp_xport_t *x = solo(g_layout, NULL), *y = solo(small, NULL);
+    const void *b;
+    size_t len;
+    kvp_xpeer_id_t id = 0;
+
+    assert_int_equal(y->ops->local_blob(y, &b, &len), KVP_OK);
+    assert_int_equal(x->ops->add_peer(x, b, len, &small, &id), KVP_ERR_INCOMPATIBLE);
+    assert_int_equal(id, 0);
+    assert_int_equal(x->ops->close(x, false), KVP_OK);
+    assert_int_equal(y->ops->close(y, false), KVP_OK);
+    KVP_TEST_ASSERT_NO_LEAKS();
+}
+
+/* Out-of-range indexes: clear status, nothing posted (a direct put outside
+ * the segment would kill the producer, UCX-NOTES §7). */
+static void test_ucx_bad_index(void **state)
+{
+    uint8_t *region;
+    kvp_xport_t *x = solo(g_layout, &region);
+    const void *b;
+    size_t len;
+    kvp_xpeer_id_t self;
+    kvp_xfer_id_t id = 0;
+    kvp_xport_stats_t st;
+
+    assert_int_equal(x->ops->local_blob(x, &b, &len), KVP_OK);
+    assert_int_equal(x->ops->add_peer(x, b, len, &g_layout, &self), KVP_OK);
+    memset(region, 0x5a, (size_t)NB * BS);
+    kvp_xfer_block_t bad_dst[] = {{0, 0, 1, 0}, {1, 0, NB, 0}};
+    kvp_xfer_block_t bad_src[] = {{NB, 0, 2, 0}};
+    kvp_xfer_block_t huge[] = {{0, 0, UINT32_MAX, 0}};
+    kvp_xfer_block_t ok[] = {{0, 0, 1, 0}};
+    assert_int_equal(x->ops->write(x, self, bad_dst, 2, &id), KVP_ERR_INVALID);
+    assert_int_equal(x->ops->write(x, self, bad_src, 1, &id), KVP_ERR_INVALID);
+    assert_int_equal(x->ops->write(x, self, huge, 1, &id), KVP_ERR_INVALID);
+    assert_int_equal(x->ops->write(x, self, ok, 0, &id), KVP_ERR_INVALID);
+    assert_int_equal(x->ops->write(x, self + 99, ok, 1, &id), KVP_ERR_NOT_FOUND);
+    assert_int_equal(id, 0);
+    ut_progress_for(x, 20 * KVP_NSEC_PER_MSEC);
+    x->ops->get_stats(x, &st);
+    assert_int_equal(st.writes, 0);
+    assert_int_equal(st.inflight, 0);
+    for (size_t i = 0; i < (size_t)NB * BS; i++)
+        if (region[i] != 0x5a)
+            fail_msg("byte %zu changed by a refused write", i);
+    assert_int_equal(x->ops->remove_peer(x, self), KVP_OK);
+    assert_int_equal(x->ops->remove_peer(x, self), KVP_ERR_NOT_FOUND);
+    assert_int_equal(x->ops->close(x, false), KVP_OK);
+    KVP_TEST_ASSERT_NO_LEAKS();
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ucx_bad_blob),
+        cmocka_unit_test(test_ucx_blob_other_block_size),
+        cmocka_unit_test(test_ucx_bad_index),
+        cmocka_unit_test(test_ucx_write_shm_direct),
+        cmocka_unit_test(test_ucx_write_tcp_forced),
+        cmocka_unit_test(test_ucx_write_tcp_env),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

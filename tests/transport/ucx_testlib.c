@@ -1,0 +1,318 @@
+/* ucx_testlib.c -- see ucx_testlib.h. */
+#include "ucx_testlib.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct ut_cmd {
+    uint32_t op, len;
+    uint64_t a, b;
+} ut_cmd_t;
+
+uint64_t ut_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static bool io_all(int fd, void *buf, size_t len, bool wr)
+{
+    uint8_t *p = buf;
+    while (len) {
+        ssize_t n = wr ? send(fd, p, len, MSG_NOSIGNAL) : read(fd, p, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return false;
+        p += n;
+        len -= (size_t)n;
+    }
+    return true;
+}
+
+void ut_pattern_fill(void *slot, size_t len, uint32_t src, uint64_t seed)
+{
+    uint64_t *w = slot;
+    uint64_t v = seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)src << 32);
+    for (size_t i = 0; i < len / 8; i++)
+        w[i] = v + i * 0xD1B54A32D192ED03ull;
+}
+
+bool ut_pattern_check(const void *slot, size_t len, uint32_t src, uint64_t seed)
+{
+    const uint64_t *w = slot;
+    uint64_t v = seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)src << 32);
+    for (size_t i = 0; i < len / 8; i++)
+        if (w[i] != v + i * 0xD1B54A32D192ED03ull)
+            return false;
+    return true;
+}
+
+kvp_xport_t *ut_xport_new(const char *tls, const char *prefix)
+{
+    kvp_ucx_config_t cfg;
+    kvp_xport_t *x = NULL;
+
+    kvp_ucx_config_default(&cfg);
+    cfg.tls = (tls && tls[0]) ? tls : NULL;
+    cfg.log_prefix = prefix;
+    cfg.max_transfers = 256;
+    return kvp_ucx_xport_create(&cfg, &x) == KVP_OK ? x : NULL;
+}
+
+/* Sleep on the worker fd when UCX says it may; bounded so a BUSY storm
+ * (shm back-pressure, UCX-NOTES §6) costs at most 1 ms per round. */
+static void ut_wait_events(kvp_xport_t *x, int extra_fd, int timeout_ms)
+{
+    struct pollfd pf[2] = {{.fd = x->ops->event_fd(x), .events = POLLIN},
+                           {.fd = extra_fd, .events = POLLIN}};
+    if (x->ops->arm(x) != KVP_OK) {
+        struct timespec ts = {0, 20000};
+        nanosleep(&ts, NULL);
+        return;
+    }
+    poll(pf, extra_fd >= 0 ? 2 : 1, timeout_ms);
+}
+
+void ut_progress_for(kvp_xport_t *x, uint64_t ns)
+{
+    uint64_t end = ut_now_ns() + ns;
+    while (ut_now_ns() < end) {
+        if (x->ops->progress(x))
+            continue;
+        ut_wait_events(x, -1, 1);
+    }
+}
+
+bool ut_wait_xfer(kvp_xport_t *x, kvp_xpeer_id_t peer, kvp_xfer_id_t id, uint64_t timeout_ns,
+                  kvp_status_t *st)
+{
+    uint64_t end = ut_now_ns() + timeout_ns;
+    kvp_xfer_result_t res[16];
+    size_t n;
+
+    for (;;) {
+        x->ops->progress(x);
+        kvp_status_t ps = x->ops->poll(x, peer, res, 16, &n);
+        if (ps != KVP_OK) {
+            fprintf(stderr, "ut_wait_xfer: poll: %s\n", kvp_status_str(ps));
+            return false;
+        }
+        for (size_t i = 0; i < n; i++)
+            if (res[i].id == id) {
+                *st = res[i].status;
+                return true;
+            }
+        if (ut_now_ns() > end) {
+            kvp_xport_stats_t st;
+            x->ops->get_stats(x, &st);
+            fprintf(stderr, "ut_wait_xfer: %llx not done; inflight %llu retired %llu\n",
+                    (unsigned long long)id, (unsigned long long)st.inflight,
+                    (unsigned long long)st.retired);
+            return false;
+        }
+        ut_wait_events(x, -1, 1);
+    }
+}
+
+/* ------------------------------------------------------------ the child */
+
+typedef struct ut_target {
+    kvp_xport_t *x;
+    uint8_t *region;
+    kvp_layout_t layout;
+    kvp_xpeer_id_t peer;
+    int sock;
+} ut_target_t;
+
+static void ut_reply(int sock, int64_t status, int64_t v1, int64_t v2, const void *p, uint32_t len)
+{
+    ut_reply_t r = {.status = status, .v1 = v1, .v2 = v2, .len = len};
+    if (!io_all(sock, &r, sizeof(r), true) || (len && !io_all(sock, (void *)p, len, true)))
+        _exit(3);
+}
+
+static void ut_target_setup(ut_target_t *t, const ut_cmd_t *c, const char *tls)
+{
+    void *base = NULL;
+    const void *blob = NULL;
+    size_t blen = 0;
+    kvp_status_t st;
+
+    t->layout.num_blocks = (uint32_t)c->a;
+    t->layout.block_size = (uint32_t)c->b;
+    t->x = ut_xport_new(tls, "target");
+    if (!t->x) {
+        ut_reply(t->sock, KVP_ERR_TRANSPORT, 0, 0, NULL, 0);
+        return;
+    }
+    st = t->x->ops->register_region(t->x, NULL, (size_t)c->a * c->b, &t->layout, &base);
+    if (st == KVP_OK)
+        st = t->x->ops->local_blob(t->x, &blob, &blen);
+    t->region = base;
+    if (st == KVP_OK)
+        memset(t->region, 0, (size_t)c->a * c->b);
+    ut_reply(t->sock, st, kvp_ucx_region_ucx_allocated(t->x), 0, blob, st == KVP_OK ? (uint32_t)blen : 0);
+}
+
+static int64_t ut_target_verify(ut_target_t *t, const uint32_t *pairs, uint32_t n, uint64_t seed)
+{
+    int64_t bad = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t dst = pairs[2 * i], src = pairs[2 * i + 1];
+        if (dst >= t->layout.num_blocks ||
+            !ut_pattern_check(t->region + (size_t)dst * t->layout.block_size,
+                              t->layout.block_size, src, seed))
+            bad++;
+    }
+    return bad;
+}
+
+static void ut_target_cmd(ut_target_t *t, const ut_cmd_t *c, uint8_t *pl)
+{
+    size_t rlen = (size_t)t->layout.num_blocks * t->layout.block_size;
+    kvp_status_t st;
+    bool proof = false;
+
+    switch (c->op) {
+    case UT_SETUP:
+        pl[c->len] = '\0';
+        ut_target_setup(t, c, (const char *)pl);
+        break;
+    case UT_ADD_PEER: {
+        kvp_layout_t exp = {(uint32_t)c->a, (uint32_t)c->b};
+        st = t->x->ops->add_peer(t->x, pl, c->len, &exp, &t->peer);
+        ut_reply(t->sock, st, st == KVP_OK ? t->x->ops->peer_path(t->x, t->peer) : 0, 0, NULL, 0);
+        break;
+    }
+    case UT_VERIFY:
+        ut_reply(t->sock, KVP_OK, ut_target_verify(t, (const uint32_t *)pl, c->len / 8, c->b), 0,
+                 NULL, 0);
+        break;
+    case UT_FILL:
+        memset(t->region, (int)c->a, rlen);
+        ut_reply(t->sock, KVP_OK, 0, 0, NULL, 0);
+        break;
+    case UT_COUNT_NOT: {
+        int64_t n = 0;
+        for (size_t i = 0; i < rlen; i++)
+            n += t->region[i] != (uint8_t)c->a;
+        ut_reply(t->sock, KVP_OK, n, 0, NULL, 0);
+        break;
+    }
+    case UT_FENCE:
+        st = t->x->ops->fence_peer(t->x, t->peer, &proof);
+        ut_reply(t->sock, st, proof, 0, NULL, 0);
+        break;
+    case UT_PEER_STATUS:
+        ut_reply(t->sock, t->x->ops->peer_status(t->x, t->peer), 0, 0, NULL, 0);
+        break;
+    case UT_PAUSE: {
+        struct timespec ts = {(time_t)(c->a / 1000), (long)(c->a % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+        ut_reply(t->sock, KVP_OK, 0, 0, NULL, 0);
+        break;
+    }
+    default:
+        _exit(4);
+    }
+}
+
+static void ut_target_main(int sock)
+{
+    ut_target_t t = {.sock = sock};
+    ut_cmd_t c;
+    uint8_t *pl = malloc(1 << 20);
+
+    for (;;) {
+        struct pollfd pf = {.fd = sock, .events = POLLIN};
+        if (t.x) {
+            if (t.x->ops->progress(t.x))
+                continue;
+            ut_wait_events(t.x, sock, 5);
+        }
+        if (poll(&pf, 1, t.x ? 0 : 100) <= 0)
+            continue;
+        if (!io_all(sock, &c, sizeof(c), false) || c.op == UT_EXIT)
+            break;
+        if (c.len >= (1 << 20) || (c.len && !io_all(sock, pl, c.len, false)))
+            _exit(5);
+        ut_target_cmd(&t, &c, pl);
+    }
+    int rc = 0;
+    if (t.x && t.x->ops->close(t.x, false) != KVP_OK)
+        rc = t.x->ops->close(t.x, true) == KVP_OK ? 6 : 7;
+    free(pl);
+    if (kvp_alloc_live() != 0)
+        rc = 8;
+    _exit(rc);
+}
+
+bool ut_child_start(ut_child_t *c)
+{
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0)
+        return false;
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0)
+        return false;
+    if (pid == 0) {
+        kvp_log_set_sink(NULL, NULL); /* the parent's sink may point into its stack */
+        close(sv[0]);
+        ut_target_main(sv[1]);
+    }
+    close(sv[1]);
+    c->pid = pid;
+    c->sock = sv[0];
+    return true;
+}
+
+bool ut_send(ut_child_t *c, uint32_t op, uint64_t a, uint64_t b, const void *payload, uint32_t len)
+{
+    ut_cmd_t cmd = {.op = op, .len = len, .a = a, .b = b};
+    return io_all(c->sock, &cmd, sizeof(cmd), true) &&
+           (!len || io_all(c->sock, (void *)payload, len, true));
+}
+
+bool ut_recv_reply(ut_child_t *c, ut_reply_t *r, void *payload_out, uint32_t cap)
+{
+    if (!io_all(c->sock, r, sizeof(*r), false) || r->len > cap)
+        return false;
+    return !r->len || io_all(c->sock, payload_out, r->len, false);
+}
+
+bool ut_call(ut_child_t *c, uint32_t op, uint64_t a, uint64_t b, const void *payload, uint32_t len,
+             ut_reply_t *r, void *payload_out, uint32_t cap)
+{
+    return ut_send(c, op, a, b, payload, len) && ut_recv_reply(c, r, payload_out, cap);
+}
+
+bool ut_child_stop(ut_child_t *c)
+{
+    int ws = 0;
+    ut_send(c, UT_EXIT, 0, 0, NULL, 0);
+    close(c->sock);
+    if (waitpid(c->pid, &ws, 0) != c->pid)
+        return false;
+    if (!WIFEXITED(ws) || WEXITSTATUS(ws) != 0)
+        fprintf(stderr, "target exit status 0x%x\n", ws);
+    return WIFEXITED(ws) && WEXITSTATUS(ws) == 0;
+}
+
+void ut_child_kill(ut_child_t *c)
+{
+    kill(c->pid, SIGKILL);
+    waitpid(c->pid, NULL, 0);
+    close(c->sock);
+}

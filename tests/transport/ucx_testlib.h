@@ -1,0 +1,71 @@
+/*
+ * ucx_testlib.h -- two-process harness for the UCX backend tests.
+ *
+ * The test process forks a TARGET child (before any UCX thread exists, so
+ * TSan's fork rule holds) and drives it over an AF_UNIX socketpair. The
+ * child owns its own UCX transport and region and keeps progressing it
+ * (worker efd + arm + poll) between commands, which is what lands emulated
+ * puts. The parent is the producer/source.
+ */
+#ifndef KVP_TEST_UCX_TESTLIB_H
+#define KVP_TEST_UCX_TESTLIB_H
+
+#include "transport/ucx.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+typedef struct ut_child {
+    pid_t pid;
+    int sock;
+} ut_child_t;
+
+enum ut_op {
+    UT_SETUP = 1,   /* a=num_blocks b=block_size payload=tls ("" = default) -> blob */
+    UT_ADD_PEER,    /* payload = blob, a/b = expected layout -> status, path */
+    UT_VERIFY,      /* payload = (dst,src) u32 pairs, b = seed -> mismatching slots */
+    UT_FILL,        /* a = byte -> 0 */
+    UT_COUNT_NOT,   /* a = byte -> bytes of the region != byte */
+    UT_FENCE,       /* -> status, proof */
+    UT_PEER_STATUS, /* -> status */
+    UT_PAUSE,       /* a = ms: no progress for that long, reply afterwards */
+    UT_EXIT,        /* close transport, exit(0) */
+};
+
+typedef struct ut_reply {
+    int64_t status;
+    int64_t v1, v2;
+    uint32_t len; /* payload bytes that follow */
+} ut_reply_t;
+
+/* Fork the target. Returns false in the parent on failure; never returns in
+ * the child. */
+bool ut_child_start(ut_child_t *c);
+/* Send a command; *r gets the reply; payload_out (cap) the reply payload. */
+bool ut_call(ut_child_t *c, uint32_t op, uint64_t a, uint64_t b, const void *payload,
+             uint32_t len, ut_reply_t *r, void *payload_out, uint32_t cap);
+/* Send without waiting for the reply (UT_PAUSE). */
+bool ut_send(ut_child_t *c, uint32_t op, uint64_t a, uint64_t b, const void *payload,
+             uint32_t len);
+bool ut_recv_reply(ut_child_t *c, ut_reply_t *r, void *payload_out, uint32_t cap);
+/* UT_EXIT + waitpid; true if the child exited 0. */
+bool ut_child_stop(ut_child_t *c);
+/* SIGKILL + waitpid (reaped: zombies defeat shm keepalive). */
+void ut_child_kill(ut_child_t *c);
+
+/* The deterministic content of source slot `src` for `seed`. */
+void ut_pattern_fill(void *slot, size_t len, uint32_t src, uint64_t seed);
+bool ut_pattern_check(const void *slot, size_t len, uint32_t src, uint64_t seed);
+
+/* Producer-side helpers. */
+kvp_xport_t *ut_xport_new(const char *tls, const char *prefix);
+/* Progress x until transfer `id` of `peer` is handed back by poll (status in
+ * *st) or `timeout_ns` passes (false). Sleeps on the event fd, bounded. */
+bool ut_wait_xfer(kvp_xport_t *x, kvp_xpeer_id_t peer, kvp_xfer_id_t id, uint64_t timeout_ns,
+                  kvp_status_t *st);
+/* Progress for about `ns` (event-fd sleep between progress calls). */
+void ut_progress_for(kvp_xport_t *x, uint64_t ns);
+uint64_t ut_now_ns(void);
+
+#endif
