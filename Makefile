@@ -8,7 +8,7 @@ JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
 CMAKE_FLAGS ?=
 
-.PHONY: all deps test test-tsan test-valgrind release bench fuzz clean format
+.PHONY: all deps test test-tsan test-valgrind release bench fuzz sim clean format
 
 all: deps
 	@cmake -S . -B build/debug -DCMAKE_BUILD_TYPE=Debug -DKVP_SANITIZE=address,undefined $(CMAKE_FLAGS) >/dev/null
@@ -42,6 +42,15 @@ fuzz: deps
 	@CC=clang cmake -S . -B build/fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVP_FUZZ=ON -DKVP_SANITIZE=address,undefined $(CMAKE_FLAGS) >/dev/null
 	@cmake --build build/fuzz -j $(JOBS)
 	@./scripts/run-fuzz.sh build/fuzz $(FUZZ_SECONDS)
+
+# The deterministic simulator: `make sim` runs SEEDS seeds (default 40),
+# `make sim SEED=x` replays one seed verbosely, `make sim SOAK=60` soaks.
+SEEDS ?= 40
+STEPS ?= 600
+sim: release
+	@if [ -n "$(SEED)" ]; then build/release/tests/node/kvpeer_sim --seed $(SEED) --steps $(STEPS) --verbose; \
+	elif [ -n "$(SOAK)" ]; then build/release/tests/node/kvpeer_sim --soak $(SOAK) --steps $(STEPS); \
+	else build/release/tests/node/kvpeer_sim --seeds $(SEEDS) --steps $(STEPS); fi
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')

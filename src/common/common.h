@@ -219,6 +219,22 @@ static inline void kvp_list_remove(kvp_list_t *n)
 
 /* ------------------------------------------------------------------- tests */
 
+/* Test-only mutation switches: each breaks exactly one safety rule so the
+ * simulator and directed tests can prove they catch it (issue: "a rule whose
+ * mutation survives is not proven"). Always KVP_MUT_NONE outside those tests. */
+typedef enum kvp_mutation {
+    KVP_MUT_NONE = 0,
+    KVP_MUT_CANCEL_IMMEDIATE_AT_CLOSE = 1, /* source teardown cancels IMMEDIATE, frees pins */
+    KVP_MUT_UNPIN_AT_CLOSE = 2,            /* retained transfers' store jobs unpinned at close */
+    KVP_MUT_RELEASE_QUARANTINE_AT_ONCE = 3,/* outcome-unknown slots freed instead of quarantined */
+    KVP_MUT_ACCEPT_STALE_EPOCH = 4,        /* frames of another incarnation accepted */
+    KVP_MUT_SKIP_SUSPECT_VERIFY = 5,       /* suspect slots not re-verified on acquire */
+    KVP_MUT_SKIP_CHECKSUM = 6,             /* FETCH_DONE blocks committed unverified */
+    KVP_MUT_COUNT = 7,
+} kvp_mutation_t;
+extern int kvp__mutation;
+const char *kvp_mutation_str(int m);
+
 /* The one multiplier by which tests on the real clock scale every bound:
  * KVPEER_TEST_TIME_SCALE if set (a positive number), else 1. The build sets
  * it higher under sanitizers and valgrind. */

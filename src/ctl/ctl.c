@@ -20,11 +20,20 @@ const char *kvp_down_reason_str(kvp_down_reason_t r)
     return down_reason_names[r];
 }
 
+/* Encode into the ctl's buffer; measure (an extra pass over the keys) only
+ * when the buffer turns out too small. */
 kvp_status_t ctl_encode(kvp_ctl_t *ctl, const kvp_msg_t *m, size_t *len)
 {
+    if (ctl->ebuf_cap) {
+        kvp_status_t st = kvp_wire_encode(m, ctl->ebuf, ctl->ebuf_cap, len);
+        if (st != KVP_ERR_NOSPACE)
+            return st;
+    }
     size_t need = kvp_wire_encoded_size(m);
+    if (need == 0)
+        return KVP_ERR_INVALID;
     if (need > ctl->ebuf_cap) {
-        size_t cap = KVP_MAX(need, ctl->ebuf_cap * 2);
+        size_t cap = KVP_MAX(KVP_MAX(need, ctl->ebuf_cap * 2), (size_t)4096);
         uint8_t *b = kvp__realloc(ctl->ebuf, cap);
         if (!b)
             return KVP_ERR_NOMEM;
@@ -153,28 +162,28 @@ static void ctl_on_redial(kvp_timer_t *t)
     ctl_want_dial(t->data);
 }
 
+/* A want stays satisfied while the link it dialed lives (whatever peer id
+ * the peer announces) or while any link carries the wanted address as its
+ * peer id; it redials when neither holds. */
 void ctl_want_link_ready(kvp_ctl_t *ctl, kvp_link_t *l)
 {
     ctl_want_t *w = ctl_want_find(ctl, l->peer_id);
-    if (l->want && l->want != w) {
-        l->want->link = NULL; /* dialed under another name: that want is satisfied too */
-        l->want->backoff_ns = ctl->cfg.backoff_min_ns;
-    }
     if (w) {
         w->backoff_ns = ctl->cfg.backoff_min_ns;
         kvp_timer_stop(ctl->loop, &w->t_redial);
-        if (w->link == l)
-            w->link = NULL;
     }
-    l->want = NULL;
+    if (l->want)
+        l->want->backoff_ns = ctl->cfg.backoff_min_ns;
 }
 
 static void ctl_want_link_gone(kvp_ctl_t *ctl, kvp_link_t *l)
 {
     ctl_want_t *w = l->want;
     if (w) {
+        KVP_ASSERT(w->link == l);
         w->link = NULL;
-        if (!l->was_ready)
+        l->want = NULL;
+        if (!l->was_ready) /* a failed attempt: back off further */
             w->backoff_ns = KVP_MIN(w->backoff_ns * 2, ctl->cfg.backoff_max_ns);
         ctl_want_arm(w);
     }
@@ -184,7 +193,7 @@ static void ctl_want_link_gone(kvp_ctl_t *ctl, kvp_link_t *l)
 
 kvp_status_t kvp_ctl_want(kvp_ctl_t *ctl, const char *addr)
 {
-    if (!addr || !*addr || strlen(addr) > KVP_WIRE_STR_MAX)
+    if (!addr || !*addr || strlen(addr) > KVP_WIRE_STR_MAX || !strcmp(addr, ctl->peer_id))
         return KVP_ERR_INVALID;
     if (ctl_want_find(ctl, addr))
         return KVP_OK;
@@ -399,6 +408,17 @@ kvp_link_t *kvp_ctl_link_by_peer(const kvp_ctl_t *ctl, const char *peer_id)
     for (pos = ctl->links.next; pos != &ctl->links; pos = pos->next) {
         kvp_link_t *l = KVP_CONTAINER_OF(pos, kvp_link_t, node);
         if (l->state == LINK_READY && !strcmp(l->peer_id, peer_id))
+            return l;
+    }
+    return NULL;
+}
+
+kvp_link_t *kvp_ctl_link_pending(const kvp_ctl_t *ctl, const char *peer_id)
+{
+    const kvp_list_t *pos;
+    for (pos = ctl->links.next; pos != &ctl->links; pos = pos->next) {
+        kvp_link_t *l = KVP_CONTAINER_OF(pos, kvp_link_t, node);
+        if (l->state != LINK_READY && (l->have_peer || l->outbound) && !strcmp(l->peer_id, peer_id))
             return l;
     }
     return NULL;

@@ -198,6 +198,13 @@ bool kvp_link_is_ready(const kvp_link_t *link);
 /* Bytes queued on the link and not yet handed to the kernel / fake peer
  * (write queue + frames waiting for the handshake). Bounded by wbuf_max. */
 size_t kvp_link_queued_bytes(const kvp_link_t *link);
+/* True if we dialed this link (false: accepted). */
+bool kvp_link_outbound(const kvp_link_t *link);
+/* A link still in its handshake whose peer id (or, for our dial, the address
+ * dialed) is `peer_id`, or NULL. Lets a caller queue frames before ready
+ * (kvp_link_send queues them). Borrowed: valid only until the loop runs
+ * again unless it becomes ready (then until its on_down returns). */
+kvp_link_t *kvp_ctl_link_pending(const kvp_ctl_t *ctl, const char *peer_id);
 /* Test hook: send `msg` on a READY link with the given epochs instead of the
  * live pair (to inject stale frames). KVP_ERR_STATE if not ready. */
 kvp_status_t kvp_link_send_epochs(kvp_link_t *link, const kvp_msg_t *msg, const kvp_epoch_t *src,

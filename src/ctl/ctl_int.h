@@ -63,7 +63,7 @@ struct kvp_link {
     kvp_down_reason_t down_reason;
     uint16_t down_bye;
     bool down_fault;
-    uint64_t created_ns, last_rx_ns, last_tx_ns, rx_frames;
+    uint64_t created_ns, last_rx_ns, last_tx_ns, last_pong_ns, rx_frames;
     uint64_t ping_seq, rtt_ns;
     uint64_t claim_start_ns, claim_rx_mark; /* restart claim against another link */
     kvp_timer_t t_handshake, t_heartbeat, t_dead, t_check;
@@ -105,12 +105,33 @@ struct kvp_ctl {
     const kvp_conn_handler_t *handler;
 };
 
+static inline uint64_t ctl_link_now(const kvp_link_t *l)
+{
+    return kvp_loop_now(l->ctl->loop);
+}
+
 /* link.c */
+void ctl_link_set_state(kvp_link_t *l, link_state_t to);
+/* Send a frame of our own (handshake, PING/PONG); a full queue closes the link. */
+void ctl_link_send_ctl(kvp_link_t *l, kvp_msg_t *m);
+/* Refuse during the handshake: count, BYE, no callback (never ready). */
+void ctl_link_refuse(kvp_link_t *l, kvp_down_reason_t reason, uint16_t bye, uint64_t *counter);
+void ctl_link_protocol_error(kvp_link_t *l, const char *why);
+void ctl_link_become_ready(kvp_link_t *l);
 kvp_status_t ctl_link_new(kvp_ctl_t *ctl, kvp_conn_t *conn, bool outbound, const char *addr,
                           kvp_link_t **out);
 void ctl_link_free(kvp_link_t *l);
 void ctl_link_down(kvp_link_t *l, kvp_down_reason_t reason, int bye, bool fault);
 extern const kvp_conn_handler_t ctl_link_handler;
+
+/* handshake.c */
+void ctl_hs_send_hello(kvp_link_t *l);
+void ctl_hs_on_hello(kvp_link_t *l, const kvp_msg_hello_t *h);
+void ctl_hs_on_auth(kvp_link_t *l, const kvp_msg_auth_t *a);
+void ctl_hs_on_ack(kvp_link_t *l, const kvp_msg_hello_ack_t *a);
+void ctl_hs_on_check(kvp_timer_t *t); /* the identity-check timer */
+/* A HELLO of another wire major: refuse it cleanly. False if not that case. */
+bool ctl_hs_refuse_version(kvp_link_t *l, const uint8_t *frame, size_t len);
 
 /* ctl.c */
 void ctl_schedule_reap(kvp_ctl_t *ctl);

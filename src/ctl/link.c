@@ -4,14 +4,13 @@
  * simultaneous-dial rules. See ctl_int.h for the state machine. */
 #include "ctl/ctl_int.h"
 
-#include <sodium.h>
 #include <stdio.h>
 #include <string.h>
 
 static const char *const link_state_names[] = {"CONNECTING", "HELLO", "AUTH", "CHECK",
                                                "ACKED",      "READY", "CLOSING"};
 
-static void link_set_state(kvp_link_t *l, link_state_t to)
+void ctl_link_set_state(kvp_link_t *l, link_state_t to)
 {
     static const unsigned legal_from[] = {
         [LINK_CONNECTING] = 0,
@@ -26,11 +25,6 @@ static void link_set_state(kvp_link_t *l, link_state_t to)
     KVP_TRACE(l->ctl->prefix, "link %s: %s -> %s", l->peer_id, link_state_names[l->state],
               link_state_names[to]);
     l->state = to;
-}
-
-static uint64_t link_now(const kvp_link_t *l)
-{
-    return kvp_loop_now(l->ctl->loop);
 }
 
 /* --------------------------------------------------------------- sending */
@@ -52,13 +46,13 @@ static kvp_status_t link_write(kvp_link_t *l, kvp_msg_t *m)
     st = l->conn->ops->write(l->conn, ctl->ebuf, len);
     if (st != KVP_OK)
         return st;
-    l->last_tx_ns = link_now(l);
+    l->last_tx_ns = ctl_link_now(l);
     ctl->st.frames_out++;
     ctl->st.bytes_out += len;
     return KVP_OK;
 }
 
-static void link_send_ctl(kvp_link_t *l, kvp_msg_t *m)
+void ctl_link_send_ctl(kvp_link_t *l, kvp_msg_t *m)
 {
     kvp_status_t st = link_write(l, m);
     if (st == KVP_ERR_LIMIT) {
@@ -84,7 +78,7 @@ static void link_send_ping(kvp_link_t *l, uint16_t type, uint64_t seq, uint64_t 
     m.type = type;
     m.u.ping.seq = seq;
     m.u.ping.sent_ns = sent_ns;
-    link_send_ctl(l, &m);
+    ctl_link_send_ctl(l, &m);
 }
 
 static void link_free_pending(kvp_link_t *l)
@@ -131,7 +125,7 @@ static void link_flush_pending(kvp_link_t *l)
         if (st == KVP_OK) {
             l->ctl->st.frames_out++;
             l->ctl->st.bytes_out += p->len;
-            l->last_tx_ns = link_now(l);
+            l->last_tx_ns = ctl_link_now(l);
         }
         kvp__free(p);
         if (st == KVP_ERR_LIMIT)
@@ -178,7 +172,7 @@ void kvp_link_ping(kvp_link_t *l)
 {
     if (l->state != LINK_READY)
         return;
-    link_send_ping(l, KVP_MSG_PING, ++l->ping_seq, link_now(l));
+    link_send_ping(l, KVP_MSG_PING, ++l->ping_seq, ctl_link_now(l));
 }
 
 void kvp_link_close(kvp_link_t *l, kvp_bye_reason_t reason)
@@ -213,7 +207,7 @@ void ctl_link_down(kvp_link_t *l, kvp_down_reason_t reason, int bye, bool fault)
     kvp_timer_stop(ctl->loop, &l->t_dead);
     kvp_timer_stop(ctl->loop, &l->t_check);
     link_free_pending(l);
-    link_set_state(l, LINK_CLOSING);
+    ctl_link_set_state(l, LINK_CLOSING);
     kvp_list_remove(&l->node);
     kvp_list_insert_tail(&ctl->closing, &l->node);
     ctl_schedule_reap(ctl);
@@ -223,242 +217,21 @@ void ctl_link_down(kvp_link_t *l, kvp_down_reason_t reason, int bye, bool fault)
 
 /* Refuse a peer during the handshake: counted, logged once here, BYE, no
  * callback (the link never became ready). */
-static void link_refuse(kvp_link_t *l, kvp_down_reason_t reason, uint16_t bye, uint64_t *counter)
+void ctl_link_refuse(kvp_link_t *l, kvp_down_reason_t reason, uint16_t bye, uint64_t *counter)
 {
     if (counter)
         (*counter)++;
     ctl_link_down(l, reason, bye, true);
 }
 
-static void link_protocol_error(kvp_link_t *l, const char *why)
+void ctl_link_protocol_error(kvp_link_t *l, const char *why)
 {
     kvp_ctl_t *ctl = l->ctl;
     ctl->st.protocol_errors++;
-    KVP_LOG_RL(&ctl->rl_proto, link_now(l), KVP_LOG_ERROR, ctl->prefix,
+    KVP_LOG_RL(&ctl->rl_proto, ctl_link_now(l), KVP_LOG_ERROR, ctl->prefix,
                "peer %s (%s): protocol error: %s", l->peer_id,
                l->conn ? l->conn->remote : "?", why);
     ctl_link_down(l, KVP_DOWN_PROTOCOL, l->have_peer ? KVP_BYE_PROTOCOL : -1, true);
-}
-
-/* ------------------------------------------------------------- handshake */
-
-static void link_send_hello(kvp_link_t *l)
-{
-    kvp_ctl_t *ctl = l->ctl;
-    kvp_msg_t m;
-    memset(&m, 0, sizeof(m));
-    m.type = KVP_MSG_HELLO;
-    kvp_msg_hello_t *h = &m.u.hello;
-    h->major = KVP_WIRE_MAJOR;
-    h->minor = KVP_WIRE_MINOR;
-    snprintf(h->peer_id, sizeof(h->peer_id), "%s", ctl->peer_id);
-    snprintf(h->instance_id, sizeof(h->instance_id), "%s", ctl->instance_id);
-    h->epoch = l->local_epoch;
-    h->num_blocks = ctl->cfg.num_blocks;
-    h->block_size = ctl->cfg.block_size;
-    h->fingerprint = ctl->cfg.fingerprint;
-    h->hash_seed = ctl->cfg.hash_seed;
-    memcpy(h->nonce, l->nonce, sizeof(h->nonce));
-    h->flags = ctl->cfg.psk_len ? KVP_HELLO_AUTH_REQUIRED : 0;
-    link_send_ctl(l, &m);
-}
-
-static void link_on_connected(kvp_conn_t *c)
-{
-    kvp_link_t *l = c->owner;
-    link_set_state(l, LINK_HELLO);
-    link_send_hello(l);
-}
-
-/* HMAC-SHA256(psk, "kvpeer-auth-v1" | sender epoch | receiver epoch |
- * sender nonce | receiver nonce | sender layout), as wire.h defines it. */
-static void link_mac(const kvp_ctl_t *ctl, const kvp_epoch_t *s_epoch, const kvp_epoch_t *r_epoch,
-                     const uint8_t *s_nonce, const uint8_t *r_nonce, uint32_t s_num_blocks,
-                     uint32_t s_block_size, uint8_t out[KVP_WIRE_MAC_LEN])
-{
-    static const char label[] = "kvpeer-auth-v1";
-    uint8_t layout[8];
-    for (int i = 0; i < 4; i++) {
-        layout[i] = (uint8_t)(s_num_blocks >> (8 * i));
-        layout[4 + i] = (uint8_t)(s_block_size >> (8 * i));
-    }
-    crypto_auth_hmacsha256_state st;
-    crypto_auth_hmacsha256_init(&st, ctl->cfg.psk, ctl->cfg.psk_len);
-    crypto_auth_hmacsha256_update(&st, (const uint8_t *)label, sizeof(label) - 1);
-    crypto_auth_hmacsha256_update(&st, s_epoch->b, KVP_WIRE_EPOCH_LEN);
-    crypto_auth_hmacsha256_update(&st, r_epoch->b, KVP_WIRE_EPOCH_LEN);
-    crypto_auth_hmacsha256_update(&st, s_nonce, KVP_WIRE_NONCE_LEN);
-    crypto_auth_hmacsha256_update(&st, r_nonce, KVP_WIRE_NONCE_LEN);
-    crypto_auth_hmacsha256_update(&st, layout, sizeof(layout));
-    crypto_auth_hmacsha256_final(&st, out);
-    sodium_memzero(&st, sizeof(st));
-}
-
-static void link_check(kvp_link_t *l);
-
-static void link_send_auth(kvp_link_t *l)
-{
-    kvp_ctl_t *ctl = l->ctl;
-    kvp_msg_t m;
-    memset(&m, 0, sizeof(m));
-    m.type = KVP_MSG_AUTH;
-    link_mac(ctl, &l->local_epoch, &l->remote_epoch, l->nonce, l->peer.nonce, ctl->cfg.num_blocks,
-             ctl->cfg.block_size, m.u.auth.mac);
-    link_send_ctl(l, &m);
-}
-
-/* Returns false (and refuses the peer, naming the field and both values) when
- * the peer's HELLO is not compatible with ours. */
-static bool link_validate(kvp_link_t *l, const kvp_msg_hello_t *h)
-{
-    kvp_ctl_t *ctl = l->ctl;
-    char why[160];
-    why[0] = '\0';
-    if (h->major != KVP_WIRE_MAJOR)
-        snprintf(why, sizeof(why), "wire major version (ours %u, theirs %u)", KVP_WIRE_MAJOR,
-                 h->major);
-    else if (h->block_size != ctl->cfg.block_size)
-        snprintf(why, sizeof(why), "block_size (ours %u, theirs %u)", ctl->cfg.block_size,
-                 h->block_size);
-    else if (h->fingerprint != ctl->cfg.fingerprint)
-        snprintf(why, sizeof(why), "config fingerprint (ours %016llx, theirs %016llx)",
-                 (unsigned long long)ctl->cfg.fingerprint, (unsigned long long)h->fingerprint);
-    else if (h->hash_seed != ctl->cfg.hash_seed)
-        snprintf(why, sizeof(why), "hash seed (ours %016llx, theirs %016llx)",
-                 (unsigned long long)ctl->cfg.hash_seed, (unsigned long long)h->hash_seed);
-    else if (h->num_blocks == 0)
-        snprintf(why, sizeof(why), "num_blocks (theirs 0)");
-    if (why[0]) {
-        KVP_ERROR(ctl->prefix, "peer %s: incompatible %s: refused", h->peer_id, why);
-        link_refuse(l, KVP_DOWN_INCOMPATIBLE, KVP_BYE_INCOMPATIBLE, &ctl->st.refused_incompatible);
-        return false;
-    }
-    bool ours = ctl->cfg.psk_len > 0, theirs = (h->flags & KVP_HELLO_AUTH_REQUIRED) != 0;
-    if (ours != theirs) {
-        KVP_ERROR(ctl->prefix, "peer %s: authentication mismatch (%s a pre-shared key, peer %s): "
-                  "refused", h->peer_id, ours ? "we have" : "we have no",
-                  theirs ? "requires one" : "has none");
-        link_refuse(l, KVP_DOWN_AUTH, KVP_BYE_AUTH, &ctl->st.refused_auth);
-        return false;
-    }
-    return true;
-}
-
-static size_t ctl_count_sessions(const kvp_ctl_t *ctl)
-{
-    size_t n = 0;
-    const kvp_list_t *pos;
-    for (pos = ctl->links.next; pos != &ctl->links; pos = pos->next) {
-        const kvp_link_t *o = KVP_CONTAINER_OF(pos, kvp_link_t, node);
-        n += o->have_peer;
-    }
-    return n;
-}
-
-static void link_on_hello(kvp_link_t *l, const kvp_msg_hello_t *h)
-{
-    kvp_ctl_t *ctl = l->ctl;
-    if (l->have_peer || l->state != LINK_HELLO) {
-        link_protocol_error(l, "unexpected HELLO");
-        return;
-    }
-    l->peer = *h;
-    l->have_peer = true;
-    l->remote_epoch = h->epoch;
-    snprintf(l->peer_id, sizeof(l->peer_id), "%s", h->peer_id);
-    l->wctx.peer_num_blocks = h->num_blocks;
-    if (!link_validate(l, h))
-        return;
-    if (!strcmp(h->peer_id, ctl->peer_id)) {
-        KVP_ERROR(ctl->prefix, "peer %s: claims our own peer id: refused", h->peer_id);
-        link_refuse(l, KVP_DOWN_DUPLICATE, KVP_BYE_DUPLICATE, &ctl->st.refused_duplicate);
-        return;
-    }
-    if (ctl_count_sessions(ctl) > ctl->cfg.max_sessions) {
-        KVP_WARN(ctl->prefix, "peer %s: session cap %u reached: refused", h->peer_id,
-                 ctl->cfg.max_sessions);
-        link_refuse(l, KVP_DOWN_LIMIT, KVP_BYE_LIMIT, &ctl->st.refused_limit);
-        return;
-    }
-    if (ctl->cfg.psk_len) {
-        link_set_state(l, LINK_AUTH);
-        link_send_auth(l);
-        return;
-    }
-    link_set_state(l, LINK_CHECK);
-    link_check(l);
-}
-
-static void link_on_auth(kvp_link_t *l, const kvp_msg_auth_t *a)
-{
-    kvp_ctl_t *ctl = l->ctl;
-    if (l->state != LINK_AUTH) {
-        if (!ctl->cfg.psk_len) {
-            KVP_ERROR(ctl->prefix, "peer %s: sent AUTH but we have no key: refused", l->peer_id);
-            link_refuse(l, KVP_DOWN_AUTH, KVP_BYE_AUTH, &ctl->st.refused_auth);
-        } else {
-            link_protocol_error(l, "unexpected AUTH");
-        }
-        return;
-    }
-    uint8_t want[KVP_WIRE_MAC_LEN];
-    link_mac(ctl, &l->remote_epoch, &l->local_epoch, l->peer.nonce, l->nonce, l->peer.num_blocks,
-             l->peer.block_size, want);
-    if (crypto_verify_32(want, a->mac) != 0) {
-        KVP_ERROR(ctl->prefix, "peer %s: authentication failed (wrong key): refused",
-                  l->peer_id);
-        link_refuse(l, KVP_DOWN_AUTH, KVP_BYE_AUTH, &ctl->st.refused_auth);
-        return;
-    }
-    link_set_state(l, LINK_CHECK);
-    link_check(l);
-}
-
-static void link_become_ready(kvp_link_t *l);
-
-static void link_on_ack(kvp_link_t *l, const kvp_msg_hello_ack_t *a)
-{
-    kvp_ctl_t *ctl = l->ctl;
-    if (l->state == LINK_AUTH) {
-        KVP_ERROR(ctl->prefix, "peer %s: HELLO_ACK without AUTH: refused", l->peer_id);
-        link_refuse(l, KVP_DOWN_AUTH, KVP_BYE_AUTH, &ctl->st.refused_auth);
-        return;
-    }
-    if ((l->state != LINK_CHECK && l->state != LINK_ACKED) || l->peer_acked) {
-        link_protocol_error(l, "unexpected HELLO_ACK");
-        return;
-    }
-    if (!kvp_epoch_eq(&a->acked_epoch, &l->local_epoch)) {
-        link_protocol_error(l, "HELLO_ACK acknowledges another epoch");
-        return;
-    }
-    l->peer_blob = kvp__malloc(a->blob_len ? a->blob_len : 1);
-    if (!l->peer_blob) {
-        ctl_link_down(l, KVP_DOWN_LOCAL_CLOSE, KVP_BYE_PROTOCOL, true);
-        return;
-    }
-    memcpy(l->peer_blob, a->blob, a->blob_len);
-    l->peer_blob_len = a->blob_len;
-    l->peer_acked = true;
-    ctl->st.blobs_in++;
-    if (l->state == LINK_ACKED)
-        link_become_ready(l);
-}
-
-static void link_send_ack(kvp_link_t *l)
-{
-    kvp_ctl_t *ctl = l->ctl;
-    kvp_msg_t m;
-    memset(&m, 0, sizeof(m));
-    m.type = KVP_MSG_HELLO_ACK;
-    m.u.hello_ack.acked_epoch = l->remote_epoch;
-    m.u.hello_ack.blob = ctl->cfg.blob;
-    m.u.hello_ack.blob_len = (uint32_t)ctl->cfg.blob_len;
-    link_set_state(l, LINK_ACKED);
-    ctl->st.blobs_out++;
-    link_send_ctl(l, &m);
-    if (l->state == LINK_ACKED && l->peer_acked)
-        link_become_ready(l);
 }
 
 /* ------------------------------------------------------------ ready & live */
@@ -466,8 +239,10 @@ static void link_send_ack(kvp_link_t *l)
 static void link_on_heartbeat(kvp_timer_t *t)
 {
     kvp_link_t *l = t->data;
-    uint64_t now = link_now(l), hb = l->ctl->cfg.heartbeat_ns;
-    if (now - l->last_rx_ns >= hb || now - l->last_tx_ns >= hb)
+    uint64_t now = ctl_link_now(l), hb = l->ctl->cfg.heartbeat_ns;
+    /* Idle either way -> PING. A busy link still samples its RTT every few
+     * heartbeats (when only the peer pings, we would never measure it). */
+    if (now - l->last_rx_ns >= hb || now - l->last_tx_ns >= hb || now - l->last_pong_ns >= 4 * hb)
         link_send_ping(l, KVP_MSG_PING, ++l->ping_seq, now);
     if (l->state == LINK_READY)
         kvp_timer_start(l->ctl->loop, &l->t_heartbeat, now + hb);
@@ -478,7 +253,7 @@ static void link_on_dead(kvp_timer_t *t)
 {
     kvp_link_t *l = t->data;
     kvp_ctl_t *ctl = l->ctl;
-    uint64_t now = link_now(l), dead = ctl->cfg.dead_after_ns;
+    uint64_t now = ctl_link_now(l), dead = ctl->cfg.dead_after_ns;
     if (now - l->last_rx_ns < dead) {
         kvp_timer_start(ctl->loop, &l->t_dead, l->last_rx_ns + dead);
         return;
@@ -510,12 +285,14 @@ static uint16_t link_refusal_bye(kvp_status_t st)
     }
 }
 
-static void link_become_ready(kvp_link_t *l)
+void ctl_link_become_ready(kvp_link_t *l)
 {
     kvp_ctl_t *ctl = l->ctl;
-    uint64_t now = link_now(l);
-    link_set_state(l, LINK_READY);
+    uint64_t now = ctl_link_now(l);
+    ctl_link_set_state(l, LINK_READY);
     l->wctx.handshake_done = true;
+    /* dead-after counts from ready: the peer's ack may have waited in CHECK */
+    l->last_rx_ns = l->last_pong_ns = now;
     kvp_timer_stop(ctl->loop, &l->t_handshake);
     kvp_timer_start(ctl->loop, &l->t_heartbeat, now + ctl->cfg.heartbeat_ns);
     kvp_timer_start(ctl->loop, &l->t_dead, l->last_rx_ns + ctl->cfg.dead_after_ns);
@@ -541,107 +318,15 @@ static void link_become_ready(kvp_link_t *l)
     ctl_kick_checks(ctl, l->peer_id);
 }
 
-/* Same peer: the identity it claims, or for an outbound link still before
- * the peer's HELLO, the address we dialed. */
-static bool link_same_peer(const kvp_link_t *o, const char *peer_id)
-{
-    return (o->have_peer || o->outbound) && !strcmp(o->peer_id, peer_id);
-}
-
-/* A restart claim against a ready link `o`: PING it; refuse `l` if `o`
- * answers within dead_after, else reap `o` as dead. Returns true when `l`
- * must keep waiting (or was refused). */
-static bool link_claim(kvp_link_t *l, kvp_link_t *o)
-{
-    kvp_ctl_t *ctl = l->ctl;
-    uint64_t now = link_now(l);
-    if (!l->claim_started) {
-        l->claim_started = true;
-        l->claim_start_ns = now;
-        l->claim_rx_mark = o->rx_frames;
-        o->claim_ping_pending = true;
-        kvp_link_ping(o);
-        kvp_timer_start(ctl->loop, &l->t_check, now + ctl->cfg.dead_after_ns);
-        return true;
-    }
-    if (o->rx_frames > l->claim_rx_mark) {
-        KVP_WARN(ctl->prefix, "peer %s: new connection claims a live session: refused as duplicate",
-                 l->peer_id);
-        link_refuse(l, KVP_DOWN_DUPLICATE, KVP_BYE_DUPLICATE, &ctl->st.refused_duplicate);
-        return true;
-    }
-    if (now < l->claim_start_ns + ctl->cfg.dead_after_ns) {
-        kvp_timer_start(ctl->loop, &l->t_check, l->claim_start_ns + ctl->cfg.dead_after_ns);
-        return true;
-    }
-    KVP_WARN(ctl->prefix, "peer %s: restart claim: old session silent for %llu ms: reaped",
-             l->peer_id, (unsigned long long)(ctl->cfg.dead_after_ns / KVP_NSEC_PER_MSEC));
-    ctl->st.peers_dead++;
-    ctl_link_down(o, KVP_DOWN_DEAD, KVP_BYE_DEAD, true);
-    ctl_link_finish(o); /* on_down of the old before on_ready of the new */
-    return false;
-}
-
-/* Settle identity conflicts before our blob goes out (SPEC §4): a ready
- * link for the same peer id makes this a restart claim; a committed one
- * (ACKED) is waited for; with an uncommitted one, a simultaneous dial is
- * decided by the lower peer id -- only on the lower side, which never has two
- * committed links, so both sides keep the same connection. */
-static void link_check(kvp_link_t *l)
-{
-    kvp_ctl_t *ctl = l->ctl;
-    bool lower = strcmp(ctl->peer_id, l->peer_id) < 0;
-    kvp_list_t *pos, *tmp;
-restart:
-    if (l->state != LINK_CHECK)
-        return; /* closed from a callback while settling */
-    kvp_list_foreach_safe(pos, tmp, &ctl->links)
-    {
-        kvp_link_t *o = KVP_CONTAINER_OF(pos, kvp_link_t, node);
-        if (o == l || !link_same_peer(o, l->peer_id))
-            continue;
-        if (o->state == LINK_READY) {
-            if (link_claim(l, o))
-                return;
-            goto restart;
-        }
-        bool cross = o->outbound != l->outbound;
-        if (o->state == LINK_ACKED) {
-            if (cross && !lower)
-                continue; /* the lower side decides */
-            return;      /* wait: kicked when o becomes ready or goes down */
-        }
-        if (cross && !lower)
-            continue;
-        if (cross && !l->outbound) {
-            KVP_DEBUG(ctl->prefix, "peer %s: simultaneous dial: keeping ours", l->peer_id);
-            ctl->st.refused_duplicate++;
-            ctl_link_down(l, KVP_DOWN_DUPLICATE, KVP_BYE_DUPLICATE, false);
-            return;
-        }
-        /* o loses: our own dial wins a crossing, a newer one replaces an older */
-        KVP_DEBUG(ctl->prefix, "peer %s: duplicate connection in handshake closed", o->peer_id);
-        ctl->st.refused_duplicate++;
-        ctl_link_down(o, KVP_DOWN_DUPLICATE, o->have_peer ? KVP_BYE_DUPLICATE : -1, false);
-    }
-    link_send_ack(l);
-}
-
-static void link_on_check(kvp_timer_t *t)
-{
-    kvp_link_t *l = t->data;
-    if (l->state == LINK_CHECK)
-        link_check(l);
-}
-
 /* -------------------------------------------------------------- receiving */
 
 static void link_on_pong(kvp_link_t *l, const kvp_msg_ping_t *p)
 {
-    uint64_t now = link_now(l);
+    uint64_t now = ctl_link_now(l);
     if (p->seq == 0 || p->seq > l->ping_seq || p->sent_ns > now)
         return; /* not one of ours: ignore (liveness already counted) */
     l->rtt_ns = now - p->sent_ns;
+    l->last_pong_ns = now;
     if (l->ctl->cfg.cb.on_pong)
         l->ctl->cfg.cb.on_pong(l->ctl->cfg.cb.arg, l, l->rtt_ns);
 }
@@ -664,30 +349,30 @@ static void link_dispatch(kvp_link_t *l, const kvp_msg_t *m)
 {
     kvp_ctl_t *ctl = l->ctl;
     if (m->type == KVP_MSG_HELLO) {
-        link_on_hello(l, &m->u.hello);
+        ctl_hs_on_hello(l, &m->u.hello);
         return;
     }
     if (!l->have_peer) {
-        link_protocol_error(l, "frame before HELLO");
+        ctl_link_protocol_error(l, "frame before HELLO");
         return;
     }
     if (!kvp_epoch_eq(&m->src_epoch, &l->remote_epoch) ||
         !kvp_epoch_eq(&m->dst_epoch, &l->local_epoch)) {
         if (l->state != LINK_READY && link_is_handshake_msg(m->type)) {
-            link_protocol_error(l, "bad epochs on a handshake frame");
+            ctl_link_protocol_error(l, "bad epochs on a handshake frame");
             return;
         }
         ctl->st.stale_frames++; /* another incarnation's frame: dropped before any effect */
         return;
     }
     switch (m->type) {
-    case KVP_MSG_AUTH: link_on_auth(l, &m->u.auth); return;
-    case KVP_MSG_HELLO_ACK: link_on_ack(l, &m->u.hello_ack); return;
+    case KVP_MSG_AUTH: ctl_hs_on_auth(l, &m->u.auth); return;
+    case KVP_MSG_HELLO_ACK: ctl_hs_on_ack(l, &m->u.hello_ack); return;
     case KVP_MSG_BYE: link_on_bye(l, m->u.bye.reason); return;
     default: break;
     }
     if (l->state != LINK_READY) {
-        link_protocol_error(l, "frame before the handshake completed");
+        ctl_link_protocol_error(l, "frame before the handshake completed");
         return;
     }
     if (m->type == KVP_MSG_PING)
@@ -707,12 +392,13 @@ static void link_handle(kvp_link_t *l, const uint8_t *frame, size_t len)
     char why[96] = "";
     kvp_status_t st = kvp_wire_decode(&l->wctx, frame, len, ctl->scratch, &m, why, sizeof(why));
     if (st != KVP_OK) {
-        link_protocol_error(l, why[0] ? why : kvp_status_str(st));
+        if (!ctl_hs_refuse_version(l, frame, len))
+            ctl_link_protocol_error(l, why[0] ? why : kvp_status_str(st));
         return;
     }
     ctl->st.frames_in++;
     ctl->st.bytes_in += len;
-    l->last_rx_ns = link_now(l);
+    l->last_rx_ns = ctl_link_now(l);
     l->rx_frames++;
     if (l->claim_ping_pending) {
         l->claim_ping_pending = false;
@@ -727,11 +413,13 @@ static void link_on_readable(kvp_conn_t *c)
     size_t off = 0;
     while (l->state != LINK_CLOSING) {
         kvp_frame_hdr_t hdr;
-        kvp_status_t st = kvp_wire_parse_hdr(&l->wctx, c->rbuf + off, c->rlen - off, &hdr);
+        char why[128] = "bad frame header";
+        kvp_status_t st = kvp_wire_parse_hdr_why(&l->wctx, c->rbuf + off, c->rlen - off, &hdr,
+                                                 why, sizeof(why));
         if (st == KVP_ERR_TRUNCATED)
             break;
         if (st != KVP_OK) {
-            link_protocol_error(l, "bad frame header (type or length)");
+            ctl_link_protocol_error(l, why);
             return;
         }
         size_t total = KVP_WIRE_HDR_LEN + (size_t)hdr.length;
@@ -739,7 +427,7 @@ static void link_on_readable(kvp_conn_t *c)
             kvp_conn_rbuf_consume(c, off);
             off = 0;
             if (kvp_conn_rbuf_reserve(c, total) != KVP_OK)
-                link_protocol_error(l, "cannot buffer frame");
+                ctl_link_protocol_error(l, "cannot buffer frame");
             return;
         }
         link_handle(l, c->rbuf + off, total);
@@ -761,6 +449,13 @@ static void link_on_closed(kvp_conn_t *c, kvp_status_t why)
                 "peer %s: connection %s", l->peer_id, why == KVP_ERR_CLOSED ? "closed" : "reset");
     }
     ctl_link_down(l, KVP_DOWN_EOF, -1, true);
+}
+
+static void link_on_connected(kvp_conn_t *c)
+{
+    kvp_link_t *l = c->owner;
+    ctl_link_set_state(l, LINK_HELLO);
+    ctl_hs_send_hello(l);
 }
 
 const kvp_conn_handler_t ctl_link_handler = {
@@ -794,7 +489,7 @@ kvp_status_t ctl_link_new(kvp_ctl_t *ctl, kvp_conn_t *conn, bool outbound, const
     kvp_timer_init(&l->t_handshake, "handshake", link_on_handshake_timeout, l);
     kvp_timer_init(&l->t_heartbeat, "heartbeat", link_on_heartbeat, l);
     kvp_timer_init(&l->t_dead, "dead-after", link_on_dead, l);
-    kvp_timer_init(&l->t_check, "identity-check", link_on_check, l);
+    kvp_timer_init(&l->t_check, "identity-check", ctl_hs_on_check, l);
     kvp_timer_start(ctl->loop, &l->t_handshake, now + ctl->cfg.handshake_timeout_ns);
     kvp_list_insert_tail(&ctl->links, &l->node);
     if (conn) {
@@ -804,7 +499,7 @@ kvp_status_t ctl_link_new(kvp_ctl_t *ctl, kvp_conn_t *conn, bool outbound, const
         conn->linger_head = &ctl->lingering;
     }
     if (!outbound)
-        link_send_hello(l);
+        ctl_hs_send_hello(l);
     *out = l;
     return KVP_OK;
 }
@@ -861,4 +556,9 @@ bool kvp_link_is_ready(const kvp_link_t *l)
 size_t kvp_link_queued_bytes(const kvp_link_t *l)
 {
     return (l->conn ? l->conn->ops->queued(l->conn) : 0) + l->pending_bytes;
+}
+
+bool kvp_link_outbound(const kvp_link_t *l)
+{
+    return l->outbound;
 }

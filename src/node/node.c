@@ -658,7 +658,7 @@ static void node_drain(kvp_node_t *n)
     bool real = n->clock == kvp_clock_real();
     int rounds = 0;
     while (node_busy(n) && kvp__node_now(n) < deadline && (real || rounds++ < 100))
-        node_round(n, 5);
+        node_round(n, real ? 5 : 0);
     while (!kvp_list_empty(&n->sessions)) {
         kvp_session_t *s = KVP_CONTAINER_OF(n->sessions.next, kvp_session_t, node_link);
         if (s->link != NULL) {
@@ -672,7 +672,7 @@ static void node_drain(kvp_node_t *n)
     }
     rounds = 0;
     while (node_busy(n) && kvp__node_now(n) < deadline && (real || rounds++ < 100))
-        node_round(n, 5);
+        node_round(n, real ? 5 : 0);
     while (!kvp_list_empty(&n->retained))
         node_force_release_retired(n, KVP_CONTAINER_OF(n->retained.next, kvp_xfer_t, link),
                                    "shutdown drain over");

@@ -652,12 +652,20 @@ void kvp__server_teardown(kvp_session_t *s)
         kvp_xfer_t *x = KVP_CONTAINER_OF(p, kvp_xfer_t, link);
         kvp_xfer_id_t running[1];
         size_t n_running = 0;
-        n->xport->ops->cancel(n->xport, &x->id, 1, KVP_CANCEL_WAIT, running, &n_running);
+        if (kvp__mutation == KVP_MUT_CANCEL_IMMEDIATE_AT_CLOSE) /* test-only: the bug */
+            n->xport->ops->cancel(n->xport, &x->id, 1, KVP_CANCEL_IMMEDIATE, NULL, NULL);
+        else
+            n->xport->ops->cancel(n->xport, &x->id, 1, KVP_CANCEL_WAIT, running, &n_running);
         x->round->xfer = NULL;
         x->round = NULL;
         if (n_running == 0) {
             kvp__xfer_release(n, x);
             continue;
+        }
+        if (kvp__mutation == KVP_MUT_UNPIN_AT_CLOSE) { /* test-only: the bug */
+            for (uint32_t i = 0; i < x->n; i++)
+                kvp_store_unpin(n->store, x->src[i]);
+            x->n = 0;
         }
         kvp_list_remove(&x->link);
         x->retained_ns = kvp__node_now(n);

@@ -151,6 +151,17 @@ kvp_status_t kvp_store_abandon(kvp_store_t *s, kvp_slot_ref_t ref);
  * answers NOT_FOUND. Any out-param may be NULL. Touches LRU. */
 kvp_status_t kvp_store_lookup(kvp_store_t *s, const void *key, size_t key_len, kvp_slot_ref_t *ref,
                               const void **ptr, kvp_digest_t *digest);
+/* Added by the store layer: look up `count` keys at once (e.g. the blocks of
+ * one sequence). Per key exactly what kvp_store_lookup would answer, in
+ * order: results[i] gets the status, refs[i] (refs may be NULL) is written
+ * on KVP_OK and the slot is pinned (caller unpins). A NULL or bad key gets
+ * KVP_ERR_INVALID. The cache misses of up to 16 keys are overlapped by
+ * prefetching before the lookups run, which is what makes a million-slot
+ * index fast. Returns the number of hits (0 if s, keys, key_lens or results
+ * is NULL). */
+uint32_t kvp_store_lookup_many(kvp_store_t *s, uint32_t count, const void *const *keys,
+                               const size_t *key_lens, kvp_slot_ref_t *refs,
+                               kvp_status_t *results);
 /* Index probe without pinning or touching LRU: state of the key's slot, or
  * KVP_ERR_NOT_FOUND. */
 kvp_status_t kvp_store_probe(const kvp_store_t *s, const void *key, size_t key_len,

@@ -37,6 +37,15 @@ uint32_t kvp__store_index_find(const kvp_store_t *s, const void *key, size_t len
     }
 }
 
+uint32_t kvp__store_index_peek(const kvp_store_t *s, uint32_t h32)
+{
+    uint32_t i = kvp__store_index_home(s, h32);
+    for (; s->index[i].slot1 != 0; i = index_next(s, i))
+        if (s->index[i].h32 == h32)
+            return s->index[i].slot1 - 1;
+    return UINT32_MAX;
+}
+
 void kvp__store_index_insert(kvp_store_t *s, uint32_t slot, uint32_t h32)
 {
     /* Load stays <= 2/3 because at most n keys are indexed: an empty entry

@@ -4,7 +4,8 @@
  * (the invariant validator and inspection). Nothing outside src/store/
  * includes this.
  *
- * Memory layout (all preallocated in create; nothing is allocated after it):
+ * Memory layout (one allocation in create, 2 MiB-aligned and offered to
+ * transparent huge pages when large; nothing is allocated after it):
  *
  *   meta[n]      16 B  state, key length, flags, generation, pins (hot)
  *   links[n+3]    8 B  u32 prev/next of the one list a slot is on: the clean
@@ -75,6 +76,7 @@ struct kvp_store {
     void *commit_cb_arg;
     const char *log_prefix;
 
+    void *arrays_raw;    /* the one allocation the arrays below are carved from */
     kvp_slot_meta_t *meta;
     kvp_slot_link_t *links;
     kvp_digest_t *digest;
@@ -103,6 +105,8 @@ static inline uint64_t kvp__store_hash(const kvp_store_t *s, const void *key, si
 /* ---- store_index.c ---- */
 /* Slot holding key (FILLING or READY), or UINT32_MAX. */
 uint32_t kvp__store_index_find(const kvp_store_t *s, const void *key, size_t len, uint32_t h32);
+/* First slot whose entry carries h32 (no key compare; a prefetch hint). */
+uint32_t kvp__store_index_peek(const kvp_store_t *s, uint32_t h32);
 /* Insert slot (its key already in the arena); the key must be absent. */
 void kvp__store_index_insert(kvp_store_t *s, uint32_t slot, uint32_t h32);
 /* Remove slot's entry (backward-shift deletion: no tombstones). */

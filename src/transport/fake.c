@@ -32,39 +32,6 @@ static uint64_t now_of(const fake_xport_t *x)
     return kvp_clock_now(x->clock);
 }
 
-/* -------------------------------------------------------------- call log */
-
-static void log_call(fake_xport_t *x, const kvp_fake_call_t *c, const kvp_xfer_block_t *blocks)
-{
-    x->call_counts[c->kind]++;
-    if (x->n_calls >= x->max_calls)
-        return;
-    if (!x->calls) {
-        x->calls = kvp__calloc(x->max_calls, sizeof(*x->calls));
-        if (!x->calls)
-            return;
-    }
-    kvp_fake_call_t *r = &x->calls[x->n_calls];
-    *r = *c;
-    r->at_ns = now_of(x);
-    r->blocks = NULL;
-    if (blocks && c->n_blocks) {
-        kvp_xfer_block_t *copy = kvp__malloc(c->n_blocks * sizeof(*copy));
-        if (!copy)
-            return; /* not recorded; the count above still is */
-        memcpy(copy, blocks, c->n_blocks * sizeof(*copy));
-        r->blocks = copy;
-    }
-    x->n_calls++;
-}
-
-static void log_simple(fake_xport_t *x, kvp_fake_call_kind_t kind, kvp_xpeer_id_t peer,
-                       kvp_xfer_id_t xfer, kvp_status_t st, uint64_t n)
-{
-    kvp_fake_call_t c = {.kind = kind, .peer = peer, .xfer = xfer, .status = st, .n = n};
-    log_call(x, &c, NULL);
-}
-
 /* ----------------------------------------------------------------- peers */
 
 fake_peer_t *fake__peer_any(fake_xport_t *x, kvp_xpeer_id_t id)
@@ -91,7 +58,7 @@ static fake_peer_t *peer_live(fake_xport_t *x, kvp_xpeer_id_t id)
 static void endpoint_release(fake_xport_t *x, fake_peer_t *p)
 {
     KVP_ASSERT(p->removed && p->retired_refs == 0);
-    log_simple(x, KVP_FAKE_CALL_ENDPOINT_RELEASE, p->id, 0, KVP_OK, 0);
+    fake__log_simple(x, KVP_FAKE_CALL_ENDPOINT_RELEASE, p->id, 0, KVP_OK, 0);
     KVP_DEBUG(pfx(x), "fake: peer %llu endpoint released", (unsigned long long)p->id);
     kvp_list_remove(&p->link);
     kvp__free(p);
@@ -272,7 +239,7 @@ static kvp_status_t add_peer_locked(fake_xport_t *x, const void *blob, size_t le
     p->path = x->default_path;
     p->status = KVP_OK;
     kvp_list_insert_tail(&x->peers, &p->link);
-    log_simple(x, KVP_FAKE_CALL_ADD_PEER, p->id, 0, KVP_OK, ep);
+    fake__log_simple(x, KVP_FAKE_CALL_ADD_PEER, p->id, 0, KVP_OK, ep);
     *out = p->id;
     return KVP_OK;
 }
@@ -398,9 +365,11 @@ static kvp_status_t write_locked(fake_xport_t *x, kvp_xpeer_id_t peer,
             st = KVP_ERR_NOMEM;
     }
     if (st != KVP_OK) {
-        kvp_fake_call_t c = {.kind = KVP_FAKE_CALL_WRITE_REFUSED, .peer = peer, .status = st,
+        kvp_fake_call_t c = {.kind = KVP_FAKE_CALL_WRITE_REFUSED,
+                             .peer = peer,
+                             .status = st,
                              .n_blocks = (uint32_t)n};
-        log_call(x, &c, NULL);
+        fake__log_call(x, &c, NULL);
         return st;
     }
     script_pop(x);
@@ -417,15 +386,15 @@ static kvp_status_t write_locked(fake_xport_t *x, kvp_xpeer_id_t peer,
     x->st.writes++;
     x->st.blocks_written += n;
     x->st.bytes_written += (uint64_t)n * x->layout.block_size;
-    kvp_fake_call_t c = {.kind = KVP_FAKE_CALL_WRITE, .peer = peer, .xfer = xf->id,
-                         .n_blocks = (uint32_t)n};
-    log_call(x, &c, blocks);
+    kvp_fake_call_t c = {
+        .kind = KVP_FAKE_CALL_WRITE, .peer = peer, .xfer = xf->id, .n_blocks = (uint32_t)n};
+    fake__log_call(x, &c, blocks);
     *out = xf->id;
     return KVP_OK;
 }
 
-static kvp_status_t fake_write(kvp_xport_t *xp, kvp_xpeer_id_t peer,
-                               const kvp_xfer_block_t *blocks, size_t n, kvp_xfer_id_t *out)
+static kvp_status_t fake_write(kvp_xport_t *xp, kvp_xpeer_id_t peer, const kvp_xfer_block_t *blocks,
+                               size_t n, kvp_xfer_id_t *out)
 {
     fake_xport_t *x = fake__x(xp);
     if (!blocks || n == 0 || n > UINT32_MAX || !out)
@@ -459,7 +428,8 @@ static size_t reap(fake_xport_t *x, bool retired, kvp_xpeer_id_t peer, kvp_xfer_
         out[k].status = xf->final_status;
         k++;
         if (retired)
-            log_simple(x, KVP_FAKE_CALL_POLL_RETIRED, xf->peer_id, xf->id, xf->final_status, 0);
+            fake__log_simple(x, KVP_FAKE_CALL_POLL_RETIRED, xf->peer_id, xf->id, xf->final_status,
+                             0);
         fake__release(x, xf);
     }
     return k;
@@ -476,7 +446,7 @@ static kvp_status_t fake_poll(kvp_xport_t *xp, kvp_xpeer_id_t peer, kvp_xfer_res
     if (peer_live(x, peer)) {
         size_t k = reap(x, false, peer, out, cap);
         if (k)
-            log_simple(x, KVP_FAKE_CALL_POLL, peer, 0, KVP_OK, k);
+            fake__log_simple(x, KVP_FAKE_CALL_POLL, peer, 0, KVP_OK, k);
         *n_out = k;
         st = KVP_OK;
     }
@@ -508,9 +478,12 @@ static kvp_status_t cancel_locked(fake_xport_t *x, const kvp_xfer_id_t *ids, siz
         if (!xf)
             continue; /* a duplicate id, already released */
         bool release = mode == KVP_CANCEL_IMMEDIATE || xf->terminal;
-        kvp_fake_call_t c = {.kind = KVP_FAKE_CALL_CANCEL, .peer = xf->peer_id, .xfer = xf->id,
-                             .mode = mode, .status = release ? KVP_OK : KVP_ERR_BUSY};
-        log_call(x, &c, NULL);
+        kvp_fake_call_t c = {.kind = KVP_FAKE_CALL_CANCEL,
+                             .peer = xf->peer_id,
+                             .xfer = xf->id,
+                             .mode = mode,
+                             .status = release ? KVP_OK : KVP_ERR_BUSY};
+        fake__log_call(x, &c, NULL);
         if (release)
             fake__release(x, xf); /* IMMEDIATE: a scripted copy still happens */
         else
@@ -557,15 +530,14 @@ static kvp_status_t fake_remove_peer(kvp_xport_t *xp, kvp_xpeer_id_t peer)
         }
     }
     p->removed = true;
-    log_simple(x, KVP_FAKE_CALL_REMOVE_PEER, peer, 0, KVP_OK, p->retired_refs);
+    fake__log_simple(x, KVP_FAKE_CALL_REMOVE_PEER, peer, 0, KVP_OK, p->retired_refs);
     if (p->retired_refs == 0)
         endpoint_release(x, p);
     unlock(x);
     return KVP_OK;
 }
 
-static kvp_status_t fake_force_release_retired(kvp_xport_t *xp, const kvp_xfer_id_t *ids,
-                                               size_t n)
+static kvp_status_t fake_force_release_retired(kvp_xport_t *xp, const kvp_xfer_id_t *ids, size_t n)
 {
     fake_xport_t *x = fake__x(xp);
     if (!ids && n)
@@ -585,7 +557,7 @@ static kvp_status_t fake_force_release_retired(kvp_xport_t *xp, const kvp_xfer_i
         KVP_ERROR(pfx(x), "fake: force-releasing retired transfer %llu of peer %llu (%s)",
                   (unsigned long long)xf->id, (unsigned long long)xf->peer_id,
                   xf->terminal ? "terminal" : "still running");
-        log_simple(x, KVP_FAKE_CALL_FORCE_RELEASE, xf->peer_id, xf->id, KVP_OK, 0);
+        fake__log_simple(x, KVP_FAKE_CALL_FORCE_RELEASE, xf->peer_id, xf->id, KVP_OK, 0);
         x->st.force_released++;
         fake__release(x, xf);
     }
@@ -607,7 +579,8 @@ static kvp_status_t fake_fence_peer(kvp_xport_t *xp, kvp_xpeer_id_t peer, bool *
     bool fenceable = p->path == KVP_PATH_FAKE_FENCEABLE;
     uint64_t dropped = fenceable ? fake__fence(x->fab, p->remote_ep, x->ep) : 0;
     p->fenced = true;
-    log_simple(x, KVP_FAKE_CALL_FENCE, peer, 0, fenceable ? KVP_OK : KVP_ERR_UNSUPPORTED, dropped);
+    fake__log_simple(x, KVP_FAKE_CALL_FENCE, peer, 0, fenceable ? KVP_OK : KVP_ERR_UNSUPPORTED,
+                     dropped);
     unlock(x);
     *proof = fenceable;
     return KVP_OK;
@@ -741,7 +714,7 @@ static kvp_status_t fake_close(kvp_xport_t *xp, bool force)
     kvp_fake_fabric_t *f = x->fab;
     pthread_mutex_lock(&f->mu);
     if (!force && close_busy(x)) {
-        log_simple(x, KVP_FAKE_CALL_CLOSE, 0, 0, KVP_ERR_BUSY, 0);
+        fake__log_simple(x, KVP_FAKE_CALL_CLOSE, 0, 0, KVP_ERR_BUSY, 0);
         pthread_mutex_unlock(&f->mu);
         return KVP_ERR_BUSY;
     }

@@ -37,6 +37,13 @@
  * outbound transfers on that peer are not affected (they follow their
  * scripts).
  *
+ * cancel() accepts retired ids too (they are still tracked until
+ * poll_retired/force_release_retired or a cancel hands them back).
+ *
+ * A transfer that is reported DONE although its bytes never land (a flush
+ * that says OK for dropped data, SPEC §6) is kvp_fake_script_late(t,
+ * KVP_FAKE_NEVER, KVP_OK).
+ *
  * Threading: every fake call takes the fabric's mutex, so transports of one
  * fabric may be driven by different threads. The byte copy and the checker
  * run on the thread that progresses the SOURCE transport and read the
@@ -76,12 +83,12 @@ uint64_t kvp_fake_fabric_next_event_ns(kvp_fake_fabric_t *f);
 /* --------------------------------------------------------------- checker */
 
 typedef enum kvp_fake_violation_kind {
-    KVP_FAKE_V_DST_STALE = 0,   /* I1: destination slot has another generation */
-    KVP_FAKE_V_DST_STATE = 1,   /* I1: right generation, not FILLING/QUARANTINED */
-    KVP_FAKE_V_SRC_STALE = 2,   /* I2: source slot has another generation */
-    KVP_FAKE_V_SRC_STATE = 3,   /* I2: right generation, not READY */
+    KVP_FAKE_V_DST_STALE = 0,    /* I1: destination slot has another generation */
+    KVP_FAKE_V_DST_STATE = 1,    /* I1: right generation, not FILLING/QUARANTINED */
+    KVP_FAKE_V_SRC_STALE = 2,    /* I2: source slot has another generation */
+    KVP_FAKE_V_SRC_STATE = 3,    /* I2: right generation, not READY */
     KVP_FAKE_V_SRC_UNPINNED = 4, /* I2: READY, right generation, but pins == 0 */
-    KVP_FAKE_V_DST_CLOSED = 5,  /* destination transport closed; copy skipped */
+    KVP_FAKE_V_DST_CLOSED = 5,   /* destination transport closed; copy skipped */
 } kvp_fake_violation_kind_t;
 
 const char *kvp_fake_violation_kind_str(kvp_fake_violation_kind_t k);
@@ -91,17 +98,19 @@ const char *kvp_fake_violation_kind_str(kvp_fake_violation_kind_t k);
 typedef struct kvp_fake_violation {
     kvp_fake_violation_kind_t kind;
     kvp_xfer_id_t xfer;
-    uint32_t src_ep, dst_ep;         /* fabric endpoint ids of the transports */
+    uint32_t src_ep, dst_ep; /* fabric endpoint ids of the transports */
     uint32_t src_slot, dst_slot;
-    uint32_t expected_gen;           /* the one the write named */
-    uint32_t actual_gen;             /* the slot's current one */
+    uint32_t expected_gen; /* the one the write named */
+    uint32_t actual_gen;   /* the slot's current one */
     kvp_slot_state_t actual_state;
     uint32_t actual_pins;
-    uint64_t at_ns;                  /* clock of the landing */
+    uint64_t at_ns; /* clock of the landing */
 } kvp_fake_violation_t;
 
-/* Number of violations recorded so far; *list (may be NULL) gets the array,
- * valid until the next fake call or destroy. */
+/* Number of violations so far; *list (may be NULL) gets the array of the
+ * recorded ones, valid until the next fake call or destroy. The array holds
+ * all of them unless an allocation failed while recording (then the count
+ * still includes the unrecorded ones, so "zero violations" stays true). */
 size_t kvp_fake_violations(kvp_fake_fabric_t *f, const kvp_fake_violation_t **list);
 /* Forget recorded violations (a test that provoked some on purpose). */
 void kvp_fake_violations_clear(kvp_fake_fabric_t *f);
@@ -109,18 +118,18 @@ void kvp_fake_violations_clear(kvp_fake_fabric_t *f);
 /* ------------------------------------------------------------- transport */
 
 typedef struct kvp_fake_config {
-    kvp_fake_fabric_t *fabric;      /* required; borrowed, outlives the transport */
-    const kvp_clock_t *clock;       /* NULL = the fabric's; borrowed */
-    kvp_store_t *store;             /* optional; borrowed: the checker checks our own
-                                     * slots with it (source slots of our writes,
-                                     * destination slots of writes into us) */
-    const char *log_prefix;         /* borrowed for the transport's lifetime; may be NULL */
-    kvp_data_path_t default_path;   /* of every new peer: KVP_PATH_FAKE_FENCEABLE
-                                     * (also when UNKNOWN/0) or KVP_PATH_FAKE_UNFENCEABLE */
-    uint64_t default_delay_ns;      /* default script: copy + DONE after this (0 = at once) */
-    uint64_t delay_jitter_ns;       /* default script: + uniform [0, jitter] from the rng */
+    kvp_fake_fabric_t *fabric;    /* required; borrowed, outlives the transport */
+    const kvp_clock_t *clock;     /* NULL = the fabric's; borrowed */
+    kvp_store_t *store;           /* optional; borrowed: the checker checks our own
+                                   * slots with it (source slots of our writes,
+                                   * destination slots of writes into us) */
+    const char *log_prefix;       /* borrowed for the transport's lifetime; may be NULL */
+    kvp_data_path_t default_path; /* of every new peer: KVP_PATH_FAKE_FENCEABLE
+                                   * (also when UNKNOWN/0) or KVP_PATH_FAKE_UNFENCEABLE */
+    uint64_t default_delay_ns;    /* default script: copy + DONE after this (0 = at once) */
+    uint64_t delay_jitter_ns;     /* default script: + uniform [0, jitter] from the rng */
     uint64_t rng_seed;
-    size_t call_log_max;            /* records kept in the call log; 0 = 65536 */
+    size_t call_log_max; /* records kept in the call log; 0 = 65536 */
 } kvp_fake_config_t;
 
 /* Create a fake transport; it registers itself (an endpoint id) with the
@@ -159,11 +168,11 @@ typedef enum kvp_fake_script_kind {
 
 typedef struct kvp_fake_script {
     kvp_fake_script_kind_t kind;
-    uint64_t terminal_ns;  /* delay from write() to terminal; KVP_FAKE_NEVER = never */
-    uint64_t copy_ns;      /* delay from write() to the byte copy; KVP_FAKE_NEVER = none.
-                            * COMPLETE/FAIL/DISCONNECT ignore it (copy at terminal_ns) */
-    uint32_t copy_blocks;  /* how many blocks (first ones) are copied; ALL_BLOCKS = all */
-    kvp_status_t status;   /* terminal status (FAIL, LATE); FAIL with KVP_OK = TRANSPORT */
+    uint64_t terminal_ns; /* delay from write() to terminal; KVP_FAKE_NEVER = never */
+    uint64_t copy_ns;     /* delay from write() to the byte copy; KVP_FAKE_NEVER = none.
+                           * COMPLETE/FAIL/DISCONNECT ignore it (copy at terminal_ns) */
+    uint32_t copy_blocks; /* how many blocks (first ones) are copied; ALL_BLOCKS = all */
+    kvp_status_t status;  /* terminal status (FAIL, LATE); FAIL with KVP_OK = TRANSPORT */
 } kvp_fake_script_t;
 
 /* Queue a script for the next write(). KVP_ERR_NOMEM. */
@@ -181,8 +190,7 @@ kvp_fake_script_t kvp_fake_script_fail(uint64_t delay_ns, uint32_t copied_blocks
 kvp_fake_script_t kvp_fake_script_fail_submit(void);
 kvp_fake_script_t kvp_fake_script_disconnect(uint64_t delay_ns, uint32_t copied_blocks);
 /* Reported terminal with `status` at terminal_ns; every block lands at copy_ns. */
-kvp_fake_script_t kvp_fake_script_late(uint64_t terminal_ns, uint64_t copy_ns,
-                                       kvp_status_t status);
+kvp_fake_script_t kvp_fake_script_late(uint64_t terminal_ns, uint64_t copy_ns, kvp_status_t status);
 
 /* ------------------------------------------------------ peers (test hooks) */
 
@@ -197,11 +205,11 @@ kvp_status_t kvp_fake_peer_set_path(kvp_xport_t *x, kvp_xpeer_id_t peer, kvp_dat
 
 typedef struct kvp_fake_xfer_info {
     kvp_xpeer_id_t peer;
-    bool tracked;       /* the caller still holds the id */
-    bool retired;       /* its peer was removed while it was tracked */
-    bool terminal;      /* its terminal time has come */
-    bool copy_pending;  /* a scripted copy has not happened yet */
-    bool fenced;        /* its copies are dropped */
+    bool tracked;        /* the caller still holds the id */
+    bool retired;        /* its peer was removed while it was tracked */
+    bool terminal;       /* its terminal time has come */
+    bool copy_pending;   /* a scripted copy has not happened yet */
+    bool fenced;         /* its copies are dropped */
     kvp_status_t status; /* terminal status (valid when terminal) */
     uint32_t n_blocks;
 } kvp_fake_xfer_info_t;
@@ -213,18 +221,18 @@ kvp_status_t kvp_fake_xfer_info(kvp_xport_t *x, kvp_xfer_id_t id, kvp_fake_xfer_
 /* -------------------------------------------------------------- call log */
 
 typedef enum kvp_fake_call_kind {
-    KVP_FAKE_CALL_ADD_PEER = 0,       /* peer */
-    KVP_FAKE_CALL_WRITE = 1,          /* peer, xfer, n_blocks, blocks */
-    KVP_FAKE_CALL_WRITE_REFUSED = 2,  /* peer, status (bad input, fail-submit, ...) */
-    KVP_FAKE_CALL_POLL = 3,           /* peer, n (released) */
-    KVP_FAKE_CALL_CANCEL = 4,         /* xfer, mode, status: KVP_OK released /
-                                       * KVP_ERR_BUSY still running (WAIT) */
-    KVP_FAKE_CALL_REMOVE_PEER = 5,    /* peer, n (retired) */
-    KVP_FAKE_CALL_POLL_RETIRED = 6,   /* xfer (one record per released transfer) */
-    KVP_FAKE_CALL_FORCE_RELEASE = 7,  /* xfer, peer */
+    KVP_FAKE_CALL_ADD_PEER = 0,         /* peer */
+    KVP_FAKE_CALL_WRITE = 1,            /* peer, xfer, n_blocks, blocks */
+    KVP_FAKE_CALL_WRITE_REFUSED = 2,    /* peer, status (bad input, fail-submit, ...) */
+    KVP_FAKE_CALL_POLL = 3,             /* peer, n (released) */
+    KVP_FAKE_CALL_CANCEL = 4,           /* xfer, mode, status: KVP_OK released /
+                                         * KVP_ERR_BUSY still running (WAIT) */
+    KVP_FAKE_CALL_REMOVE_PEER = 5,      /* peer, n (retired) */
+    KVP_FAKE_CALL_POLL_RETIRED = 6,     /* xfer (one record per released transfer) */
+    KVP_FAKE_CALL_FORCE_RELEASE = 7,    /* xfer, peer */
     KVP_FAKE_CALL_ENDPOINT_RELEASE = 8, /* peer (the deferred endpoint/rkey release) */
-    KVP_FAKE_CALL_FENCE = 9,          /* peer, status KVP_OK = proof, else not; n dropped */
-    KVP_FAKE_CALL_CLOSE = 10,         /* status */
+    KVP_FAKE_CALL_FENCE = 9,            /* peer, status KVP_OK = proof, else not; n dropped */
+    KVP_FAKE_CALL_CLOSE = 10,           /* status */
     KVP_FAKE_CALL_KINDS = 11,
 } kvp_fake_call_kind_t;
 
@@ -250,11 +258,11 @@ uint64_t kvp_fake_call_count(kvp_xport_t *x, kvp_fake_call_kind_t kind);
 
 /* Landing counters of our outbound transfers. */
 typedef struct kvp_fake_counters {
-    uint64_t blocks_landed;      /* copied into a destination */
-    uint64_t blocks_fenced;      /* dropped by a fence */
-    uint64_t blocks_dst_closed;  /* dropped: destination closed */
-    uint64_t late_copies;        /* blocks landed after the caller released the id */
-    uint64_t dropped_at_close;   /* untracked pending copies dropped when we closed */
+    uint64_t blocks_landed;     /* copied into a destination */
+    uint64_t blocks_fenced;     /* dropped by a fence */
+    uint64_t blocks_dst_closed; /* dropped: destination closed */
+    uint64_t late_copies;       /* blocks landed after the caller released the id */
+    uint64_t dropped_at_close;  /* untracked pending copies dropped when we closed */
 } kvp_fake_counters_t;
 void kvp_fake_get_counters(kvp_xport_t *x, kvp_fake_counters_t *c);
 

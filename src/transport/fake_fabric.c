@@ -174,8 +174,12 @@ static void apply_copy(kvp_fake_fabric_t *f, fake_xport_t *x, fake_xfer_t *xf, u
     size_t bs = x->layout.block_size;
     for (uint32_t i = 0; i < k; i++) {
         const kvp_xfer_block_t *b = &xf->blocks[i];
-        kvp_fake_violation_t v = {.xfer = xf->id, .src_ep = x->ep, .dst_ep = xf->dst_ep,
-                                  .src_slot = b->src_slot, .dst_slot = b->dst_slot, .at_ns = now};
+        kvp_fake_violation_t v = {.xfer = xf->id,
+                                  .src_ep = x->ep,
+                                  .dst_ep = xf->dst_ep,
+                                  .src_slot = b->src_slot,
+                                  .dst_slot = b->dst_slot,
+                                  .at_ns = now};
         check_src(f, x, &v, b);
         if (!dst) {
             v.kind = KVP_FAKE_V_DST_CLOSED;
@@ -183,7 +187,6 @@ static void apply_copy(kvp_fake_fabric_t *f, fake_xport_t *x, fake_xfer_t *xf, u
             v.actual_gen = 0;
             v.actual_state = KVP_SLOT_FREE;
             v.actual_pins = 0;
-            record_violation(f, x, &v);
             x->ctr.blocks_dst_closed++;
             continue;
         }

@@ -39,6 +39,39 @@ uint64_t kvp_fake_next_event_ns(kvp_xport_t *xp)
     return t;
 }
 
+/* -------------------------------------------------------------- call log */
+
+void fake__log_call(fake_xport_t *x, const kvp_fake_call_t *c, const kvp_xfer_block_t *blocks)
+{
+    x->call_counts[c->kind]++;
+    if (x->n_calls >= x->max_calls)
+        return;
+    if (!x->calls) {
+        x->calls = kvp__calloc(x->max_calls, sizeof(*x->calls));
+        if (!x->calls)
+            return;
+    }
+    kvp_fake_call_t *r = &x->calls[x->n_calls];
+    *r = *c;
+    r->at_ns = kvp_clock_now(x->clock);
+    r->blocks = NULL;
+    if (blocks && c->n_blocks) {
+        kvp_xfer_block_t *copy = kvp__malloc(c->n_blocks * sizeof(*copy));
+        if (!copy)
+            return; /* not recorded; the count above still is */
+        memcpy(copy, blocks, c->n_blocks * sizeof(*copy));
+        r->blocks = copy;
+    }
+    x->n_calls++;
+}
+
+void fake__log_simple(fake_xport_t *x, kvp_fake_call_kind_t kind, kvp_xpeer_id_t peer,
+                      kvp_xfer_id_t xfer, kvp_status_t st, uint64_t n)
+{
+    kvp_fake_call_t c = {.kind = kind, .peer = peer, .xfer = xfer, .status = st, .n = n};
+    fake__log_call(x, &c, NULL);
+}
+
 /* ---------------------------------------------------------------- scripts */
 
 kvp_fake_script_t kvp_fake_script_complete(uint64_t delay_ns)
@@ -154,10 +187,14 @@ kvp_status_t kvp_fake_xfer_info(kvp_xport_t *xp, kvp_xfer_id_t id, kvp_fake_xfer
         fake_xfer_t *xf = KVP_CONTAINER_OF(pos, fake_xfer_t, link);
         if (xf->id != id)
             continue;
-        kvp_fake_xfer_info_t i = {.peer = xf->peer_id, .tracked = xf->tracked,
-                                  .retired = xf->retired, .terminal = xf->terminal,
-                                  .copy_pending = fake__copy_pending(xf), .fenced = xf->fenced,
-                                  .status = xf->final_status, .n_blocks = xf->n};
+        kvp_fake_xfer_info_t i = {.peer = xf->peer_id,
+                                  .tracked = xf->tracked,
+                                  .retired = xf->retired,
+                                  .terminal = xf->terminal,
+                                  .copy_pending = fake__copy_pending(xf),
+                                  .fenced = xf->fenced,
+                                  .status = xf->final_status,
+                                  .n_blocks = xf->n};
         *info = i;
         st = KVP_OK;
         break;

@@ -19,28 +19,28 @@
  * the endpoint release (remove_peer with nothing retired, or when the last
  * retired transfer referring to it is released) or at close. */
 typedef struct fake_peer {
-    kvp_list_t link;           /* fake_xport_t.peers */
+    kvp_list_t link; /* fake_xport_t.peers */
     kvp_xpeer_id_t id;
     uint32_t remote_ep;
     kvp_layout_t layout;
     kvp_data_path_t path;
-    kvp_status_t status;       /* injected endpoint error */
-    bool removed;              /* zombie: handle dropped, endpoint still held */
+    kvp_status_t status; /* injected endpoint error */
+    bool removed;        /* zombie: handle dropped, endpoint still held */
     bool fenced;
-    uint64_t retired_refs;     /* tracked retired transfers naming it */
+    uint64_t retired_refs; /* tracked retired transfers naming it */
 } fake_peer_t;
 
 /* One transfer. Owned by its (source) transport; lives while the caller
  * tracks its id OR a scripted copy is still to happen (a WRITE cannot be
  * recalled). `peer` is valid only while tracked. */
 typedef struct fake_xfer {
-    kvp_list_t link;           /* fake_xport_t.xfers, in id order */
+    kvp_list_t link; /* fake_xport_t.xfers, in id order */
     kvp_xfer_id_t id;
     fake_peer_t *peer;
     kvp_xpeer_id_t peer_id;
     uint32_t dst_ep;
-    uint64_t terminal_at;      /* absolute; KVP_FAKE_NEVER */
-    uint64_t copy_at;          /* absolute; KVP_FAKE_NEVER = no copy */
+    uint64_t terminal_at; /* absolute; KVP_FAKE_NEVER */
+    uint64_t copy_at;     /* absolute; KVP_FAKE_NEVER = no copy */
     uint32_t copy_blocks;
     kvp_status_t final_status; /* status once terminal */
     bool disconnect;           /* terminal marks the peer unreachable */
@@ -55,11 +55,11 @@ typedef struct fake_script_node {
 } fake_script_node_t;
 
 typedef struct fake_xport {
-    kvp_xport_t base;          /* first: kvp_xport_t * <-> fake_xport_t * */
+    kvp_xport_t base; /* first: kvp_xport_t * <-> fake_xport_t * */
     kvp_fake_fabric_t *fab;
     const kvp_clock_t *clock;
     kvp_store_t *store;
-    uint32_t ep;               /* fabric endpoint id, >= 1 */
+    uint32_t ep; /* fabric endpoint id, >= 1 */
     kvp_data_path_t default_path;
     uint64_t default_delay_ns, delay_jitter_ns;
     kvp_rng_t rng;
@@ -70,23 +70,23 @@ typedef struct fake_xport {
     unsigned char blob[FAKE_BLOB_LEN];
     kvp_list_t peers, xfers, scripts;
     size_t n_scripts;
-    kvp_fake_call_t *calls;    /* owned; WRITE records own their blocks */
+    kvp_fake_call_t *calls; /* owned; WRITE records own their blocks */
     size_t n_calls, max_calls;
     uint64_t call_counts[KVP_FAKE_CALL_KINDS];
-    kvp_xport_stats_t st;      /* writes.. force_released; the rest computed */
+    kvp_xport_stats_t st; /* writes.. force_released; the rest computed */
     kvp_fake_counters_t ctr;
 } fake_xport_t;
 
 struct kvp_fake_fabric {
     pthread_mutex_t mu;
     const kvp_clock_t *clock;
-    uint64_t fabric_id;        /* distinguishes fabrics in one process */
-    fake_xport_t **eps;        /* eps[ep - 1]; NULL once closed */
+    uint64_t fabric_id; /* distinguishes fabrics in one process */
+    fake_xport_t **eps; /* eps[ep - 1]; NULL once closed */
     uint32_t n_eps, cap_eps, open;
-    uint64_t next_id;          /* transfer and peer ids, fabric-wide, never 0 */
+    uint64_t next_id; /* transfer and peer ids, fabric-wide, never 0 */
     kvp_fake_violation_t *viol;
     size_t n_viol, cap_viol;
-    uint64_t viol_lost;        /* not recorded (allocation failed) */
+    uint64_t viol_lost; /* not recorded (allocation failed) */
 };
 
 static inline fake_xport_t *fake__x(kvp_xport_t *x)
@@ -108,6 +108,11 @@ bool fake__apply_due(kvp_fake_fabric_t *f, fake_xport_t *only);
 uint64_t fake__next_event(fake_xport_t *x);
 /* Drop copies not yet landed from transport src_ep into dst_ep. */
 uint64_t fake__fence(kvp_fake_fabric_t *f, uint32_t src_ep, uint32_t dst_ep);
+
+/* fake_hooks.c: the call log (counts every call; keeps max_calls records) */
+void fake__log_call(fake_xport_t *x, const kvp_fake_call_t *c, const kvp_xfer_block_t *blocks);
+void fake__log_simple(fake_xport_t *x, kvp_fake_call_kind_t kind, kvp_xpeer_id_t peer,
+                      kvp_xfer_id_t xfer, kvp_status_t st, uint64_t n);
 
 /* fake.c */
 void fake__release(fake_xport_t *x, fake_xfer_t *xf);

@@ -1161,9 +1161,13 @@ static kvp_status_t ucx_close(kvp_xport_t *xp, bool force)
 
 /* ---------------------------------------------------------------- create */
 
+typedef struct ucx_kv {
+    const char *k, *v;
+} ucx_kv_t;
+
 /* Which keys need ucp_config_modify; UCX_* environment values stay unless a
- * config field overrides them. */
-static kvp_status_t ucx_config_apply(ucx_xport_t *x, ucp_config_t *c, const kvp_ucx_config_t *cfg)
+ * config field overrides them. Fills kv[4]; returns the effective TLS. */
+static const char *ucx_config_keys(const kvp_ucx_config_t *cfg, ucx_kv_t kv[4])
 {
     const char *tls = cfg->tls ? cfg->tls : getenv("UCX_TLS");
     const char *ka = cfg->keepalive_interval ? cfg->keepalive_interval
@@ -1176,10 +1180,34 @@ static kvp_status_t ucx_config_apply(ucx_xport_t *x, ucp_config_t *c, const kvp_
      * without any shm transport UCX rejects it with a warning, so skip. */
     bool shm = !tls || tls[0] == '^' || strstr(tls, "sm") || strstr(tls, "posix") ||
                strstr(tls, "sysv") || strstr(tls, "mm") || strstr(tls, "all");
-    struct {
-        const char *k, *v;
-    } kv[] = {{"TLS", cfg->tls}, {"MM_ERROR_HANDLING", shm ? "y" : NULL},
-              {"KEEPALIVE_INTERVAL", ka}, {"ALLOC_PRIO", ap}};
+
+    kv[0] = (ucx_kv_t){"TLS", cfg->tls};
+    kv[1] = (ucx_kv_t){"MM_ERROR_HANDLING", shm ? "y" : NULL};
+    kv[2] = (ucx_kv_t){"KEEPALIVE_INTERVAL", ka};
+    kv[3] = (ucx_kv_t){"ALLOC_PRIO", ap};
+    return tls;
+}
+
+void kvp_ucx_config_each(const kvp_ucx_config_t *cfg,
+                         void (*set)(const char *key, const char *value, void *arg), void *arg)
+{
+    ucx_kv_t kv[4];
+    kvp_ucx_config_t def;
+
+    if (!cfg) {
+        kvp_ucx_config_default(&def);
+        cfg = &def;
+    }
+    ucx_config_keys(cfg, kv);
+    for (size_t i = 0; i < KVP_ARRAY_SIZE(kv); i++)
+        if (kv[i].v)
+            set(kv[i].k, kv[i].v, arg);
+}
+
+static kvp_status_t ucx_config_apply(ucx_xport_t *x, ucp_config_t *c, const kvp_ucx_config_t *cfg)
+{
+    ucx_kv_t kv[4];
+    const char *tls = ucx_config_keys(cfg, kv);
 
     for (size_t i = 0; i < KVP_ARRAY_SIZE(kv); i++) {
         if (!kv[i].v)
@@ -1191,8 +1219,9 @@ static kvp_status_t ucx_config_apply(ucx_xport_t *x, ucp_config_t *c, const kvp_
             return KVP_ERR_INVALID;
         }
     }
-    KVP_INFO(PFX(x), "UCX %s: TLS=%s MM_ERROR_HANDLING=%s KEEPALIVE_INTERVAL=%s", ucp_get_version_string(),
-             tls ? tls : "(default)", shm ? "y" : "(no shm)", ka ? ka : getenv("UCX_KEEPALIVE_INTERVAL"));
+    KVP_INFO(PFX(x), "UCX %s: TLS=%s MM_ERROR_HANDLING=%s KEEPALIVE_INTERVAL=%s ALLOC_PRIO=%s",
+             ucp_get_version_string(), tls ? tls : "(default)", kv[1].v ? "y" : "(no shm)",
+             kv[2].v ? kv[2].v : "(env)", kv[3].v ? kv[3].v : "(env)");
     return KVP_OK;
 }
 
@@ -1286,6 +1315,30 @@ kvp_status_t kvp_ucx_xport_create(const kvp_ucx_config_t *cfg, kvp_xport_t **out
 }
 
 /* ---------------------------------------------------------- introspection */
+
+kvp_status_t kvp_ucx_blob_parse(const void *blob, size_t len, kvp_ucx_blob_parts_t *out)
+{
+    ucx_blob_view_t v;
+    kvp_status_t st;
+
+    if (!out)
+        return KVP_ERR_INVALID;
+    st = ucx_blob_parse(blob, len, &v);
+    if (st != KVP_OK)
+        return st;
+    out->layout = v.layout;
+    out->region_base = v.base;
+    out->region_len = v.len;
+    out->ucx_allocated = v.flags & 1;
+    out->pid = (uint32_t)le_get((const uint8_t *)blob + 32, 4);
+    out->host_id = v.host;
+    out->host_id_len = v.host_len;
+    out->worker_addr = v.addr;
+    out->worker_addr_len = v.addr_len;
+    out->rkey = v.rkey;
+    out->rkey_len = v.rkey_len;
+    return KVP_OK;
+}
 
 bool kvp_ucx_peer_same_host(kvp_xport_t *xp, kvp_xpeer_id_t peer)
 {

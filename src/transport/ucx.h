@@ -85,4 +85,24 @@ kvp_status_t kvp_ucx_peer_lanes(kvp_xport_t *x, kvp_xpeer_id_t peer, char *buf, 
  * rather than the anonymous-mmap fallback or the caller. */
 bool kvp_ucx_region_ucx_allocated(kvp_xport_t *x);
 
+/* The parts of a blob, for diagnostics and the raw-UCX baseline bench.
+ * Pointers borrow from `blob` (valid while it is). Same strict validation as
+ * add_peer; *out written only on KVP_OK. */
+typedef struct kvp_ucx_blob_parts {
+    kvp_layout_t layout;
+    uint64_t region_base, region_len;
+    bool ucx_allocated;     /* the region came from UCP_MEM_MAP_ALLOCATE */
+    uint32_t pid;           /* diagnostic only */
+    const void *host_id, *worker_addr, *rkey;
+    size_t host_id_len, worker_addr_len, rkey_len;
+} kvp_ucx_blob_parts_t;
+kvp_status_t kvp_ucx_blob_parse(const void *blob, size_t len, kvp_ucx_blob_parts_t *out);
+
+/* The ucp_config_modify settings this backend applies for `cfg` (same rules
+ * as kvp_ucx_xport_create: env wins unless cfg overrides). Calls
+ * set(key, value, arg) per key; for the raw baseline bench, so that it runs
+ * UCX exactly as configured here. */
+void kvp_ucx_config_each(const kvp_ucx_config_t *cfg,
+                         void (*set)(const char *key, const char *value, void *arg), void *arg);
+
 #endif /* KVP_TRANSPORT_UCX_H */

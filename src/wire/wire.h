@@ -211,6 +211,10 @@ typedef struct kvp_wire_ctx {
 /* Scratch for decoded lists (owned by the caller, reused; one per owner
  * thread). Decoded arrays point into it and into the frame buffer; both must
  * stay unchanged while the kvp_msg_t is used. */
+/* Implementation note: one kvp__malloc'ed buffer with room for
+ * KVP_WIRE_LIST_MAX entries of the largest list kind, shared by all kinds (a
+ * frame carries one list), so the next decode with the same scratch
+ * overwrites the previous message's keys/items/blocks arrays. */
 typedef struct kvp_wire_scratch kvp_wire_scratch_t;
 kvp_status_t kvp_wire_scratch_create(kvp_wire_scratch_t **out);
 void kvp_wire_scratch_destroy(kvp_wire_scratch_t *s);

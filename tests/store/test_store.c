@@ -642,6 +642,62 @@ static void test_commit_verify(void **state)
     fix_close(&f);
 }
 
+static void test_lookup_many(void **state)
+{
+    fix_t f;
+    fix_open(&f, 40, 30);
+    char names[40][8];
+    const void *keys[40];
+    size_t lens[40];
+    kvp_slot_ref_t refs[40], r;
+    kvp_status_t res[40];
+    for (int i = 0; i < 40; i++) {
+        snprintf(names[i], sizeof(names[i]), "k%02d", i);
+        keys[i] = names[i];
+        lens[i] = 3;
+        if (i % 4 == 0)
+            put(&f, names[i], 0, (uint8_t)i); /* READY */
+        else if (i % 4 == 1)
+            assert_int_equal(kvp_store_reserve(f.s, names[i], 3, 0, &r, NULL), KVP_OK);
+    }
+    keys[39] = NULL; /* a bad key among good ones */
+    lens[38] = 0;
+    /* 10 READY keys, pin bound 30: all hit; across 2 batches of 16 and one of 8 */
+    assert_int_equal(kvp_store_lookup_many(f.s, 40, keys, lens, refs, res), 10);
+    CHECK_OK(f.s);
+    for (int i = 0; i < 38; i++) {
+        kvp_status_t want = i % 4 == 0 ? KVP_OK : i % 4 == 1 ? KVP_ERR_PENDING : KVP_ERR_NOT_FOUND;
+        assert_int_equal(res[i], want);
+        if (want == KVP_OK) {
+            kvp_slot_info_t info;
+            assert_int_equal(kvp_store_slot_info(f.s, refs[i].slot, &info), KVP_OK);
+            assert_memory_equal(info.key, names[i], 3);
+            assert_int_equal(info.pins, 1);
+        }
+    }
+    assert_int_equal(res[38], KVP_ERR_INVALID);
+    assert_int_equal(res[39], KVP_ERR_INVALID);
+    /* twice more: the pin bound (30) stops the last 10, counted */
+    assert_int_equal(kvp_store_lookup_many(f.s, 40, keys, lens, NULL, res), 10);
+    assert_int_equal(kvp_store_lookup_many(f.s, 40, keys, lens, NULL, res), 10);
+    assert_int_equal(kvp_store_lookup_many(f.s, 40, keys, lens, NULL, res), 0);
+    assert_int_equal(res[0], KVP_ERR_LIMIT);
+    kvp_store_stats_t st;
+    kvp_store_get_stats(f.s, &st);
+    assert_int_equal(st.pin_limit_refusals, 10);
+    assert_int_equal(kvp_store_lookup_many(NULL, 40, keys, lens, NULL, res), 0);
+    CHECK_OK(f.s);
+    /* release everything: 3 pins on each READY key */
+    for (int i = 0; i < 40; i += 4)
+        for (int j = 0; j < 3; j++)
+            assert_int_equal(kvp_store_unpin(f.s, refs[i]), KVP_OK);
+    for (int i = 1; i < 40; i += 4) {
+        assert_int_equal(kvp_store_probe(f.s, names[i], 3, &r, NULL), KVP_OK);
+        assert_int_equal(kvp_store_abandon(f.s, r), KVP_OK);
+    }
+    fix_close(&f);
+}
+
 /* ------------------------------------------------------------ inspection */
 
 static bool count_cb(void *arg, uint32_t slot, const kvp_slot_info_t *info)
@@ -711,6 +767,7 @@ int main(void)
         cmocka_unit_test(test_suspect_requarantined_stays_suspect),
         cmocka_unit_test(test_pin_limit),
         cmocka_unit_test(test_commit_verify),
+        cmocka_unit_test(test_lookup_many),
         cmocka_unit_test(test_iterate_and_meta_size),
         cmocka_unit_test(test_check_detects_broken_lru),
     };

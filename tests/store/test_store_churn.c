@@ -263,7 +263,14 @@ static void op_lookup(kvp_rng_t *r)
     size_t len;
     key_of(k, key, &len);
     kvp_slot_ref_t ref;
-    kvp_status_t rc = kvp_store_lookup(g_s, key, len, &ref, NULL, NULL);
+    kvp_status_t rc;
+    if (kvp_rng_below(r, 3) == 0) { /* the batched path answers the same */
+        const void *kp = key;
+        uint32_t hits = kvp_store_lookup_many(g_s, 1, &kp, &len, &ref, &rc);
+        assert_int_equal(hits, rc == KVP_OK);
+    } else {
+        rc = kvp_store_lookup(g_s, key, len, &ref, NULL, NULL);
+    }
     int i = m_find_key(k);
     if (i < 0) {
         assert_int_equal(rc, KVP_ERR_NOT_FOUND);

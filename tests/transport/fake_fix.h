@@ -29,12 +29,18 @@ typedef struct fix {
 static inline void node_open(fix_t *f, int i, kvp_data_path_t path, bool with_store)
 {
     node_t *n = &f->n[i];
-    kvp_store_config_t sc = {.num_blocks = NB, .block_size = BS, .clock = &f->clk.clock,
-                             .suspect_period_ns = 1000 * MS, .log_prefix = "store"};
+    kvp_store_config_t sc = {.num_blocks = NB,
+                             .block_size = BS,
+                             .clock = &f->clk.clock,
+                             .suspect_period_ns = 1000 * MS,
+                             .log_prefix = "store"};
     assert_int_equal(kvp_store_create(&sc, &n->s), KVP_OK);
-    kvp_fake_config_t fc = {.fabric = f->fab, .store = with_store ? n->s : NULL,
-                            .log_prefix = "fake", .default_path = path,
-                            .default_delay_ns = 1 * MS, .rng_seed = 42};
+    kvp_fake_config_t fc = {.fabric = f->fab,
+                            .store = with_store ? n->s : NULL,
+                            .log_prefix = "fake",
+                            .default_path = path,
+                            .default_delay_ns = 1 * MS,
+                            .rng_seed = 42};
     assert_int_equal(kvp_fake_create(&fc, &n->x), KVP_OK);
     kvp_layout_t lay = {NB, BS};
     void *base = NULL;
@@ -117,9 +123,8 @@ static inline kvp_slot_ref_t dst_block(fix_t *f, int i, const char *key)
 {
     kvp_slot_ref_t ref;
     void *p;
-    assert_int_equal(kvp_store_reserve(f->n[i].s, key, strlen(key), KVP_STORE_RESERVE_REMOTE, &ref,
-                                       &p),
-                     KVP_OK);
+    assert_int_equal(
+        kvp_store_reserve(f->n[i].s, key, strlen(key), KVP_STORE_RESERVE_REMOTE, &ref, &p), KVP_OK);
     memset(p, 0, BS);
     return ref;
 }

@@ -41,6 +41,16 @@ static void test_complete_after_delay(void **state)
     assert_int_equal(st.inflight, 0);
     assert_int_equal(st.peers, 1);
     assert_int_equal(kvp_fake_xfer_info(X(0), id, &(kvp_fake_xfer_info_t){0}), KVP_ERR_NOT_FOUND);
+    const kvp_fake_call_t *calls;
+    size_t nc = kvp_fake_calls(X(0), &calls);
+    assert_int_equal(nc, 3); /* add_peer, write, poll */
+    assert_int_equal(calls[1].kind, KVP_FAKE_CALL_WRITE);
+    assert_int_equal(calls[1].xfer, id);
+    assert_int_equal(calls[1].peer, p);
+    assert_int_equal(calls[1].n_blocks, 1);
+    assert_memory_equal(calls[1].blocks, &b, sizeof(b));
+    assert_int_equal(calls[2].kind, KVP_FAKE_CALL_POLL);
+    assert_int_equal(calls[2].n, 1);
     assert_int_equal(OPS(0)->event_fd(X(0)), -1);
     assert_string_equal(OPS(0)->name, "fake");
     assert_true(OPS(0)->caps & KVP_XPORT_CAP_FENCE);
@@ -629,11 +639,9 @@ static void test_write_bad_input(void **state)
     /* region rules */
     kvp_layout_t lay = {NB, BS};
     void *out;
-    assert_int_equal(OPS(0)->register_region(X(0), kvp_store_base(f->n[0].s), NB * BS, &lay,
-                                             &out),
+    assert_int_equal(OPS(0)->register_region(X(0), kvp_store_base(f->n[0].s), NB * BS, &lay, &out),
                      KVP_ERR_STATE);
-    assert_int_equal(OPS(0)->register_region(X(0), NULL, NB * BS, &lay, &out),
-                     KVP_ERR_UNSUPPORTED);
+    assert_int_equal(OPS(0)->register_region(X(0), NULL, NB * BS, &lay, &out), KVP_ERR_UNSUPPORTED);
     kvp_fake_config_t bad = {.fabric = f->fab, .default_path = KVP_PATH_TCP};
     kvp_xport_t *y = NULL;
     assert_int_equal(kvp_fake_create(&bad, &y), KVP_ERR_INVALID);
@@ -700,8 +708,10 @@ static void test_fabric_event_order(void **state)
     assert_int_equal(kvp_fake_script_next(X(1), &early), KVP_OK);
     assert_int_equal(kvp_fake_script_next(X(0), &late), KVP_OK);
     kvp_xfer_id_t i0, i1;
-    assert_int_equal(OPS(1)->write(X(1), p12, &b1, 1, &i1), KVP_OK);
+    /* the first write (lower id) has the later deadline */
     assert_int_equal(OPS(0)->write(X(0), p01, &b0, 1, &i0), KVP_OK);
+    assert_int_equal(OPS(1)->write(X(1), p12, &b1, 1, &i1), KVP_OK);
+    assert_true(i0 < i1);
     assert_int_equal(kvp_fake_fabric_next_event_ns(f->fab), 1000 + MS);
     kvp_manual_clock_advance(&f->clk, 5 * MS);
     assert_true(kvp_fake_fabric_progress(f->fab));

@@ -9,63 +9,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define NB 64u
-#define BS (64u * 1024u)
+#define NB UT_NB
+#define BS UT_BS
 
 static const kvp_layout_t g_layout = {NB, BS};
 /* File-static: a failed assert skips logcap_stop, and a stack capture would
  * dangle into the next test. */
 static kvp_test_logcap_t cap;
-
-typedef struct pair {
-    kvp_xport_t *x;
-    uint8_t *region;
-    ut_child_t child;
-    kvp_xpeer_id_t peer;
-    uint8_t blob[KVP_UCX_BLOB_MAX];
-    uint32_t blob_len;
-} pair_t;
-
-/* Fork the target, create both transports (same tls), import its blob. */
-static void pair_open(pair_t *p, const char *tls, kvp_data_path_t want_path)
-{
-    ut_reply_t r;
-    void *base = NULL;
-
-    memset(p, 0, sizeof(*p));
-    assert_true(ut_child_start(&p->child)); /* before any UCX thread */
-    assert_true(ut_call(&p->child, UT_SETUP, NB, BS, tls, (uint32_t)strlen(tls), &r, p->blob,
-                        sizeof(p->blob)));
-    assert_int_equal(r.status, KVP_OK);
-    p->blob_len = r.len;
-    p->x = ut_xport_new(tls, "producer");
-    assert_non_null(p->x);
-    assert_int_equal(p->x->ops->register_region(p->x, NULL, (size_t)NB * BS, &g_layout, &base),
-                     KVP_OK);
-    p->region = base;
-    assert_int_equal(p->x->ops->add_peer(p->x, p->blob, p->blob_len, &g_layout, &p->peer), KVP_OK);
-    assert_true(kvp_ucx_peer_same_host(p->x, p->peer));
-    char lanes[192];
-    assert_int_equal(kvp_ucx_peer_lanes(p->x, p->peer, lanes, sizeof(lanes)), KVP_OK);
-    print_message("  data path: %s [%s]\n", kvp_data_path_str(p->x->ops->peer_path(p->x, p->peer)),
-                  lanes);
-    /* A silent fallback (e.g. PEER endpoint on tcp) fails here. */
-    assert_int_equal(p->x->ops->peer_path(p->x, p->peer), want_path);
-    if (want_path == KVP_PATH_DIRECT_SHM) {
-        assert_true(kvp_ucx_region_ucx_allocated(p->x));
-        assert_int_equal(r.v1, 1); /* target region UCX-allocated too */
-    }
-}
-
-static void pair_close(pair_t *p)
-{
-    kvp_xport_stats_t st;
-    p->x->ops->get_stats(p->x, &st);
-    assert_int_equal(st.inflight, 0);
-    assert_int_equal(p->x->ops->remove_peer(p->x, p->peer), KVP_OK);
-    assert_int_equal(p->x->ops->close(p->x, false), KVP_OK);
-    assert_true(ut_child_stop(&p->child));
-}
 
 /* Runs and scattered singles: coalescing must not mix up slots. */
 static const kvp_xfer_block_t g_blocks[] = {
@@ -75,7 +25,7 @@ static const kvp_xfer_block_t g_blocks[] = {
 };
 #define NBLK KVP_ARRAY_SIZE(g_blocks)
 
-static int64_t pair_verify(pair_t *p, uint64_t seed)
+static int64_t pair_verify(ut_pair_t *p, uint64_t seed)
 {
     uint32_t pairs[2 * NBLK];
     ut_reply_t r;
@@ -87,7 +37,7 @@ static int64_t pair_verify(pair_t *p, uint64_t seed)
     return r.v1;
 }
 
-static void fill_sources(pair_t *p, uint64_t seed)
+static void fill_sources(ut_pair_t *p, uint64_t seed)
 {
     for (uint32_t s = 0; s < NB; s++)
         ut_pattern_fill(p->region + (size_t)s * BS, BS, s, seed);
@@ -97,20 +47,20 @@ static void fill_sources(pair_t *p, uint64_t seed)
  * one-sided put completes anyway; an emulated one (tcp) cannot complete until
  * the target progresses again. This tells the engines apart by behaviour,
  * not by what UCX printed. */
-static void write_while_paused(pair_t *p, bool direct, uint64_t seed)
+static void write_while_paused(ut_pair_t *p, bool direct, uint64_t seed)
 {
     kvp_xfer_id_t id;
     kvp_status_t st = KVP_ERR_TIMEOUT;
     ut_reply_t r;
-    uint64_t pause_ms = 600;
+    uint64_t pause_ms = kvp_test_scaled_ns(600 * KVP_NSEC_PER_MSEC) / KVP_NSEC_PER_MSEC;
 
     fill_sources(p, seed);
     assert_true(ut_send(&p->child, UT_PAUSE, pause_ms, 0, NULL, 0));
-    ut_progress_for(p->x, 50 * KVP_NSEC_PER_MSEC); /* let the child enter its sleep */
+    ut_progress_for(p->x, kvp_test_scaled_ns(50 * KVP_NSEC_PER_MSEC)); /* child enters its sleep */
     uint64_t t0 = ut_now_ns();
     assert_int_equal(p->x->ops->write(p->x, p->peer, g_blocks, NBLK, &id), KVP_OK);
     assert_int_not_equal(id, 0);
-    bool done = ut_wait_xfer(p->x, p->peer, id, 200 * KVP_NSEC_PER_MSEC, &st);
+    bool done = ut_wait_xfer(p->x, p->peer, id, kvp_test_scaled_ns(200 * KVP_NSEC_PER_MSEC), &st);
     if (direct) {
         assert_true(done); /* landed with the target asleep: direct put */
         assert_int_equal(st, KVP_OK);
@@ -126,7 +76,7 @@ static void write_while_paused(pair_t *p, bool direct, uint64_t seed)
     assert_int_equal(pair_verify(p, seed), 0); /* the target saw every byte */
 }
 
-static void write_and_verify(pair_t *p, uint64_t seed)
+static void write_and_verify(ut_pair_t *p, uint64_t seed)
 {
     kvp_xfer_id_t id, id2;
     kvp_status_t st = KVP_ERR_TIMEOUT;
@@ -145,9 +95,9 @@ static void write_and_verify(pair_t *p, uint64_t seed)
 
 static void test_ucx_write_shm_direct(void **state)
 {
-    pair_t p;
+    ut_pair_t p;
     kvp_test_logcap_start(&cap);
-    pair_open(&p, "", KVP_PATH_DIRECT_SHM);
+    ut_pair_open(&p, "", KVP_PATH_DIRECT_SHM);
     write_and_verify(&p, 7);
     write_while_paused(&p, true, 8);
     kvp_xport_stats_t st;
@@ -155,22 +105,22 @@ static void test_ucx_write_shm_direct(void **state)
     assert_int_equal(st.done, 3);
     assert_int_equal(st.failed, 0);
     assert_int_equal(st.blocks_written, 2 * NBLK + 1);
-    pair_close(&p);
+    ut_pair_close(&p);
     kvp_test_logcap_stop();
     KVP_TEST_ASSERT_NO_LEAKS();
 }
 
 static void test_ucx_write_tcp_forced(void **state)
 {
-    pair_t p;
+    ut_pair_t p;
     kvp_test_logcap_start(&cap);
-    pair_open(&p, "tcp", KVP_PATH_TCP);
+    ut_pair_open(&p, "tcp", KVP_PATH_TCP);
     /* F28: a same-host peer on tcp is reported loudly. */
     assert_true(cap.count[KVP_LOG_WARN] >= 1);
     assert_non_null(strstr(cap.last[KVP_LOG_WARN], "tcp"));
     write_and_verify(&p, 11);
     write_while_paused(&p, false, 12);
-    pair_close(&p);
+    ut_pair_close(&p);
     kvp_test_logcap_stop();
     KVP_TEST_ASSERT_NO_LEAKS();
 }
@@ -178,11 +128,11 @@ static void test_ucx_write_tcp_forced(void **state)
 /* UCX_TLS from the environment must still apply (ucp_config_read). */
 static void test_ucx_write_tcp_env(void **state)
 {
-    pair_t p;
+    ut_pair_t p;
     setenv("UCX_TLS", "tcp", 1); /* inherited by the child at fork */
-    pair_open(&p, "", KVP_PATH_TCP);
+    ut_pair_open(&p, "", KVP_PATH_TCP);
     write_and_verify(&p, 13);
-    pair_close(&p);
+    ut_pair_close(&p);
     unsetenv("UCX_TLS");
     KVP_TEST_ASSERT_NO_LEAKS();
 }
@@ -204,6 +154,7 @@ static kvp_xport_t *solo(kvp_layout_t lay, uint8_t **region)
 
 static void test_ucx_bad_blob(void **state)
 {
+    kvp_test_logcap_start(&cap); /* dozens of expected rejections */
     kvp_xport_t *x = solo(g_layout, NULL);
     const void *b;
     size_t len;
@@ -244,7 +195,9 @@ static void test_ucx_bad_blob(void **state)
     kvp_xport_stats_t st;
     x->ops->get_stats(x, &st);
     assert_int_equal(st.peers, 0);
+    assert_true(cap.count[KVP_LOG_WARN] > 60); /* each rejection says why */
     assert_int_equal(x->ops->close(x, false), KVP_OK);
+    kvp_test_logcap_stop();
     KVP_TEST_ASSERT_NO_LEAKS();
 }
 
@@ -304,8 +257,10 @@ static void test_ucx_bad_index(void **state)
     KVP_TEST_ASSERT_NO_LEAKS();
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    (void)argc;
+    ut_main_init(argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ucx_bad_blob),
         cmocka_unit_test(test_ucx_blob_other_block_size),

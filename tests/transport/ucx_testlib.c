@@ -1,4 +1,5 @@
 /* ucx_testlib.c -- see ucx_testlib.h. */
+#include "testutil.h"
 #include "ucx_testlib.h"
 
 #include <errno.h>
@@ -16,6 +17,25 @@ typedef struct ut_cmd {
     uint32_t op, len;
     uint64_t a, b;
 } ut_cmd_t;
+
+void ut_main_init(char **argv)
+{
+#if defined(__SANITIZE_THREAD__)
+    /* UCM's bistro hooks intercept the madvise() glibc calls while UCX's
+     * async thread exits, after TSan tore the thread state down -> SIGSEGV
+     * inside TSan. UCM reads its settings when libucs loads (before main),
+     * so set them and re-exec once. kvpeer needs no memory events (no
+     * registration cache on shm/tcp). */
+    if (!getenv("UCX_MEM_MMAP_HOOK_MODE")) {
+        setenv("UCX_MEM_MMAP_HOOK_MODE", "none", 1);
+        setenv("UCX_MEM_MALLOC_HOOKS", "n", 1);
+        execv("/proc/self/exe", argv);
+        perror("execv");
+    }
+#else
+    (void)argv;
+#endif
+}
 
 uint64_t ut_now_ns(void)
 {
@@ -93,6 +113,22 @@ void ut_progress_for(kvp_xport_t *x, uint64_t ns)
     }
 }
 
+/* Results polled while waiting for another id are kept here, so waiting for
+ * one transfer never swallows another's result. */
+static kvp_xfer_result_t g_stash[64];
+static size_t g_nstash;
+
+static bool ut_stash_take(kvp_xfer_id_t id, kvp_status_t *st)
+{
+    for (size_t i = 0; i < g_nstash; i++)
+        if (g_stash[i].id == id) {
+            *st = g_stash[i].status;
+            g_stash[i] = g_stash[--g_nstash];
+            return true;
+        }
+    return false;
+}
+
 bool ut_wait_xfer(kvp_xport_t *x, kvp_xpeer_id_t peer, kvp_xfer_id_t id, uint64_t timeout_ns,
                   kvp_status_t *st)
 {
@@ -101,27 +137,35 @@ bool ut_wait_xfer(kvp_xport_t *x, kvp_xpeer_id_t peer, kvp_xfer_id_t id, uint64_
     size_t n;
 
     for (;;) {
+        if (ut_stash_take(id, st))
+            return true;
         x->ops->progress(x);
         kvp_status_t ps = x->ops->poll(x, peer, res, 16, &n);
         if (ps != KVP_OK) {
             fprintf(stderr, "ut_wait_xfer: poll: %s\n", kvp_status_str(ps));
             return false;
         }
-        for (size_t i = 0; i < n; i++)
-            if (res[i].id == id) {
-                *st = res[i].status;
-                return true;
-            }
+        for (size_t i = 0; i < n && g_nstash < KVP_ARRAY_SIZE(g_stash); i++)
+            g_stash[g_nstash++] = res[i];
+        if (ut_stash_take(id, st))
+            return true;
         if (ut_now_ns() > end) {
-            kvp_xport_stats_t st;
-            x->ops->get_stats(x, &st);
+            if (!getenv("KVPEER_TEST_VERBOSE"))
+                return false;
+            kvp_xport_stats_t xs;
+            x->ops->get_stats(x, &xs);
             fprintf(stderr, "ut_wait_xfer: %llx not done; inflight %llu retired %llu\n",
-                    (unsigned long long)id, (unsigned long long)st.inflight,
-                    (unsigned long long)st.retired);
+                    (unsigned long long)id, (unsigned long long)xs.inflight,
+                    (unsigned long long)xs.retired);
             return false;
         }
         ut_wait_events(x, -1, 1);
     }
+}
+
+void ut_stash_clear(void)
+{
+    g_nstash = 0;
 }
 
 /* ------------------------------------------------------------ the child */
@@ -136,7 +180,12 @@ typedef struct ut_target {
 
 static void ut_reply(int sock, int64_t status, int64_t v1, int64_t v2, const void *p, uint32_t len)
 {
-    ut_reply_t r = {.status = status, .v1 = v1, .v2 = v2, .len = len};
+    ut_reply_t r;
+    memset(&r, 0, sizeof(r)); /* no uninitialised padding on the socket */
+    r.status = status;
+    r.v1 = v1;
+    r.v2 = v2;
+    r.len = len;
     if (!io_all(sock, &r, sizeof(r), true) || (len && !io_all(sock, (void *)p, len, true)))
         _exit(3);
 }
@@ -257,9 +306,16 @@ static void ut_target_main(int sock)
     _exit(rc);
 }
 
+static pid_t g_live_child; /* reaped here if a failed test left it behind */
+
 bool ut_child_start(ut_child_t *c)
 {
     int sv[2];
+    if (g_live_child > 0) {
+        kill(g_live_child, SIGKILL);
+        waitpid(g_live_child, NULL, 0);
+        g_live_child = 0;
+    }
     if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0)
         return false;
     fflush(stdout);
@@ -273,6 +329,7 @@ bool ut_child_start(ut_child_t *c)
         ut_target_main(sv[1]);
     }
     close(sv[1]);
+    g_live_child = pid;
     c->pid = pid;
     c->sock = sv[0];
     return true;
@@ -305,6 +362,7 @@ bool ut_child_stop(ut_child_t *c)
     close(c->sock);
     if (waitpid(c->pid, &ws, 0) != c->pid)
         return false;
+    g_live_child = 0;
     if (!WIFEXITED(ws) || WEXITSTATUS(ws) != 0)
         fprintf(stderr, "target exit status 0x%x\n", ws);
     return WIFEXITED(ws) && WEXITSTATUS(ws) == 0;
@@ -314,5 +372,52 @@ void ut_child_kill(ut_child_t *c)
 {
     kill(c->pid, SIGKILL);
     waitpid(c->pid, NULL, 0);
+    g_live_child = 0;
     close(c->sock);
 }
+
+/* ------------------------------------------------------------ pairs */
+
+const kvp_layout_t ut_layout = {UT_NB, UT_BS};
+
+/* Fork the target, create both transports (same tls), import its blob. */
+void ut_pair_open(ut_pair_t *p, const char *tls, kvp_data_path_t want_path)
+{
+    ut_reply_t r;
+    void *base = NULL;
+
+    memset(p, 0, sizeof(*p));
+    assert_true(ut_child_start(&p->child)); /* before any UCX thread */
+    assert_true(ut_call(&p->child, UT_SETUP, UT_NB, UT_BS, tls, (uint32_t)strlen(tls), &r, p->blob,
+                        sizeof(p->blob)));
+    assert_int_equal(r.status, KVP_OK);
+    p->blob_len = r.len;
+    p->x = ut_xport_new(tls, "producer");
+    assert_non_null(p->x);
+    assert_int_equal(p->x->ops->register_region(p->x, NULL, (size_t)UT_NB * UT_BS, &ut_layout, &base),
+                     KVP_OK);
+    p->region = base;
+    assert_int_equal(p->x->ops->add_peer(p->x, p->blob, p->blob_len, &ut_layout, &p->peer), KVP_OK);
+    assert_true(kvp_ucx_peer_same_host(p->x, p->peer));
+    char lanes[192];
+    assert_int_equal(kvp_ucx_peer_lanes(p->x, p->peer, lanes, sizeof(lanes)), KVP_OK);
+    print_message("  data path: %s [%s]\n", kvp_data_path_str(p->x->ops->peer_path(p->x, p->peer)),
+                  lanes);
+    /* A silent fallback (e.g. PEER endpoint on tcp) fails here. */
+    assert_int_equal(p->x->ops->peer_path(p->x, p->peer), want_path);
+    if (want_path == KVP_PATH_DIRECT_SHM) {
+        assert_true(kvp_ucx_region_ucx_allocated(p->x));
+        assert_int_equal(r.v1, 1); /* target region UCX-allocated too */
+    }
+}
+
+void ut_pair_close(ut_pair_t *p)
+{
+    kvp_xport_stats_t st;
+    p->x->ops->get_stats(p->x, &st);
+    assert_int_equal(st.inflight, 0);
+    assert_int_equal(p->x->ops->remove_peer(p->x, p->peer), KVP_OK);
+    assert_int_equal(p->x->ops->close(p->x, false), KVP_OK);
+    assert_true(ut_child_stop(&p->child));
+}
+

@@ -39,6 +39,10 @@ typedef struct ut_reply {
     uint32_t len; /* payload bytes that follow */
 } ut_reply_t;
 
+/* First call of main(): under TSan re-executes itself once with UCM's memory
+ * hooks off (see the .c for why). */
+void ut_main_init(char **argv);
+
 /* Fork the target. Returns false in the parent on failure; never returns in
  * the child. */
 bool ut_child_start(ut_child_t *c);
@@ -64,8 +68,30 @@ kvp_xport_t *ut_xport_new(const char *tls, const char *prefix);
  * *st) or `timeout_ns` passes (false). Sleeps on the event fd, bounded. */
 bool ut_wait_xfer(kvp_xport_t *x, kvp_xpeer_id_t peer, kvp_xfer_id_t id, uint64_t timeout_ns,
                   kvp_status_t *st);
+/* Forget results stashed by ut_wait_xfer (between tests). */
+void ut_stash_clear(void);
 /* Progress for about `ns` (event-fd sleep between progress calls). */
 void ut_progress_for(kvp_xport_t *x, uint64_t ns);
 uint64_t ut_now_ns(void);
+
+/* A producer (this process) and a target child with one peer each way
+ * prepared: ut_pair_open forks the child (before any UCX thread), creates both
+ * transports with `tls` ("" = default), registers NB x BS regions, imports
+ * the child's blob and asserts the peer's data path is `want_path` (a silent
+ * fallback fails the test). */
+#define UT_NB 64u
+#define UT_BS (64u * 1024u)
+typedef struct ut_pair {
+    kvp_xport_t *x;
+    uint8_t *region;
+    ut_child_t child;
+    kvp_xpeer_id_t peer;
+    uint8_t blob[KVP_UCX_BLOB_MAX];
+    uint32_t blob_len;
+} ut_pair_t;
+extern const kvp_layout_t ut_layout;
+void ut_pair_open(ut_pair_t *p, const char *tls, kvp_data_path_t want_path);
+/* Asserts nothing in flight, removes the peer, closes, stops the child. */
+void ut_pair_close(ut_pair_t *p);
 
 #endif

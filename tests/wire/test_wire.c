@@ -63,6 +63,21 @@ static void test_epochs(void **state)
     assert_false(kvp_epoch_is_zero(&z));
 }
 
+/* Each of the scratch's two allocations can fail; nothing leaks and the
+ * out-param stays untouched. */
+static void test_scratch_alloc_failure(void **state)
+{
+    for (uint64_t n = 1; n <= 2; n++) {
+        kvp_wire_scratch_t *s = (kvp_wire_scratch_t *)&n;
+        kvp_alloc_fail_at(n, false);
+        assert_int_equal(kvp_wire_scratch_create(&s), KVP_ERR_NOMEM);
+        kvp_alloc_fail_at(0, false);
+        assert_ptr_equal(s, (kvp_wire_scratch_t *)&n);
+        KVP_TEST_ASSERT_NO_LEAKS();
+    }
+    kvp_wire_scratch_destroy(NULL);
+}
+
 /* ------------------------------------------------------------ round trip */
 
 static void assert_keys_eq(const kvp_key_t *a, const kvp_key_t *b)
@@ -484,6 +499,7 @@ int main(void)
         cmocka_unit_test(test_type_names),
         cmocka_unit_test(test_bye_reasons),
         cmocka_unit_test(test_epochs),
+        cmocka_unit_test(test_scratch_alloc_failure),
         cmocka_unit_test_setup_teardown(test_roundtrip_every_type, setup, teardown),
         cmocka_unit_test_setup_teardown(test_roundtrip_handshake_types_before_handshake, setup,
                                         teardown),

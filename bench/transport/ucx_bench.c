@@ -1,0 +1,482 @@
+/*
+ * ucx_bench.c -- raw baseline of the UCX data path, two processes on this
+ * machine (parent = producer, forked child = target).
+ *
+ * For each path (shared memory with the default config; tcp with TLS=tcp),
+ * block size (16 KiB, 256 KiB, 2 MiB) and blocks per transfer (1..64), slot-
+ * cycled over regions larger than the LLC on both sides (default 1 GiB):
+ *   ours  : kvpeer's UCX backend, write(D blocks) -> poll until DONE
+ *   raw   : the same puts on the same regions with bare ucp_put_nbx + one
+ *           ucp_ep_flush_nbx, none of our bookkeeping (the ceiling)
+ * alternated --reps times; medians and ours/raw are printed. Then
+ * `ucx_perftest -t ucp_put_bw` at the same sizes (server + client on
+ * 127.0.0.1; on shm it reuses one cached destination buffer, so it is not a
+ * ceiling for slot-cycled traffic) and a single-thread cold memcpy.
+ *
+ *   ucx_bench [--quick] [--region-mib N] [--reps N] [--secs S] [--path shm|tcp|both]
+ *             [--no-perftest]
+ */
+#include "transport/ucx.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <ucp/api/ucp.h>
+
+typedef struct opts {
+    bool quick, perftest;
+    size_t region;
+    int reps;
+    double secs;
+    bool shm, tcp;
+} opts_t;
+
+static opts_t O = {.perftest = true, .region = 1024ull << 20, .reps = 3, .secs = 0.3, .shm = true,
+                   .tcp = true};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void die(const char *what)
+{
+    fprintf(stderr, "ucx_bench: %s\n", what);
+    exit(1);
+}
+
+static bool io_all(int fd, void *buf, size_t len, bool wr)
+{
+    uint8_t *p = buf;
+    while (len) {
+        ssize_t n = wr ? write(fd, p, len) : read(fd, p, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return false;
+        p += n;
+        len -= (size_t)n;
+    }
+    return true;
+}
+
+/* ------------------------------------------------------------ target */
+
+typedef struct cmd {
+    uint32_t op; /* 1 setup, 2 teardown, 3 exit */
+    uint32_t block_size;
+    char tls[16];
+} cmd_t;
+
+static kvp_xport_t *make_xport(const char *tls, uint32_t bs, void **region, const char *name)
+{
+    kvp_ucx_config_t cfg;
+    kvp_xport_t *x;
+    kvp_layout_t lay = {(uint32_t)(O.region / bs), bs};
+
+    kvp_ucx_config_default(&cfg);
+    cfg.tls = tls[0] ? tls : NULL;
+    cfg.log_prefix = name;
+    if (kvp_ucx_xport_create(&cfg, &x) != KVP_OK)
+        die("transport create");
+    if (x->ops->register_region(x, NULL, O.region, &lay, region) != KVP_OK)
+        die("register_region");
+    memset(*region, 0x11, O.region); /* fault every page in before timing */
+    return x;
+}
+
+static void target_main(int sock)
+{
+    kvp_xport_t *x = NULL;
+    void *region;
+    cmd_t c;
+
+    for (;;) {
+        struct pollfd pf = {.fd = sock, .events = POLLIN};
+        if (x) { /* spin: emulated puts land in our progress */
+            for (int i = 0; i < 64; i++)
+                x->ops->progress(x);
+        }
+        if (poll(&pf, 1, x ? 0 : 100) <= 0)
+            continue;
+        if (!io_all(sock, &c, sizeof(c), false) || c.op == 3)
+            break;
+        if (c.op == 1) {
+            const void *blob;
+            size_t len;
+            x = make_xport(c.tls, c.block_size, &region, "target");
+            x->ops->local_blob(x, &blob, &len);
+            uint32_t l32 = (uint32_t)len;
+            if (!io_all(sock, &l32, 4, true) || !io_all(sock, (void *)blob, len, true))
+                break;
+        } else if (c.op == 2 && x) {
+            x->ops->close(x, true);
+            x = NULL;
+            uint32_t ok = 0;
+            io_all(sock, &ok, 4, true);
+        }
+    }
+    if (x)
+        x->ops->close(x, true);
+    _exit(0);
+}
+
+/* -------------------------------------------------------- raw baseline */
+
+typedef struct raw {
+    ucp_context_h ctx;
+    ucp_worker_h worker;
+    ucp_ep_h ep;
+    ucp_rkey_h rkey;
+    uint64_t rbase;
+} raw_t;
+
+static void raw_cfg_set(const char *k, const char *v, void *arg)
+{
+    if (ucp_config_modify(arg, k, v) != UCS_OK)
+        die("ucp_config_modify");
+}
+
+static void raw_open(raw_t *r, const char *tls, const void *blob, size_t len)
+{
+    kvp_ucx_blob_parts_t bp;
+    kvp_ucx_config_t cfg;
+    ucp_config_t *c;
+
+    if (kvp_ucx_blob_parse(blob, len, &bp) != KVP_OK)
+        die("blob");
+    kvp_ucx_config_default(&cfg);
+    cfg.tls = tls[0] ? tls : NULL;
+    if (ucp_config_read(NULL, NULL, &c) != UCS_OK)
+        die("ucp_config_read");
+    kvp_ucx_config_each(&cfg, raw_cfg_set, c); /* UCX configured exactly as ours */
+    ucp_params_t prm = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_RMA};
+    if (ucp_init(&prm, c, &r->ctx) != UCS_OK)
+        die("ucp_init");
+    ucp_config_release(c);
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                              .thread_mode = UCS_THREAD_MODE_SINGLE};
+    if (ucp_worker_create(r->ctx, &wp, &r->worker) != UCS_OK)
+        die("ucp_worker_create");
+    ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                                        UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+                          .address = bp.worker_addr,
+                          .err_mode = UCP_ERR_HANDLING_MODE_PEER};
+    if (ucp_ep_create(r->worker, &ep, &r->ep) != UCS_OK)
+        die("ucp_ep_create");
+    if (ucp_ep_rkey_unpack(r->ep, bp.rkey, &r->rkey) != UCS_OK)
+        die("rkey_unpack");
+    r->rbase = bp.region_base;
+}
+
+static void raw_wait(raw_t *r, void *req)
+{
+    if (UCS_PTR_IS_ERR(req))
+        die("raw put/flush failed");
+    if (!req)
+        return;
+    while (ucp_request_check_status(req) == UCS_INPROGRESS)
+        ucp_worker_progress(r->worker);
+    if (ucp_request_check_status(req) != UCS_OK)
+        die("raw request failed");
+    ucp_request_free(req);
+}
+
+static void raw_close(raw_t *r)
+{
+    ucp_rkey_destroy(r->rkey);
+    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                               .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    void *req = ucp_ep_close_nbx(r->ep, &prm);
+    if (UCS_PTR_IS_PTR(req)) {
+        while (ucp_request_check_status(req) == UCS_INPROGRESS)
+            ucp_worker_progress(r->worker);
+        ucp_request_free(req);
+    }
+    ucp_worker_destroy(r->worker);
+    ucp_cleanup(r->ctx);
+}
+
+/* --------------------------------------------------------- the loops */
+
+/* Transfer k's block i: source slots cycle in order, destinations are a
+ * stride-7 permutation (never adjacent -> no coalescing, one put each). */
+static inline uint32_t dst_of(uint64_t k, uint32_t nb)
+{
+    return (uint32_t)((k * 7) % nb);
+}
+
+static double run_ours(kvp_xport_t *x, kvp_xpeer_id_t peer, uint32_t bs, uint32_t d)
+{
+    uint32_t nb = (uint32_t)(O.region / bs);
+    kvp_xfer_block_t b[64];
+    uint64_t k = 0, bytes = 0;
+    double t0 = now_s(), t;
+
+    do {
+        kvp_xfer_id_t id;
+        kvp_xfer_result_t res;
+        size_t n = 0;
+        for (uint32_t i = 0; i < d; i++, k++)
+            b[i] = (kvp_xfer_block_t){(uint32_t)(k % nb), 0, dst_of(k, nb), 0};
+        if (x->ops->write(x, peer, b, d, &id) != KVP_OK)
+            die("write");
+        while (x->ops->poll(x, peer, &res, 1, &n) == KVP_OK && n == 0)
+            x->ops->progress(x);
+        if (n != 1 || res.id != id || res.status != KVP_OK)
+            die("transfer failed");
+        bytes += (uint64_t)d * bs;
+        t = now_s();
+    } while (t - t0 < O.secs);
+    return (double)bytes / (t - t0) / 1e9;
+}
+
+static double run_raw(raw_t *r, const uint8_t *src, uint32_t bs, uint32_t d)
+{
+    uint32_t nb = (uint32_t)(O.region / bs);
+    ucp_request_param_t prm = {.op_attr_mask = 0};
+    uint64_t k = 0, bytes = 0;
+    double t0 = now_s(), t;
+
+    do {
+        for (uint32_t i = 0; i < d; i++, k++) {
+            void *req = ucp_put_nbx(r->ep, src + (k % nb) * bs, bs,
+                                    r->rbase + (uint64_t)dst_of(k, nb) * bs, r->rkey, &prm);
+            if (UCS_PTR_IS_ERR(req))
+                die("raw put");
+            if (req)
+                ucp_request_free(req); /* completion is covered by the flush */
+        }
+        raw_wait(r, ucp_ep_flush_nbx(r->ep, &prm));
+        bytes += (uint64_t)d * bs;
+        t = now_s();
+    } while (t - t0 < O.secs);
+    return (double)bytes / (t - t0) / 1e9;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(*v), cmp_d);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* ---------------------------------------------------------- perftest */
+
+static double perftest(const char *tls, size_t size, int outstanding)
+{
+    double gbps = -1;
+    char port[16], sz[32], iters[32], warm[32], out[32], line[512];
+    double budget = (tls[0] ? 0.4e9 : 2e9) * (O.quick ? 0.25 : 1);
+    long n = (long)(budget / (double)size);
+
+    snprintf(port, sizeof(port), "%d", 20000 + (int)(getpid() % 20000));
+    snprintf(sz, sizeof(sz), "%zu", size);
+    snprintf(iters, sizeof(iters), "%ld", n < 50 ? 50 : n);
+    snprintf(warm, sizeof(warm), "%ld", n / 10 + 5);
+    snprintf(out, sizeof(out), "%d", outstanding);
+    fflush(stdout);
+    pid_t srv = fork();
+    if (srv == 0) {
+        if (tls[0])
+            setenv("UCX_TLS", tls, 1);
+        freopen("/dev/null", "w", stdout);
+        freopen("/dev/null", "w", stderr);
+        execlp("ucx_perftest", "ucx_perftest", "-p", port, (char *)NULL);
+        _exit(127);
+    }
+    struct timespec ts = {0, 300000000};
+    nanosleep(&ts, NULL);
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd),
+             "%s%s ucx_perftest 127.0.0.1 -p %s -t ucp_put_bw -s %s -n %s -w %s -O %s -f 2>/dev/null",
+             tls[0] ? "UCX_TLS=" : "", tls, port, sz, iters, warm, out);
+    FILE *p = popen(cmd, "r");
+    while (p && fgets(line, sizeof(line), p)) {
+        double it, p50, avg, ov, bw_avg, bw_ov;
+        char *f = strstr(line, "Final:");
+        if (f && sscanf(f + 6, "%lf %lf %lf %lf %lf %lf", &it, &p50, &avg, &ov, &bw_avg, &bw_ov) == 6)
+            gbps = bw_ov * 1048576.0 / 1e9; /* perftest "MB/s" are MiB/s */
+    }
+    if (p)
+        pclose(p);
+    kill(srv, SIGTERM);
+    waitpid(srv, NULL, 0);
+    return gbps;
+}
+
+static double cold_memcpy(uint32_t bs)
+{
+    uint32_t nb = (uint32_t)(O.region / bs);
+    uint8_t *a = malloc(O.region), *b = malloc(O.region);
+    uint64_t k = 0, bytes = 0;
+    double t0, t;
+
+    if (!a || !b)
+        die("malloc");
+    memset(a, 1, O.region);
+    memset(b, 2, O.region);
+    t0 = now_s();
+    do {
+        for (int i = 0; i < 16; i++, k++)
+            memcpy(b + (size_t)dst_of(k, nb) * bs, a + (k % nb) * bs, bs);
+        bytes += 16ull * bs;
+        t = now_s();
+    } while (t - t0 < O.secs);
+    free(a);
+    free(b);
+    return (double)bytes / (t - t0) / 1e9;
+}
+
+/* ------------------------------------------------------------ driver */
+
+static void bench_size(int sock, const char *path, const char *tls, uint32_t bs,
+                       const uint32_t *depths, int nd)
+{
+    cmd_t c = {.op = 1, .block_size = bs};
+    uint8_t blob[KVP_UCX_BLOB_MAX];
+    uint32_t len;
+    void *src;
+    kvp_xpeer_id_t peer;
+    raw_t raw;
+    kvp_layout_t lay = {(uint32_t)(O.region / bs), bs};
+
+    snprintf(c.tls, sizeof(c.tls), "%s", tls);
+    if (!io_all(sock, &c, sizeof(c), true) || !io_all(sock, &len, 4, false) || len > sizeof(blob) ||
+        !io_all(sock, blob, len, false))
+        die("target setup");
+    kvp_xport_t *x = make_xport(tls, bs, &src, "producer");
+    if (x->ops->add_peer(x, blob, len, &lay, &peer) != KVP_OK)
+        die("add_peer");
+    char lanes[192];
+    kvp_ucx_peer_lanes(x, peer, lanes, sizeof(lanes));
+    raw_open(&raw, tls, blob, len);
+    run_ours(x, peer, bs, 16); /* warm-up: wire-up, first touches */
+    run_raw(&raw, src, bs, 16);
+    for (int di = 0; di < nd; di++) {
+        double ours[16], rawv[16];
+        for (int r = 0; r < O.reps; r++) { /* alternate ours and the ceiling */
+            ours[r] = run_ours(x, peer, bs, depths[di]);
+            rawv[r] = run_raw(&raw, src, bs, depths[di]);
+        }
+        double mo = median(ours, O.reps), mr = median(rawv, O.reps);
+        printf("%-4s %8u KiB  D=%-3u  ours %7.2f GB/s  raw %7.2f GB/s  ours/raw %.3f   [%s: %s]\n",
+               path, bs / 1024, depths[di], mo, mr, mo / mr,
+               kvp_data_path_str(x->ops->peer_path(x, peer)), lanes);
+        fflush(stdout);
+    }
+    raw_close(&raw);
+    x->ops->remove_peer(x, peer);
+    x->ops->close(x, true);
+    c.op = 2;
+    if (!io_all(sock, &c, sizeof(c), true) || !io_all(sock, &len, 4, false))
+        die("target teardown");
+}
+
+static void parse(int argc, char **argv)
+{
+    static const struct option lo[] = {{"quick", 0, 0, 'q'},       {"region-mib", 1, 0, 'r'},
+                                       {"reps", 1, 0, 'n'},        {"secs", 1, 0, 's'},
+                                       {"path", 1, 0, 'p'},        {"no-perftest", 0, 0, 'P'},
+                                       {0, 0, 0, 0}};
+    int ch;
+    while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+        switch (ch) {
+        case 'q':
+            O.quick = true;
+            O.region = 256ull << 20;
+            O.reps = 2;
+            O.secs = 0.12;
+            break;
+        case 'r': O.region = strtoull(optarg, NULL, 10) << 20; break;
+        case 'n': O.reps = atoi(optarg); break;
+        case 's': O.secs = atof(optarg); break;
+        case 'p':
+            O.shm = !strcmp(optarg, "shm") || !strcmp(optarg, "both");
+            O.tcp = !strcmp(optarg, "tcp") || !strcmp(optarg, "both");
+            break;
+        case 'P': O.perftest = false; break;
+        default: die("usage: ucx_bench [--quick] [--region-mib N] [--reps N] [--secs S] "
+                     "[--path shm|tcp|both] [--no-perftest]");
+        }
+    }
+    if (O.reps < 1 || O.reps > 16 || O.region < (4ull << 20))
+        die("bad --reps (1..16) or --region-mib (>= 4)");
+}
+
+int main(int argc, char **argv)
+{
+    static const uint32_t sizes[] = {16 << 10, 256 << 10, 2 << 20};
+    static const uint32_t depths_full[] = {1, 16, 64}, depths_quick[] = {16};
+    const uint32_t *depths = depths_full;
+    int nd = 3, sv[2];
+
+    parse(argc, argv);
+    if (O.quick) {
+        depths = depths_quick;
+        nd = 1;
+    }
+    if (!getenv("UCX_NET_DEVICES"))
+        setenv("UCX_NET_DEVICES", "lo", 1); /* tcp on loopback only */
+    if (getenv("UCX_TLS"))
+        fprintf(stderr, "note: UCX_TLS=%s from the environment applies to the shm rows too\n",
+                getenv("UCX_TLS"));
+    kvp_log_set_level(KVP_LOG_WARN);
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0)
+        die("socketpair");
+    pid_t pid = fork(); /* before any UCX thread exists */
+    if (pid == 0) {
+        close(sv[0]);
+        target_main(sv[1]);
+    }
+    close(sv[1]);
+    printf("ucx_bench: UCX %s, region %zu MiB per side, %d alternating reps of %.2f s, "
+           "batch = D blocks -> one write/flush, destinations stride-permuted\n",
+           ucp_get_version_string(), O.region >> 20, O.reps, O.secs);
+    const struct {
+        const char *name, *tls;
+        bool on;
+    } paths[] = {{"shm", "", O.shm}, {"tcp", "tcp", O.tcp}};
+    for (int pi = 0; pi < 2; pi++) {
+        if (!paths[pi].on)
+            continue;
+        for (int si = 0; si < 3; si++)
+            bench_size(sv[0], paths[pi].name, paths[pi].tls, sizes[si], depths, nd);
+    }
+    cmd_t c = {.op = 3};
+    io_all(sv[0], &c, sizeof(c), true);
+    waitpid(pid, NULL, 0);
+    for (int pi = 0; O.perftest && pi < 2; pi++) {
+        if (!paths[pi].on)
+            continue;
+        for (int si = 0; si < 3; si++)
+            for (int oi = 0; oi < (O.quick ? 1 : 2); oi++) {
+                int outst = oi ? 64 : 16;
+                printf("%-4s %8u KiB  O=%-3d  ucx_perftest ucp_put_bw %7.2f GB/s%s\n",
+                       paths[pi].name, sizes[si] / 1024, outst,
+                       perftest(paths[pi].tls, sizes[si], outst),
+                       pi == 0 ? "  (reuses one cached buffer)" : "");
+                fflush(stdout);
+            }
+    }
+    for (int si = 0; si < 3; si++)
+        printf("mem  %8u KiB         single-thread cold memcpy %7.2f GB/s\n", sizes[si] / 1024,
+               cold_memcpy(sizes[si]));
+    return 0;
+}

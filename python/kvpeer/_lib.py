@@ -1,0 +1,291 @@
+"""ctypes declarations of include/kvpeer.h and the loader of libkvpeer.so.
+
+Every struct mirrors the C header field by field (ctypes applies the same
+natural alignment as the C compiler); tests/test_layout.py checks sizes and
+offsets against the real header when a C compiler is present.
+
+Library search order (first hit wins):
+  1. $KVPEER_LIB                      full path of libkvpeer.so
+  2. $KVPEER_BUILD_DIR/libkvpeer.so   a CMake build directory
+  3. the build tree next to this package (../../build/<dir>/libkvpeer.so),
+     preferring build/release, then build/debug, then any other build dir
+     (newest first)
+  4. ctypes.util.find_library("kvpeer") (an installed library)
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+from ctypes import (
+    POINTER,
+    Structure,
+    c_char,
+    c_char_p,
+    c_int,
+    c_int32,
+    c_uint8,
+    c_uint16,
+    c_uint32,
+    c_uint64,
+    c_void_p,
+)
+from pathlib import Path
+from typing import Iterator, List, Optional
+
+# ------------------------------------------------------------------ statuses
+KVP_OK = 0
+STATUS_NAMES = {
+    0: "KVP_OK",
+    -1: "KVP_ERR_INVALID",
+    -2: "KVP_ERR_NOMEM",
+    -3: "KVP_ERR_NOSPACE",
+    -4: "KVP_ERR_EXISTS",
+    -5: "KVP_ERR_PENDING",
+    -6: "KVP_ERR_NOT_FOUND",
+    -7: "KVP_ERR_STALE",
+    -8: "KVP_ERR_STATE",
+    -9: "KVP_ERR_LIMIT",
+    -10: "KVP_ERR_PROTO",
+    -11: "KVP_ERR_IO",
+    -12: "KVP_ERR_TIMEOUT",
+    -13: "KVP_ERR_CLOSED",
+    -14: "KVP_ERR_INCOMPATIBLE",
+    -15: "KVP_ERR_AUTH",
+    -16: "KVP_ERR_TRANSPORT",
+    -17: "KVP_ERR_UNSUPPORTED",
+    -18: "KVP_ERR_CANCELED",
+    -19: "KVP_ERR_CHECKSUM",
+    -20: "KVP_ERR_BUSY",
+    -21: "KVP_ERR_UNREACHABLE",
+    -22: "KVP_ERR_TRUNCATED",
+}
+# Module-level constants KVP_ERR_INVALID = -1, ... generated from the table.
+globals().update({name: code for code, name in STATUS_NAMES.items()})
+
+KVP_TRANSPORT_UCX = 0
+KVP_TRANSPORT_FAKE = 1
+KVP_THREAD_OWN = 0
+KVP_THREAD_CALLER = 1
+KVP_FETCH_FLAG_WAIT_FOR_SUPPLY = 1
+
+KVP_EV_LOOKUP = 1
+KVP_EV_LOAD = 2
+KVP_EV_PEER_UP = 3
+KVP_EV_PEER_DOWN = 4
+
+KEY_MAX = 64         # SPEC §1: keys are 1..64 bytes
+PEER_MAX = 255       # SPEC §4: strings <= 255 bytes
+LIST_MAX = 65536     # SPEC §4: every list <= 65 536 items
+
+
+# ------------------------------------------------------------------ structs
+class kvp_config_t(Structure):
+    """Mirror of kvp_config_t. c_char_p fields borrow Python bytes: keep them
+    referenced until kvp_node_create returns (the node copies what it keeps)."""
+
+    _fields_ = [
+        ("name", c_char_p),
+        ("listen_addr", c_char_p),
+        ("peer_id", c_char_p),
+        ("instance_id", c_char_p),
+        ("num_blocks", c_uint32),
+        ("block_size", c_uint32),
+        ("compat", c_char_p),
+        ("hash_seed", c_uint64),
+        ("psk", c_void_p),
+        ("psk_len", c_uint32),
+        ("transport", c_int32),
+        ("thread_mode", c_int32),
+        ("region", c_void_p),
+        ("region_len", c_uint64),
+        ("verify_checksums", c_uint8),
+        ("huge_pages", c_uint8),
+        ("reserved0", c_uint16),
+        ("heartbeat_ms", c_uint32),
+        ("dead_after_ms", c_uint32),
+        ("handshake_timeout_ms", c_uint32),
+        ("lookup_pending_ms", c_uint32),
+        ("supply_pin_ms", c_uint32),
+        ("load_timeout_ms", c_uint32),
+        ("abort_resend_ms", c_uint32),
+        ("abort_ack_timeout_ms", c_uint32),
+        ("parked_demand_ms", c_uint32),
+        ("hold_cap_ms", c_uint32),
+        ("suspect_period_ms", c_uint64),
+        ("idle_session_ms", c_uint32),
+        ("shutdown_drain_ms", c_uint32),
+        ("max_sessions", c_uint32),
+        ("max_pins", c_uint32),
+        ("max_retained", c_uint32),
+        ("max_quarantined", c_uint32),
+        ("max_inflight_bytes_per_peer", c_uint64),
+        ("backoff_min_ms", c_uint32),
+        ("backoff_max_ms", c_uint32),
+    ]
+
+
+class kvp_block_t(Structure):
+    _fields_ = [
+        ("data", c_void_p),
+        ("len", c_uint64),
+        ("slot", c_uint32),
+        ("gen", c_uint32),
+    ]
+
+
+class kvp_event_t(Structure):
+    _fields_ = [
+        ("type", c_int32),
+        ("status", c_int32),
+        ("op_id", c_uint64),
+        ("request_id", c_uint64),
+        ("n_keys", c_uint32),
+        ("n_ok", c_uint32),
+        ("fault", c_uint32),
+        ("reserved", c_uint32),
+        ("peer", c_char * 256),
+    ]
+
+
+STATS_FIELDS = (
+    "slots_free slots_filling slots_ready slots_quarantined slots_suspect "
+    "pins lookups_hit lookups_miss lookups_pending "
+    "fetches_ok fetches_failed fetches_aborted "
+    "blocks_in bytes_in blocks_out bytes_out "
+    "transfer_latency_ns_sum transfers_done "
+    "sessions_ready sessions_handshaking "
+    "retained_transfers quarantined_slots force_releases "
+    "checksum_mismatches stale_frames protocol_errors peers_down "
+    "probations evictions loads_inflight"
+).split()
+
+
+class kvp_stats_t(Structure):
+    _fields_ = [(f, c_uint64) for f in STATS_FIELDS]
+
+
+class kvp_held_item_t(Structure):
+    _fields_ = [
+        ("kind", c_int32),
+        ("slot", c_uint32),
+        ("id", c_uint64),
+        ("age_ms", c_uint64),
+        ("peer", c_char * 256),
+    ]
+
+
+class kvp_peer_info_t(Structure):
+    _fields_ = [
+        ("peer", c_char * 256),
+        ("instance", c_char * 256),
+        ("data_path", c_char * 32),
+        ("ready", c_uint32),
+        ("probation", c_uint32),
+        ("rtt_ns", c_uint64),
+        ("loads_inflight", c_uint64),
+        ("bytes_inflight", c_uint64),
+    ]
+
+
+# ------------------------------------------------------------------ loading
+def _package_build_candidates() -> Iterator[Path]:
+    """libkvpeer.so files in <repo>/build/*/ when this package runs from the
+    source tree (python/kvpeer/_lib.py -> <repo>/build)."""
+    build = Path(__file__).resolve().parent.parent.parent / "build"
+    if not build.is_dir():
+        return
+    for pref in ("release", "debug"):
+        p = build / pref / "libkvpeer.so"
+        if p.exists():
+            yield p
+    others = [p for p in build.glob("*/libkvpeer.so")
+              if p.parent.name not in ("release", "debug")]
+    others.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    yield from others
+
+
+def find_library() -> str:
+    """The path (or soname) of libkvpeer.so following the documented order;
+    raises OSError naming what was tried when nothing is found."""
+    tried: List[str] = []
+    env = os.environ.get("KVPEER_LIB")
+    if env:
+        if os.path.exists(env):
+            return env
+        tried.append(env)
+    bdir = os.environ.get("KVPEER_BUILD_DIR")
+    if bdir:
+        p = os.path.join(bdir, "libkvpeer.so")
+        if os.path.exists(p):
+            return p
+        tried.append(p)
+    for p in _package_build_candidates():
+        return str(p)
+    tried.append("<repo>/build/*/libkvpeer.so")
+    found = ctypes.util.find_library("kvpeer")
+    if found:
+        return found
+    tried.append('ctypes.util.find_library("kvpeer")')
+    raise OSError("libkvpeer.so not found; tried: " + ", ".join(tried) +
+                  " (set KVPEER_LIB to its full path)")
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    """Argument and result types of every kvpeer.h function."""
+    node_p = c_void_p
+    st = c_int32
+    u8p = POINTER(c_uint8)
+    u32p = POINTER(c_uint32)
+    protos = {
+        "kvp_status_str": (c_char_p, [c_int32]),
+        "kvp_config_init": (None, [POINTER(kvp_config_t)]),
+        "kvp_node_create": (st, [POINTER(kvp_config_t), POINTER(c_void_p)]),
+        "kvp_node_destroy": (None, [node_p]),
+        "kvp_node_peer_id": (c_char_p, [node_p]),
+        "kvp_node_fd": (c_int, [node_p]),
+        "kvp_node_progress": (st, [node_p, c_int32]),
+        "kvp_peer_add": (st, [node_p, c_char_p]),
+        "kvp_peer_remove": (st, [node_p, c_char_p]),
+        "kvp_put": (st, [node_p, c_void_p, c_uint32, c_void_p, c_uint64, c_uint64]),
+        "kvp_get": (st, [node_p, c_void_p, c_uint32, POINTER(kvp_block_t)]),
+        "kvp_release": (st, [node_p, POINTER(kvp_block_t)]),
+        "kvp_lookup": (st, [node_p, c_char_p, c_uint64, u8p, u32p, c_uint32, u8p,
+                            POINTER(c_uint64)]),
+        "kvp_fetch": (st, [node_p, c_char_p, c_uint64, u8p, u32p, c_uint32, c_uint32,
+                           POINTER(c_int32), POINTER(c_uint64)]),
+        "kvp_cancel": (st, [node_p, c_uint64]),
+        "kvp_finish_request": (st, [node_p, c_uint64]),
+        "kvp_poll_events": (st, [node_p, POINTER(kvp_event_t), c_uint32, u32p]),
+        "kvp_node_stats": (st, [node_p, POINTER(kvp_stats_t)]),
+        "kvp_node_held": (st, [node_p, POINTER(kvp_held_item_t), c_uint32, u32p]),
+        "kvp_node_peers": (st, [node_p, POINTER(kvp_peer_info_t), c_uint32, u32p]),
+    }
+    for name, (res, args) in protos.items():
+        fn = getattr(lib, name)
+        fn.restype = res
+        fn.argtypes = args
+
+
+_LIB: Optional[ctypes.CDLL] = None
+_LIB_PATH: Optional[str] = None
+
+
+def lib() -> ctypes.CDLL:
+    """The loaded, declared library (loaded once, on first use)."""
+    global _LIB, _LIB_PATH
+    if _LIB is None:
+        path = find_library()
+        try:
+            handle = ctypes.CDLL(path)
+        except OSError as e:
+            raise OSError(f"cannot load {path}: {e} (a sanitizer build needs its "
+                          "runtime in LD_PRELOAD; build a plain one for Python)") from e
+        _declare(handle)
+        _LIB, _LIB_PATH = handle, path
+    return _LIB
+
+
+def lib_path() -> Optional[str]:
+    """Where the library was loaded from (None before the first use)."""
+    return _LIB_PATH

@@ -1,0 +1,435 @@
+"""kvpeer.tier: kvpeer as an inference engine's secondary KV tier.
+
+The engine's scheduler thread drives the tier; the node's own progress thread
+serves peers meanwhile, so the tier needs no thread of its own.
+
+    tier = KVPeerTier(peers=["10.0.0.2:7000"], num_blocks=4096, block_size=1 << 20)
+    r = tier.lookup(key, req)            # HIT / MISS / HIT_PENDING / RETRY
+    tier.submit_load(LoadJob("j1", req, [key], dst=[gpu_staging_buffer]))
+    tier.submit_store(StoreJob("j2", req, [key2], [block_bytes]))
+    for done in tier.get_finished_jobs(): ...   # exactly one per job
+    tier.on_request_finished(req)
+    tier.shutdown()
+
+Semantics (SPEC §5, §7):
+* lookup() never blocks. The first call for a (request, key) sends a LOOKUP
+  to the candidate peers and answers RETRY; later calls answer HIT once a
+  peer answered HIT, MISS once every peer answered MISS. A peer with no ready
+  session (down, dialling, on probation) counts as MISS at once (routing
+  failure at once: the engine recomputes rather than waits).
+* HIT_PENDING: the block is not loadable yet but is on its way: a load into
+  this node is in flight for it, or the request names a ``supplier`` peer
+  (fetch before supply, §5.3: the prefill node will put it).
+* submit_load() fetches the keys from the peers that answered HIT (or, with a
+  supplier, with WAIT_FOR_SUPPLY) into the local store and, on success,
+  copies each block into ``job.dst[i]`` if given. Every job gets exactly one
+  outcome in get_finished_jobs(): a key with no source, or a fetch the node
+  refuses, fails the job at once (and cancels the parts already sent).
+* When a source dies, its loads fail (once) and its HIT answers are
+  forgotten, so lookups answer MISS. Slots a dead source might still write
+  are quarantined and released by the node on proof or at the hold cap; the
+  tier never touches them.
+"""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, Hashable, List, Optional, Sequence, Set, Tuple, Union
+
+from . import _lib as L
+from .node import Buffer, Error, Event, EventType, Node
+
+
+class LookupResult(enum.Enum):
+    HIT = "hit"                  # loadable now (local, or a peer pinned it for the request)
+    MISS = "miss"                # nowhere: recompute
+    HIT_PENDING = "hit_pending"  # on its way (load in flight, or a supplier will put it)
+    RETRY = "retry"              # asked a peer; ask again on the next step
+
+
+HIT = LookupResult.HIT
+MISS = LookupResult.MISS
+HIT_PENDING = LookupResult.HIT_PENDING
+RETRY = LookupResult.RETRY
+
+
+@dataclass
+class Request:
+    """The engine's request as the tier needs it. ``peers`` narrows the peers
+    asked (default: the tier's peers); ``supplier`` is the peer that will
+    produce the blocks (fetch before supply, e.g. the prefill node)."""
+
+    request_id: int
+    peers: Optional[Sequence[str]] = None
+    supplier: Optional[str] = None
+
+
+RequestLike = Union[Request, int]
+
+
+@dataclass
+class LoadJob:
+    """Load ``keys`` for ``request``; ``dst`` (optional) gives one writable
+    buffer per key that receives the block's bytes on success."""
+
+    job_id: Hashable
+    request: RequestLike
+    keys: Sequence[bytes]
+    dst: Optional[Sequence[Any]] = None
+
+
+@dataclass
+class StoreJob:
+    """Store ``data[i]`` as the block of ``keys[i]`` (made available to peers)."""
+
+    job_id: Hashable
+    request: RequestLike
+    keys: Sequence[bytes]
+    data: Sequence[Buffer]
+
+
+@dataclass
+class FinishedJob:
+    """The one outcome of a job. ``status`` is the first failure (kvp_status_t)
+    or KVP_OK; ``block_status`` per key when known."""
+
+    job_id: Hashable
+    kind: str  # "load" | "store"
+    ok: bool
+    status: int
+    n_ok: int = 0
+    block_status: List[int] = field(default_factory=list)
+    detail: str = ""
+
+
+@dataclass
+class _Round:
+    """The latest LOOKUP op of one (request, peer). kvp_fetch without
+    WAIT_FOR_SUPPLY fetches against the request's latest lookup round, once;
+    HIT keys of older ops are fetched with WAIT_FOR_SUPPLY (the source then
+    serves them from its store at once)."""
+
+    op: int
+    keys: Set[bytes]
+    done: bool = False
+    fetched: bool = False
+
+
+@dataclass
+class _Load:
+    job: LoadJob
+    rid: int
+    ops: Set[int] = field(default_factory=set)  # fetch ops still running
+    n_ok: int = 0
+    status: Dict[bytes, int] = field(default_factory=dict)
+
+
+def _rid(request: RequestLike) -> int:
+    if isinstance(request, Request):
+        return request.request_id
+    if isinstance(request, int) and not isinstance(request, bool):
+        return request
+    raise TypeError(f"request must be a kvpeer.tier.Request or an int, got {type(request).__name__}")
+
+
+class KVPeerTier:
+    """A secondary KV tier backed by one kvpeer Node. Pass ``node`` to share an
+    existing Node (the tier then does not close it), or keyword arguments to
+    create one (kvp_config_t options). ``peers`` are dialled at once."""
+
+    def __init__(self, node: Optional[Node] = None, peers: Sequence[str] = (),
+                 **node_config: Any) -> None:
+        if node is not None and node_config:
+            raise TypeError("give either node= or node config options, not both")
+        self._owns = node is None
+        self.node: Node = node if node is not None else Node(**node_config)
+        self.peers: List[str] = list(peers)
+        for p in self.peers:
+            self.node.add_peer(p)
+        # (rid, key) -> {peer: True (HIT) | False (MISS) | None (asked)}
+        self._answers: Dict[Tuple[int, bytes], Dict[str, Optional[bool]]] = {}
+        self._lookup_ops: Dict[int, Tuple[int, str]] = {}
+        self._rounds: Dict[Tuple[int, str], _Round] = {}
+        self._loads: Dict[Hashable, _Load] = {}
+        self._load_ops: Dict[int, Hashable] = {}
+        self._inflight_keys: Dict[bytes, int] = {}  # key -> loads in flight for it
+        self._done: List[FinishedJob] = []
+        self._closed = False
+
+    # ---------------------------------------------------------- lookup
+    def lookup(self, key: bytes, request: RequestLike) -> LookupResult:
+        """Where ``key`` stands for ``request`` (never blocks; see module doc)."""
+        return self.lookup_many([key], request)[0]
+
+    def lookup_many(self, keys: Sequence[bytes], request: RequestLike) -> List[LookupResult]:
+        """lookup() for several keys, with one LOOKUP per peer for the new ones."""
+        self._check_open()
+        rid = _rid(request)
+        self._pump()
+        out: List[Optional[LookupResult]] = []
+        ask: List[bytes] = []
+        for k in keys:
+            r = self._local_state(k)
+            if r is None and (rid, k) not in self._answers:
+                ask.append(k)
+            out.append(r)
+        if ask:
+            self._ask(rid, ask, self._candidates(request))
+        sup = request.supplier if isinstance(request, Request) else None
+        return [r if r is not None else self._remote_state(rid, k, sup)
+                for k, r in zip(keys, out)]
+
+    def _local_state(self, key: bytes) -> Optional[LookupResult]:
+        try:
+            self.node.get(key).release()
+            return HIT
+        except Error as e:
+            if e.status == L.KVP_ERR_PENDING or self._inflight_keys.get(key):
+                return HIT_PENDING
+            if e.status != L.KVP_ERR_NOT_FOUND:
+                raise
+        return HIT_PENDING if self._inflight_keys.get(key) else None
+
+    def _remote_state(self, rid: int, key: bytes, supplier: Optional[str]) -> LookupResult:
+        ans = self._answers.get((rid, key), {})
+        if any(v is True for v in ans.values()):
+            return HIT
+        if any(v is None for v in ans.values()):
+            return RETRY
+        return HIT_PENDING if supplier is not None else MISS
+
+    def _candidates(self, request: RequestLike) -> List[str]:
+        if isinstance(request, Request) and request.peers is not None:
+            return list(request.peers)
+        return list(self.peers)
+
+    def _ask(self, rid: int, keys: List[bytes], peers: List[str]) -> None:
+        for k in keys:
+            self._answers[(rid, k)] = {}
+        for p in peers:
+            try:
+                op = self.node.lookup(p, keys, rid)
+            except Error as e:  # routing failure: MISS at once, the node redials
+                if e.status == L.KVP_ERR_INVALID:
+                    raise
+                for k in keys:
+                    self._answers[(rid, k)][p] = False
+                continue
+            self._lookup_ops[op] = (rid, p)
+            self._rounds[(rid, p)] = _Round(op, set(keys))
+            for k in keys:
+                self._answers[(rid, k)][p] = None
+
+    # ---------------------------------------------------------- jobs
+    def submit_load(self, job: LoadJob) -> None:
+        """Start a load job; its one outcome comes from get_finished_jobs()."""
+        self._check_open()
+        if job.job_id in self._loads:
+            raise ValueError(f"load job {job.job_id!r} is already running")
+        if job.dst is not None and len(job.dst) != len(job.keys):
+            raise ValueError("dst must give one buffer per key")
+        rid = _rid(job.request)
+        ld = _Load(job, rid)
+        self._loads[job.job_id] = ld
+        sup = job.request.supplier if isinstance(job.request, Request) else None
+        by_peer: Dict[Tuple[str, bool], List[bytes]] = {}
+        for k in job.keys:
+            if self.node.contains(k):
+                ld.status[k] = L.KVP_OK
+                ld.n_ok += 1
+                continue
+            ans = self._answers.get((rid, k), {})
+            src = next((p for p, v in ans.items() if v is True), None)
+            if src is not None:
+                rnd = self._rounds.get((rid, src))
+                latest = rnd is not None and rnd.done and not rnd.fetched and k in rnd.keys
+                by_peer.setdefault((src, not latest), []).append(k)
+            elif sup is not None:
+                by_peer.setdefault((sup, True), []).append(k)
+            else:
+                return self._fail_load(ld, L.KVP_ERR_NOT_FOUND, f"no source for key {k!r}")
+        for (peer, wait), ks in by_peer.items():
+            try:
+                op = self.node.fetch(peer, ks, rid, wait_for_supply=wait)
+            except Error as e:
+                return self._fail_load(ld, e.status, f"fetch from {peer}: {e}")
+            ld.ops.add(op)
+            self._load_ops[op] = job.job_id
+            rnd = self._rounds.get((rid, peer))
+            if not wait and rnd is not None:
+                rnd.fetched = True
+            for k in ks:
+                self._inflight_keys[k] = self._inflight_keys.get(k, 0) + 1
+        if not ld.ops:
+            self._finish_load(ld)
+
+    def submit_store(self, job: StoreJob) -> None:
+        """Put the job's blocks into the local store (tied to the request, so
+        parked WAIT_FOR_SUPPLY demand is served at once). A key already READY
+        counts as stored. The outcome comes from get_finished_jobs()."""
+        self._check_open()
+        if len(job.data) != len(job.keys):
+            raise ValueError("data must give one buffer per key")
+        rid = _rid(job.request)
+        status: List[int] = []
+        for k, d in zip(job.keys, job.data):
+            try:
+                self.node.put(k, d, request_id=rid)
+                status.append(L.KVP_OK)
+            except Error as e:
+                status.append(L.KVP_OK if e.status == L.KVP_ERR_EXISTS else e.status)
+        first = next((s for s in status if s != L.KVP_OK), L.KVP_OK)
+        self._done.append(FinishedJob(job.job_id, "store", first == L.KVP_OK, first,
+                                      sum(s == L.KVP_OK for s in status), status))
+
+    def get_finished_jobs(self) -> List[FinishedJob]:
+        """Jobs finished since the last call, each exactly once."""
+        if not self._closed:
+            self._pump()
+        out, self._done = self._done, []
+        return out
+
+    def pending_jobs(self) -> List[Hashable]:
+        """Load jobs without an outcome yet."""
+        return list(self._loads)
+
+    def wait_jobs(self, timeout: float) -> List[FinishedJob]:
+        """get_finished_jobs(), waiting up to ``timeout`` seconds while load
+        jobs are pending and none has finished (a helper for tests/tools)."""
+        deadline = time.monotonic() + timeout
+        out = self.get_finished_jobs()
+        while not out and self._loads and time.monotonic() < deadline:
+            self._pump(min(0.05, max(0.0, deadline - time.monotonic())))
+            out = self.get_finished_jobs()
+        return out
+
+    def on_request_finished(self, request: RequestLike) -> None:
+        """The engine is done with ``request``: its pending loads fail (once),
+        its lookups' pinned supply on peers and its parked demand here are
+        released, and its lookup answers are forgotten."""
+        self._check_open()
+        rid = _rid(request)
+        self.node.finish_request(rid)
+        for k in [k for k in self._answers if k[0] == rid]:
+            del self._answers[k]
+        for k in [k for k in self._rounds if k[0] == rid]:
+            del self._rounds[k]
+
+    def shutdown(self, timeout: float = 5.0) -> List[FinishedJob]:
+        """Cancel pending loads, wait (bounded) for their outcomes, close the
+        node if the tier created it. Returns the outcomes not yet taken; jobs
+        still undecided at the bound are reported failed with KVP_ERR_CLOSED."""
+        if self._closed:
+            return []
+        for op in list(self._load_ops):
+            try:
+                self.node.cancel(op)
+            except Error:
+                pass  # already decided: its event is on the way
+        deadline = time.monotonic() + timeout
+        while self._load_ops and time.monotonic() < deadline:
+            self._pump(0.05)
+        for ld in list(self._loads.values()):
+            self._fail_load(ld, L.KVP_ERR_CLOSED, "tier shut down")
+        out = self.get_finished_jobs()
+        self._closed = True
+        if self._owns:
+            self.node.close()
+        return out
+
+    def __enter__(self) -> "KVPeerTier":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+    # ---------------------------------------------------------- events
+    def _check_open(self) -> None:
+        if self._closed:
+            raise Error(L.KVP_ERR_CLOSED, "tier is shut down")
+
+    def _pump(self, timeout: float = 0.0) -> None:
+        for ev in self.node.poll(timeout):
+            self._on_event(ev)
+
+    def _on_event(self, ev: Event) -> None:
+        if ev.type == EventType.LOOKUP:
+            self._on_lookup(ev)
+        elif ev.type == EventType.LOAD:
+            self._on_load(ev)
+        elif ev.type == EventType.PEER_DOWN:
+            self._forget_peer(ev.peer)
+
+    def _on_lookup(self, ev: Event) -> None:
+        rid, peer = self._lookup_ops.pop(ev.op_id, (None, None))
+        if rid is None:
+            return
+        rnd = self._rounds.get((rid, peer))
+        if rnd is not None and rnd.op == ev.op_id:
+            rnd.done = True
+        res = ev.results if ev.results is not None else [False] * len(ev.keys)
+        for k, hit in zip(ev.keys, res):
+            ans = self._answers.get((rid, k))
+            if ans is not None and peer in ans:
+                ans[peer] = bool(hit) and ev.ok
+
+    def _forget_peer(self, peer: str) -> None:
+        """A source went down: its HITs are gone (its pins died with it)."""
+        for ans in self._answers.values():
+            if peer in ans:
+                ans[peer] = False
+
+    def _on_load(self, ev: Event) -> None:
+        job_id = self._load_ops.pop(ev.op_id, None)
+        if job_id is None:
+            return
+        for k in ev.keys:
+            left = self._inflight_keys.get(k, 0) - 1
+            if left > 0:
+                self._inflight_keys[k] = left
+            else:
+                self._inflight_keys.pop(k, None)
+        ld = self._loads.get(job_id)
+        if ld is None:
+            return  # the job already had its outcome (failed at once)
+        ld.ops.discard(ev.op_id)
+        bst = ev.block_status or [ev.status] * len(ev.keys)
+        for k, s in zip(ev.keys, bst):
+            ld.status[k] = s if ev.ok or s != L.KVP_OK else ev.status
+        if not ev.ok:
+            return self._fail_load(ld, ev.status, f"load from {ev.peer}")
+        ld.n_ok += ev.n_ok
+        if not ld.ops:
+            self._finish_load(ld)
+
+    def _finish_load(self, ld: _Load) -> None:
+        """Every part succeeded: copy into dst (if any) and publish."""
+        if ld.job.dst is not None:
+            for k, dst in zip(ld.job.keys, ld.job.dst):
+                try:
+                    with self.node.get(k) as b:
+                        n = min(len(b.view), memoryview(dst).nbytes)
+                        memoryview(dst).cast("B")[:n] = b.view[:n]
+                except Error as e:  # evicted between commit and copy
+                    return self._fail_load(ld, e.status, f"copy of {k!r}")
+        self._publish(ld, L.KVP_OK, "")
+
+    def _fail_load(self, ld: _Load, status: int, detail: str) -> None:
+        """Publish the failure now; cancel the parts still running (their
+        events are then swallowed: the job has its one outcome)."""
+        for op in list(ld.ops):
+            try:
+                self.node.cancel(op)
+            except Error:
+                pass
+        self._publish(ld, status, detail)
+
+    def _publish(self, ld: _Load, status: int, detail: str) -> None:
+        if self._loads.pop(ld.job.job_id, None) is None:
+            return
+        bst = [ld.status.get(k, status if status != L.KVP_OK else L.KVP_OK)
+               for k in ld.job.keys]
+        self._done.append(FinishedJob(ld.job.job_id, "load", status == L.KVP_OK, status,
+                                      sum(s == L.KVP_OK for s in bst) if status == L.KVP_OK
+                                      else ld.n_ok, bst, detail))

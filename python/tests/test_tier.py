@@ -1,0 +1,215 @@
+"""kvpeer.tier as an engine's secondary tier: lookup -> load -> finish, the
+source dying under a load, fetch before supply, store jobs, bad input."""
+from __future__ import annotations
+
+import time
+from typing import Callable, List
+
+import pytest
+
+import kvpeer
+from kvpeer.tier import (HIT, HIT_PENDING, MISS, RETRY, FinishedJob, KVPeerTier, LoadJob,
+                         Request, StoreJob)
+from peer_proc import block_bytes
+from conftest import FAST, scaled
+
+BS = 65536
+
+
+@pytest.fixture
+def tier_factory():
+    made: List[KVPeerTier] = []
+
+    def make(peers=(), **kw) -> KVPeerTier:
+        t = KVPeerTier(peers=peers, **{**FAST, **kw})
+        made.append(t)
+        return t
+
+    yield make
+    for t in made:
+        t.shutdown(timeout=1)
+
+
+def settle(tier: KVPeerTier, keys, req, timeout: float = 10.0):
+    """Ask until no answer is RETRY (the engine would ask once per step)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        res = tier.lookup_many(keys, req)
+        if RETRY not in res or time.monotonic() > deadline:
+            return res
+        time.sleep(0.01)
+
+
+def until(cond: Callable[[], bool], timeout: float, step: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(step)
+    return True
+
+
+def collect(tier: KVPeerTier, n: int, timeout: float) -> List[FinishedJob]:
+    out: List[FinishedJob] = []
+    deadline = time.monotonic() + timeout
+    while len(out) < n and time.monotonic() < deadline:
+        out += tier.wait_jobs(0.2)
+    return out
+
+
+def test_tier_lookup_load_finish(tier_factory, peer_factory):
+    src = peer_factory()
+    keys = [b"L-%d" % i for i in range(6)]
+    src.call("put_pattern", keys, BS, 0)
+    tier = tier_factory(peers=[src.peer_id])
+    tier.node.wait_peer(src.peer_id, 10)
+    req = Request(21)
+
+    assert tier.lookup(keys[0], req) == RETRY  # asked the peer, not blocked
+    res = settle(tier, keys + [b"absent"], req)
+    assert res == [HIT] * 6 + [MISS]
+
+    dst = [bytearray(BS) for _ in keys]
+    tier.submit_load(LoadJob("load-1", req, keys, dst=dst))
+    assert tier.lookup(keys[0], req) in (HIT_PENDING, HIT)  # load in flight or done
+    done = collect(tier, 1, 10)
+    assert [(d.job_id, d.kind, d.ok, d.n_ok) for d in done] == [("load-1", "load", True, 6)]
+    for k, d in zip(keys, dst):
+        assert bytes(d) == block_bytes(k, BS)
+    assert tier.lookup(keys[0], Request(99)) == HIT  # local now, any request
+
+    tier.on_request_finished(req)
+    assert tier.wait_jobs(0.3) == [] and tier.pending_jobs() == []  # exactly once
+    st = tier.node.stats()
+    assert st["pins"] == 0 and st["slots_filling"] == 0 and st["slots_ready"] == 6
+    assert until(lambda: src.call("stats")["pins"] == 0, 5)  # supply released
+
+    # a job for a key nobody holds fails at once, once (routing failure)
+    tier.submit_load(LoadJob("load-2", req, [b"absent"]))
+    done = tier.get_finished_jobs()
+    assert len(done) == 1 and not done[0].ok
+    assert done[0].status == kvpeer.KVP_ERR_NOT_FOUND
+    assert tier.wait_jobs(0.2) == []
+
+
+def test_tier_source_death(tier_factory, peer_factory):
+    """Kill the source under a load: the job fails exactly once, lookups
+    answer MISS, and the quarantined slots come back (proof or hold cap)."""
+    src = peer_factory()
+    src.call("put_pattern", [b"have"], BS, 0)
+    hold_cap_ms = 1500
+    tier = tier_factory(peers=[src.peer_id], hold_cap_ms=hold_cap_ms)
+    tier.node.wait_peer(src.peer_id, 10)
+    req = Request(41, supplier=src.peer_id)  # parked on the source: in flight for sure
+    keys = [b"D-%d" % i for i in range(4)]
+    assert settle(tier, [b"have"] + keys, req) == [HIT] + [HIT_PENDING] * 4
+    tier.submit_load(LoadJob("doomed", req, keys))
+    assert until(lambda: tier.node.stats()["slots_filling"] == 4, 5)
+    assert tier.wait_jobs(0.2) == []
+
+    src.kill()
+    t0 = time.monotonic()
+    done = collect(tier, 1, 10)
+    fail_s = time.monotonic() - t0
+    assert len(done) == 1 and done[0].job_id == "doomed" and not done[0].ok
+    assert done[0].status != kvpeer.KVP_OK
+    assert fail_s < scaled(5), f"the load failed after {fail_s:.1f} s, not fast"
+    # the destinations are never handed out while the dead source might write:
+    # quarantined (no proof on a direct shared-memory path) or already proven
+    st = tier.node.stats()
+    assert st["slots_filling"] == 0 and st["slots_ready"] == 0
+    assert st["slots_quarantined"] + st["slots_free"] == FAST["num_blocks"]
+    assert all(h.kind == "quarantined" for h in tier.node.held())
+
+    # lookups answer MISS now: for this request's old HIT and for new ones
+    assert tier.lookup(b"have", Request(41)) == MISS
+    assert settle(tier, [b"have", b"D-0"], Request(42), timeout=3) == [MISS, MISS]
+
+    # nothing leaks: quarantine released by proof or at the hold cap
+    def clean() -> bool:
+        st = tier.node.stats()
+        return (st["pins"] == 0 and st["slots_filling"] == 0 and
+                st["slots_quarantined"] == 0 and st["loads_inflight"] == 0)
+    assert until(clean, scaled(3 * hold_cap_ms / 1000 + 5)), tier.node.stats()
+    assert tier.node.held() == [] or all(h.kind == "suspect" for h in tier.node.held())
+    assert tier.wait_jobs(0.3) == []  # still exactly one outcome
+    assert tier.node.stats()["slots_free"] == FAST["num_blocks"]
+
+
+def test_tier_fetch_before_supply(tier_factory, peer_factory):
+    src = peer_factory()
+    tier = tier_factory(peers=[src.peer_id])
+    tier.node.wait_peer(src.peer_id, 10)
+    keys = [b"P-%d" % i for i in range(3)]
+
+    # 1. the consumer asks before the prefill node produced the blocks
+    req = Request(31, supplier=src.peer_id)
+    assert settle(tier, keys, req) == [HIT_PENDING] * 3
+    dst = [bytearray(BS) for _ in keys]
+    tier.submit_load(LoadJob("early", req, keys, dst=dst))
+    assert tier.wait_jobs(0.5) == []  # parked on the source, not failed
+    src.call("put_pattern", keys, BS, 31)  # the supply commits
+    done = collect(tier, 1, 10)
+    assert [(d.job_id, d.ok) for d in done] == [("early", True)]
+    assert all(bytes(d) == block_bytes(k, BS) for k, d in zip(keys, dst))
+    tier.on_request_finished(req)
+
+    # 2. the source request finishes without supply: fail at once, once
+    req2 = Request(32, supplier=src.peer_id)
+    tier.submit_load(LoadJob("never", req2, [b"Q-0"]))
+    assert tier.wait_jobs(0.3) == []
+    t0 = time.monotonic()
+    src.call("finish", 32)
+    done = collect(tier, 1, 10)
+    assert [(d.job_id, d.ok) for d in done] == [("never", False)]
+    assert time.monotonic() - t0 < scaled(5)  # not the parked-demand or load timeout
+
+    # 3. the consumer's request finishes during a load (F7): one failure
+    req3 = Request(33, supplier=src.peer_id)
+    tier.submit_load(LoadJob("dropped", req3, [b"R-0"]))
+    tier.on_request_finished(req3)
+    done = collect(tier, 1, 10)
+    assert [(d.job_id, d.ok) for d in done] == [("dropped", False)]
+    assert tier.wait_jobs(0.3) == []
+    assert until(lambda: tier.node.stats()["slots_filling"] == 0, 10)
+
+
+def test_tier_store_jobs_and_shutdown(tier_factory, peer_factory):
+    tier = tier_factory()
+    tier.submit_store(StoreJob("s1", 7, [b"a", b"b"], [b"A" * 10, memoryview(b"B" * BS)]))
+    tier.submit_store(StoreJob("s2", 7, [b"a"], [b"again"]))  # already there: fine
+    tier.submit_store(StoreJob("s3", 7, [b"big"], [b"x" * (BS + 1)]))
+    done = {d.job_id: d for d in tier.get_finished_jobs()}
+    assert done["s1"].ok and done["s1"].n_ok == 2 and done["s2"].ok
+    assert not done["s3"].ok and done["s3"].status == kvpeer.KVP_ERR_INVALID
+    assert tier.lookup(b"a", 7) == HIT and tier.lookup(b"zz", 7) == MISS  # no peers
+
+    # a pending load at shutdown gets its one (failed) outcome from shutdown()
+    src = peer_factory()
+    tier.node.wait_peer(src.peer_id, 10)
+    tier.submit_load(LoadJob("pending", Request(8, supplier=src.peer_id), [b"p"]))
+    final = tier.shutdown(timeout=5)
+    assert [(d.job_id, d.ok) for d in final] == [("pending", False)]
+    assert tier.node.closed
+    with pytest.raises(kvpeer.Error) as ei:
+        tier.lookup(b"a", 7)
+    assert ei.value.status == kvpeer.KVP_ERR_CLOSED
+    assert tier.shutdown() == []
+
+
+def test_tier_bad_input(tier_factory):
+    tier = tier_factory()
+    with pytest.raises(TypeError):
+        tier.lookup(b"k", "req")
+    with pytest.raises(TypeError):
+        tier.lookup("k", 1)
+    with pytest.raises(kvpeer.Error):
+        tier.lookup(b"", 1)
+    with pytest.raises(ValueError):
+        tier.submit_load(LoadJob("x", 1, [b"k"], dst=[]))
+    with pytest.raises(ValueError):
+        tier.submit_store(StoreJob("y", 1, [b"k"], []))
+    tier.submit_load(LoadJob("z", 1, [b"nowhere"]))  # no source: fails once
+    assert [(d.job_id, d.ok) for d in tier.get_finished_jobs()] == [("z", False)]
+    with pytest.raises(TypeError):
+        KVPeerTier(node=tier.node, num_blocks=4)

@@ -1,0 +1,686 @@
+/*
+ * sim.c -- the deterministic simulator (see sim.h).
+ *
+ * One step = one workload action chosen by the seeded PRNG, then a random
+ * advance of the virtual clock (network delivered, every node progressed,
+ * fake transfers landed), then the invariant checker:
+ *   I1/I2  the fake fabric's landing checker recorded no violation;
+ *          every store validates (kvp_store_check);
+ *   I3     no node logged a completion for a transfer it does not know
+ *          (another incarnation's completion reaching a live session);
+ *   I4     no operation produced more than one event; after the quiesce
+ *          phase every operation of a surviving node produced exactly one;
+ *   I5     retained transfers and quarantined slots never outlive the hold
+ *          cap (plus one reap period), and after the quiesce phase nothing
+ *          is pinned, FILLING, QUARANTINED or retained.
+ */
+#include "sim.h"
+
+#include "node/node.h"
+#include "transport/fake.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MS KVP_NSEC_PER_MSEC
+#define SIM_MAX 8
+#define SIM_KEYS 96
+#define SIM_OPS 4096
+#define TRACE_LEN 24
+
+const char *const sim_fault_names[SIM_F_KINDS] = {
+    "kill", "restart", "partition", "graceful", "wedge", "late", "fail", "submit-fail",
+    "endpoint-error", "cancel", "finish",
+};
+
+typedef struct sim_op {
+    bool used, is_load;
+    int node;       /* the node that issued it */
+    int peer;
+    uint64_t id, request;
+    uint32_t events;
+    uint32_t n;
+    uint8_t keys[16 * 16];
+    uint32_t lens[16];
+    uint8_t results[16];
+    int32_t block_status[16];
+} sim_op_t;
+
+typedef struct sim {
+    sim_opts_t o;
+    sim_result_t *r;
+    kvp_rng_t rng;
+    kvp_manual_clock_t mc;
+    kvp_fake_fabric_t *fab;
+    kvp_fake_net_t *net;
+    kvp_node_t *node[SIM_MAX];
+    char addr[SIM_MAX][32];
+    kvp_config_t cfg[SIM_MAX];
+    kvp_node_seams_t seams[SIM_MAX];
+    bool cut[SIM_MAX][SIM_MAX];
+    sim_op_t ops[SIM_OPS];
+    int step;
+    char trace[TRACE_LEN][96];
+    int trace_n;
+    uint64_t unknown_completions;
+    uint8_t *blockbuf;
+    bool corrupt[SIM_MAX][SIM_KEYS]; /* (node, key) corrupted on purpose at the source */
+} sim_t;
+
+static void sim_log_sink(kvp_log_level_t level, const char *prefix, const char *line, void *arg)
+{
+    sim_t *s = arg;
+    (void)prefix;
+    if (level == KVP_LOG_ERROR && strstr(line, "completion for unknown transfer"))
+        s->unknown_completions++;
+    if (s->o.verbose)
+        fprintf(stderr, "    [%s] %s\n", prefix ? prefix : "-", line);
+}
+
+static void trace(sim_t *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void trace(sim_t *s, const char *fmt, ...)
+{
+    va_list ap;
+    char *t = s->trace[s->trace_n++ % TRACE_LEN];
+    int k = snprintf(t, 96, "#%d t=%llums ", s->step,
+                     (unsigned long long)(kvp_clock_now(&s->mc.clock) / MS));
+    va_start(ap, fmt);
+    vsnprintf(t + k, (size_t)(96 - k), fmt, ap);
+    va_end(ap);
+    if (s->o.verbose)
+        fprintf(stderr, "  %s\n", t);
+}
+
+static void violation(sim_t *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void violation(sim_t *s, const char *fmt, ...)
+{
+    va_list ap;
+    s->r->violations++;
+    if (s->r->violations > 1)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(s->r->first_violation, sizeof(s->r->first_violation), fmt, ap);
+    va_end(ap);
+    s->r->violation_step = s->step;
+    fprintf(stderr, "sim: VIOLATION seed=%llu step=%d: %s\n", (unsigned long long)s->o.seed,
+            s->step, s->r->first_violation);
+    fprintf(stderr, "sim: last actions:\n");
+    for (int i = KVP_MAX(0, s->trace_n - TRACE_LEN); i < s->trace_n; i++)
+        fprintf(stderr, "  %s\n", s->trace[i % TRACE_LEN]);
+}
+
+static uint64_t rnd(sim_t *s, uint64_t bound)
+{
+    return kvp_rng_below(&s->rng, bound);
+}
+
+/* ------------------------------------------------------------- nodes */
+
+static void node_cfg(sim_t *s, int i)
+{
+    kvp_config_t *c = &s->cfg[i];
+    kvp_config_init(c);
+    snprintf(s->addr[i], sizeof(s->addr[i]), "s%d:9000", i);
+    c->name = s->addr[i];
+    c->listen_addr = s->addr[i];
+    c->instance_id = i % 2 == 0 ? "hostA" : NULL; /* even ranks share an instance */
+    c->transport = KVP_TRANSPORT_FAKE;
+    c->thread_mode = KVP_THREAD_CALLER;
+    c->num_blocks = 48;
+    c->block_size = 4096;
+    c->compat = "sim";
+    c->heartbeat_ms = 50;
+    c->dead_after_ms = 200;
+    c->handshake_timeout_ms = 500;
+    c->lookup_pending_ms = 100;
+    c->supply_pin_ms = 300;
+    c->load_timeout_ms = 600;
+    c->abort_resend_ms = 100;
+    c->abort_ack_timeout_ms = 400;
+    c->parked_demand_ms = 300;
+    c->hold_cap_ms = 1500;
+    c->shutdown_drain_ms = 100;
+    c->backoff_min_ms = 20;
+    c->backoff_max_ms = 200;
+    c->max_retained = 64;
+    s->seams[i] = (kvp_node_seams_t){&s->mc.clock, s->net, s->fab,
+                                     i % 3 == 2 ? KVP_PATH_FAKE_UNFENCEABLE
+                                                : KVP_PATH_FAKE_FENCEABLE,
+                                     2 * MS};
+}
+
+static bool node_start(sim_t *s, int i)
+{
+    kvp_status_t st = kvp__node_create_ex(&s->cfg[i], &s->seams[i], &s->node[i]);
+    if (st != KVP_OK) {
+        violation(s, "node %d could not start: %s", i, kvp_status_str(st));
+        return false;
+    }
+    for (int j = 0; j < s->o.nodes; j++)
+        if (j != i)
+            kvp_peer_add(s->node[i], s->addr[j]);
+    return true;
+}
+
+static void node_stop(sim_t *s, int i)
+{
+    kvp_node_destroy(s->node[i]);
+    s->node[i] = NULL;
+    for (int k = 0; k < SIM_OPS; k++) /* its operations died with it */
+        if (s->ops[k].used && s->ops[k].node == i)
+            s->ops[k].used = false;
+}
+
+/* ---------------------------------------------------------- operations */
+
+static sim_op_t *op_new(sim_t *s)
+{
+    for (int k = 0; k < SIM_OPS; k++)
+        if (!s->ops[k].used) {
+            memset(&s->ops[k], 0, sizeof(s->ops[k]));
+            s->ops[k].used = true;
+            return &s->ops[k];
+        }
+    return NULL;
+}
+
+static sim_op_t *op_find(sim_t *s, int node, uint64_t id)
+{
+    for (int k = 0; k < SIM_OPS; k++)
+        if (s->ops[k].used && s->ops[k].node == node && s->ops[k].id == id)
+            return &s->ops[k];
+    return NULL;
+}
+
+static void make_keys(sim_t *s, sim_op_t *op, uint32_t n)
+{
+    size_t off = 0;
+    op->n = n;
+    for (uint32_t i = 0; i < n; i++) {
+        op->lens[i] = (uint32_t)snprintf((char *)op->keys + off, 16, "k%03u",
+                                         (unsigned)rnd(s, SIM_KEYS));
+        off += op->lens[i];
+    }
+}
+
+static void block_fill(uint32_t k, uint8_t *buf, size_t len)
+{
+    kvp_rng_t r;
+    kvp_rng_seed(&r, 0xb10c0000u + k);
+    for (size_t i = 0; i < len; i += 8) {
+        uint64_t v = kvp_rng_next(&r);
+        memcpy(buf + i, &v, 8);
+    }
+}
+
+static void act_put(sim_t *s, int i)
+{
+    uint32_t k = (uint32_t)rnd(s, SIM_KEYS);
+    uint8_t key[16];
+    uint32_t kl = (uint32_t)snprintf((char *)key, sizeof(key), "k%03u", k);
+    block_fill(k, s->blockbuf, s->cfg[i].block_size);
+    kvp_status_t st = kvp_put(s->node[i], key, kl, s->blockbuf, s->cfg[i].block_size,
+                              1 + rnd(s, 8));
+    s->r->puts += st == KVP_OK;
+    trace(s, "put n%d k%03u -> %s", i, k, kvp_status_str(st));
+}
+
+static void act_lookup(sim_t *s, int i, int j)
+{
+    sim_op_t *op = op_new(s);
+    if (op == NULL)
+        return;
+    make_keys(s, op, 1 + (uint32_t)rnd(s, 8));
+    op->node = i;
+    op->peer = j;
+    op->request = 1 + rnd(s, 8);
+    kvp_status_t st = kvp_lookup(s->node[i], s->addr[j], op->request, op->keys, op->lens, op->n,
+                                 op->results, &op->id);
+    trace(s, "lookup n%d->n%d req %llu x%u -> %s", i, j, (unsigned long long)op->request, op->n,
+          kvp_status_str(st));
+    if (st != KVP_OK)
+        op->used = false;
+    else
+        s->r->lookups++;
+}
+
+/* A completed lookup of node i with hits, to fetch against (the usual flow). */
+static sim_op_t *pick_lookup(sim_t *s, int i)
+{
+    for (int k = (int)rnd(s, SIM_OPS), c = 0; c < SIM_OPS; c++, k = (k + 1) % SIM_OPS) {
+        sim_op_t *op = &s->ops[k];
+        if (op->used && !op->is_load && op->node == i && op->events == 1)
+            return op;
+    }
+    return NULL;
+}
+
+static void act_fetch(sim_t *s, int i, int j)
+{
+    sim_op_t *lk = rnd(s, 10) < 7 ? pick_lookup(s, i) : NULL;
+    sim_op_t *op = op_new(s);
+    if (op == NULL)
+        return;
+    make_keys(s, op, 1 + (uint32_t)rnd(s, 6));
+    if (lk != NULL) { /* fetch the hits of that lookup, same request and peer */
+        size_t off = 0, loff = 0;
+        op->n = 0;
+        for (uint32_t k = 0; k < lk->n; k++) {
+            if (lk->results[k] == KVP_LOOKUP_HIT) {
+                memcpy(op->keys + off, lk->keys + loff, lk->lens[k]);
+                op->lens[op->n++] = lk->lens[k];
+                off += lk->lens[k];
+            }
+            loff += lk->lens[k];
+        }
+        j = lk->peer;
+        lk->used = false; /* one fetch per lookup */
+        if (op->n == 0) {
+            op->used = false;
+            return;
+        }
+    }
+    op->node = i;
+    op->peer = j;
+    op->is_load = true;
+    op->request = lk ? lk->request : 1 + rnd(s, 8);
+    uint32_t flags = !lk && rnd(s, 2) == 0 ? KVP_FETCH_FLAG_WAIT_FOR_SUPPLY : 0;
+    kvp_status_t st = kvp_fetch(s->node[i], s->addr[j], op->request, op->keys, op->lens, op->n,
+                                flags, op->block_status, &op->id);
+    trace(s, "fetch n%d<-n%d req %llu x%u%s -> %s op %llu", i, j, (unsigned long long)op->request,
+          op->n, flags ? " wait" : "", kvp_status_str(st), (unsigned long long)op->id);
+    if (st != KVP_OK)
+        op->used = false;
+    else
+        s->r->loads++;
+}
+
+static uint32_t key_index(const uint8_t *key, uint32_t len)
+{
+    char tmp[16];
+    memcpy(tmp, key, KVP_MIN(len, 15u));
+    tmp[KVP_MIN(len, 15u)] = '\0';
+    return (uint32_t)atoi(tmp + 1);
+}
+
+/* A committed block must hold exactly the content of its key. */
+static void verify_block(sim_t *s, int i, const uint8_t *key, uint32_t len, const char *what)
+{
+    uint32_t k = key_index(key, len);
+    kvp_block_t b;
+    if (s->corrupt[i][k] || kvp_get(s->node[i], key, len, &b) != KVP_OK)
+        return;
+    block_fill(k, s->blockbuf, s->cfg[i].block_size);
+    bool ok = memcmp(b.data, s->blockbuf, s->cfg[i].block_size) == 0;
+    kvp_release(s->node[i], &b);
+    if (!ok)
+        violation(s, "n%d: %s block k%03u has wrong content", i, what, k);
+}
+
+/* Flip a byte of a READY block behind the store's back (a bad DIMM, a stray
+ * write): consumers must never commit it (checksums). */
+static void act_corrupt(sim_t *s, int j)
+{
+    uint32_t k = (uint32_t)rnd(s, SIM_KEYS);
+    uint8_t key[16];
+    uint32_t kl = (uint32_t)snprintf((char *)key, sizeof(key), "k%03u", k);
+    kvp_slot_ref_t ref;
+    kvp_slot_state_t st;
+    kvp_store_t *store = kvp__node_store(s->node[j]);
+    if (kvp_store_probe(store, key, kl, &ref, &st) != KVP_OK || st != KVP_SLOT_READY)
+        return;
+    ((uint8_t *)kvp_store_slot_ptr(store, ref.slot))[rnd(s, 4096)] ^= 0x5a;
+    s->corrupt[j][k] = true;
+    trace(s, "corrupt n%d k%03u", j, k);
+    /* Someone fetches it right away (supplied from the store at once). */
+    int i = (int)((j + 1 + (int)rnd(s, (uint64_t)s->o.nodes - 1)) % s->o.nodes);
+    sim_op_t *op = op_new(s);
+    if (op == NULL)
+        return;
+    op->n = 1;
+    op->lens[0] = kl;
+    memcpy(op->keys, key, kl);
+    op->node = i;
+    op->peer = j;
+    op->is_load = true;
+    op->request = 200 + rnd(s, 8);
+    if (kvp_fetch(s->node[i], s->addr[j], op->request, op->keys, op->lens, 1,
+                  KVP_FETCH_FLAG_WAIT_FOR_SUPPLY, op->block_status, &op->id) != KVP_OK)
+        op->used = false;
+}
+
+static void act_script(sim_t *s, int i)
+{
+    kvp_fake_script_t sc;
+    int kind = (int)rnd(s, 5);
+    uint64_t d = (1 + rnd(s, 400)) * MS;
+    switch (kind) {
+    case 0:
+        sc = rnd(s, 2) ? kvp_fake_script_wedge() : kvp_fake_script_wedge_then_copy(d);
+        s->r->faults[SIM_F_WEDGE]++;
+        break;
+    case 1:
+        /* Terminal only after its bytes landed: a transport reporting a
+         * transfer terminal while its bytes are still on the way breaks the
+         * transport contract (§6), which no node can defend against. The late
+         * WRITE that outlives its session is the wedged-then-copying one. */
+        sc = kvp_fake_script_late(d, d, KVP_OK);
+        s->r->faults[SIM_F_LATE]++;
+        break;
+    case 2:
+        sc = kvp_fake_script_fail(d / 2, (uint32_t)rnd(s, 3));
+        s->r->faults[SIM_F_FAIL]++;
+        break;
+    case 3:
+        sc = kvp_fake_script_fail_submit();
+        s->r->faults[SIM_F_SUBMIT]++;
+        break;
+    default:
+        sc = kvp_fake_script_complete(d);
+        break;
+    }
+    kvp_fake_script_next(kvp__node_xport(s->node[i]), &sc);
+    trace(s, "script n%d kind %d delay %llums", i, kind, (unsigned long long)(d / MS));
+}
+
+static void act_fault(sim_t *s, int i, int j)
+{
+    switch (rnd(s, 6)) {
+    case 0:
+        kvp_fake_net_kill(s->net, s->addr[i]);
+        s->r->faults[SIM_F_KILL]++;
+        trace(s, "kill n%d", i);
+        break;
+    case 1:
+        node_stop(s, i);
+        s->r->faults[SIM_F_RESTART]++;
+        trace(s, "restart n%d", i);
+        node_start(s, i);
+        break;
+    case 2:
+        s->cut[i][j] = s->cut[j][i] = !s->cut[i][j];
+        kvp_fake_net_partition(s->net, s->addr[i], s->addr[j], s->cut[i][j]);
+        s->r->faults[SIM_F_PARTITION] += s->cut[i][j];
+        trace(s, "%s n%d-n%d", s->cut[i][j] ? "partition" : "heal", i, j);
+        break;
+    case 3:
+        kvp_peer_remove(s->node[i], s->addr[j]);
+        kvp_peer_add(s->node[i], s->addr[j]);
+        s->r->faults[SIM_F_GRACEFUL]++;
+        trace(s, "graceful close n%d-n%d", i, j);
+        break;
+    case 4: {
+        kvp_session_t *ss = kvp__node_find_session(s->node[i], s->addr[j]);
+        if (ss != NULL) {
+            kvp_fake_peer_set_error(kvp__node_xport(s->node[i]), ss->xpeer, KVP_ERR_TRANSPORT);
+            s->r->faults[SIM_F_EP_ERROR]++;
+            trace(s, "endpoint error n%d->n%d", i, j);
+        }
+        break;
+    }
+    default: {
+        uint64_t req = 1 + rnd(s, 8);
+        kvp_finish_request(s->node[i], req);
+        s->r->faults[SIM_F_FINISH]++;
+        trace(s, "finish n%d req %llu", i, (unsigned long long)req);
+        break;
+    }
+    }
+}
+
+static void act_cancel(sim_t *s, int i)
+{
+    for (int k = (int)rnd(s, SIM_OPS), c = 0; c < SIM_OPS; c++, k = (k + 1) % SIM_OPS) {
+        sim_op_t *op = &s->ops[k];
+        if (op->used && op->is_load && op->node == i && op->events == 0) {
+            kvp_status_t st = kvp_cancel(s->node[i], op->id);
+            s->r->faults[SIM_F_CANCEL]++;
+            trace(s, "cancel n%d op %llu -> %s", i, (unsigned long long)op->id,
+                  kvp_status_str(st));
+            return;
+        }
+    }
+}
+
+static void advance(sim_t *s, uint64_t ns);
+
+/* The race the whole project exists for: a WRITE is on its way when the
+ * session dies. Source j's next transfer keeps running and lands its bytes
+ * late; consumer i fetches; then i dies, j dies, or the session is closed. */
+static void act_race(sim_t *s, int i, int j)
+{
+    sim_op_t *op = op_new(s);
+    if (op == NULL)
+        return;
+    op->n = 2;
+    size_t off = 0;
+    for (uint32_t b = 0; b < 2; b++) {
+        uint32_t k = (uint32_t)rnd(s, SIM_KEYS);
+        uint8_t key[16];
+        op->lens[b] = (uint32_t)snprintf((char *)key, sizeof(key), "k%03u", k);
+        memcpy(op->keys + off, key, op->lens[b]);
+        off += op->lens[b];
+        block_fill(k, s->blockbuf, s->cfg[j].block_size);
+        kvp_put(s->node[j], key, op->lens[b], s->blockbuf, s->cfg[j].block_size, 0);
+    }
+    kvp_fake_script_t sc = kvp_fake_script_wedge_then_copy((20 + rnd(s, 300)) * MS);
+    kvp_fake_script_next(kvp__node_xport(s->node[j]), &sc);
+    op->node = i;
+    op->peer = j;
+    op->is_load = true;
+    op->request = 100 + rnd(s, 8);
+    kvp_status_t st = kvp_fetch(s->node[i], s->addr[j], op->request, op->keys, op->lens, 2,
+                                KVP_FETCH_FLAG_WAIT_FOR_SUPPLY, op->block_status, &op->id);
+    trace(s, "race n%d<-n%d -> %s op %llu", i, j, kvp_status_str(st), (unsigned long long)op->id);
+    if (st != KVP_OK) {
+        op->used = false;
+        return;
+    }
+    s->r->loads++;
+    advance(s, (1 + rnd(s, 5)) * MS);
+    switch (rnd(s, 3)) {
+    case 0:
+        kvp_fake_net_kill(s->net, s->addr[i]);
+        s->r->faults[SIM_F_KILL]++;
+        break;
+    case 1:
+        kvp_fake_net_kill(s->net, s->addr[j]);
+        s->r->faults[SIM_F_KILL]++;
+        break;
+    default:
+        kvp_peer_remove(s->node[i], s->addr[j]);
+        kvp_peer_add(s->node[i], s->addr[j]);
+        s->r->faults[SIM_F_GRACEFUL]++;
+        break;
+    }
+}
+
+/* -------------------------------------------------------------- time */
+
+static void collect(sim_t *s)
+{
+    kvp_event_t ev[64];
+    for (int i = 0; i < s->o.nodes; i++) {
+        uint32_t got;
+        if (s->node[i] == NULL)
+            continue;
+        do {
+            got = 0;
+            kvp_poll_events(s->node[i], ev, 64, &got);
+            for (uint32_t e = 0; e < got; e++) {
+                s->r->trace_hash = kvp_hash64(&ev[e].type, sizeof(ev[e].type) * 2 + 8,
+                                              s->r->trace_hash) ^ (uint64_t)ev[e].op_id;
+                if (ev[e].type != KVP_EV_LOOKUP && ev[e].type != KVP_EV_LOAD)
+                    continue;
+                sim_op_t *op = op_find(s, i, ev[e].op_id);
+                if (op == NULL) {
+                    violation(s, "n%d: event for unknown op %llu", i,
+                              (unsigned long long)ev[e].op_id);
+                    continue;
+                }
+                if (++op->events > 1) /* I4 */
+                    violation(s, "n%d: op %llu has %u outcomes", i,
+                              (unsigned long long)op->id, op->events);
+                if (op->is_load && ev[e].status == KVP_OK)
+                    s->r->loads_ok++;
+                if (op->is_load) {
+                    size_t off = 0;
+                    for (uint32_t b = 0; b < op->n; off += op->lens[b], b++)
+                        if (op->block_status[b] == KVP_OK)
+                            verify_block(s, i, op->keys + off, op->lens[b], "fetched");
+                }
+            }
+        } while (got == 64);
+    }
+}
+
+static void tick(sim_t *s, uint64_t ns)
+{
+    kvp_manual_clock_advance(&s->mc, ns);
+    for (int pass = 0; pass < 2; pass++) {
+        kvp_fake_net_deliver(s->net);
+        kvp_fake_fabric_progress(s->fab);
+        for (int i = 0; i < s->o.nodes; i++)
+            if (s->node[i] != NULL)
+                kvp_node_progress(s->node[i], 0);
+    }
+    collect(s);
+}
+
+static void advance(sim_t *s, uint64_t ns)
+{
+    while (ns > 0) {
+        uint64_t d = KVP_MIN(ns, 2 * MS);
+        tick(s, d);
+        ns -= d;
+    }
+}
+
+/* ---------------------------------------------------------- invariants */
+
+static void check(sim_t *s, bool final)
+{
+    const kvp_fake_violation_t *v;
+    size_t nv = kvp_fake_violations(s->fab, &v);
+    /* A copy into a node that shut down (its bounded drain over, slots
+     * released with error logs, SPEC §7.6) lands nowhere: the fake skips it.
+     * Not a handover of live memory; every other kind is a violation. */
+    size_t real = 0;
+    for (size_t k = 0; k < nv; k++)
+        if (v[k].kind != KVP_FAKE_V_DST_CLOSED)
+            v = &v[k], real++, k = nv;
+    if (real == 0 && nv > 0)
+        kvp_fake_violations_clear(s->fab);
+    if (real > 0) { /* I1/I2 */
+        violation(s, "landing checker: %s xfer %llu src %u dst %u (gen %u, now %u, state %s)",
+                  kvp_fake_violation_kind_str(v[0].kind), (unsigned long long)v[0].xfer,
+                  v[0].src_slot, v[0].dst_slot, v[0].expected_gen, v[0].actual_gen,
+                  kvp_slot_state_str(v[0].actual_state));
+        kvp_fake_violations_clear(s->fab);
+    }
+    if (s->unknown_completions > 0) { /* I3 */
+        violation(s, "a completion of another incarnation reached a live session");
+        s->unknown_completions = 0;
+    }
+    uint64_t cap = (uint64_t)s->cfg[0].hold_cap_ms * MS + 300 * MS;
+    for (int i = 0; i < s->o.nodes; i++) {
+        if (s->node[i] == NULL)
+            continue;
+        char why[256];
+        if (kvp_store_check(kvp__node_store(s->node[i]), why, sizeof(why)) != KVP_OK)
+            violation(s, "n%d store invalid: %s", i, why);
+        kvp_held_item_t held[256];
+        uint32_t nh = 0;
+        kvp_node_held(s->node[i], held, 256, &nh);
+        for (uint32_t h = 0; h < nh; h++) /* I5: bounded in time */
+            if (held[h].age_ms * MS > cap)
+                violation(s, "n%d holds %s %llu for %llu ms (cap %u)", i,
+                          held[h].kind == 1 ? "transfer" : "slot",
+                          (unsigned long long)(held[h].kind == 1 ? held[h].id : held[h].slot),
+                          (unsigned long long)held[h].age_ms, s->cfg[0].hold_cap_ms);
+        if (!final)
+            continue;
+        kvp_stats_t st;
+        kvp_node_stats(s->node[i], &st);
+        if (st.pins || st.slots_filling || st.slots_quarantined || st.retained_transfers)
+            violation(s, "n%d after quiesce: pins %llu filling %llu quarantined %llu retained %llu",
+                      i, (unsigned long long)st.pins, (unsigned long long)st.slots_filling,
+                      (unsigned long long)st.slots_quarantined,
+                      (unsigned long long)st.retained_transfers);
+    }
+    if (!final)
+        return;
+    for (int k = 0; k < SIM_OPS; k++) /* I4: exactly one outcome each */
+        if (s->ops[k].used && s->ops[k].events != 1)
+            violation(s, "n%d op %llu (%s) ended with %u outcomes", s->ops[k].node,
+                      (unsigned long long)s->ops[k].id, s->ops[k].is_load ? "load" : "lookup",
+                      s->ops[k].events);
+}
+
+/* --------------------------------------------------------------- run */
+
+static void step(sim_t *s)
+{
+    int i = (int)rnd(s, (uint64_t)s->o.nodes);
+    int j = (int)((i + 1 + (int)rnd(s, (uint64_t)s->o.nodes - 1)) % s->o.nodes);
+    uint64_t a = rnd(s, 100);
+    if (a < 30)
+        act_put(s, i);
+    else if (a < 50)
+        act_lookup(s, i, j);
+    else if (a < 72)
+        act_fetch(s, i, j);
+    else if (a < 84)
+        act_script(s, j);
+    else if (a < 88)
+        act_cancel(s, i);
+    else if (a < 92)
+        act_fault(s, i, j);
+    else if (a < 95)
+        act_race(s, i, j);
+    else
+        act_corrupt(s, j);
+    advance(s, (1 + rnd(s, 20)) * MS);
+    check(s, false);
+}
+
+void sim_run(const sim_opts_t *o, sim_result_t *r)
+{
+    sim_t *s = calloc(1, sizeof(*s));
+    memset(r, 0, sizeof(*r));
+    s->o = *o;
+    s->r = r;
+    s->o.nodes = KVP_MAX(3, KVP_MIN(o->nodes, SIM_MAX));
+    kvp_rng_seed(&s->rng, o->seed);
+    kvp_manual_clock_init(&s->mc, KVP_NSEC_PER_SEC);
+    kvp_log_set_sink(sim_log_sink, s);
+    kvp_fake_fabric_create(&s->mc.clock, &s->fab);
+    kvp_fake_net_create(200 * 1000, &s->net);
+    s->blockbuf = malloc(4096);
+    for (int i = 0; i < s->o.nodes; i++)
+        node_cfg(s, i);
+    for (int i = 0; i < s->o.nodes; i++)
+        node_start(s, i);
+    advance(s, 100 * MS);
+    for (s->step = 0; s->step < o->steps && r->violations == 0; s->step++)
+        step(s);
+    /* Quiesce: heal, stop injecting, let every timeout and the hold cap pass. */
+    for (int i = 0; i < s->o.nodes; i++)
+        for (int j = 0; j < s->o.nodes; j++)
+            if (s->cut[i][j]) {
+                kvp_fake_net_partition(s->net, s->addr[i], s->addr[j], false);
+                s->cut[i][j] = false;
+            }
+    for (int i = 0; i < s->o.nodes; i++)
+        kvp_fake_script_next(kvp__node_xport(s->node[i]), &(kvp_fake_script_t){0});
+    advance(s, (uint64_t)(s->cfg[0].hold_cap_ms * 3 + s->cfg[0].load_timeout_ms * 2) * MS);
+    check(s, true);
+    for (int i = 0; i < s->o.nodes; i++)
+        node_stop(s, i);
+    kvp_fake_fabric_destroy(s->fab);
+    kvp_fake_net_destroy(s->net);
+    kvp_log_set_sink(NULL, NULL);
+    free(s->blockbuf);
+    free(s);
+}

@@ -1,0 +1,103 @@
+/* test_sim.c -- the bounded simulation inside `make test`: seeds run clean,
+ * a seed replays bit for bit, and every mutation switch is caught. */
+#include "testutil.h"
+
+#include "sim.h"
+
+#include <stdlib.h>
+
+static int env_int(const char *name, int def)
+{
+    const char *v = getenv(name);
+    return v ? atoi(v) : def;
+}
+
+static void test_sim_seeds_clean(void **state)
+{
+    (void)state;
+    int seeds = env_int("KVPEER_SIM_SEEDS", 8);
+    uint64_t faults = 0;
+    for (int k = 1; k <= seeds; k++) {
+        sim_opts_t o = {.seed = (uint64_t)k, .nodes = 3 + k % 3, .steps = 400};
+        sim_result_t r;
+        sim_run(&o, &r);
+        if (r.violations)
+            fail_msg("seed %d: %s (replay: kvpeer_sim --seed %d --nodes %d --steps 400)", k,
+                     r.first_violation, k, o.nodes);
+        for (int f = 0; f < SIM_F_KINDS; f++)
+            faults += r.faults[f];
+        assert_true(r.loads > 0);
+    }
+    assert_true(faults > 0);
+}
+
+static void test_sim_replays_bit_for_bit(void **state)
+{
+    (void)state;
+    sim_opts_t o = {.seed = 4242, .nodes = 4, .steps = 250};
+    sim_result_t a, b;
+    sim_run(&o, &a);
+    sim_run(&o, &b);
+    assert_int_equal(a.violations, 0);
+    assert_int_equal(a.trace_hash, b.trace_hash);
+    assert_int_equal(a.loads, b.loads);
+    assert_int_equal(a.loads_ok, b.loads_ok);
+    assert_memory_equal(a.faults, b.faults, sizeof(a.faults));
+}
+
+/* A mutation is caught if some seed of the budget reports a violation. */
+static void expect_caught(int mutation)
+{
+    int budget = env_int("KVPEER_SIM_MUTATION_SEEDS", 16);
+    kvp__mutation = mutation;
+    int caught_at = 0;
+    for (int k = 1; k <= budget && !caught_at; k++) {
+        sim_opts_t o = {.seed = (uint64_t)k, .nodes = 4, .steps = 500};
+        sim_result_t r;
+        sim_run(&o, &r);
+        if (r.violations)
+            caught_at = k;
+    }
+    kvp__mutation = KVP_MUT_NONE;
+    if (!caught_at)
+        fail_msg("mutation %s survived %d seeds", kvp_mutation_str(mutation), budget);
+    printf("mutation %s caught at seed %d\n", kvp_mutation_str(mutation), caught_at);
+}
+
+static void test_mutation_cancel_immediate_at_close(void **state)
+{
+    (void)state;
+    expect_caught(KVP_MUT_CANCEL_IMMEDIATE_AT_CLOSE);
+}
+
+static void test_mutation_unpin_at_close(void **state)
+{
+    (void)state;
+    expect_caught(KVP_MUT_UNPIN_AT_CLOSE);
+}
+
+static void test_mutation_release_quarantine_at_once(void **state)
+{
+    (void)state;
+    expect_caught(KVP_MUT_RELEASE_QUARANTINE_AT_ONCE);
+}
+
+static void test_mutation_skip_checksum(void **state)
+{
+    (void)state;
+    expect_caught(KVP_MUT_SKIP_CHECKSUM);
+}
+
+int main(void)
+{
+    kvp_log_set_level(KVP_LOG_WARN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sim_seeds_clean),
+        cmocka_unit_test(test_sim_replays_bit_for_bit),
+        cmocka_unit_test(test_mutation_cancel_immediate_at_close),
+        cmocka_unit_test(test_mutation_unpin_at_close),
+        cmocka_unit_test(test_mutation_release_quarantine_at_once),
+        cmocka_unit_test(test_mutation_skip_checksum),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

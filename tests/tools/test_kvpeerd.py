@@ -1,0 +1,438 @@
+#!/usr/bin/env python3
+"""test_kvpeerd.py -- kvpeerd as real processes (driven by ctest).
+
+    test_kvpeerd.py KVPEERD_BINARY CASE [SOURCE_DIR]
+
+Cases: config, bad_config, two_nodes, sigterm_drain, install. Every daemon
+runs on 127.0.0.1 with ephemeral ports (read back from its --ready_file) and
+is killed when the script exits, whatever happens. Bounds scale with
+KVPEER_TEST_TIME_SCALE (sanitizer builds are slower).
+"""
+import atexit
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+
+KVPEERD = os.path.abspath(sys.argv[1])
+CASE = sys.argv[2]
+SRC = os.path.abspath(sys.argv[3]) if len(sys.argv) > 3 else None
+SCALE = float(os.environ.get("KVPEER_TEST_TIME_SCALE", "1"))
+TMP = tempfile.mkdtemp(prefix="kvpd-test-")
+CHILDREN = []
+SANITIZER_MARKS = ("LeakSanitizer", "AddressSanitizer", "ThreadSanitizer",
+                   "UndefinedBehaviorSanitizer", "runtime error:")
+
+
+def cleanup():
+    for p in CHILDREN:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    shutil.rmtree(TMP, ignore_errors=True)
+
+
+atexit.register(cleanup)
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(3))
+
+
+def fail(msg):
+    print("FAIL: " + msg, flush=True)
+    sys.exit(1)
+
+
+def check(cond, msg):
+    if not cond:
+        fail(msg)
+
+
+def run(args, env=None, timeout=30):
+    return subprocess.run(args, capture_output=True, text=True, env=env, timeout=timeout * SCALE)
+
+
+class Daemon:
+    """One kvpeerd child; stderr goes to a file kept for the failure message."""
+
+    def __init__(self, name, args):
+        self.name = name
+        self.ready = os.path.join(TMP, name + ".ready")
+        self.logpath = os.path.join(TMP, name + ".log")
+        self.args = [KVPEERD] + args + ["--ready_file", self.ready]
+        self.proc = None
+        self.peer = self.http = None
+
+    def start(self, timeout=20):
+        self.log = open(self.logpath, "w")
+        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT)
+        CHILDREN.append(self.proc)
+        end = time.time() + timeout * SCALE
+        while time.time() < end:
+            if os.path.exists(self.ready):
+                fields = dict(kv.split("=", 1) for kv in open(self.ready).read().split())
+                self.peer, self.http = fields["peer"], fields["http"]
+                return self
+            if self.proc.poll() is not None:
+                fail("%s exited with %d before ready:\n%s" % (self.name, self.proc.returncode,
+                                                              self.logtext()))
+            time.sleep(0.05)
+        fail("%s not ready within %.0f s:\n%s" % (self.name, timeout * SCALE, self.logtext()))
+
+    def logtext(self):
+        with open(self.logpath) as f:
+            return f.read()
+
+    def req(self, path, method="GET", timeout=60):
+        r = urllib.request.Request("http://%s%s" % (self.http, path), method=method,
+                                   data=b"" if method == "POST" else None)
+        try:
+            with urllib.request.urlopen(r, timeout=timeout * SCALE) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def stop(self, sig=signal.SIGTERM, timeout=30):
+        self.proc.send_signal(sig)
+        try:
+            rc = self.proc.wait(timeout * SCALE)
+        except subprocess.TimeoutExpired:
+            fail("%s did not exit within %.0f s after %s:\n%s" %
+                 (self.name, timeout * SCALE, sig.name, self.logtext()))
+        self.log.close()
+        return rc
+
+    def check_clean_exit(self, rc):
+        text = self.logtext()
+        check(rc == 0, "%s exit code %d (want 0):\n%s" % (self.name, rc, text[-6000:]))
+        for m in SANITIZER_MARKS:
+            check(m not in text, "%s: sanitizer report (%s):\n%s" % (self.name, m, text[-6000:]))
+
+
+def wait_for(cond, what, timeout=10):
+    end = time.time() + timeout * SCALE
+    while time.time() < end:
+        if cond():
+            return
+        time.sleep(0.05)
+    fail("timed out waiting for " + what)
+
+
+# ------------------------------------------------------------- metrics format
+
+FAMILY_TYPES = ("counter", "gauge", "summary", "histogram", "untyped")
+NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+LABEL = r'[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\[\\"n])*"'
+SAMPLE = re.compile(r"^(%s)(\{(?:%s)(?:,%s)*\})? ([^ ]+)$" % (NAME, LABEL, LABEL))
+VALUE = re.compile(r"^(?:[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|[+-]Inf|NaN)$")
+
+
+def parse_metrics(text):
+    """Prometheus text format 0.0.4, line by line. Returns {(name, labels): value}."""
+    check(text.endswith("\n"), "metrics: body does not end with a newline")
+    families, samples, current = {}, {}, None
+    for i, line in enumerate(text.split("\n")[:-1], 1):
+        where = "metrics line %d %r" % (i, line)
+        if line.startswith("# HELP "):
+            parts = line.split(" ", 3)
+            check(len(parts) == 4 and re.fullmatch(NAME, parts[2]), where + ": bad HELP")
+            check(parts[2] not in families, where + ": HELP after the family's samples/TYPE")
+            current = parts[2]
+            families[current] = None
+        elif line.startswith("# TYPE "):
+            parts = line.split(" ")
+            check(len(parts) == 4 and parts[3] in FAMILY_TYPES, where + ": bad TYPE")
+            check(parts[2] == current and families.get(current) is None,
+                  where + ": TYPE not right after its HELP, or twice")
+            families[current] = parts[3]
+        elif line.startswith("#"):
+            fail(where + ": stray comment")
+        else:
+            m = SAMPLE.match(line)
+            check(m is not None, where + ": not `name{labels} value`")
+            name, labels, value = m.group(1), m.group(2) or "", m.group(3)
+            check(VALUE.match(value), where + ": bad value")
+            ok_names = {current}
+            if families.get(current) in ("summary", "histogram"):
+                ok_names |= {current + "_sum", current + "_count", current + "_bucket"}
+            check(current is not None and families[current] is not None and name in ok_names,
+                  where + ": sample outside its declared family")
+            check((name, labels) not in samples, where + ": duplicate sample")
+            samples[(name, labels)] = float(value)
+    return samples
+
+
+REQUIRED = [
+    'kvpeer_up', 'kvpeer_slots{state="free"}', 'kvpeer_slots{state="filling"}',
+    'kvpeer_slots{state="ready"}', 'kvpeer_slots{state="quarantined"}',
+    'kvpeer_slots{state="suspect"}', 'kvpeer_pins', 'kvpeer_lookups_total{result="hit"}',
+    'kvpeer_lookups_total{result="miss"}', 'kvpeer_lookups_total{result="pending"}',
+    'kvpeer_fetches_total{result="ok"}', 'kvpeer_fetches_total{result="failed"}',
+    'kvpeer_fetches_total{result="aborted"}', 'kvpeer_blocks_in_total', 'kvpeer_bytes_in_total',
+    'kvpeer_blocks_out_total', 'kvpeer_bytes_out_total',
+    'kvpeer_transfer_latency_seconds_sum', 'kvpeer_transfer_latency_seconds_count',
+    'kvpeer_sessions{state="ready"}', 'kvpeer_sessions{state="handshaking"}',
+    'kvpeer_retained_transfers', 'kvpeer_quarantined_slots', 'kvpeer_force_releases_total',
+    'kvpeer_checksum_mismatches_total', 'kvpeer_stale_frames_total',
+    'kvpeer_protocol_errors_total', 'kvpeer_peers_down_total', 'kvpeer_probations_total',
+    'kvpeer_evictions_total', 'kvpeer_loads_inflight',
+]
+
+
+def metrics(d):
+    code, body = d.req("/metrics")
+    check(code == 200, "/metrics answered %d" % code)
+    s = parse_metrics(body)
+    flat = {n + l: v for (n, l), v in s.items()}
+    for r in REQUIRED:
+        check(r in flat, "/metrics lacks %s" % r)
+    return flat, body
+
+
+# ---------------------------------------------------------------------- cases
+
+SMALL = ["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--num_blocks", "64",
+         "--block_size", "64K"]
+
+
+def case_config():
+    ini = os.path.join(TMP, "a.ini")
+    with open(ini, "w") as f:
+        f.write("; test config\nlisten = 127.0.0.1:0\n[http]\nhttp = 127.0.0.1:0\n"
+                "[node]\nnum_blocks = 32\nblock_size = 8K\nshutdown_drain_ms = 1500\n")
+    d = Daemon("a", ["--config", ini]).start()
+    code, body = d.req("/healthz")
+    check(code == 200 and body == "ok\n", "/healthz: %d %r" % (code, body))
+    code, body = d.req("/admin/put?first=0&count=1", "POST")
+    check(code == 403, "admin route without --admin answered %d" % code)
+    code, _ = d.req("/nope")
+    check(code == 404, "unknown path answered %d" % code)
+    flat, _ = metrics(d)
+    check(flat['kvpeer_slots{state="free"}'] == 32, "num_blocks from the file not applied")
+    d.check_clean_exit(d.stop())
+    check("event=drain_start drain_ms=1500" in d.logtext(), "drain ms from the file not used")
+    # --help and --print-config, with precedence defaults < file < env < flags.
+    r = run([KVPEERD, "--help"])
+    check(r.returncode == 0 and "--shutdown_drain_ms" in r.stdout and "--admin" in r.stdout,
+          "--help: rc %d\n%s" % (r.returncode, r.stdout + r.stderr))
+    env = dict(os.environ, KVPEER_NUM_BLOCKS="48", KVPEER_HEARTBEAT_MS="250")
+    r = run([KVPEERD, "--config", ini, "--print-config", "--heartbeat_ms=300"], env=env)
+    check(r.returncode == 0, "--print-config rc %d: %s" % (r.returncode, r.stderr))
+    conf = dict(l.split(" = ", 1) if " = " in l else (l.rstrip(" ="), "")
+                for l in r.stdout.splitlines() if l and not l.startswith(";"))
+    want = {"num_blocks": "48", "block_size": "8192", "heartbeat_ms": "300",
+            "shutdown_drain_ms": "1500", "dead_after_ms": "2000", "admin": "false",
+            "transport": "ucx", "config": ini}
+    for k, v in want.items():
+        check(conf.get(k) == v, "--print-config %s = %r, want %r" % (k, conf.get(k), v))
+    check(len(conf) >= 38, "--print-config lists only %d options" % len(conf))
+
+
+def expect_refused(args, needles, ini_text=None, env=None):
+    if ini_text is not None:
+        ini = os.path.join(TMP, "bad.ini")
+        with open(ini, "w") as f:
+            f.write(ini_text)
+        args = ["--config", ini] + args
+    r = run([KVPEERD] + args, env=env)
+    check(r.returncode == 2, "%r: exit %d (want 2); stderr %r" % (args, r.returncode, r.stderr))
+    for n in needles:
+        check(n in r.stderr, "%r: stderr lacks %r: %r" % (args, n, r.stderr))
+
+
+def case_bad_config():
+    expect_refused([], ["bad.ini line 4", "hearbeat_ms", "unknown option"],
+                   "[node]\nnum_blocks = 16\n\nhearbeat_ms = 100\n")
+    expect_refused([], ["bad.ini line 2", "num_blocks", "'lots'"], "listen=127.0.0.1:0\nnum_blocks = lots\n")
+    expect_refused([], ["bad.ini line 3", "syntax error"], "[a]\nnum_blocks = 8\nthis is not ini\n")
+    expect_refused([], ["bad.ini line 1", "dead_after_ms", "out of range"],
+                   "dead_after_ms = 99999999999\n")
+    expect_refused(["--no-such-flag", "1"], ["unknown option", "--no-such-flag"])
+    expect_refused(["--block_size", "1000"], ["block_size", "page size"])
+    expect_refused(["--num_blocks", "-3"], ["num_blocks", "'-3'"])
+    expect_refused(["--num_blocks", "0"], ["num_blocks", "out of range"])
+    expect_refused(["--heartbeat_ms", "5000"], ["heartbeat_ms", "dead_after_ms"])
+    expect_refused(["--transport", "fake"], ["transport", "only ucx"])
+    expect_refused(["--psk", "abc"], ["psk", "hex"])
+    expect_refused(["--listen", "nowhere"], ["listen", "host:port"])
+    expect_refused(["--peers", "127.0.0.1:1,bad"], ["peers", "'bad'"])
+    expect_refused(["--log_level", "loud"], ["log_level", "loud"])
+    expect_refused([], ["environment KVPEER_MAX_SESSIONS", "max_sessions"],
+                   env=dict(os.environ, KVPEER_MAX_SESSIONS="x"))
+    expect_refused(["--config", os.path.join(TMP, "missing.ini")], ["missing.ini", "cannot open"])
+
+
+def case_two_nodes():
+    a = Daemon("a", SMALL + ["--admin"]).start()
+    b = Daemon("b", SMALL + ["--admin", "--peers", a.peer]).start()
+    wait_for(lambda: "ready=1" in b.req("/peers")[1], "b's session to a")
+    code, body = a.req("/admin/put?first=100&count=20&request=7", "POST")
+    check(code == 200 and body == "put 20 0\n", "put: %d %r" % (code, body))
+    code, body = b.req("/admin/fetch?peer=%s&first=100&count=24&request=9" % a.peer, "POST")
+    check(code == 200, "fetch: %d %r" % (code, body))
+    f = dict(kv.split("=", 1) for kv in body.split())
+    check(f["status"] == "ok" and f["status_code"] == "0" and f["lookup_hits"] == "20" and
+          f["n_ok"] == "20", "fetch result %r" % body)
+    code, body = b.req("/admin/verify?first=100&count=24")
+    check(body == "present=20 missing=4 bad=0\n", "verify on b: %r" % body)
+    check(b.req("/admin/finish?request=9", "POST") == (200, "ok\n"), "finish")
+    fb, _ = metrics(b)
+    fa, _ = metrics(a)
+    check(fb["kvpeer_blocks_in_total"] == 20, "b blocks_in_total %r" % fb["kvpeer_blocks_in_total"])
+    check(fb["kvpeer_bytes_in_total"] == 20 * 65536, "b bytes_in_total")
+    # fetches_total counts fetches served (source side).
+    check(fa['kvpeer_fetches_total{result="ok"}'] >= 1, "a fetches ok")
+    check(fa["kvpeer_blocks_out_total"] == 20, "a blocks_out_total %r" % fa["kvpeer_blocks_out_total"])
+    check(any(k.startswith('kvpeer_peer_info{peer="%s"' % a.peer) for k in fb), "b peer_info")
+    # WAIT_FOR_SUPPLY: b parks demand on a, then a is supplied.
+    res = {}
+    t = threading.Thread(target=lambda: res.update(r=b.req(
+        "/admin/fetch?peer=%s&first=300&count=4&request=11&wait=1&timeout_ms=20000" % a.peer,
+        "POST")))
+    t.start()
+    time.sleep(0.3 * SCALE)
+    check(a.req("/admin/put?first=300&count=4&request=11", "POST")[1] == "put 4 0\n", "put 300")
+    t.join(30 * SCALE)
+    check("status=ok" in res["r"][1] and "n_ok=4" in res["r"][1], "wait fetch %r" % (res,))
+    # The corrupt switch: verify reports it.
+    check(b.req("/admin/corrupt?key=101", "POST") == (200, "ok\n"), "corrupt")
+    body = b.req("/admin/verify?first=100&count=4")[1]
+    check(body == "present=3 missing=1 bad=1\n", "verify after corrupt: %r" % body)
+    # Bad parameters are 400 with a reason; peer add/remove.
+    for path in ["/admin/put?first=x&count=1", "/admin/put?count=1", "/admin/fetch?first=0&count=1",
+                 "/admin/fetch?peer=%s&first=0&count=0&request=1" % a.peer, "/admin/peer"]:
+        code, body = b.req(path, "POST")
+        check(code == 400 and body.endswith("\n") and body.count("\n") == 1,
+              "%s: %d %r" % (path, code, body))
+    check(b.req("/admin/put?first=0&count=1")[0] == 405, "GET on a POST route")
+    check(b.req("/admin/peer?remove=%s" % a.peer, "POST") == (200, "ok\n"), "peer remove")
+    check(b.req("/admin/peer?remove=%s" % a.peer, "POST")[0] in (400, 404), "peer remove twice")
+    check(b.req("/admin/peer?add=%s" % a.peer, "POST") == (200, "ok\n"), "peer add")
+    wait_for(lambda: "ready=1" in b.req("/peers")[1], "b's session to a again")
+    code, body = a.req("/held")
+    check(code == 200, "/held %d" % code)
+    b.check_clean_exit(b.stop())
+    a.check_clean_exit(a.stop())
+
+
+def case_sigterm_drain():
+    big = ["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--num_blocks", "256",
+           "--block_size", "256K", "--admin", "--shutdown_drain_ms", "2000"]
+    a = Daemon("a", big).start()
+    b = Daemon("b", big + ["--peers", a.peer]).start()
+    wait_for(lambda: "ready=1" in b.req("/peers")[1], "b's session to a")
+    check(a.req("/admin/put?first=0&count=128", "POST")[1] == "put 128 0\n", "put")
+    stop = threading.Event()
+    results = []
+
+    def fetcher(tid):
+        req = 1000 * (tid + 1)
+        while not stop.is_set():
+            req += 1
+            try:
+                code, body = b.req("/admin/fetch?peer=%s&first=%d&count=32&request=%d" %
+                                   (a.peer, 32 * tid, req), "POST", timeout=30)
+                results.append(body)
+                b.req("/admin/finish?request=%d" % req, "POST", timeout=30)
+            except Exception as e:  # the daemon going away mid-request is expected
+                results.append("exc %r" % e)
+                return
+
+    threads = [threading.Thread(target=fetcher, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    wait_for(lambda: sum("status=ok" in r for r in results) >= 4, "first transfers", 30)
+    fm, _ = metrics(b)
+    check(fm["kvpeer_blocks_in_total"] > 0, "no transfer happened")
+    # Source first, in the middle of transfers, then the consumer.
+    rc_a = a.stop(timeout=30)
+    time.sleep(0.1)
+    rc_b = b.stop(timeout=30)
+    stop.set()
+    for t in threads:
+        t.join(30 * SCALE)
+    a.check_clean_exit(rc_a)
+    b.check_clean_exit(rc_b)
+    for d in (a, b):
+        check("event=drain_done" in d.logtext() and "event=exit code=0" in d.logtext(),
+              "%s: no drain/exit lines" % d.name)
+    print("fetches: %d ok, %d other" % (sum("status=ok" in r for r in results),
+                                        sum("status=ok" not in r for r in results)))
+
+
+PROG = r"""
+#include <kvpeer.h>
+#include <stdio.h>
+int main(void)
+{
+    kvp_config_t c;
+    kvp_node_t *n;
+    kvp_config_init(&c);
+    c.num_blocks = 16;
+    c.block_size = 65536;
+    kvp_status_t st = kvp_node_create(&c, &n);
+    printf("create: %s\n", kvp_status_str(st));
+    if (st != KVP_OK)
+        return 1;
+    printf("peer: %s\n", kvp_node_peer_id(n));
+    kvp_node_destroy(n);
+    return 0;
+}
+"""
+
+
+def case_install():
+    check(SRC is not None, "install case needs the source dir")
+    build, prefix = os.path.join(TMP, "build"), os.path.join(TMP, "prefix")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("ASAN_", "LSAN_", "TSAN_", "UBSAN_"))}
+    t0 = time.time()
+    r = run(["cmake", "-S", SRC, "-B", build, "-DKVP_WERROR=OFF", "-DCMAKE_BUILD_TYPE="], env, 120)
+    check(r.returncode == 0, "configure:\n" + r.stdout[-3000:] + r.stderr[-3000:])
+    targets = ["kvpeer", "kvpeer_static", "kvpeerd"]
+    if "kvpeer_cli" in run(["cmake", "--build", build, "--target", "help"], env).stdout:
+        targets.append("kvpeer_cli")
+    r = run(["cmake", "--build", build, "-j2", "--target"] + targets, env, 300)
+    check(r.returncode == 0, "build:\n" + r.stdout[-3000:] + r.stderr[-3000:])
+    r = run(["cmake", "--install", build, "--prefix", prefix], env, 60)
+    check(r.returncode == 0, "install:\n" + r.stdout + r.stderr)
+    for f in ["lib/libkvpeer.so", "lib/libkvpeer.a", "include/kvpeer.h", "lib/pkgconfig/kvpeer.pc",
+              "bin/kvpeerd", "share/kvpeer/contrib/kvpeerd.service",
+              "share/kvpeer/contrib/kvpeerd.ini.example"]:
+        check(os.path.exists(os.path.join(prefix, f)), "not installed: " + f)
+    unit = open(os.path.join(prefix, "share/kvpeer/contrib/kvpeerd.service")).read()
+    check("ExecStart=%s/bin/kvpeerd " % prefix in unit or "ExecStart=" in unit, "unit ExecStart")
+    env["PKG_CONFIG_PATH"] = os.path.join(prefix, "lib/pkgconfig")
+    r = run(["pkg-config", "--cflags", "--libs", "kvpeer"], env)
+    check(r.returncode == 0 and "-lkvpeer" in r.stdout, "pkg-config: " + r.stdout + r.stderr)
+    r2 = run(["pkg-config", "--static", "--libs", "kvpeer"], env)
+    check(r2.returncode == 0 and "-lucp" in r2.stdout and "-lsodium" in r2.stdout,
+          "pkg-config --static: " + r2.stdout + r2.stderr)
+    src, exe = os.path.join(TMP, "prog.c"), os.path.join(TMP, "prog")
+    with open(src, "w") as f:
+        f.write(PROG)
+    r = run(["cc", "-std=c11", "-Wall", "-Werror", src, "-o", exe] + r.stdout.split(), env)
+    check(r.returncode == 0, "compile against the install:\n" + r.stderr)
+    env["LD_LIBRARY_PATH"] = os.path.join(prefix, "lib")
+    ldd = run(["ldd", exe], env).stdout
+    check(os.path.join(prefix, "lib/libkvpeer.so") in ldd, "not linked dynamically:\n" + ldd)
+    env["UCX_NET_DEVICES"] = "lo"
+    r = run([exe], env)
+    check(r.returncode == 0 and "create: ok" in r.stdout.lower(),
+          "program: rc %d\n%s" % (r.returncode, r.stdout + r.stderr))
+    r = run([os.path.join(prefix, "bin/kvpeerd"), "--help"], env)
+    check(r.returncode == 0, "installed kvpeerd --help")
+    print("install case took %.1f s" % (time.time() - t0))
+
+
+CASES = {"config": case_config, "bad_config": case_bad_config, "two_nodes": case_two_nodes,
+         "sigterm_drain": case_sigterm_drain, "install": case_install}
+
+if __name__ == "__main__":
+    CASES[CASE]()
+    print("PASS " + CASE)

@@ -1,0 +1,321 @@
+/*
+ * kvpeer.c -- the `kvpeer` CLI: command dispatch and the operator commands
+ * (stat, held, peers) that read a running kvpeerd's HTTP endpoints. `demo`
+ * lives in kvpeer_demo.c, `bench` in kvpeer_bench.c.
+ */
+#include "kvpeer_cli.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *g_top_usage =
+    "usage: kvpeer <command> [flags]\n"
+    "\n"
+    "commands:\n"
+    "  demo            three kvpeerd nodes on 127.0.0.1, fetches, fault injection, verdict\n"
+    "  bench           end-to-end fetch throughput vs. raw UCX / perftest / memcpy ceilings\n"
+    "  stat HOST:PORT  one-screen summary of a node (slots, pins, sessions, held, errors, peers)\n"
+    "  held HOST:PORT  retained transfers and quarantined slots with their ages\n"
+    "  peers HOST:PORT sessions: data path, RTT, readiness, probation\n"
+    "\n"
+    "HOST:PORT is a kvpeerd --http address. `kvpeer <command> --help` for flags.\n"
+    "exit status: 0 ok/PASS, 1 failure/FAIL, 2 usage error\n";
+
+static int usage_error(const char *cmd, const char *fmt, const char *arg)
+{
+    fprintf(stderr, "kvpeer %s: ", cmd);
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\ntry 'kvpeer %s --help'\n", cmd);
+    return CLI_EXIT_USAGE;
+}
+
+/* Shared flag parsing of the operator commands: [--timeout MS] HOST:PORT. */
+static int parse_op_args(const char *cmd, const char *help, int argc, char **argv,
+                         const char **addr, int *timeout_ms)
+{
+    static const struct option opts[] = {
+        {"help", no_argument, NULL, 'h'}, {"timeout", required_argument, NULL, 't'}, {0}};
+    int c;
+    *timeout_ms = 5000;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "+ht:", opts, NULL)) != -1) {
+        if (c == 'h') {
+            fputs(help, stdout);
+            return CLI_EXIT_OK;
+        } else if (c == 't') {
+            char *end = NULL;
+            long v = strtol(optarg, &end, 10);
+            if (*end != '\0' || v <= 0 || v > 600000)
+                return usage_error(cmd, "bad --timeout '%s' (milliseconds, 1..600000)", optarg);
+            *timeout_ms = (int)v;
+        } else {
+            return usage_error(cmd, "unknown or incomplete flag '%s'", argv[optind - 1]);
+        }
+    }
+    if (optind != argc - 1)
+        return usage_error(cmd, "%s", "expects exactly one HOST:PORT (a kvpeerd --http address)");
+    *addr = argv[optind];
+    if (strchr(*addr, ':') == NULL)
+        return usage_error(cmd, "bad address '%s' (want HOST:PORT)", *addr);
+    return -1;
+}
+
+static void fmt_bytes(double b, char *out, size_t cap)
+{
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int i = 0;
+    while (b >= 1024 && i < 4) {
+        b /= 1024;
+        i++;
+    }
+    snprintf(out, cap, i ? "%.1f %s" : "%.0f %s", b, u[i]);
+}
+
+static void fmt_age(uint64_t ms, char *out, size_t cap)
+{
+    if (ms < 1000)
+        snprintf(out, cap, "%llu ms", (unsigned long long)ms);
+    else if (ms < 120000)
+        snprintf(out, cap, "%.1f s", (double)ms / 1000.0);
+    else
+        snprintf(out, cap, "%.1f min", (double)ms / 60000.0);
+}
+
+/* ------------------------------------------------------------------ peers */
+
+static void print_peer_line(const char *line)
+{
+    char peer[256] = "?", inst[256] = "?", path[64] = "?";
+    uint64_t ready = 0, prob = 0, rtt = 0;
+    cli_kv(line, "peer", peer, sizeof(peer));
+    cli_kv(line, "instance", inst, sizeof(inst));
+    cli_kv(line, "path", path, sizeof(path));
+    cli_kv_u64(line, "ready", &ready);
+    cli_kv_u64(line, "probation", &prob);
+    bool has_rtt = cli_kv_u64(line, "rtt_us", &rtt) == 0;
+    char rtts[32] = "-";
+    if (has_rtt && rtt > 0)
+        snprintf(rtts, sizeof(rtts), "%llu us", (unsigned long long)rtt);
+    printf("  %-22s %-12s %-9s %-10s %s%s\n", peer, path, rtts,
+           ready ? "ready" : "not-ready", prob ? "PROBATION " : "",
+           strcmp(inst, peer) ? inst : "");
+}
+
+/* Print the /peers table; returns the number of peers or -1. */
+static int print_peers(const char *addr, int timeout_ms)
+{
+    char err[512], *body = NULL;
+    if (cli_http_call(addr, "GET", "/peers", timeout_ms, &body, err, sizeof(err)) != 0) {
+        fprintf(stderr, "kvpeer: %s\n", err);
+        return -1;
+    }
+    int n = 0;
+    printf("  %-22s %-12s %-9s %-10s %s\n", "PEER", "DATA PATH", "RTT", "STATE", "INSTANCE");
+    for (char *save = NULL, *l = strtok_r(body, "\n", &save); l; l = strtok_r(NULL, "\n", &save))
+        if (strncmp(l, "peer=", 5) == 0) {
+            print_peer_line(l);
+            n++;
+        }
+    if (n == 0)
+        printf("  (no peers)\n");
+    free(body);
+    return n;
+}
+
+static const char *g_peers_help =
+    "usage: kvpeer peers [--timeout MS] HOST:PORT\n"
+    "List the node's peers: data path (direct-shm, tcp, ...), RTT, session\n"
+    "readiness, probation (a sibling of a dead instance), instance id.\n"
+    "A same-host peer on 'tcp' is the F28 warning sign: 16-40x slower.\n";
+
+static int cmd_peers(int argc, char **argv)
+{
+    const char *addr;
+    int tmo, rc = parse_op_args("peers", g_peers_help, argc, argv, &addr, &tmo);
+    if (rc >= 0)
+        return rc;
+    printf("peers of %s\n", addr);
+    return print_peers(addr, tmo) < 0 ? CLI_EXIT_FAIL : CLI_EXIT_OK;
+}
+
+/* ------------------------------------------------------------------- held */
+
+static const char *g_held_help =
+    "usage: kvpeer held [--timeout MS] HOST:PORT\n"
+    "Incident view: every retained transfer (source side: a WRITE that may still\n"
+    "read a pinned slot) and every quarantined/suspect slot (consumer side: a\n"
+    "slot a late WRITE may still land in), oldest first, with its peer and age,\n"
+    "plus the force-release count (items that reached the hold cap).\n"
+    "Exit 0 whether or not anything is held; 1 if the node cannot be read.\n";
+
+typedef struct held_row {
+    char kind[16], what[48], peer[256];
+    uint64_t age;
+} held_row_t;
+
+static int held_cmp(const void *a, const void *b)
+{
+    const held_row_t *x = a, *y = b;
+    return x->age < y->age ? 1 : x->age > y->age ? -1 : 0;
+}
+
+static size_t parse_held(char *body, held_row_t *rows, size_t cap)
+{
+    size_t n = 0;
+    for (char *save = NULL, *l = strtok_r(body, "\n", &save); l && n < cap;
+         l = strtok_r(NULL, "\n", &save)) {
+        held_row_t *r = &rows[n];
+        char v[32];
+        if (sscanf(l, "%15s", r->kind) != 1)
+            continue;
+        if (cli_kv(l, "id", v, sizeof(v)) == 0)
+            snprintf(r->what, sizeof(r->what), "id %s", v);
+        else if (cli_kv(l, "slot", v, sizeof(v)) == 0)
+            snprintf(r->what, sizeof(r->what), "slot %s", v);
+        else
+            snprintf(r->what, sizeof(r->what), "-");
+        if (cli_kv(l, "peer", r->peer, sizeof(r->peer)) != 0)
+            snprintf(r->peer, sizeof(r->peer), "?");
+        r->age = 0;
+        cli_kv_u64(l, "age_ms", &r->age);
+        n++;
+    }
+    qsort(rows, n, sizeof(*rows), held_cmp);
+    return n;
+}
+
+static int cmd_held(int argc, char **argv)
+{
+    const char *addr;
+    int tmo, rc = parse_op_args("held", g_held_help, argc, argv, &addr, &tmo);
+    if (rc >= 0)
+        return rc;
+    char err[512], *body = NULL;
+    if (cli_http_call(addr, "GET", "/held", tmo, &body, err, sizeof(err)) != 0) {
+        fprintf(stderr, "kvpeer: %s\n", err);
+        return CLI_EXIT_FAIL;
+    }
+    enum { CAP = 4096 };
+    held_row_t *rows = calloc(CAP, sizeof(*rows));
+    if (rows == NULL) {
+        free(body);
+        return CLI_EXIT_FAIL;
+    }
+    size_t n = parse_held(body, rows, CAP), nret = 0;
+    printf("held on %s (oldest first)\n", addr);
+    if (n > 0)
+        printf("  %-12s %-12s %-22s %s\n", "KIND", "WHAT", "PEER", "AGE");
+    for (size_t i = 0; i < n; i++) {
+        char age[32];
+        fmt_age(rows[i].age, age, sizeof(age));
+        printf("  %-12s %-12s %-22s %s\n", rows[i].kind, rows[i].what, rows[i].peer, age);
+        nret += strcmp(rows[i].kind, "retained") == 0;
+    }
+    cli_metrics_t m;
+    double forced = -1;
+    if (cli_scrape(addr, &m, err, sizeof(err)) == 0) {
+        forced = cli_metric(&m, "kvpeer_force_releases_total", NULL);
+        cli_metrics_free(&m);
+    }
+    printf("%zu held: %zu retained transfer(s), %zu quarantined/suspect slot(s)", n, nret, n - nret);
+    if (forced >= 0)
+        printf("; force releases so far: %.0f", forced);
+    printf("\n");
+    free(rows);
+    free(body);
+    return CLI_EXIT_OK;
+}
+
+/* ------------------------------------------------------------------- stat */
+
+static const char *g_stat_help =
+    "usage: kvpeer stat [--timeout MS] HOST:PORT\n"
+    "Compact summary of one node from its /metrics and /peers: slots by state,\n"
+    "pins, sessions, loads in flight, traffic, lookups and hit rate, retained\n"
+    "transfers, quarantined slots, force releases, checksum mismatches and other\n"
+    "error counters, then one line per peer with its data path and RTT.\n";
+
+#define M(name) cli_metric(&m, "kvpeer_" name, NULL)
+#define ML(name, lab) cli_metric(&m, "kvpeer_" name, lab)
+
+static void print_stat_body(const cli_metrics_t *mp)
+{
+    const cli_metrics_t m = *mp;
+    char bin[32], bout[32];
+    fmt_bytes(M("bytes_in_total"), bin, sizeof(bin));
+    fmt_bytes(M("bytes_out_total"), bout, sizeof(bout));
+    double hit = ML("lookups_total", "result=hit"), miss = ML("lookups_total", "result=miss");
+    double pend = ML("lookups_total", "result=pending"), lat_n = M("transfer_latency_seconds_count");
+    printf("slots     free %.0f  filling %.0f  ready %.0f  quarantined %.0f  suspect %.0f   pins %.0f\n",
+           ML("slots", "state=free"), ML("slots", "state=filling"), ML("slots", "state=ready"),
+           ML("slots", "state=quarantined"), ML("slots", "state=suspect"), M("pins"));
+    printf("sessions  ready %.0f  handshaking %.0f   loads in flight %.0f\n",
+           ML("sessions", "state=ready"), ML("sessions", "state=handshaking"), M("loads_inflight"));
+    printf("traffic   in %.0f blocks / %s   out %.0f blocks / %s", M("blocks_in_total"), bin,
+           M("blocks_out_total"), bout);
+    if (lat_n > 0)
+        printf("   transfer latency avg %.0f us", M("transfer_latency_seconds_sum") / lat_n * 1e6);
+    printf("\nlookups   hit %.0f  miss %.0f  pending %.0f", hit, miss, pend);
+    if (hit + miss > 0)
+        printf("  (hit rate %.1f%%)", 100.0 * hit / (hit + miss));
+    printf("   fetches ok %.0f  failed %.0f  aborted %.0f\n", ML("fetches_total", "result=ok"),
+           ML("fetches_total", "result=failed"), ML("fetches_total", "result=aborted"));
+    printf("held      retained %.0f  quarantined %.0f   force releases %.0f\n",
+           M("retained_transfers"), M("quarantined_slots"), M("force_releases_total"));
+    printf("errors    checksum mismatches %.0f  stale frames %.0f  protocol errors %.0f  peers down "
+           "%.0f  probations %.0f  evictions %.0f\n",
+           M("checksum_mismatches_total"), M("stale_frames_total"), M("protocol_errors_total"),
+           M("peers_down_total"), M("probations_total"), M("evictions_total"));
+}
+
+static int cmd_stat(int argc, char **argv)
+{
+    const char *addr;
+    int tmo, rc = parse_op_args("stat", g_stat_help, argc, argv, &addr, &tmo);
+    if (rc >= 0)
+        return rc;
+    char err[512];
+    cli_metrics_t m;
+    if (cli_scrape(addr, &m, err, sizeof(err)) != 0) {
+        fprintf(stderr, "kvpeer: %s\n", err);
+        return CLI_EXIT_FAIL;
+    }
+    printf("node %s  %s\n", addr, M("up") > 0 ? "up" : "NOT UP");
+    print_stat_body(&m);
+    cli_metrics_free(&m);
+    printf("peers\n");
+    return print_peers(addr, tmo) < 0 ? CLI_EXIT_FAIL : CLI_EXIT_OK;
+}
+
+/* ------------------------------------------------------------------- main */
+
+typedef struct command {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+} command_t;
+
+static const command_t g_commands[] = {
+    {"demo", cli_cmd_demo}, {"bench", cli_cmd_bench}, {"stat", cmd_stat},
+    {"held", cmd_held},     {"peers", cmd_peers},
+};
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fputs(g_top_usage, stderr);
+        return CLI_EXIT_USAGE;
+    }
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+        strcmp(argv[1], "help") == 0) {
+        fputs(g_top_usage, stdout);
+        return CLI_EXIT_OK;
+    }
+    for (size_t i = 0; i < sizeof(g_commands) / sizeof(g_commands[0]); i++)
+        if (strcmp(argv[1], g_commands[i].name) == 0)
+            return g_commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "kvpeer: unknown command '%s'\n\n%s", argv[1], g_top_usage);
+    return CLI_EXIT_USAGE;
+}

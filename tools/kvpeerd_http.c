@@ -1,0 +1,232 @@
+/*
+ * kvpeerd_http.c -- the kvpeerd HTTP server (libmicrohttpd, one thread per
+ * connection, so an admin request blocked on its kvp event does not stall
+ * /metrics). Routes and response texts: /work/briefs/daemon-api.md.
+ * Read-only routes here; /admin/ routes in kvpeerd_admin.c.
+ */
+#include "kvpeerd_http.h"
+#include "metrics.h"
+
+#include <microhttpd.h>
+#include <netdb.h>
+#include <stdlib.h>
+#include <string.h>
+
+int kvpd_http_param_u64(struct MHD_Connection *c, const char *name, int required, uint64_t def,
+                        uint64_t max, uint64_t *out, kvpd_buf_t *err)
+{
+    const char *v = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, name);
+    char *end;
+    if (v == NULL || v[0] == '\0') {
+        if (required) {
+            kvpd_buf_printf(err, "missing parameter %s\n", name);
+            return -1;
+        }
+        *out = def;
+        return 0;
+    }
+    if (v[0] < '0' || v[0] > '9') {
+        kvpd_buf_printf(err, "parameter %s: '%s' is not a non-negative integer\n", name, v);
+        return -1;
+    }
+    unsigned long long x = strtoull(v, &end, 10);
+    if (*end != '\0' || x > max) {
+        kvpd_buf_printf(err, "parameter %s: '%s' is not an integer in 0..%llu\n", name, v,
+                        (unsigned long long)max);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+static int get_healthz(kvpd_t *d, struct MHD_Connection *c, kvpd_buf_t *out)
+{
+    kvpd_buf_printf(out, "ok\n");
+    return MHD_HTTP_OK;
+}
+
+static int get_metrics(kvpd_t *d, struct MHD_Connection *c, kvpd_buf_t *out)
+{
+    kvp_status_t st = kvpd_metrics_render(d->node, out);
+    if (st != KVP_OK) {
+        kvpd_buf_free(out);
+        kvpd_buf_printf(out, "metrics unavailable: %s\n", kvp_status_str(st));
+        return MHD_HTTP_INTERNAL_SERVER_ERROR;
+    }
+    return MHD_HTTP_OK;
+}
+
+static int get_held(kvpd_t *d, struct MHD_Connection *c, kvpd_buf_t *out)
+{
+    kvp_held_item_t *h = NULL;
+    uint32_t n = 0;
+    kvp_status_t st = kvpd_held_snapshot(d->node, &h, &n);
+    if (st != KVP_OK) {
+        kvpd_buf_printf(out, "held unavailable: %s\n", kvp_status_str(st));
+        return MHD_HTTP_INTERNAL_SERVER_ERROR;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        unsigned long long age = (unsigned long long)h[i].age_ms;
+        if (h[i].kind == 1)
+            kvpd_buf_printf(out, "retained id=%llu peer=%s age_ms=%llu\n",
+                            (unsigned long long)h[i].id, h[i].peer, age);
+        else
+            kvpd_buf_printf(out, "%s slot=%u peer=%s age_ms=%llu\n",
+                            h[i].kind == 2 ? "quarantined" : "suspect", h[i].slot, h[i].peer,
+                            age);
+    }
+    free(h);
+    return MHD_HTTP_OK;
+}
+
+static int get_peers(kvpd_t *d, struct MHD_Connection *c, kvpd_buf_t *out)
+{
+    kvp_peer_info_t *p = NULL;
+    uint32_t n = 0;
+    kvp_status_t st = kvpd_peers_snapshot(d->node, &p, &n);
+    if (st != KVP_OK) {
+        kvpd_buf_printf(out, "peers unavailable: %s\n", kvp_status_str(st));
+        return MHD_HTTP_INTERNAL_SERVER_ERROR;
+    }
+    for (uint32_t i = 0; i < n; i++)
+        kvpd_buf_printf(out, "peer=%s instance=%s path=%s ready=%u probation=%u rtt_us=%llu\n",
+                        p[i].peer, p[i].instance[0] ? p[i].instance : "-",
+                        p[i].data_path[0] ? p[i].data_path : "-", p[i].ready ? 1u : 0u,
+                        p[i].probation ? 1u : 0u, (unsigned long long)(p[i].rtt_ns / 1000));
+    free(p);
+    return MHD_HTTP_OK;
+}
+
+typedef struct route {
+    const char *path;
+    const char *method;
+    int admin;
+    kvpd_http_handler_fn fn;
+} route_t;
+
+static const route_t routes[] = {
+    {"/metrics", "GET", 0, get_metrics},
+    {"/healthz", "GET", 0, get_healthz},
+    {"/held", "GET", 0, get_held},
+    {"/peers", "GET", 0, get_peers},
+    {"/admin/put", "POST", 1, kvpd_admin_put},
+    {"/admin/fetch", "POST", 1, kvpd_admin_fetch},
+    {"/admin/finish", "POST", 1, kvpd_admin_finish},
+    {"/admin/peer", "POST", 1, kvpd_admin_peer},
+    {"/admin/verify", "GET", 1, kvpd_admin_verify},
+    {"/admin/corrupt", "POST", 1, kvpd_admin_corrupt},
+};
+
+static int route(kvpd_t *d, struct MHD_Connection *c, const char *url, const char *method,
+                 kvpd_buf_t *out)
+{
+    for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++) {
+        const route_t *r = &routes[i];
+        if (strcmp(url, r->path) != 0)
+            continue;
+        if (r->admin && !d->set.admin) {
+            kvpd_buf_printf(out, "admin API disabled (start kvpeerd with --admin)\n");
+            return MHD_HTTP_FORBIDDEN;
+        }
+        /* HEAD is answered like GET (libmicrohttpd drops the body). */
+        if (strcmp(method, r->method) != 0 &&
+            !(strcmp(r->method, "GET") == 0 && strcmp(method, "HEAD") == 0)) {
+            kvpd_buf_printf(out, "method %s not allowed on %s (use %s)\n", method, url,
+                            r->method);
+            return MHD_HTTP_METHOD_NOT_ALLOWED;
+        }
+        return r->fn(d, c, out);
+    }
+    kvpd_buf_printf(out, "not found: %s\n", url);
+    return MHD_HTTP_NOT_FOUND;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+                                  const char *method, const char *version,
+                                  const char *upload_data, size_t *upload_data_size,
+                                  void **con_cls)
+{
+    static int started;
+    kvpd_t *d = cls;
+    kvpd_buf_t out = {0};
+    if (*con_cls == NULL) { /* headers only so far: wait for the (ignored) body */
+        *con_cls = &started;
+        return MHD_YES;
+    }
+    if (*upload_data_size != 0) {
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
+    int code = route(d, c, url, method, &out);
+    if (out.oom) {
+        kvpd_buf_free(&out);
+        code = MHD_HTTP_INTERNAL_SERVER_ERROR;
+    }
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(out.len, out.p ? out.p : (char *)"", MHD_RESPMEM_MUST_COPY);
+    kvpd_buf_free(&out);
+    if (r == NULL)
+        return MHD_NO;
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
+                            strcmp(url, "/metrics") == 0 ? "text/plain; version=0.0.4; charset=utf-8"
+                                                         : "text/plain; charset=utf-8");
+    enum MHD_Result ret = MHD_queue_response(c, (unsigned)code, r);
+    MHD_destroy_response(r);
+    kvpd_log(code >= 400 ? KVPD_LOG_INFO : KVPD_LOG_DEBUG, "http", "method=%s path=%s code=%d",
+             method, url, code);
+    return ret;
+}
+
+static int resolve(const char *hostport, struct sockaddr_storage *ss, socklen_t *len)
+{
+    char host[256];
+    const char *colon = strrchr(hostport, ':');
+    struct addrinfo hints = {0}, *ai = NULL;
+    if (colon == NULL || (size_t)(colon - hostport) >= sizeof(host))
+        return -1;
+    snprintf(host, sizeof(host), "%.*s", (int)(colon - hostport), hostport);
+    hints.ai_family = AF_INET;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    if (getaddrinfo(host[0] ? host : NULL, colon + 1, &hints, &ai) != 0 || ai == NULL)
+        return -1;
+    memcpy(ss, ai->ai_addr, ai->ai_addrlen);
+    *len = ai->ai_addrlen;
+    freeaddrinfo(ai);
+    return 0;
+}
+
+int kvpd_http_start(kvpd_t *d)
+{
+    struct sockaddr_storage ss;
+    socklen_t len;
+    char host[240];
+    if (resolve(d->set.http, &ss, &len) != 0) {
+        kvpd_log(KVPD_LOG_ERROR, "http_failed", "http=%s error=\"cannot resolve\"", d->set.http);
+        return -1;
+    }
+    d->http = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
+                                   MHD_USE_ERROR_LOG,
+                               0, NULL, NULL, on_request, d, MHD_OPTION_SOCK_ADDR,
+                               (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT,
+                               (unsigned int)64, MHD_OPTION_END);
+    if (d->http == NULL) {
+        kvpd_log(KVPD_LOG_ERROR, "http_failed", "http=%s error=\"cannot listen\"", d->set.http);
+        return -1;
+    }
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(d->http, MHD_DAEMON_INFO_BIND_PORT);
+    const char *colon = strrchr(d->set.http, ':');
+    snprintf(host, sizeof(host), "%.*s", (int)(colon - d->set.http), d->set.http);
+    snprintf(d->http_addr, sizeof(d->http_addr), "%s:%u", host[0] ? host : "0.0.0.0",
+             info ? (unsigned)info->port : 0u);
+    kvpd_log(KVPD_LOG_INFO, "http_up", "http=%s admin=%d", d->http_addr, d->set.admin ? 1 : 0);
+    return 0;
+}
+
+void kvpd_http_stop(kvpd_t *d)
+{
+    if (d->http == NULL)
+        return;
+    MHD_stop_daemon(d->http);
+    d->http = NULL;
+}

@@ -1,0 +1,632 @@
+/*
+ * options.c -- the kvpeerd option table and everything generated from it:
+ * INI parsing (libinih), KVPEER_<NAME> variables, flags, --help and
+ * --print-config. Node options keep the defaults of kvp_config_init() (the
+ * table's default text is NULL for them), so SPEC §8 lives in one place.
+ */
+#include "options.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <ini.h>
+#include <limits.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef enum opt_type {
+    OPT_U32,   /* uint32_t */
+    OPT_U64,   /* uint64_t */
+    OPT_BOOL8, /* uint8_t 0/1 (kvp_config_t flags) */
+    OPT_BOOL,  /* bool */
+    OPT_STR,   /* char * (owned) */
+    OPT_LEVEL, /* int: error|warn|info|debug|trace, text kept in log_level_s */
+} opt_type_t;
+
+enum {
+    F_SIZE = 1,   /* integer accepts K/M/G suffixes (binary) */
+    F_NOFILE = 2, /* not allowed in the config file (--config itself) */
+};
+
+typedef struct opt {
+    const char *name;
+    opt_type_t type;
+    unsigned flags;
+    size_t off; /* into kvpd_settings_t */
+    uint64_t min, max;
+    const char *def; /* NULL: keep the kvp_config_init() default */
+    const char *doc;
+} opt_t;
+
+#define S(f) offsetof(kvpd_settings_t, f)
+#define C(f) offsetof(kvpd_settings_t, cfg.f)
+#define MS(f, lo, doc) {#f, OPT_U32, 0, C(f), lo, UINT32_MAX, NULL, doc}
+
+static const opt_t opts[] = {
+    {"config", OPT_STR, F_NOFILE, S(config), 0, 0, "", "INI config file (flag or KVPEER_CONFIG)"},
+    {"listen", OPT_STR, 0, S(listen), 0, 0, "127.0.0.1:0",
+     "control listen address host:port (port 0 = ephemeral)"},
+    {"peer_id", OPT_STR, 0, S(peer_id), 0, 0, "", "advertised peer id (empty = bound address)"},
+    {"instance_id", OPT_STR, 0, S(instance_id), 0, 0, "",
+     "instance id shared by the ranks of one engine (empty = peer id)"},
+    {"name", OPT_STR, 0, S(name), 0, 0, "", "log prefix (empty = peer id)"},
+    {"peers", OPT_STR, 0, S(peers), 0, 0, "", "peers to connect at start, comma list of host:port"},
+    {"http", OPT_STR, 0, S(http), 0, 0, "",
+     "HTTP address host:port for /metrics etc. (empty = off, port 0 = ephemeral)"},
+    {"admin", OPT_BOOL, 0, S(admin), 0, 1, "false", "serve the /admin/ endpoints (tests, demo)"},
+    {"ready_file", OPT_STR, 0, S(ready_file), 0, 0, "",
+     "write 'peer=<id> http=<host:port>' here once up (empty = none)"},
+    {"log_level", OPT_LEVEL, 0, S(log_level), 0, 0, "info", "error|warn|info|debug|trace"},
+    {"transport", OPT_STR, 0, S(transport), 0, 0, "ucx", "data transport (only ucx)"},
+    {"num_blocks", OPT_U32, 0, C(num_blocks), 1, 1u << 30, NULL, "slots in the region"},
+    {"block_size", OPT_U32, F_SIZE, C(block_size), 1, 1u << 30, NULL,
+     "bytes per block, a multiple of the page size (K/M suffixes)"},
+    {"compat", OPT_STR, 0, S(compat), 0, 0, "", "compatibility string (fingerprint source)"},
+    {"hash_seed", OPT_U64, 0, C(hash_seed), 0, UINT64_MAX, NULL, "checksum/fingerprint seed"},
+    {"psk", OPT_STR, 0, S(psk_hex), 0, 0, "", "pre-shared key, hex (empty = none)"},
+    {"psk_file", OPT_STR, 0, S(psk_file), 0, 0, "", "file holding the pre-shared key (raw bytes)"},
+    {"verify_checksums", OPT_BOOL8, 0, C(verify_checksums), 0, 1, NULL, "verify block checksums"},
+    {"huge_pages", OPT_BOOL8, 0, C(huge_pages), 0, 1, NULL, "map the region with huge pages"},
+    MS(heartbeat_ms, 1, "PING interval on idle sessions"),
+    MS(dead_after_ms, 1, "session dead after this long without a frame"),
+    MS(handshake_timeout_ms, 1, "connected but not ready"),
+    MS(lookup_pending_ms, 1, "FILLING keys answered MISS after this"),
+    MS(supply_pin_ms, 1, "lookup-pinned supply never fetched is unpinned"),
+    MS(load_timeout_ms, 1, "abort a fetch"),
+    MS(abort_resend_ms, 1, "ABORT re-sent this often"),
+    MS(abort_ack_timeout_ms, 1, "then escalate"),
+    MS(parked_demand_ms, 1, "WAIT_FOR_SUPPLY demand parked this long"),
+    MS(hold_cap_ms, 1, "retained transfers / quarantined slots force-released after"),
+    {"suspect_period_ms", OPT_U64, 0, C(suspect_period_ms), 0, UINT64_MAX, NULL,
+     "re-verify suspect slots on acquire this long (0 = 10 x hold cap)"},
+    MS(idle_session_ms, 1, "close sessions with no work"),
+    MS(shutdown_drain_ms, 0, "bounded drain at shutdown (rolling restarts)"),
+    {"max_sessions", OPT_U32, 0, C(max_sessions), 1, UINT32_MAX, NULL, "sessions cap"},
+    {"max_pins", OPT_U32, 0, C(max_pins), 0, UINT32_MAX, NULL, "pins cap (0 = 4 x num_blocks)"},
+    {"max_retained", OPT_U32, 0, C(max_retained), 1, UINT32_MAX, NULL, "retained transfers cap"},
+    {"max_quarantined", OPT_U32, 0, C(max_quarantined), 0, UINT32_MAX, NULL,
+     "quarantined slots cap (0 = 25% of the region)"},
+    {"max_inflight_bytes_per_peer", OPT_U64, F_SIZE, C(max_inflight_bytes_per_peer), 1,
+     UINT64_MAX, NULL, "bytes in flight per peer (K/M/G suffixes)"},
+    MS(backoff_min_ms, 1, "redial backoff, first"),
+    MS(backoff_max_ms, 1, "redial backoff, cap"),
+};
+#define N_OPTS (sizeof(opts) / sizeof(opts[0]))
+
+static const char *const level_names[] = {"error", "warn", "info", "debug", "trace"};
+
+static void *field(kvpd_settings_t *s, const opt_t *o)
+{
+    return (char *)s + o->off;
+}
+
+static const void *cfield(const kvpd_settings_t *s, const opt_t *o)
+{
+    return (const char *)s + o->off;
+}
+
+/* Option names are matched with '-' and '_' equivalent, case-insensitive. */
+static const opt_t *opt_find(const char *name, size_t len)
+{
+    for (size_t i = 0; i < N_OPTS; i++) {
+        const char *n = opts[i].name;
+        size_t j = 0;
+        for (; j < len && n[j]; j++) {
+            char a = name[j] == '-' ? '_' : (char)tolower((unsigned char)name[j]);
+            if (a != n[j])
+                break;
+        }
+        if (j == len && n[j] == '\0')
+            return &opts[i];
+    }
+    return NULL;
+}
+
+/* Unsigned integer with an optional binary K/M/G suffix (F_SIZE). */
+static int parse_uint(const opt_t *o, const char *v, uint64_t *out, const char **why)
+{
+    char *end;
+    while (isspace((unsigned char)*v))
+        v++;
+    if (*v == '\0' || *v == '-' || !isdigit((unsigned char)*v)) {
+        *why = "is not a non-negative integer";
+        return -1;
+    }
+    errno = 0;
+    int base = (v[0] == '0' && (v[1] == 'x' || v[1] == 'X')) ? 16 : 10;
+    unsigned long long x = strtoull(v, &end, base);
+    if (errno != 0) {
+        *why = "is out of range";
+        return -1;
+    }
+    unsigned shift = 0;
+    if ((o->flags & F_SIZE) && *end) {
+        switch (toupper((unsigned char)*end)) {
+        case 'K': shift = 10; end++; break;
+        case 'M': shift = 20; end++; break;
+        case 'G': shift = 30; end++; break;
+        default: break;
+        }
+        if (shift && *end == 'i')
+            end++;
+        if (shift && (*end == 'B' || *end == 'b'))
+            end++;
+    }
+    while (isspace((unsigned char)*end))
+        end++;
+    if (*end != '\0') {
+        *why = (o->flags & F_SIZE) ? "is not an integer (K/M/G suffixes allowed)"
+                                   : "is not an integer";
+        return -1;
+    }
+    if (shift && x > (UINT64_MAX >> shift)) {
+        *why = "is out of range";
+        return -1;
+    }
+    x <<= shift;
+    if (x < o->min || x > o->max) {
+        *why = "is out of range";
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+static int parse_bool(const char *v, bool *out)
+{
+    static const char *const t[] = {"1", "true", "yes", "on"}, *const f[] = {"0", "false", "no", "off"};
+    for (int i = 0; i < 4; i++) {
+        if (strcasecmp(v, t[i]) == 0) {
+            *out = true;
+            return 0;
+        }
+        if (strcasecmp(v, f[i]) == 0) {
+            *out = false;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static int set_str(char **dst, const char *v)
+{
+    char *c = strdup(v);
+    if (c == NULL)
+        return -1;
+    free(*dst);
+    *dst = c;
+    return 0;
+}
+
+static int opt_apply(kvpd_settings_t *s, const opt_t *o, const char *v, const char **why)
+{
+    uint64_t x;
+    bool b;
+    switch (o->type) {
+    case OPT_U32:
+    case OPT_U64:
+        if (parse_uint(o, v, &x, why) != 0)
+            return -1;
+        if (o->type == OPT_U32)
+            *(uint32_t *)field(s, o) = (uint32_t)x;
+        else
+            *(uint64_t *)field(s, o) = x;
+        return 0;
+    case OPT_BOOL:
+    case OPT_BOOL8:
+        if (parse_bool(v, &b) != 0) {
+            *why = "is not a boolean (true/false, 1/0, yes/no, on/off)";
+            return -1;
+        }
+        if (o->type == OPT_BOOL)
+            *(bool *)field(s, o) = b;
+        else
+            *(uint8_t *)field(s, o) = b ? 1 : 0;
+        return 0;
+    case OPT_LEVEL:
+        for (int i = 0; i <= KVPD_LOG_TRACE; i++) {
+            if (strcasecmp(v, level_names[i]) == 0) {
+                s->log_level = i;
+                return set_str(&s->log_level_s, level_names[i]);
+            }
+        }
+        *why = "is not one of error|warn|info|debug|trace";
+        return -1;
+    case OPT_STR:
+        if (set_str((char **)field(s, o), v) != 0) {
+            *why = "could not be stored (out of memory)";
+            return -1;
+        }
+        return 0;
+    }
+    return -1;
+}
+
+int kvpd_settings_set(kvpd_settings_t *s, const char *name, const char *value,
+                      const char *origin, FILE *err)
+{
+    const opt_t *o = opt_find(name, strlen(name));
+    const char *why = "is invalid";
+    if (o == NULL) {
+        fprintf(err, "kvpeerd: %s: unknown option '%s' (see --help)\n", origin, name);
+        return -1;
+    }
+    if (opt_apply(s, o, value, &why) != 0) {
+        fprintf(err, "kvpeerd: %s: %s: value '%s' %s\n", origin, o->name, value, why);
+        return -1;
+    }
+    return 0;
+}
+
+void kvpd_settings_init(kvpd_settings_t *s)
+{
+    const char *why;
+    memset(s, 0, sizeof(*s));
+    kvp_config_init(&s->cfg);
+    for (size_t i = 0; i < N_OPTS; i++) {
+        if (opts[i].def != NULL && opt_apply(s, &opts[i], opts[i].def, &why) != 0)
+            abort(); /* a table default that does not parse is a bug */
+    }
+}
+
+void kvpd_settings_free(kvpd_settings_t *s)
+{
+    for (size_t i = 0; i < N_OPTS; i++) {
+        if (opts[i].type == OPT_STR) {
+            char **p = field(s, &opts[i]);
+            free(*p);
+            *p = NULL;
+        }
+    }
+    free(s->log_level_s);
+    s->log_level_s = NULL;
+    memset(s->psk, 0, sizeof(s->psk));
+}
+
+/* ---------------------------------------------------------------- INI file */
+
+typedef struct ini_ctx {
+    kvpd_settings_t *s;
+    const char *path;
+    FILE *fp, *err;
+    int line;   /* line most recently read: the handler's line */
+    int failed; /* first error already reported */
+} ini_ctx_t;
+
+/* inih reader that counts lines, so the handler can name the line. */
+static char *ini_read_line(char *str, int num, void *stream)
+{
+    ini_ctx_t *c = stream;
+    char *r = fgets(str, num, c->fp);
+    if (r != NULL && strchr(r, '\n') != NULL)
+        c->line++;
+    else if (r != NULL && feof(c->fp))
+        c->line++;
+    return r;
+}
+
+static int ini_on_value(void *user, const char *section, const char *name, const char *value)
+{
+    ini_ctx_t *c = user;
+    char origin[512];
+    const opt_t *o = opt_find(name, strlen(name));
+    if (c->failed)
+        return 0;
+    snprintf(origin, sizeof(origin), "config file %s line %d", c->path, c->line);
+    if (o != NULL && (o->flags & F_NOFILE)) {
+        fprintf(c->err, "kvpeerd: %s: option '%s' is not allowed in a config file\n", origin,
+                name);
+        c->failed = 1;
+        return 0;
+    }
+    if (kvpd_settings_set(c->s, name, value, origin, c->err) != 0) {
+        c->failed = 1;
+        return 0;
+    }
+    return 1;
+}
+
+int kvpd_settings_load_file(kvpd_settings_t *s, const char *path, FILE *err)
+{
+    ini_ctx_t c = {s, path, NULL, err, 0, 0};
+    if ((c.fp = fopen(path, "r")) == NULL) {
+        fprintf(err, "kvpeerd: config file %s: cannot open: %s\n", path, strerror(errno));
+        return -1;
+    }
+    int r = ini_parse_stream(ini_read_line, &c, ini_on_value, &c);
+    fclose(c.fp);
+    if (r != 0 && !c.failed)
+        fprintf(err, "kvpeerd: config file %s line %d: syntax error (expected name = value)\n",
+                path, r);
+    return r == 0 ? 0 : -1;
+}
+
+/* ------------------------------------------------------------ environment */
+
+static int load_env(kvpd_settings_t *s, FILE *err)
+{
+    char var[96], origin[128];
+    for (size_t i = 0; i < N_OPTS; i++) {
+        size_t j = 0;
+        j = (size_t)snprintf(var, sizeof(var), "KVPEER_");
+        for (const char *p = opts[i].name; *p && j + 1 < sizeof(var); p++)
+            var[j++] = (char)toupper((unsigned char)*p);
+        var[j] = '\0';
+        const char *v = getenv(var);
+        if (v == NULL || (opts[i].flags & F_NOFILE))
+            continue;
+        snprintf(origin, sizeof(origin), "environment %s", var);
+        if (kvpd_settings_set(s, opts[i].name, v, origin, err) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ flags */
+
+typedef struct flag_val {
+    const opt_t *o;
+    const char *arg; /* argv[i] as given (for messages) */
+    const char *value;
+} flag_val_t;
+
+/* First pass: recognise every flag (unknown -> error), find --config,
+ * --help, --print-config. Values are applied after file and environment. */
+static int scan_flags(int argc, char **argv, flag_val_t *fv, int *nfv, int *help, int *print,
+                      FILE *err)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            *help = 1;
+            continue;
+        }
+        if (strcmp(a, "--print-config") == 0 || strcmp(a, "--print_config") == 0) {
+            *print = 1;
+            continue;
+        }
+        if (strncmp(a, "--", 2) != 0) {
+            fprintf(err, "kvpeerd: unexpected argument '%s' (options are --name value)\n", a);
+            return -1;
+        }
+        const char *name = a + 2, *eq = strchr(name, '=');
+        const opt_t *o = opt_find(name, eq ? (size_t)(eq - name) : strlen(name));
+        if (o == NULL) {
+            fprintf(err, "kvpeerd: unknown option '%.*s' (see --help)\n",
+                    (int)(eq ? eq - a : (long)strlen(a)), a);
+            return -1;
+        }
+        const char *v = eq ? eq + 1 : NULL;
+        if (v == NULL && o->type == OPT_BOOL)
+            v = "true"; /* bare --admin */
+        if (v == NULL && o->type == OPT_BOOL8)
+            v = "true";
+        if (v == NULL) {
+            if (i + 1 >= argc) {
+                fprintf(err, "kvpeerd: option '%s' needs a value\n", a);
+                return -1;
+            }
+            v = argv[++i];
+        }
+        fv[(*nfv)++] = (flag_val_t){o, a, v};
+    }
+    return 0;
+}
+
+static int apply_flags(kvpd_settings_t *s, const flag_val_t *fv, int nfv, FILE *err)
+{
+    char origin[160];
+    for (int i = 0; i < nfv; i++) {
+        if (fv[i].o->flags & F_NOFILE)
+            continue; /* --config: already used */
+        snprintf(origin, sizeof(origin), "flag --%s", fv[i].o->name);
+        if (kvpd_settings_set(s, fv[i].o->name, fv[i].value, origin, err) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ check */
+
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    c = (char)tolower((unsigned char)c);
+    return (c >= 'a' && c <= 'f') ? c - 'a' + 10 : -1;
+}
+
+static int load_psk(kvpd_settings_t *s, FILE *err)
+{
+    if (s->psk_hex[0] && s->psk_file[0]) {
+        fprintf(err, "kvpeerd: psk and psk_file are both set; give one\n");
+        return -1;
+    }
+    if (s->psk_hex[0]) {
+        size_t n = strlen(s->psk_hex);
+        if (n % 2 != 0 || n / 2 > KVPD_PSK_MAX) {
+            fprintf(err, "kvpeerd: psk: need an even number of hex digits (at most %d bytes)\n",
+                    KVPD_PSK_MAX);
+            return -1;
+        }
+        for (size_t i = 0; i < n / 2; i++) {
+            int hi = hexval(s->psk_hex[2 * i]), lo = hexval(s->psk_hex[2 * i + 1]);
+            if (hi < 0 || lo < 0) {
+                fprintf(err, "kvpeerd: psk: not a hex string\n");
+                return -1;
+            }
+            s->psk[i] = (uint8_t)(hi << 4 | lo);
+        }
+        s->psk_len = (uint32_t)(n / 2);
+    } else if (s->psk_file[0]) {
+        FILE *f = fopen(s->psk_file, "rb");
+        if (f == NULL) {
+            fprintf(err, "kvpeerd: psk_file %s: %s\n", s->psk_file, strerror(errno));
+            return -1;
+        }
+        size_t n = fread(s->psk, 1, sizeof(s->psk), f);
+        int more = fgetc(f) != EOF;
+        fclose(f);
+        if (n == 0 || more) {
+            fprintf(err, "kvpeerd: psk_file %s: must hold 1..%d bytes\n", s->psk_file,
+                    KVPD_PSK_MAX);
+            return -1;
+        }
+        s->psk_len = (uint32_t)n;
+    }
+    return 0;
+}
+
+static int check_addr(const char *what, const char *a, bool empty_ok, FILE *err)
+{
+    const char *colon = strrchr(a, ':');
+    if (a[0] == '\0' && empty_ok)
+        return 0;
+    if (colon == NULL || colon == a || colon[1] == '\0' ||
+        strspn(colon + 1, "0123456789") != strlen(colon + 1) || atol(colon + 1) > 65535) {
+        fprintf(err, "kvpeerd: %s: '%s' is not host:port\n", what, a);
+        return -1;
+    }
+    return 0;
+}
+
+static int check_peers(const char *list, FILE *err)
+{
+    char buf[300];
+    for (const char *p = list; *p;) {
+        size_t n = strcspn(p, ",");
+        snprintf(buf, sizeof(buf), "%.*s", (int)(n < 299 ? n : 299), p);
+        if (check_addr("peers", buf, false, err) != 0)
+            return -1;
+        p += n;
+        if (*p == ',')
+            p++;
+    }
+    return 0;
+}
+
+/* Cross-field checks and the final kvp_config_t pointers. */
+static int settings_finish(kvpd_settings_t *s, FILE *err)
+{
+    kvp_config_t *c = &s->cfg;
+    long page = sysconf(_SC_PAGESIZE);
+    if (c->block_size % (uint32_t)page != 0) {
+        fprintf(err, "kvpeerd: block_size: %u is not a multiple of the page size (%ld)\n",
+                c->block_size, page);
+        return -1;
+    }
+    if (c->heartbeat_ms >= c->dead_after_ms) {
+        fprintf(err, "kvpeerd: heartbeat_ms (%u) must be below dead_after_ms (%u)\n",
+                c->heartbeat_ms, c->dead_after_ms);
+        return -1;
+    }
+    if (c->backoff_min_ms > c->backoff_max_ms) {
+        fprintf(err, "kvpeerd: backoff_min_ms (%u) must not exceed backoff_max_ms (%u)\n",
+                c->backoff_min_ms, c->backoff_max_ms);
+        return -1;
+    }
+    if (strcmp(s->transport, "ucx") != 0) {
+        fprintf(err, "kvpeerd: transport: '%s' is not available in the daemon (only ucx)\n",
+                s->transport);
+        return -1;
+    }
+    if (check_addr("listen", s->listen, false, err) || check_addr("http", s->http, true, err) ||
+        check_peers(s->peers, err) || load_psk(s, err))
+        return -1;
+    c->listen_addr = s->listen;
+    c->peer_id = s->peer_id[0] ? s->peer_id : NULL;
+    c->instance_id = s->instance_id[0] ? s->instance_id : NULL;
+    c->name = s->name[0] ? s->name : NULL;
+    c->compat = s->compat;
+    c->psk = s->psk_len ? s->psk : NULL;
+    c->psk_len = s->psk_len;
+    c->transport = KVP_TRANSPORT_UCX;
+    c->thread_mode = KVP_THREAD_OWN;
+    return 0;
+}
+
+int kvpd_settings_load(kvpd_settings_t *s, int argc, char **argv, FILE *out, FILE *err)
+{
+    int nfv = 0, help = 0, print = 0;
+    flag_val_t *fv = calloc((size_t)argc + 1, sizeof(*fv));
+    int rc = KVPD_LOAD_ERROR;
+    if (fv == NULL || scan_flags(argc, argv, fv, &nfv, &help, &print, err) != 0)
+        goto out;
+    if (help) {
+        kvpd_settings_help(out);
+        rc = KVPD_LOAD_EXIT;
+        goto out;
+    }
+    const char *cfgpath = getenv("KVPEER_CONFIG");
+    for (int i = 0; i < nfv; i++) {
+        if (fv[i].o->flags & F_NOFILE)
+            cfgpath = fv[i].value;
+    }
+    if (cfgpath && cfgpath[0] &&
+        (set_str(&s->config, cfgpath) != 0 || kvpd_settings_load_file(s, cfgpath, err) != 0))
+        goto out;
+    if (load_env(s, err) != 0 || apply_flags(s, fv, nfv, err) != 0 || settings_finish(s, err) != 0)
+        goto out;
+    rc = KVPD_LOAD_RUN;
+    if (print) {
+        kvpd_settings_print(s, out);
+        rc = KVPD_LOAD_EXIT;
+    }
+out:
+    free(fv);
+    return rc;
+}
+
+/* ------------------------------------------------------- help and dump */
+
+static void opt_value_text(const kvpd_settings_t *s, const opt_t *o, char *buf, size_t cap)
+{
+    const void *p = cfield(s, o);
+    switch (o->type) {
+    case OPT_U32: snprintf(buf, cap, "%u", *(const uint32_t *)p); break;
+    case OPT_U64: snprintf(buf, cap, "%llu", (unsigned long long)*(const uint64_t *)p); break;
+    case OPT_BOOL8: snprintf(buf, cap, "%s", *(const uint8_t *)p ? "true" : "false"); break;
+    case OPT_BOOL: snprintf(buf, cap, "%s", *(const bool *)p ? "true" : "false"); break;
+    case OPT_LEVEL: snprintf(buf, cap, "%s", level_names[s->log_level]); break;
+    case OPT_STR: {
+        const char *v = *(char *const *)p;
+        snprintf(buf, cap, "%s", v ? v : "");
+        break;
+    }
+    }
+}
+
+void kvpd_settings_print(const kvpd_settings_t *s, FILE *out)
+{
+    char v[512];
+    fprintf(out, "; kvpeerd effective configuration\n");
+    for (size_t i = 0; i < N_OPTS; i++) {
+        opt_value_text(s, &opts[i], v, sizeof(v));
+        if (opts[i].off == S(psk_hex) && v[0])
+            fprintf(out, "; %s = (set, %u bytes, redacted)\n", opts[i].name, s->psk_len);
+        else
+            fprintf(out, "%s = %s\n", opts[i].name, v);
+    }
+}
+
+void kvpd_settings_help(FILE *out)
+{
+    kvpd_settings_t d;
+    char v[512];
+    kvpd_settings_init(&d);
+    fprintf(out,
+            "usage: kvpeerd [--config FILE] [--name value | --name=value]... [--help] "
+            "[--print-config]\n\n"
+            "A kvpeer node as a daemon. Every option can also be set in the INI config file\n"
+            "(key = option name, sections optional) or as KVPEER_<NAME> in the environment.\n"
+            "Precedence: defaults < config file < environment < flags. Durations in ms.\n\n");
+    for (size_t i = 0; i < N_OPTS; i++) {
+        opt_value_text(&d, &opts[i], v, sizeof(v));
+        fprintf(out, "  --%-28s %s (default: %s)\n", opts[i].name, opts[i].doc,
+                v[0] ? v : "\"\"");
+    }
+    fprintf(out, "  --%-28s %s\n", "help", "this text");
+    fprintf(out, "  --%-28s %s\n", "print-config", "print every option's effective value, exit");
+    kvpd_settings_free(&d);
+}

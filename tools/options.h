@@ -1,0 +1,79 @@
+/*
+ * options.h -- kvpeerd settings: one option table (name, type, default, doc,
+ * where the value lives) from which the INI config file, KVPEER_<NAME>
+ * environment variables, command-line flags, --help and --print-config all
+ * come. Precedence: defaults < config file < environment < flags.
+ */
+#ifndef KVPD_OPTIONS_H
+#define KVPD_OPTIONS_H
+
+#include "kvpeer.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+enum { KVPD_PSK_MAX = 256 };
+
+typedef enum kvpd_log_level {
+    KVPD_LOG_ERROR = 0,
+    KVPD_LOG_WARN = 1,
+    KVPD_LOG_INFO = 2,
+    KVPD_LOG_DEBUG = 3,
+    KVPD_LOG_TRACE = 4,
+} kvpd_log_level_t;
+
+/* Everything the daemon is configured with. Owns every string field (heap,
+ * freed by kvpd_settings_free). `cfg` is the node configuration; its string
+ * and psk pointers are set by kvpd_settings_load to borrow from this struct,
+ * so `cfg` is valid while the settings live. */
+typedef struct kvpd_settings {
+    kvp_config_t cfg;
+    char *config;      /* config file path ("" = none) */
+    char *listen;      /* -> cfg.listen_addr */
+    char *peer_id;     /* "" = NULL in cfg */
+    char *instance_id; /* "" = NULL in cfg */
+    char *name;        /* "" = NULL in cfg */
+    char *compat;
+    char *psk_hex;
+    char *psk_file;
+    char *peers;       /* comma list of host:port */
+    char *http;        /* "" = no HTTP server */
+    char *ready_file;  /* "" = none */
+    char *transport;   /* only "ucx" */
+    char *log_level_s;
+    bool admin;
+    int log_level; /* kvpd_log_level_t */
+    uint8_t psk[KVPD_PSK_MAX];
+    uint32_t psk_len;
+} kvpd_settings_t;
+
+/* Result of kvpd_settings_load. */
+enum {
+    KVPD_LOAD_RUN = 0,  /* start the daemon */
+    KVPD_LOAD_EXIT = 1, /* --help / --print-config done: exit 0 */
+    KVPD_LOAD_ERROR = 2 /* message written: exit 2 */
+};
+
+void kvpd_settings_init(kvpd_settings_t *s);
+void kvpd_settings_free(kvpd_settings_t *s);
+
+/* Fill `s` (initialised) from the config file (--config FILE or
+ * KVPEER_CONFIG), KVPEER_<NAME> variables and argv, then check it. --help and
+ * --print-config write to `out`; every error is one line on `err` naming the
+ * option and where its value came from (file and line, variable, flag). */
+int kvpd_settings_load(kvpd_settings_t *s, int argc, char **argv, FILE *out, FILE *err);
+
+/* Set one option by name from text; `origin` names where it came from (for
+ * the error message). Returns 0, or -1 after writing one line to `err`. */
+int kvpd_settings_set(kvpd_settings_t *s, const char *name, const char *value,
+                      const char *origin, FILE *err);
+
+/* Apply an INI file (sections optional and ignored; keys = option names). */
+int kvpd_settings_load_file(kvpd_settings_t *s, const char *path, FILE *err);
+
+/* Every option, one "name = value" line (INI syntax; the psk is redacted). */
+void kvpd_settings_print(const kvpd_settings_t *s, FILE *out);
+void kvpd_settings_help(FILE *out);
+
+#endif
