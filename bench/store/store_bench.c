@@ -62,20 +62,21 @@ static char *make_keys(const char *prefix, uint32_t n, uint64_t seed)
 static int bench_index(uint32_t n)
 {
     size_t len = (size_t)n * 4096;
-    void *region = mmap(NULL, len, PROT_READ | PROT_WRITE,
-                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void *region =
+        mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (region == MAP_FAILED) {
         perror("mmap");
         return 1;
     }
-    kvp_store_config_t cfg = {.num_blocks = n, .block_size = 4096, .region = region,
-                              .region_len = len, .hash_seed = 42};
+    kvp_store_config_t cfg = {
+        .num_blocks = n, .block_size = 4096, .region = region, .region_len = len, .hash_seed = 42};
     kvp_store_t *s;
     if (kvp_store_create(&cfg, &s) != KVP_OK) {
         fprintf(stderr, "store create failed\n");
         return 1;
     }
-    char *keys = make_keys("kv", n, 1), *hits = make_keys("kv", n, 2), *miss = make_keys("zz", n, 3);
+    char *keys = make_keys("kv", n, 1), *hits = make_keys("kv", n, 2),
+         *miss = make_keys("zz", n, 3);
     char *fresh = make_keys("nw", n, 4);
     kvp_slot_ref_t ref;
     for (uint32_t i = 0; i < n; i++) {
@@ -89,7 +90,8 @@ static int bench_index(uint32_t n)
     for (int round = 0; round < 2; round++) { /* round 0 warms up */
         double t0 = now_s();
         for (uint32_t i = 0; i < n; i++) {
-            bad += kvp_store_lookup(s, hits + (size_t)i * KEY_LEN, KEY_LEN, &ref, NULL, NULL) != KVP_OK;
+            bad += kvp_store_lookup(s, hits + (size_t)i * KEY_LEN, KEY_LEN, &ref, NULL, NULL) !=
+                   KVP_OK;
             kvp_store_unpin(s, ref);
         }
         double t1 = now_s();
@@ -133,7 +135,8 @@ static int bench_index(uint32_t n)
            kvp_store_meta_bytes_per_slot(s), kvp_store_key_bytes_per_slot(s));
     char why[256];
     if (kvp_store_check(s, why, sizeof(why)) != KVP_OK || bad) {
-        fprintf(stderr, "store inconsistent (%llu bad results): %s\n", (unsigned long long)bad, why);
+        fprintf(stderr, "store inconsistent (%llu bad results): %s\n", (unsigned long long)bad,
+                why);
         return 1;
     }
     kvp_store_destroy(s);
@@ -148,7 +151,8 @@ static int bench_index(uint32_t n)
 static int bench_checksum(size_t mib)
 {
     const size_t block = 2u << 20, len = mib << 20, nblk = len / block;
-    uint64_t *buf = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    uint64_t *buf =
+        mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
     if (buf == MAP_FAILED) {
         perror("mmap");
         return 1;
@@ -190,8 +194,9 @@ static int bench_checksum(size_t mib)
     double rd = (double)len / best_read / 1e9, hs = (double)len / best_hash / 1e9;
     printf("cold buffer              %zu MiB of 2 MiB blocks (best of 3)\n", mib);
     printf("read pass GB/s           %.2f  (sum of 64-bit words)\n", rd);
-    printf("xxh3-128 GB/s            %.2f  (kvp_digest; ratio %.2fx of the read pass)  [sink %llx]\n", hs,
-           hs / rd, (unsigned long long)(sink & 0xf));
+    printf(
+        "xxh3-128 GB/s            %.2f  (kvp_digest; ratio %.2fx of the read pass)  [sink %llx]\n",
+        hs, hs / rd, (unsigned long long)(sink & 0xf));
     if (__builtin_cpu_supports("avx2")) {
         double av = (double)len / best_avx2 / 1e9;
         kvp_digest_t a = kvp_digest(buf, block, 42);

@@ -310,8 +310,9 @@ static double perftest(const char *tls, size_t size, int outstanding)
     FILE *p = popen(cmd, "r");
     while (p && fgets(line, sizeof(line), p)) {
         double it, p50, avg, ov, bw_avg, bw_ov;
-        char *f = strstr(line, "Final:");
-        if (f && sscanf(f + 6, "%lf %lf %lf %lf %lf %lf", &it, &p50, &avg, &ov, &bw_avg, &bw_ov) == 6)
+        char *f = strstr(line, "Final:"); /* with -f: the bare numbers row */
+        f = f ? f + 6 : line;
+        if (sscanf(f, "%lf %lf %lf %lf %lf %lf", &it, &p50, &avg, &ov, &bw_avg, &bw_ov) == 6)
             gbps = bw_ov * 1048576.0 / 1e9; /* perftest "MB/s" are MiB/s */
     }
     if (p)

@@ -284,7 +284,7 @@ class Block:
     def _drop_views(self) -> bool:
         """Release our own views; True when no other view of the slot lives."""
         try:
-            if False:
+            if self._view is not None:
                 self._view.release()
             if self._base is not None:
                 self._base.release()

@@ -22,9 +22,10 @@ def test_pip_install_offline(tmp_path):
     shutil.copytree(PKG, src, ignore=shutil.ignore_patterns("tests", "build", "*.egg-info",
                                                             "__pycache__"))
     target = tmp_path / "site"
+    pip_env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "ASAN_OPTIONS")}
     r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation",
                         "--no-index", "--target", str(target), str(src)],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=120, env=pip_env)
     if r.returncode != 0 and "No module named pip" in r.stderr:
         pytest.skip("python3-pip is not installed")
     assert r.returncode == 0, r.stderr[-2000:]

@@ -30,8 +30,8 @@ const char *kvp_slot_state_str(kvp_slot_state_t st)
 
 /* Legal predecessors of each state, as a bit set of kvp_slot_state_t. */
 static const uint8_t slot_state_from[4] = {
-    [KVP_SLOT_FREE] = (1u << KVP_SLOT_FILLING) | (1u << KVP_SLOT_READY) |
-                      (1u << KVP_SLOT_QUARANTINED),
+    [KVP_SLOT_FREE] =
+        (1u << KVP_SLOT_FILLING) | (1u << KVP_SLOT_READY) | (1u << KVP_SLOT_QUARANTINED),
     [KVP_SLOT_FILLING] = 1u << KVP_SLOT_FREE,
     [KVP_SLOT_READY] = 1u << KVP_SLOT_FILLING,
     [KVP_SLOT_QUARANTINED] = 1u << KVP_SLOT_FILLING,
@@ -53,8 +53,8 @@ static void set_state(kvp_store_t *s, uint32_t slot, kvp_slot_state_t to)
     s->st.slots[from]--;
     s->st.slots[to]++;
     m->state = (uint8_t)to;
-    KVP_TRACE(s->log_prefix, "store: slot %u gen %u %s -> %s", slot, m->gen,
-              slot_state_names[from], slot_state_names[to]);
+    KVP_TRACE(s->log_prefix, "store: slot %u gen %u %s -> %s", slot, m->gen, slot_state_names[from],
+              slot_state_names[to]);
 }
 
 /* ------------------------------------------------------------------ lists */
@@ -208,9 +208,12 @@ static kvp_status_t arrays_alloc(kvp_store_t *s)
 {
     size_t n = s->n, off[6], total = 0;
     s->index_cap = (uint32_t)(n + n / 2 + 1);
-    const size_t sizes[6] = {n * sizeof(*s->meta),   (n + 3) * sizeof(*s->links),
-                             n * sizeof(*s->digest), n * sizeof(*s->t_ns),
-                             (size_t)s->index_cap * sizeof(*s->index), n * KVP_KEY_MAX};
+    const size_t sizes[6] = {n * sizeof(*s->meta),
+                             (n + 3) * sizeof(*s->links),
+                             n * sizeof(*s->digest),
+                             n * sizeof(*s->t_ns),
+                             (size_t)s->index_cap * sizeof(*s->index),
+                             n * KVP_KEY_MAX};
     for (int i = 0; i < 6; i++) {
         off[i] = total;
         total = align_up(total + sizes[i], 64);
@@ -455,9 +458,10 @@ kvp_status_t kvp_store_commit_verify(kvp_store_t *s, kvp_slot_ref_t ref,
     kvp_digest_t d = slot_digest(s, ref.slot);
     if (!kvp_digest_eq(&d, expected)) {
         s->st.checksum_mismatches++;
-        KVP_WARN(s->log_prefix, "store: slot %u gen %u: content does not match the source's "
-                 "checksum (%016llx%016llx != %016llx%016llx)", ref.slot, ref.gen,
-                 (unsigned long long)d.hi, (unsigned long long)d.lo,
+        KVP_WARN(s->log_prefix,
+                 "store: slot %u gen %u: content does not match the source's "
+                 "checksum (%016llx%016llx != %016llx%016llx)",
+                 ref.slot, ref.gen, (unsigned long long)d.hi, (unsigned long long)d.lo,
                  (unsigned long long)expected->hi, (unsigned long long)expected->lo);
         return KVP_ERR_CHECKSUM;
     }
@@ -524,8 +528,10 @@ static bool suspect_verify(kvp_store_t *s, uint32_t slot)
     if (kvp_digest_eq(&d, &s->digest[slot]))
         return true;
     s->st.checksum_mismatches++;
-    KVP_ERROR(s->log_prefix, "store: suspect slot %u gen %u: content changed since commit "
-              "(a late write landed); block dropped", slot, s->meta[slot].gen);
+    KVP_ERROR(s->log_prefix,
+              "store: suspect slot %u gen %u: content changed since commit "
+              "(a late write landed); block dropped",
+              slot, s->meta[slot].gen);
     if (s->meta[slot].pins == 0)
         ready_to_free(s, slot);
     return false;
@@ -597,8 +603,7 @@ static void lookup_prefetch(const kvp_store_t *s, uint32_t m, const uint32_t *h,
 }
 
 uint32_t kvp_store_lookup_many(kvp_store_t *s, uint32_t count, const void *const *keys,
-                               const size_t *key_lens, kvp_slot_ref_t *refs,
-                               kvp_status_t *results)
+                               const size_t *key_lens, kvp_slot_ref_t *refs, kvp_status_t *results)
 {
     uint32_t hits = 0, h[LOOKUP_BATCH];
     bool ok[LOOKUP_BATCH];
@@ -628,8 +633,8 @@ kvp_status_t kvp_store_probe(const kvp_store_t *s, const void *key, size_t key_l
 {
     if (!s || !key_ok(key, key_len))
         return KVP_ERR_INVALID;
-    uint32_t slot = kvp__store_index_find(s, key, key_len,
-                                          (uint32_t)kvp__store_hash(s, key, key_len));
+    uint32_t slot =
+        kvp__store_index_find(s, key, key_len, (uint32_t)kvp__store_hash(s, key, key_len));
     if (slot == UINT32_MAX)
         return KVP_ERR_NOT_FOUND;
     if (ref)

@@ -57,8 +57,8 @@ typedef void (*kvp_store_commit_cb)(void *arg, const void *key, uint32_t key_len
                                     kvp_slot_ref_t ref);
 
 typedef struct kvp_store_config {
-    uint32_t num_blocks;  /* > 0 */
-    uint32_t block_size;  /* > 0, a multiple of the page size */
+    uint32_t num_blocks; /* > 0 */
+    uint32_t block_size; /* > 0, a multiple of the page size */
     /* Region supplied from outside (by the data transport, which for UCX
      * allocates it, or by the embedding engine): base and length, length >=
      * num_blocks * block_size, base page-aligned. The supplier frees it after
@@ -73,13 +73,13 @@ typedef struct kvp_store_config {
     const kvp_clock_t *clock;   /* NULL = real clock */
     kvp_store_commit_cb commit_cb;
     void *commit_cb_arg;
-    const char *log_prefix;     /* borrowed for the store's lifetime; may be NULL */
+    const char *log_prefix; /* borrowed for the store's lifetime; may be NULL */
 } kvp_store_config_t;
 
 typedef struct kvp_store_stats {
-    uint64_t slots[4];          /* by kvp_slot_state_t */
-    uint64_t pins;              /* current total */
-    uint64_t suspect;           /* slots currently marked suspect */
+    uint64_t slots[4]; /* by kvp_slot_state_t */
+    uint64_t pins;     /* current total */
+    uint64_t suspect;  /* slots currently marked suspect */
     uint64_t evictions;
     uint64_t checksum_mismatches; /* suspect re-verify failures + commit_verify failures */
     uint64_t reserves, commits, abandons, quarantines, quarantine_releases;
@@ -94,9 +94,9 @@ typedef struct kvp_slot_info {
     uint32_t pins;
     uint8_t key_len;
     uint8_t key[KVP_KEY_MAX];
-    kvp_digest_t digest;          /* valid when READY */
-    uint64_t quarantined_at_ns;   /* valid when QUARANTINED */
-    uint64_t suspect_until_ns;    /* 0 = not suspect */
+    kvp_digest_t digest;        /* valid when READY */
+    uint64_t quarantined_at_ns; /* valid when QUARANTINED */
+    uint64_t suspect_until_ns;  /* 0 = not suspect */
 } kvp_slot_info_t;
 
 /* Create a store. Out-param written only on KVP_OK. KVP_ERR_INVALID for a
@@ -160,8 +160,7 @@ kvp_status_t kvp_store_lookup(kvp_store_t *s, const void *key, size_t key_len, k
  * index fast. Returns the number of hits (0 if s, keys, key_lens or results
  * is NULL). */
 uint32_t kvp_store_lookup_many(kvp_store_t *s, uint32_t count, const void *const *keys,
-                               const size_t *key_lens, kvp_slot_ref_t *refs,
-                               kvp_status_t *results);
+                               const size_t *key_lens, kvp_slot_ref_t *refs, kvp_status_t *results);
 /* Index probe without pinning or touching LRU: state of the key's slot, or
  * KVP_ERR_NOT_FOUND. */
 kvp_status_t kvp_store_probe(const kvp_store_t *s, const void *key, size_t key_len,

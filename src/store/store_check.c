@@ -133,8 +133,8 @@ static kvp_status_t check_lists(const kvp_store_t *s, char *why, size_t why_len)
           (unsigned long long)(nfree + nsus), (unsigned long long)s->st.slots[KVP_SLOT_FREE]);
     for (uint32_t i = 0; i < s->n; i++)
         unpinned += s->meta[i].state == KVP_SLOT_READY && s->meta[i].pins == 0;
-    CHECK(nlru == unpinned, "LRU holds %llu, %llu READY slots unpinned",
-          (unsigned long long)nlru, (unsigned long long)unpinned);
+    CHECK(nlru == unpinned, "LRU holds %llu, %llu READY slots unpinned", (unsigned long long)nlru,
+          (unsigned long long)unpinned);
     return KVP_OK;
 }
 
@@ -155,11 +155,12 @@ static kvp_status_t check_index(const kvp_store_t *s, char *why, size_t why_len)
               kvp_slot_state_str(st));
         uint32_t h = (uint32_t)kvp__store_hash(s, kvp__store_key(s, slot), s->meta[slot].key_len);
         CHECK(h == e->h32, "index %u: slot %u hash %08x, key hashes to %08x", j, slot, e->h32, h);
-        for (uint32_t i = kvp__store_index_home(s, h); i != j; i = i + 1 == s->index_cap ? 0 : i + 1)
+        for (uint32_t i = kvp__store_index_home(s, h); i != j;
+             i = i + 1 == s->index_cap ? 0 : i + 1)
             CHECK(s->index[i].slot1 != 0, "index %u: slot %u unreachable (hole at %u)", j, slot, i);
     }
-    CHECK(used == s->index_used, "index: %llu entries, counter says %llu",
-          (unsigned long long)used, (unsigned long long)s->index_used);
+    CHECK(used == s->index_used, "index: %llu entries, counter says %llu", (unsigned long long)used,
+          (unsigned long long)s->index_used);
     CHECK(used == s->st.slots[KVP_SLOT_FILLING] + s->st.slots[KVP_SLOT_READY],
           "index: %llu entries for %llu FILLING/READY slots", (unsigned long long)used,
           (unsigned long long)(s->st.slots[KVP_SLOT_FILLING] + s->st.slots[KVP_SLOT_READY]));

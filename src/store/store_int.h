@@ -59,7 +59,7 @@ typedef struct kvp_index_entry {
  * destroy) and the region iff own_region (munmap in destroy); a supplied
  * region is borrowed and freed by its supplier after destroy. */
 struct kvp_store {
-    uint32_t n;          /* num_blocks */
+    uint32_t n; /* num_blocks */
     uint32_t block_size;
     uint32_t max_pins;
     uint32_t index_cap;
@@ -68,15 +68,15 @@ struct kvp_store {
     uint64_t hash_seed;
     char *region;
     size_t region_len;
-    size_t map_len;      /* own mapping only */
+    size_t map_len; /* own mapping only */
     bool own_region;
-    bool huge;           /* own mapping got MAP_HUGETLB */
+    bool huge; /* own mapping got MAP_HUGETLB */
     const kvp_clock_t *clock;
     kvp_store_commit_cb commit_cb;
     void *commit_cb_arg;
     const char *log_prefix;
 
-    void *arrays_raw;    /* the one allocation the arrays below are carved from */
+    void *arrays_raw; /* the one allocation the arrays below are carved from */
     kvp_slot_meta_t *meta;
     kvp_slot_link_t *links;
     kvp_digest_t *digest;

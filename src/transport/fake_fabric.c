@@ -187,6 +187,7 @@ static void apply_copy(kvp_fake_fabric_t *f, fake_xport_t *x, fake_xfer_t *xf, u
             v.actual_gen = 0;
             v.actual_state = KVP_SLOT_FREE;
             v.actual_pins = 0;
+            record_violation(f, x, &v);
             x->ctr.blocks_dst_closed++;
             continue;
         }

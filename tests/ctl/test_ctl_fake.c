@@ -388,6 +388,49 @@ static void test_fake_ready_refused(void **state)
     env_free(e);
 }
 
+/* Redial with exponential backoff while wanted and not ready; none after
+ * unwant. Backoff 100 ms doubling (jitter +-25%): dials near 0, 0.1, 0.3,
+ * 0.7, 1.5 s. */
+static void test_fake_backoff(void **state)
+{
+    env_t *e = env_new();
+    tn_start(&e->a);
+    assert_int_equal(kvp_ctl_want(e->a.ctl, "nobody"), KVP_OK);
+    assert_int_equal(kvp_ctl_want(e->a.ctl, "nobody"), KVP_OK); /* idempotent */
+    assert_int_equal(kvp_ctl_want(e->a.ctl, "A"), KVP_ERR_INVALID); /* ourselves */
+    assert_int_equal(tn_stats(&e->a).dials, 1); /* the first dial is immediate */
+    run(e, 50 * MS);
+    assert_int_equal(tn_stats(&e->a).dials, 1);
+    run(e, 1950 * MS);
+    kvp_ctl_stats_t st = tn_stats(&e->a);
+    assert_true(st.dials >= 4 && st.dials <= 6);
+    assert_int_equal(st.dial_failures, st.dials);
+    kvp_ctl_unwant(e->a.ctl, "nobody");
+    run(e, 10000 * MS);
+    assert_int_equal(tn_stats(&e->a).dials, st.dials);
+    env_free(e);
+}
+
+/* A wanted address whose peer announces another peer id: the dialed link
+ * satisfies the want, and its loss triggers a redial. */
+static void test_fake_want_alias(void **state)
+{
+    env_t *e = env_new();
+    e->b.cfg.peer_id = "b-id";
+    tn_start(&e->a);
+    tn_start(&e->b);
+    assert_int_equal(kvp_ctl_want(e->a.ctl, "B"), KVP_OK);
+    run(e, 500 * MS);
+    assert_int_equal(e->a.ready, 1);
+    assert_int_equal(tn_stats(&e->a).dials, 1); /* no redial while it is up */
+    assert_string_equal(kvp_link_peer_id(e->a.link), "b-id");
+    kvp_fake_net_kill(e->net, "B");
+    run(e, 1000 * MS);
+    assert_int_equal(e->a.down, 1);
+    assert_int_equal(e->a.ready, 2);
+    env_free(e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -406,6 +449,8 @@ int main(void)
         cmocka_unit_test(test_fake_slow_peer),
         cmocka_unit_test(test_fake_graceful_bye),
         cmocka_unit_test(test_fake_ready_refused),
+        cmocka_unit_test(test_fake_backoff),
+        cmocka_unit_test(test_fake_want_alias),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

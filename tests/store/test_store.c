@@ -184,8 +184,11 @@ static void test_legal_transitions(void **state)
     kvp_slot_ref_t r, r2;
     kvp_slot_state_t st;
     void *p;
-    /* FREE -> FILLING: key indexed as pending */
+    /* FREE -> FILLING: key indexed as pending; set_state traces old -> new */
+    kvp_log_set_level(KVP_LOG_TRACE);
     assert_int_equal(kvp_store_reserve(f.s, "a", 1, 0, &r, &p), KVP_OK);
+    kvp_log_set_level(KVP_LOG_INFO);
+    assert_non_null(strstr(f.cap.last[KVP_LOG_TRACE], "FREE -> FILLING"));
     assert_int_equal(r.gen, 1);
     assert_int_equal(kvp_store_probe(f.s, "a", 1, &r2, &st), KVP_OK);
     assert_int_equal(st, KVP_SLOT_FILLING);

@@ -141,10 +141,12 @@ static void op_reserve(kvp_rng_t *r)
     key_of(k, key, &len);
     kvp_slot_ref_t ref;
     void *p;
-    kvp_status_t rc = kvp_store_reserve(g_s, key, len, remote ? KVP_STORE_RESERVE_REMOTE : 0, &ref, &p);
+    kvp_status_t rc =
+        kvp_store_reserve(g_s, key, len, remote ? KVP_STORE_RESERVE_REMOTE : 0, &ref, &p);
     int have = m_find_key(k);
     if (have >= 0) {
-        assert_int_equal(rc, g_m.s[have].state == KVP_SLOT_READY ? KVP_ERR_EXISTS : KVP_ERR_PENDING);
+        assert_int_equal(rc,
+                         g_m.s[have].state == KVP_SLOT_READY ? KVP_ERR_EXISTS : KVP_ERR_PENDING);
         return;
     }
     int slot;
@@ -200,7 +202,8 @@ static void op_finish_fill(kvp_rng_t *r)
         kvp_digest_t d = kvp_digest(kvp_store_slot_ptr(g_s, (uint32_t)i), BS, 77);
         bool bad = kvp_rng_below(r, 2);
         d.hi ^= bad;
-        assert_int_equal(kvp_store_commit_verify(g_s, mref(i), &d), bad ? KVP_ERR_CHECKSUM : KVP_OK);
+        assert_int_equal(kvp_store_commit_verify(g_s, mref(i), &d),
+                         bad ? KVP_ERR_CHECKSUM : KVP_OK);
         if (bad) {
             g_m.mismatches++;
             return;
@@ -388,9 +391,13 @@ static void churn(uint64_t seed, uint32_t n, uint32_t max_pins, unsigned ops)
         g_m.s[i].key = -1;
         q_push(g_m.freeq, &g_m.nfree, i);
     }
-    kvp_store_config_t cfg = {.num_blocks = n, .block_size = BS, .max_pins = max_pins,
-                              .suspect_period_ns = PERIOD, .hash_seed = 77,
-                              .clock = &g_clk.clock, .commit_cb = on_commit};
+    kvp_store_config_t cfg = {.num_blocks = n,
+                              .block_size = BS,
+                              .max_pins = max_pins,
+                              .suspect_period_ns = PERIOD,
+                              .hash_seed = 77,
+                              .clock = &g_clk.clock,
+                              .commit_cb = on_commit};
     assert_int_equal(kvp_store_create(&cfg, &g_s), KVP_OK);
     kvp_test_logcap_t cap; /* mismatch lines are expected: keep them quiet */
     kvp_test_logcap_start(&cap);
@@ -399,12 +406,24 @@ static void churn(uint64_t seed, uint32_t n, uint32_t max_pins, unsigned ops)
     for (unsigned step = 0; step < ops; step++) {
         switch (kvp_rng_below(&r, 7)) {
         case 0:
-        case 1: op_reserve(&r); break;
-        case 2: op_finish_fill(&r); break;
-        case 3: op_release(&r); break;
-        case 4: op_lookup(&r); break;
-        case 5: op_pin_unpin(&r); break;
-        default: op_misc(&r); break;
+        case 1:
+            op_reserve(&r);
+            break;
+        case 2:
+            op_finish_fill(&r);
+            break;
+        case 3:
+            op_release(&r);
+            break;
+        case 4:
+            op_lookup(&r);
+            break;
+        case 5:
+            op_pin_unpin(&r);
+            break;
+        default:
+            op_misc(&r);
+            break;
         }
         compare();
     }
@@ -413,8 +432,8 @@ static void churn(uint64_t seed, uint32_t n, uint32_t max_pins, unsigned ops)
     kvp_store_stats_t st;
     kvp_store_get_stats(g_s, &st);
     print_message("  n=%u: %llu reserves %llu commits %llu evictions %llu hits %llu pending %llu "
-                  "quarantines %llu mismatches %llu pin refusals\n", n,
-                  (unsigned long long)st.reserves, (unsigned long long)st.commits,
+                  "quarantines %llu mismatches %llu pin refusals\n",
+                  n, (unsigned long long)st.reserves, (unsigned long long)st.commits,
                   (unsigned long long)st.evictions, (unsigned long long)st.lookups_hit,
                   (unsigned long long)st.lookups_pending, (unsigned long long)st.quarantines,
                   (unsigned long long)st.checksum_mismatches,

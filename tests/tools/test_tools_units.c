@@ -99,7 +99,7 @@ static void test_ini_names_key_and_line(void **state)
     kvpd_settings_t s;
     cap_t c;
     char *ok = write_ini("; c\n[node]\nnum_blocks = 77 ; inline\n[x]\nadmin = true\n");
-    char *bad = write_ini("[node]\nnum_blocks = 8\n\n  dead_after_msx = 9\n");
+    char *bad = write_ini("[node]\nnum_blocks = 8\n\ndead_after_msx = 9\n");
     char *syn = write_ini("num_blocks = 8\nnot ini at all\n");
     kvpd_settings_init(&s);
     cap_open(&c);
