@@ -138,7 +138,7 @@ static double perftest_once(const char *tls, uint32_t bs, long iters)
     pid_t ps = cli_spawn(srv, env, "/dev/null");
     if (ps < 0)
         return -1;
-    cli_sleep_ms(300); /* the server binds */
+    cli_sleep_ms(200); /* the server binds */
     pid_t pc = cli_spawn(cli, env, outp);
     int st = 0;
     if (pc < 0 || cli_wait(pc, 60000, &st) != 1)
@@ -168,7 +168,7 @@ void bench_perftest(const bench_opts_t *o, bench_table_t *t)
     }
     const char *paths[2] = {"shm", "tcp"}, *tls[2] = {"", "tcp"};
     bool on[2] = {o->shm, o->tcp};
-    uint64_t bytes = o->quick ? (64ull << 20) : (1ull << 30);
+    uint64_t bytes = o->quick ? (16ull << 20) : (1ull << 30);
     for (int p = 0; p < 2; p++) {
         if (!on[p])
             continue;

@@ -234,6 +234,7 @@ static void phase_healthy(demo_cluster_t *c, const layout_t *l, demo_result_t *r
     demo_say("[fetch] B fetches the %u-block prompt, C asks for %u blocks (its last %u miss), "
              "%u blocks per request", l->prompt, jc.count, l->overshoot, c->o->chunk);
     uint64_t t0 = cli_now_ns();
+    r->keys_requested += total;
     pthread_create(&tb, NULL, fetch_job_run, &jb);
     pthread_create(&tc, NULL, fetch_job_run, &jc);
     for (;;) {
@@ -282,8 +283,10 @@ static void *bg_fetch_run(void *arg)
 /* Start consumer `node`'s WAIT_FOR_SUPPLY load of fault range f (its fault
  * keys are on A, its parked keys are not) and wait until the consumer
  * reports the load in flight. */
-static int bg_fetch_start(demo_cluster_t *c, const layout_t *l, int f, int node, bg_fetch_t *b)
+static int bg_fetch_start(demo_cluster_t *c, const layout_t *l, int f, int node, bg_fetch_t *b,
+                          demo_result_t *r)
 {
+    r->keys_requested += l->k + l->p;
     *b = (bg_fetch_t){.c = c, .node = node, .first = l->base[f], .count = l->k + l->p,
                       .req = 3000000 + (uint64_t)f};
     char err[256];
@@ -338,6 +341,7 @@ static void recovery_fetch(demo_cluster_t *c, const layout_t *l, int f, int node
         demo_check(r, false, what, "put on A failed: %s", err);
         return;
     }
+    r->keys_requested += l->k;
     demo_fetch(c, &c->n[node], c->n[NODE_A].ctl, first, l->k, 4000000 + (uint64_t)f, false, &fr);
     demo_finish(&c->n[node], 4000000 + (uint64_t)f);
     demo_check(r, fr.ok_http && fr.status_code_neg == 0 && fr.n_ok == l->k, what,
@@ -356,7 +360,7 @@ static void phase_kill(demo_cluster_t *c, const layout_t *l, demo_result_t *r)
     demo_node_t *a = &c->n[NODE_A];
     demo_say("[fault a] SIGKILL A while C's load of %u blocks (%u not yet supplied) is in flight",
              l->k + l->p, l->p);
-    int rc = bg_fetch_start(c, l, 0, NODE_C, &b);
+    int rc = bg_fetch_start(c, l, 0, NODE_C, &b, r);
     demo_node_scrape(c, NODE_A);
     demo_node_retire(a); /* keep this incarnation's counters for the report */
     uint64_t t_kill = cli_now_ns();
@@ -390,7 +394,7 @@ static void phase_stop(demo_cluster_t *c, const layout_t *l, demo_result_t *r)
     bg_fetch_t b;
     demo_node_t *a = &c->n[NODE_A];
     demo_say("[fault b] SIGSTOP A while B's load is in flight; SIGCONT once B has failed it");
-    int rc = bg_fetch_start(c, l, 1, NODE_B, &b);
+    int rc = bg_fetch_start(c, l, 1, NODE_B, &b, r);
     uint64_t t_stop = cli_now_ns();
     kill(a->pid, SIGSTOP);
     a->stopped = true;
@@ -418,7 +422,7 @@ static void phase_teardown(demo_cluster_t *c, const layout_t *l, demo_result_t *
     char err[256];
     demo_node_t *cn = &c->n[NODE_C];
     demo_say("[fault c] C removes its session to A with a load in flight, then re-adds A");
-    int rc = bg_fetch_start(c, l, 2, NODE_C, &b);
+    int rc = bg_fetch_start(c, l, 2, NODE_C, &b, r);
     uint64_t t_rm = cli_now_ns();
     int prc = demo_peer_op(cn, "remove", c->n[NODE_A].ctl, err, sizeof(err));
     pthread_join(b.th, NULL);
@@ -578,6 +582,11 @@ static int run_scenario(demo_cluster_t *c, const demo_opts_t *o, const layout_t 
     phase_stop(c, l, r);
     phase_teardown(c, l, r);
     phase_hold_cap(c, r);
+    for (int i = 0; i < DEMO_NODES; i++) { /* before verify's local reads count too */
+        demo_node_scrape(c, i);
+        r->pre_hits += demo_total(&c->n[i], "kvpeer_lookups_total", "result=hit");
+        r->pre_misses += demo_total(&c->n[i], "kvpeer_lookups_total", "result=miss");
+    }
     phase_verify(c, l, r);
     for (int i = 0; i < DEMO_NODES; i++)
         demo_node_scrape(c, i);

@@ -76,6 +76,8 @@ typedef struct demo_result {
     double kill_to_fail_ms, stop_to_fail_ms, remove_to_fail_ms;
     double healthy_bytes, healthy_secs;
     double peak_retained, peak_quarantined;
+    uint64_t keys_requested;      /* input: keys the consumers asked A for */
+    double pre_hits, pre_misses;  /* store lookups before the verify re-read */
     uint64_t verify_present[DEMO_NODES], verify_missing[DEMO_NODES], verify_bad[DEMO_NODES];
     uint64_t expect_present[DEMO_NODES];
     demo_check_t checks[DEMO_MAX_CHECKS];

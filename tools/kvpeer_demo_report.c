@@ -92,8 +92,6 @@ static void report_figures(const demo_cluster_t *c, const demo_result_t *r)
     double bin = sum_total(c, "kvpeer_blocks_in_total", NULL);
     double byin = sum_total(c, "kvpeer_bytes_in_total", NULL);
     double bout = sum_total(c, "kvpeer_blocks_out_total", NULL);
-    double hit = sum_total(c, "kvpeer_lookups_total", "result=hit");
-    double miss = sum_total(c, "kvpeer_lookups_total", "result=miss");
     double lat_s = sum_total(c, "kvpeer_transfer_latency_seconds_sum", NULL);
     double lat_n = sum_total(c, "kvpeer_transfer_latency_seconds_count", NULL);
     printf("  moved           %.0f blocks / %.1f MiB into consumers (B %.0f, C %.0f); "
@@ -105,9 +103,10 @@ static void report_figures(const demo_cluster_t *c, const demo_result_t *r)
            r->healthy_bytes / 1048576.0, r->healthy_secs);
     if (lat_n > 0)
         printf("; transfer latency avg %.0f us", lat_s / lat_n * 1e6);
-    printf("\n  hit rate        %.1f%% (lookups hit %.0f, miss %.0f, pending %.0f)\n",
-           hit + miss > 0 ? 100.0 * hit / (hit + miss) : 0.0, hit, miss,
-           sum_total(c, "kvpeer_lookups_total", "result=pending"));
+    printf("\n  hit rate        %.1f%% (%.0f blocks committed by consumers / %llu keys they asked "
+           "for); store lookups before verify: hit %.0f, miss %.0f\n",
+           r->keys_requested ? 100.0 * bin / (double)r->keys_requested : 0.0, bin,
+           (unsigned long long)r->keys_requested, r->pre_hits, r->pre_misses);
     printf("  fetches         ok %.0f, failed %.0f, aborted %.0f\n",
            sum_total(c, "kvpeer_fetches_total", "result=ok"),
            sum_total(c, "kvpeer_fetches_total", "result=failed"),

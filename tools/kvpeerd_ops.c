@@ -164,6 +164,7 @@ static void dispatch_one(kvpd_t *d, const kvp_event_t *ev)
         return;
     }
     kvpd_op_t *found = NULL;
+    bool orphan = false;
     pthread_mutex_lock(&d->lock);
     for (kvpd_op_t *op = d->ops; op; op = op->next) {
         if (op->op_id == ev->op_id) {
@@ -171,7 +172,9 @@ static void dispatch_one(kvpd_t *d, const kvp_event_t *ev)
             break;
         }
     }
+    /* Decide under the lock: once it is dropped, a waiter may free `found`. */
     if (found && found->orphan) {
+        orphan = true;
         op_unlink(d, found);
     } else if (found) {
         found->ev = *ev;
@@ -179,13 +182,13 @@ static void dispatch_one(kvpd_t *d, const kvp_event_t *ev)
         pthread_cond_broadcast(&d->cond);
     }
     pthread_mutex_unlock(&d->lock);
-    if (found && found->orphan)
+    if (orphan)
         kvpd_op_free(found);
     kvpd_log(KVPD_LOG_DEBUG, ev->type == KVP_EV_LOAD ? "load_done" : "lookup_done",
              "op=%llu request=%llu status=\"%s\" n_ok=%u n_keys=%u waiter=%s",
              (unsigned long long)ev->op_id, (unsigned long long)ev->request_id,
              kvp_status_str((kvp_status_t)ev->status), ev->n_ok, ev->n_keys,
-             found ? "yes" : "none");
+             orphan ? "orphan" : found ? "yes" : "none");
 }
 
 void kvpd_dispatch(kvpd_t *d)

@@ -23,7 +23,7 @@ from .node import (
     config_defaults,
     status_str,
 )
-from . import _lib as _L
+from . import tier  # noqa: E402  (kvpeer.tier: the engine tier adapter)
 
 # The status codes as module constants: kvpeer.KVP_ERR_NOT_FOUND, ...
 globals().update({name: code for code, name in STATUS_NAMES.items()})
@@ -32,5 +32,5 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Block", "CONFIG_FIELDS", "Error", "Event", "EventType", "HeldItem", "Node", "PeerInfo",
-    "STATUS_NAMES", "config_defaults", "find_library", "lib_path", "status_str",
+    "STATUS_NAMES", "config_defaults", "find_library", "lib_path", "status_str", "tier",
 ] + list(STATUS_NAMES.values())

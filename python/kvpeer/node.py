@@ -404,6 +404,7 @@ class Node:
 
     def __init__(self, **config: Any) -> None:
         self._h: Optional[int] = None
+        self.peer_id: str = ""
         self._lock = threading.RLock()
         self._ops: Dict[int, _Op] = {}
         self._stash: Deque[Event] = collections.deque()
@@ -418,7 +419,7 @@ class Node:
         _check(st, "kvp_node_create")
         self._h = handle.value
         self._fd: int = L.lib().kvp_node_fd(self._h)
-        self.peer_id: str = L.lib().kvp_node_peer_id(self._h).decode()
+        self.peer_id = L.lib().kvp_node_peer_id(self._h).decode()
 
     # ---------------------------------------------------------- lifecycle
     @property

@@ -125,6 +125,20 @@ class _Load:
     status: Dict[bytes, int] = field(default_factory=dict)
 
 
+def _check_writable(buf: Any) -> None:
+    """dst buffers are checked at submit time, so that the copy at the end of
+    a load cannot fail for a reason the engine could have seen up front."""
+    try:
+        m = memoryview(buf)
+    except TypeError:
+        raise TypeError(f"dst buffer must support the buffer protocol, got {type(buf).__name__}")
+    try:
+        if m.readonly or not m.c_contiguous:
+            raise ValueError("dst buffers must be writable and C-contiguous")
+    finally:
+        m.release()
+
+
 def _rid(request: RequestLike) -> int:
     if isinstance(request, Request):
         return request.request_id
@@ -227,8 +241,11 @@ class KVPeerTier:
         self._check_open()
         if job.job_id in self._loads:
             raise ValueError(f"load job {job.job_id!r} is already running")
-        if job.dst is not None and len(job.dst) != len(job.keys):
-            raise ValueError("dst must give one buffer per key")
+        if job.dst is not None:
+            if len(job.dst) != len(job.keys):
+                raise ValueError("dst must give one buffer per key")
+            for d in job.dst:
+                _check_writable(d)
         rid = _rid(job.request)
         ld = _Load(job, rid)
         self._loads[job.job_id] = ld
@@ -408,10 +425,10 @@ class KVPeerTier:
         if ld.job.dst is not None:
             for k, dst in zip(ld.job.keys, ld.job.dst):
                 try:
-                    with self.node.get(k) as b:
-                        n = min(len(b.view), memoryview(dst).nbytes)
-                        memoryview(dst).cast("B")[:n] = b.view[:n]
-                except Error as e:  # evicted between commit and copy
+                    with self.node.get(k) as b, memoryview(dst) as m, m.cast("B") as out:
+                        n = min(len(b.view), out.nbytes)
+                        out[:n] = b.view[:n]
+                except Error as e:  # evicted (or being refilled) between commit and copy
                     return self._fail_load(ld, e.status, f"copy of {k!r}")
         self._publish(ld, L.KVP_OK, "")
 

@@ -5,7 +5,6 @@ Run:  KVPEER_LIB=/work/main/build/py/libkvpeer.so python3 -m pytest python/tests
 """
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import sys
 from pathlib import Path

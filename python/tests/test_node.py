@@ -135,6 +135,7 @@ def test_bad_types(node_factory):
         lambda: n.put(b"k", "str-data"),
         lambda: n.put(b"k", 12),
         lambda: n.put(b"k", None),
+        lambda: n.put(b"k", memoryview(b"abcdef")[::2]),  # not contiguous
         lambda: n.put(b"k", b"d", request_id="7"),
         lambda: n.get(42),
         lambda: n.lookup(b"127.0.0.1:9", [b"k"], 1),
@@ -290,3 +291,35 @@ def test_status_str_covers_every_code():
     for code, name in L.STATUS_NAMES.items():
         assert kvpeer.status_str(code)
         assert getattr(kvpeer, name) == code
+
+
+def test_threads_share_a_node(node_factory):
+    """Puts, gets and releases from several threads while another waits for
+    events: the lock and the GIL-free C calls hold together."""
+    import threading
+    n = node_factory(num_blocks=256)
+    errors = []
+
+    def worker(t: int) -> None:
+        try:
+            for i in range(40):
+                k = b"t%d-%d" % (t, i)
+                n.put(k, k * 8)
+                with n.get(k) as b:
+                    assert b.view[: len(k)] == k
+        except Exception as e:  # surfaced below
+            errors.append(e)
+
+    def events() -> None:
+        try:
+            list(n.events(timeout=0.5))
+        except Exception as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    threads.append(threading.Thread(target=events))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert errors == [] and n.stats()["pins"] == 0 and n.stats()["slots_ready"] == 160

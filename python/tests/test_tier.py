@@ -124,6 +124,11 @@ def test_tier_source_death(tier_factory, peer_factory):
     # lookups answer MISS now: for this request's old HIT and for new ones
     assert tier.lookup(b"have", Request(41)) == MISS
     assert settle(tier, [b"have", b"D-0"], Request(42), timeout=3) == [MISS, MISS]
+    # a load routed to the dead source fails at once (no session), once
+    tier.submit_load(LoadJob("after", Request(43, supplier=src.peer_id), [b"D-9"]))
+    late = tier.get_finished_jobs()
+    assert [(d.job_id, d.ok, d.status) for d in late] == \
+        [("after", False, kvpeer.KVP_ERR_UNREACHABLE)]
 
     # nothing leaks: quarantine released by proof or at the hold cap
     def clean() -> bool:
@@ -207,6 +212,11 @@ def test_tier_bad_input(tier_factory):
         tier.lookup(b"", 1)
     with pytest.raises(ValueError):
         tier.submit_load(LoadJob("x", 1, [b"k"], dst=[]))
+    with pytest.raises(ValueError):
+        tier.submit_load(LoadJob("x", 1, [b"k"], dst=[b"read-only"]))
+    with pytest.raises(TypeError):
+        tier.submit_load(LoadJob("x", 1, [b"k"], dst=[42]))
+    assert tier.pending_jobs() == [] and tier.get_finished_jobs() == []  # refused, no outcome
     with pytest.raises(ValueError):
         tier.submit_store(StoreJob("y", 1, [b"k"], []))
     tier.submit_load(LoadJob("z", 1, [b"nowhere"]))  # no source: fails once

@@ -356,7 +356,7 @@ static void link_dispatch(kvp_link_t *l, const kvp_msg_t *m)
         ctl_link_protocol_error(l, "frame before HELLO");
         return;
     }
-    if (l->have_peer == false ||
+    if (!kvp_epoch_eq(&m->src_epoch, &l->remote_epoch) ||
         !kvp_epoch_eq(&m->dst_epoch, &l->local_epoch)) {
         if (l->state != LINK_READY && link_is_handshake_msg(m->type)) {
             ctl_link_protocol_error(l, "bad epochs on a handshake frame");

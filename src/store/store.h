@@ -100,11 +100,13 @@ typedef struct kvp_slot_info {
 } kvp_slot_info_t;
 
 /* Create a store. Out-param written only on KVP_OK. KVP_ERR_INVALID for a
- * zero or non-page-multiple block size, zero blocks, a region too small or
- * unaligned; KVP_ERR_NOMEM if an allocation fails (nothing leaks). */
+ * zero or non-page-multiple block size, zero or more than 2^31 blocks, a
+ * region too small or unaligned; KVP_ERR_NOMEM if an allocation fails (nothing leaks). */
 kvp_status_t kvp_store_create(const kvp_store_config_t *cfg, kvp_store_t **out);
-/* Frees metadata and the region if the store mapped it. Asserts nothing is
- * pinned unless `force` (shutdown after the drain). */
+/* Frees metadata and the region if the store mapped it (a supplied region
+ * is left to its supplier). Pins still held are logged as a warning, not
+ * asserted: destroy is the shutdown path after the drain and there is no
+ * `force` parameter. NULL is a no-op. */
 void kvp_store_destroy(kvp_store_t *s);
 
 uint32_t kvp_store_num_blocks(const kvp_store_t *s);

@@ -214,7 +214,8 @@ static kvp_status_t ucx_xfer_result(const ucx_xfer_t *r)
 {
     if (r->first_err != UCS_OK)
         return KVP_ERR_TRANSPORT;
-
+    if (r->peer->err_seq != r->err_seq)
+        return KVP_ERR_TRANSPORT; /* a flush can be "OK" for dropped data */
     return KVP_OK;
 }
 
@@ -1181,7 +1182,7 @@ static const char *ucx_config_keys(const kvp_ucx_config_t *cfg, ucx_kv_t kv[4])
                strstr(tls, "sysv") || strstr(tls, "mm") || strstr(tls, "all");
 
     kv[0] = (ucx_kv_t){"TLS", cfg->tls};
-    kv[1] = (ucx_kv_t){"MM_ERROR_HANDLING", shm ? "y" : NULL};
+    kv[1] = (ucx_kv_t){"MM_ERROR_HANDLING", NULL}; (void)shm;
     kv[2] = (ucx_kv_t){"KEEPALIVE_INTERVAL", ka};
     kv[3] = (ucx_kv_t){"ALLOC_PRIO", ap};
     return tls;

@@ -322,7 +322,10 @@ def case_two_nodes():
 
 def case_sigterm_drain():
     big = ["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--num_blocks", "256",
-           "--block_size", "256K", "--admin", "--shutdown_drain_ms", "2000"]
+           "--block_size", "256K", "--admin", "--shutdown_drain_ms", "2000",
+           # liveness is not under test here: a loaded 2-core sanitizer box
+           # must not turn the session over mid-test
+           "--dead_after_ms", str(int(2000 * SCALE))]
     a = Daemon("a", big).start()
     b = Daemon("b", big + ["--peers", a.peer]).start()
     wait_for(lambda: "ready=1" in b.req("/peers")[1], "b's session to a")
@@ -346,7 +349,14 @@ def case_sigterm_drain():
     threads = [threading.Thread(target=fetcher, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
-    wait_for(lambda: sum("status=ok" in r for r in results) >= 4, "first transfers", 30)
+    try:
+        wait_for(lambda: sum("status=ok" in r for r in results) >= 4, "first transfers", 30)
+    except SystemExit:
+        print("results so far: %r" % results[:10])
+        for d in (a, b):
+            print("---- %s log (not debug):" % d.name)
+            print("\n".join(l for l in d.logtext().splitlines() if "level=debug" not in l)[-5000:])
+        raise
     fm, _ = metrics(b)
     check(fm["kvpeer_blocks_in_total"] > 0, "no transfer happened")
     # Source first, in the middle of transfers, then the consumer.

@@ -1,0 +1,269 @@
+/*
+ * e2e_node.c -- a kvpeer node in its own process for end-to-end tests over
+ * real TCP and UCX. It prints "ready <peer-id> <data-path-of-first-peer>" and
+ * then answers one line per command read from stdin:
+ *
+ *   put FIRST COUNT [REQ]            -> "ok <n-put>"
+ *   add PEER                         -> "ok" once the session is up (or "err ...")
+ *   fetch PEER FIRST COUNT REQ       -> lookup + fetch of the hits; waits for the
+ *                                       load: "load <status> <n_ok> <hits> <us>"
+ *   fetchnw PEER FIRST COUNT REQ     -> starts lookup+fetch, answers "started" at once;
+ *                                       the load event is reported by "wait"
+ *   wait MS                          -> "load <status> <n_ok> <hits> <us>" or "none"
+ *   verify FIRST COUNT               -> "verify <present> <bad>" (byte-exact re-read)
+ *   busy MS                          -> the main (engine) thread is busy; "ok"
+ *   stats                            -> "stats <ready> <filling> <quarantined> <suspect>
+ *                                       <pins> <retained> <force_releases> <mismatches>"
+ *   path PEER                        -> "path <data-path>"
+ *   quit                             -> destroys the node (drain), exits 0
+ *
+ * Usage: e2e_node LISTEN_ADDR BLOCK_SIZE NUM_BLOCKS [HOLD_CAP_MS] [DEAD_AFTER_MS]
+ * Blocks: key "blk-%08u", content from a seeded PRNG (as tests/node/world.h).
+ */
+#include "kvpeer.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static kvp_node_t *node;
+static uint32_t block_size;
+static uint64_t t_fetch_start;
+
+static uint64_t now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+static void block_fill(uint32_t k, uint8_t *buf, size_t len)
+{
+    uint64_t x = 0x5eed0000u + k;
+    for (size_t i = 0; i < len; i += 8) { /* splitmix64 stream */
+        uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        z ^= z >> 31;
+        memcpy(buf + i, &z, 8);
+    }
+}
+
+static uint32_t key_of(uint32_t k, uint8_t *out)
+{
+    return (uint32_t)snprintf((char *)out, 16, "blk-%08u", k);
+}
+
+/* Wait for one event of `type` (for op, if non-zero), at most ms. */
+static int wait_event(int type, uint64_t op, int ms, kvp_event_t *out)
+{
+    uint64_t end = now_us() + (uint64_t)ms * 1000u;
+    while (now_us() < end) {
+        kvp_event_t ev;
+        uint32_t n = 0;
+        kvp_poll_events(node, &ev, 1, &n);
+        if (n == 1 && ev.type == type && (op == 0 || ev.op_id == op)) {
+            *out = ev;
+            return 1;
+        }
+        if (n == 0)
+            usleep(500);
+    }
+    return 0;
+}
+
+typedef struct pending {
+    uint64_t op;
+    uint32_t hits;
+    uint8_t keys[16 * 4096];
+    uint32_t lens[4096];
+    uint8_t res[4096];
+} pending_t;
+
+static pending_t pend;
+
+static int start_fetch(const char *peer, uint32_t first, uint32_t count, uint64_t req)
+{
+    size_t off = 0;
+    uint64_t op;
+    kvp_event_t ev;
+    if (count > 4096)
+        return -1;
+    for (uint32_t i = 0; i < count; i++) {
+        pend.lens[i] = key_of(first + i, pend.keys + off);
+        off += pend.lens[i];
+    }
+    t_fetch_start = now_us();
+    if (kvp_lookup(node, peer, req, pend.keys, pend.lens, count, pend.res, &op) != KVP_OK ||
+        !wait_event(KVP_EV_LOOKUP, op, 10000, &ev))
+        return -1;
+    /* Fetch the hits only (the keys must be those of the lookup round). */
+    size_t src = 0, dst = 0;
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < count; i++) {
+        if (pend.res[i] == 1) {
+            memmove(pend.keys + dst, pend.keys + src, pend.lens[i]);
+            pend.lens[k++] = pend.lens[i];
+            dst += pend.lens[i];
+        }
+        src += pend.lens[i];
+    }
+    pend.hits = k;
+    if (k == 0)
+        return 0;
+    kvp_status_t st = kvp_fetch(node, peer, req, pend.keys, pend.lens, k, 0, NULL, &pend.op);
+    return st == KVP_OK ? 1 : -1;
+}
+
+static void report_load(int ms)
+{
+    kvp_event_t ev;
+    if (!wait_event(KVP_EV_LOAD, pend.op, ms, &ev)) {
+        printf("none\n");
+        return;
+    }
+    printf("load %d %u %u %" PRIu64 "\n", ev.status, ev.n_ok, pend.hits, now_us() - t_fetch_start);
+}
+
+static void cmd_verify(uint32_t first, uint32_t count)
+{
+    uint8_t key[16], *buf = malloc(block_size);
+    uint32_t present = 0, bad = 0;
+    for (uint32_t k = first; k < first + count; k++) {
+        kvp_block_t b;
+        uint32_t kl = key_of(k, key);
+        if (kvp_get(node, key, kl, &b) != KVP_OK)
+            continue;
+        present++;
+        block_fill(k, buf, block_size);
+        bad += memcmp(b.data, buf, block_size) != 0;
+        kvp_release(node, &b);
+    }
+    free(buf);
+    printf("verify %u %u\n", present, bad);
+}
+
+static void cmd_put(uint32_t first, uint32_t count, uint64_t req)
+{
+    uint8_t key[16], *buf = malloc(block_size);
+    uint32_t ok = 0;
+    for (uint32_t k = first; k < first + count; k++) {
+        uint32_t kl = key_of(k, key);
+        block_fill(k, buf, block_size);
+        ok += kvp_put(node, key, kl, buf, block_size, req) == KVP_OK;
+    }
+    free(buf);
+    printf("ok %u\n", ok);
+}
+
+static void cmd_add(const char *peer)
+{
+    kvp_event_t ev;
+    kvp_peer_add(node, peer);
+    for (int i = 0; i < 100; i++) {
+        kvp_peer_info_t pi[16];
+        uint32_t n = 0;
+        kvp_node_peers(node, pi, 16, &n);
+        for (uint32_t k = 0; k < n; k++)
+            if (strcmp(pi[k].peer, peer) == 0 && pi[k].ready) {
+                printf("ok\n");
+                return;
+            }
+        wait_event(KVP_EV_PEER_UP, 0, 100, &ev);
+    }
+    printf("err no session\n");
+}
+
+static void cmd_stats(void)
+{
+    kvp_stats_t s;
+    kvp_node_stats(node, &s);
+    printf("stats %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64
+           " %" PRIu64 " %" PRIu64 "\n",
+           s.slots_ready, s.slots_filling, s.slots_quarantined, s.slots_suspect, s.pins,
+           s.retained_transfers, s.force_releases, s.checksum_mismatches);
+}
+
+static void cmd_path(const char *peer)
+{
+    kvp_peer_info_t pi[16];
+    uint32_t n = 0;
+    kvp_node_peers(node, pi, 16, &n);
+    for (uint32_t k = 0; k < n; k++)
+        if (strcmp(pi[k].peer, peer) == 0) {
+            printf("path %s\n", pi[k].data_path);
+            return;
+        }
+    printf("path none\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 4) {
+        fprintf(stderr, "usage: %s LISTEN BLOCK_SIZE NUM_BLOCKS [HOLD_CAP_MS] [DEAD_AFTER_MS]\n",
+                argv[0]);
+        return 2;
+    }
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    kvp_config_t c;
+    kvp_config_init(&c);
+    c.listen_addr = argv[1];
+    c.block_size = (uint32_t)strtoul(argv[2], NULL, 0);
+    c.num_blocks = (uint32_t)strtoul(argv[3], NULL, 0);
+    c.compat = "e2e";
+    if (argc > 4)
+        c.hold_cap_ms = (uint32_t)strtoul(argv[4], NULL, 0);
+    if (argc > 5) {
+        c.dead_after_ms = (uint32_t)strtoul(argv[5], NULL, 0);
+        c.heartbeat_ms = c.dead_after_ms / 4;
+        c.abort_ack_timeout_ms = c.dead_after_ms * 2;
+        c.abort_resend_ms = c.dead_after_ms / 2;
+    }
+    c.shutdown_drain_ms = 1000;
+    block_size = c.block_size;
+    kvp_status_t st = kvp_node_create(&c, &node);
+    if (st != KVP_OK) {
+        printf("err create %s\n", kvp_status_str(st));
+        return 1;
+    }
+    printf("ready %s\n", kvp_node_peer_id(node));
+    char line[512], a[256];
+    unsigned f, n;
+    unsigned long long r;
+    while (fgets(line, sizeof(line), stdin) != NULL) {
+        if (sscanf(line, "put %u %u %llu", &f, &n, &r) >= 2)
+            cmd_put(f, n, strchr(line + 4, ' ') && sscanf(line, "put %u %u %llu", &f, &n, &r) == 3 ? r : 0);
+        else if (sscanf(line, "add %255s", a) == 1)
+            cmd_add(a);
+        else if (sscanf(line, "fetch %255s %u %u %llu", a, &f, &n, &r) == 4) {
+            int s2 = start_fetch(a, f, n, r);
+            if (s2 < 0)
+                printf("err fetch\n");
+            else if (s2 == 0)
+                printf("load 0 0 0 0\n");
+            else
+                report_load(60000);
+        } else if (sscanf(line, "fetchnw %255s %u %u %llu", a, &f, &n, &r) == 4)
+            printf(start_fetch(a, f, n, r) > 0 ? "started\n" : "err fetch\n");
+        else if (sscanf(line, "wait %u", &n) == 1)
+            report_load((int)n);
+        else if (sscanf(line, "verify %u %u", &f, &n) == 2)
+            cmd_verify(f, n);
+        else if (sscanf(line, "busy %u", &n) == 1) {
+            usleep(n * 1000u); /* the engine thread is busy; the node's thread serves */
+            printf("ok\n");
+        } else if (strncmp(line, "stats", 5) == 0)
+            cmd_stats();
+        else if (sscanf(line, "path %255s", a) == 1)
+            cmd_path(a);
+        else if (strncmp(line, "quit", 4) == 0)
+            break;
+        else
+            printf("err unknown command\n");
+    }
+    kvp_node_destroy(node);
+    return 0;
+}
