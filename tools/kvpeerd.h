@@ -44,6 +44,7 @@ typedef struct kvpd {
     pthread_cond_t cond;
     kvpd_op_t *ops; /* registered ops (waited for or orphaned) */
     bool stopping;  /* shutdown began: waiters give up */
+    int http_active; /* requests inside a handler (graceful HTTP stop) */
 } kvpd_t;
 
 /* ----------------------------------------------------------------- logging */
@@ -83,6 +84,7 @@ uint64_t kvpd_now_us(void);
 /* Start the HTTP server on d->set.http (host:port; port 0 = ephemeral);
  * writes the bound address into d->http_addr. Returns 0 or -1 (logged). */
 int kvpd_http_start(kvpd_t *d);
+/* Stop accepting, let running handlers answer (bounded), then stop. */
 void kvpd_http_stop(kvpd_t *d);
 
 #endif

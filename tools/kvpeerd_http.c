@@ -11,6 +11,7 @@
 #include <netdb.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 int kvpd_http_param_u64(struct MHD_Connection *c, const char *name, int required, uint64_t def,
                         uint64_t max, uint64_t *out, kvpd_buf_t *err)
@@ -157,8 +158,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *upload_data_size = 0;
         return MHD_YES;
     }
+    kvpd_ops_lock(d);
+    d->http_active++;
+    kvpd_ops_unlock(d);
     int code = route(d, c, url, method, &out);
-    if (out.oom) {
+    if (out.oom) { /* all-or-nothing: never a truncated body */
         kvpd_buf_free(&out);
         code = MHD_HTTP_INTERNAL_SERVER_ERROR;
     }
@@ -172,6 +176,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                                                          : "text/plain; charset=utf-8");
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)code, r);
     MHD_destroy_response(r);
+    kvpd_ops_lock(d);
+    d->http_active--;
+    kvpd_ops_unlock(d);
     kvpd_log(code >= 400 ? KVPD_LOG_INFO : KVPD_LOG_DEBUG, "http", "method=%s path=%s code=%d",
              method, url, code);
     return ret;
@@ -206,7 +213,7 @@ int kvpd_http_start(kvpd_t *d)
         return -1;
     }
     d->http = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
-                                   MHD_USE_ERROR_LOG,
+                                   MHD_USE_ITC | MHD_USE_ERROR_LOG,
                                0, NULL, NULL, on_request, d, MHD_OPTION_SOCK_ADDR,
                                (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT,
                                (unsigned int)64, MHD_OPTION_END);
@@ -227,6 +234,21 @@ void kvpd_http_stop(kvpd_t *d)
 {
     if (d->http == NULL)
         return;
+    /* Waiters already gave up (kvpd_ops_stop): handlers finish quickly; give
+     * their answers a moment to go out before connections are cut. */
+    MHD_socket ls = MHD_quiesce_daemon(d->http);
+    uint64_t end = kvpd_now_ms() + 2000;
+    int active = 1;
+    while (active && kvpd_now_ms() < end) {
+        kvpd_ops_lock(d);
+        active = d->http_active;
+        kvpd_ops_unlock(d);
+        if (active)
+            usleep(10 * 1000);
+    }
+    usleep(50 * 1000);
     MHD_stop_daemon(d->http);
+    if (ls != MHD_INVALID_SOCKET)
+        close(ls); /* quiesce handed the listen socket to us */
     d->http = NULL;
 }

@@ -362,6 +362,20 @@ static void held_add(kvp_node_t *n, held_args_t *a, int kind, uint32_t slot, uin
     snprintf(h->peer, sizeof(h->peer), "%s", peer);
 }
 
+typedef struct suspect_iter {
+    kvp_node_t *n;
+    held_args_t *a;
+    uint64_t now;
+} suspect_iter_t;
+
+static bool held_suspect_cb(void *arg, uint32_t slot, const kvp_slot_info_t *info)
+{
+    suspect_iter_t *it = arg;
+    if (info->suspect_until_ns > it->now)
+        held_add(it->n, it->a, 3, slot, 0, it->now, "");
+    return it->a->n < it->a->cap;
+}
+
 static kvp_status_t do_held(kvp_node_t *n, void *arg)
 {
     held_args_t *a = arg;
@@ -378,6 +392,9 @@ static kvp_status_t do_held(kvp_node_t *n, void *arg)
             if (l->blocks[i].reserved)
                 held_add(n, a, 2, l->blocks[i].dst.slot, l->op_id, l->quarantined_ns, l->peer);
     }
+    suspect_iter_t it = {n, a, kvp__node_now(n)};
+    if (a->n < a->cap)
+        kvp_store_iterate(n->store, held_suspect_cb, &it); /* age: remaining, see docs */
     return KVP_OK;
 }
 

@@ -595,6 +595,7 @@ kvp_status_t kvp__node_create_ex(const kvp_config_t *cfg, const kvp_node_seams_t
     }
     if ((st = kvp_loop_create(n->clock, &n->loop)) != KVP_OK)
         goto fail;
+    kvp_timer_init(&n->hold_timer, "hold-cap", hold_timer_cb, n);
     kvp_loop_set_wakeup_cb(n->loop, node_wakeup_cb, n);
     st = cfg->transport == KVP_TRANSPORT_FAKE ? node_make_fake(n, seams) : node_make_ucx(n);
     if (st != KVP_OK)
@@ -609,7 +610,6 @@ kvp_status_t kvp__node_create_ex(const kvp_config_t *cfg, const kvp_node_seams_t
     int xfd = n->xport->ops->event_fd(n->xport);
     if (xfd >= 0 && (st = kvp_io_start(n->loop, &n->xport_io, xfd, EPOLLIN, xport_io_cb, n)) != KVP_OK)
         goto fail;
-    kvp_timer_init(&n->hold_timer, "hold-cap", hold_timer_cb, n);
     kvp_timer_start(n->loop, &n->hold_timer, kvp__node_now(n) + hold_period_ns(n));
     if (cfg->thread_mode == KVP_THREAD_OWN) {
         if (pthread_create(&n->thread, NULL, node_thread_main, n) != 0) {

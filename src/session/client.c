@@ -237,6 +237,12 @@ void kvp__load_publish(kvp_load_t *l, kvp_status_t st, uint32_t n_ok)
     kvp_node_t *n = l->node;
     KVP_ASSERT(!l->published); /* I4: exactly one outcome */
     l->published = true;
+    if (st == KVP_OK)
+        n->st.fetches_ok++;
+    else if (st == KVP_ERR_CANCELED || st == KVP_ERR_TIMEOUT)
+        n->st.fetches_aborted++;
+    else
+        n->st.fetches_failed++;
     kvp_event_t ev = {.type = KVP_EV_LOAD, .status = st, .op_id = l->op_id};
     ev.request_id = l->request_id;
     ev.n_keys = l->n;
@@ -499,7 +505,6 @@ void kvp__client_abort(kvp_load_t *l, kvp_status_t why)
         return;
     l->phase = KVP_LOAD_ABORTING;
     l->abort_started_ns = kvp__node_now(n);
-    n->st.fetches_aborted++;
     send_abort(l);
     kvp_timer_start(n->loop, &l->timer,
                     l->abort_started_ns + (uint64_t)n->cfg.abort_resend_ms * KVP_NSEC_PER_MSEC);

@@ -177,10 +177,6 @@ static void sround_finish(kvp_sround_t *r, bool ack, kvp_status_t status)
         r->sent_done = true;
         kvp__session_send(s, &m);
         kvp__free(blocks);
-        if (status == KVP_OK)
-            n->st.fetches_ok++;
-        else
-            n->st.fetches_failed++;
     }
     if (ack)
         kvp__session_send(s, &m);
@@ -542,12 +538,10 @@ void kvp__server_on_abort(kvp_session_t *s, const kvp_msg_abort_t *m)
             r->xfer = NULL;
             sround_finish(r, true, KVP_ERR_CANCELED);
         }
-        n->st.fetches_aborted++;
         return;
     }
     default:
         sround_finish(r, true, KVP_ERR_CANCELED);
-        n->st.fetches_aborted++;
         return;
     }
 }

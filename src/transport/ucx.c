@@ -80,7 +80,8 @@ struct ucx_peer {
     uint64_t err_seq;    /* bumped by every endpoint error */
     kvp_status_t status; /* KVP_OK, KVP_ERR_TRANSPORT (ep error), KVP_ERR_CLOSED (fenced) */
     ucs_status_t ep_err;
-    kvp_data_path_t path;
+    kvp_data_path_t path;    /* how OUR puts reach the peer */
+    kvp_data_path_t inbound; /* how the peer's puts reach US: decides fence proof */
     bool same_host, removed, rkey_ptr_ok;
     char lanes[192];
 };
@@ -419,7 +420,7 @@ static void ucx_peer_classify(ucx_xport_t *x, ucx_peer_t *p)
 
     p->rkey_ptr_ok = ucp_rkey_ptr(p->rkey, p->rbase, &ptr) == UCS_OK;
     if (!f) {
-        p->path = KVP_PATH_UNKNOWN;
+        p->path = p->inbound = KVP_PATH_UNKNOWN;
         snprintf(p->lanes, sizeof(p->lanes), "unknown (open_memstream failed)");
     } else {
         ucp_ep_print_info(p->ep, f);
@@ -427,6 +428,10 @@ static void ucx_peer_classify(ucx_xport_t *x, ucx_peer_t *p)
         ucx_lanes_parse(text ? text : (char *)"", &li);
         free(text); /* open_memstream's buffer comes from libc malloc */
         p->path = ucx_path_classify(&li, p->rkey_ptr_ok, p->lanes, sizeof(p->lanes));
+        /* The peer's lanes to us mirror ours; whether its puts can be direct
+         * depends on OUR region being UCX (shm) allocated. */
+        char scratch[sizeof(p->lanes)];
+        p->inbound = ucx_path_classify(&li, x->region_kind == REGION_UCX, scratch, sizeof(scratch));
     }
     KVP_INFO(PFX(x), "peer %llu: data path %s [%s]%s", (unsigned long long)p->id,
              kvp_data_path_str(p->path), p->lanes, p->same_host ? " (same host)" : "");
@@ -993,13 +998,13 @@ static kvp_status_t ucx_fence_peer(kvp_xport_t *xp, kvp_xpeer_id_t peer, bool *p
     ucx_peer_force_ep(x, p);
     if (p->status == KVP_OK)
         p->status = KVP_ERR_CLOSED;
-    /* Emulated puts are landed by OUR progress and dropped once our PEER
-     * endpoint id is gone (UCX-NOTES §5): a completed FORCE close is proof.
-     * Direct shm (and RDMA) puts never involve us: no proof. */
-    bool fenceable = p->path == KVP_PATH_TCP || p->path == KVP_PATH_EMULATED_SHM;
+    /* Emulated puts INTO us are landed by OUR progress and dropped once our
+     * PEER endpoint id is gone (UCX-NOTES §5): a completed FORCE close is
+     * proof. Direct shm (and RDMA) puts never involve us: no proof. */
+    bool fenceable = p->inbound == KVP_PATH_TCP || p->inbound == KVP_PATH_EMULATED_SHM;
     *proof = fenceable && p->close_req == NULL; /* close completed */
-    KVP_INFO(PFX(x), "peer %llu fenced (path %s): %s", (unsigned long long)peer,
-             kvp_data_path_str(p->path), *proof ? "no later write can land" : "NOT a proof");
+    KVP_INFO(PFX(x), "peer %llu fenced (its puts to us: %s): %s", (unsigned long long)peer,
+             kvp_data_path_str(p->inbound), *proof ? "no later write can land" : "NOT a proof");
     return KVP_OK;
 }
 
@@ -1182,7 +1187,7 @@ static const char *ucx_config_keys(const kvp_ucx_config_t *cfg, ucx_kv_t kv[4])
                strstr(tls, "sysv") || strstr(tls, "mm") || strstr(tls, "all");
 
     kv[0] = (ucx_kv_t){"TLS", cfg->tls};
-    kv[1] = (ucx_kv_t){"MM_ERROR_HANDLING", NULL}; (void)shm;
+    kv[1] = (ucx_kv_t){"MM_ERROR_HANDLING", shm ? "y" : NULL};
     kv[2] = (ucx_kv_t){"KEEPALIVE_INTERVAL", ka};
     kv[3] = (ucx_kv_t){"ALLOC_PRIO", ap};
     return tls;

@@ -30,7 +30,7 @@ typedef struct world {
 
 typedef void (*world_tweak_fn)(kvp_config_t *cfg, kvp_node_seams_t *seams, int i);
 
-static void world_cfg(world_t *w, int i)
+static __attribute__((unused)) void world_cfg(world_t *w, int i)
 {
     kvp_config_t *c = &w->cfg[i];
     kvp_config_init(c);
@@ -60,12 +60,12 @@ static void world_cfg(world_t *w, int i)
                                      1 * KVP_NSEC_PER_MSEC};
 }
 
-static kvp_status_t world_start_node(world_t *w, int i)
+static __attribute__((unused)) kvp_status_t world_start_node(world_t *w, int i)
 {
     return kvp__node_create_ex(&w->cfg[i], &w->seams[i], &w->node[i]);
 }
 
-static void world_init(world_t *w, int n, world_tweak_fn tweak)
+static __attribute__((unused)) void world_init(world_t *w, int n, world_tweak_fn tweak)
 {
     memset(w, 0, sizeof(*w));
     kvp_manual_clock_init(&w->mc, 1 * KVP_NSEC_PER_SEC);
@@ -81,7 +81,7 @@ static void world_init(world_t *w, int n, world_tweak_fn tweak)
     }
 }
 
-static void world_collect(world_t *w)
+static __attribute__((unused)) void world_collect(world_t *w)
 {
     for (int i = 0; i < w->n; i++) {
         if (w->node[i] == NULL)
@@ -94,7 +94,7 @@ static void world_collect(world_t *w)
 
 /* One tick: advance the clock, deliver the network, progress every node
  * (which lands due fake copies of its transport). */
-static void world_step(world_t *w)
+static __attribute__((unused)) void world_step(world_t *w)
 {
     kvp_manual_clock_advance(&w->mc, w->step_ns);
     for (int pass = 0; pass < 2; pass++) {
@@ -107,7 +107,7 @@ static void world_step(world_t *w)
     world_collect(w);
 }
 
-static void world_run(world_t *w, uint64_t ns)
+static __attribute__((unused)) void world_run(world_t *w, uint64_t ns)
 {
     uint64_t end = kvp_clock_now(&w->mc.clock) + ns;
     while (kvp_clock_now(&w->mc.clock) < end)
@@ -122,7 +122,7 @@ static const kvp_event_t *world_event(world_t *w, int i, int type, uint64_t op_i
     return NULL;
 }
 
-static uint32_t world_event_count(world_t *w, int i, int type, uint64_t op_id)
+static __attribute__((unused)) uint32_t world_event_count(world_t *w, int i, int type, uint64_t op_id)
 {
     uint32_t c = 0;
     for (uint32_t k = 0; k < w->nev[i]; k++)
@@ -141,7 +141,7 @@ static const kvp_event_t *world_wait(world_t *w, int i, int type, uint64_t op_id
     return e;
 }
 
-static bool world_peer_ready(world_t *w, int i, int j)
+static __attribute__((unused)) bool world_peer_ready(world_t *w, int i, int j)
 {
     kvp_peer_info_t pi[W_MAX];
     uint32_t n = 0;
@@ -152,7 +152,7 @@ static bool world_peer_ready(world_t *w, int i, int j)
     return false;
 }
 
-static void world_connect(world_t *w, int i, int j)
+static __attribute__((unused)) void world_connect(world_t *w, int i, int j)
 {
     assert_int_equal(kvp_peer_add(w->node[i], w->addr[j]), KVP_OK);
     uint64_t end = kvp_clock_now(&w->mc.clock) + 2 * KVP_NSEC_PER_SEC;
@@ -164,7 +164,7 @@ static void world_connect(world_t *w, int i, int j)
 }
 
 /* Deterministic block content for key k. */
-static void world_block(uint32_t k, uint8_t *buf, size_t len)
+static __attribute__((unused)) void world_block(uint32_t k, uint8_t *buf, size_t len)
 {
     kvp_rng_t r;
     kvp_rng_seed(&r, 0x5eed0000u + k);
@@ -174,12 +174,12 @@ static void world_block(uint32_t k, uint8_t *buf, size_t len)
     }
 }
 
-static uint32_t world_key(uint32_t k, uint8_t *out)
+static __attribute__((unused)) uint32_t world_key(uint32_t k, uint8_t *out)
 {
     return (uint32_t)snprintf((char *)out, 32, "blk-%08u", k);
 }
 
-static void world_put(world_t *w, int i, uint32_t k, uint64_t req)
+static __attribute__((unused)) void world_put(world_t *w, int i, uint32_t k, uint64_t req)
 {
     uint8_t key[32], *buf = malloc(w->cfg[i].block_size);
     uint32_t kl = world_key(k, key);
@@ -195,7 +195,7 @@ typedef struct wkeys {
     uint32_t n;
 } wkeys_t;
 
-static void wkeys_make(wkeys_t *ks, uint32_t k0, uint32_t n)
+static __attribute__((unused)) void wkeys_make(wkeys_t *ks, uint32_t k0, uint32_t n)
 {
     size_t off = 0;
     ks->n = n;
@@ -206,7 +206,7 @@ static void wkeys_make(wkeys_t *ks, uint32_t k0, uint32_t n)
 }
 
 /* Byte-exact check that node i holds block k as READY. */
-static bool world_verify(world_t *w, int i, uint32_t k)
+static __attribute__((unused)) bool world_verify(world_t *w, int i, uint32_t k)
 {
     uint8_t key[32], *buf = malloc(w->cfg[i].block_size);
     uint32_t kl = world_key(k, key);
@@ -221,14 +221,14 @@ static bool world_verify(world_t *w, int i, uint32_t k)
     return ok;
 }
 
-static kvp_stats_t world_stats(world_t *w, int i)
+static __attribute__((unused)) kvp_stats_t world_stats(world_t *w, int i)
 {
     kvp_stats_t st;
     assert_int_equal(kvp_node_stats(w->node[i], &st), KVP_OK);
     return st;
 }
 
-static void world_check_stores(world_t *w)
+static __attribute__((unused)) void world_check_stores(world_t *w)
 {
     for (int i = 0; i < w->n; i++) {
         if (w->node[i] == NULL)
@@ -240,7 +240,7 @@ static void world_check_stores(world_t *w)
     }
 }
 
-static size_t world_violations(world_t *w)
+static __attribute__((unused)) size_t world_violations(world_t *w)
 {
     const kvp_fake_violation_t *v;
     size_t n = kvp_fake_violations(w->fab, &v);
@@ -251,7 +251,7 @@ static size_t world_violations(world_t *w)
     return n;
 }
 
-static void world_stop_node(world_t *w, int i)
+static __attribute__((unused)) void world_stop_node(world_t *w, int i)
 {
     kvp_node_destroy(w->node[i]);
     w->node[i] = NULL;
@@ -259,7 +259,7 @@ static void world_stop_node(world_t *w, int i)
 
 /* Tear down; assert no landing violations (unless allowed), no pins or
  * slots left (store destroy asserts), no leaks. */
-static void world_fini(world_t *w, bool allow_violations)
+static __attribute__((unused)) void world_fini(world_t *w, bool allow_violations)
 {
     world_check_stores(w);
     size_t v = world_violations(w);

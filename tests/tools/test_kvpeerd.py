@@ -359,10 +359,11 @@ def case_sigterm_drain():
         raise
     fm, _ = metrics(b)
     check(fm["kvpeer_blocks_in_total"] > 0, "no transfer happened")
-    # Source first, in the middle of transfers, then the consumer.
-    rc_a = a.stop(timeout=30)
-    time.sleep(0.1)
+    # The consumer first, with loads in flight (its waiting admin requests
+    # answer status=closed), then the source, whose transfers to the gone
+    # consumer may still be held.
     rc_b = b.stop(timeout=30)
+    rc_a = a.stop(timeout=30)
     stop.set()
     for t in threads:
         t.join(30 * SCALE)

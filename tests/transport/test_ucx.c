@@ -125,6 +125,22 @@ static void test_ucx_write_tcp_forced(void **state)
     KVP_TEST_ASSERT_NO_LEAKS();
 }
 
+/* Target region in caller memory: UCX cannot map it, so the same default
+ * config must land on the EMULATED shm path (and say so), and puts wait for
+ * the target's progress. */
+static void test_ucx_write_shm_emulated(void **state)
+{
+    ut_pair_t p;
+    kvp_test_logcap_start(&cap);
+    ut_pair_open_ex(&p, "", KVP_PATH_EMULATED_SHM, true);
+    assert_true(cap.count[KVP_LOG_WARN] >= 1); /* "emulated" warning */
+    write_and_verify(&p, 21);
+    write_while_paused(&p, false, 22);
+    ut_pair_close(&p);
+    kvp_test_logcap_stop();
+    KVP_TEST_ASSERT_NO_LEAKS();
+}
+
 /* UCX_TLS from the environment must still apply (ucp_config_read). */
 static void test_ucx_write_tcp_env(void **state)
 {
@@ -266,6 +282,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_ucx_blob_other_block_size),
         cmocka_unit_test(test_ucx_bad_index),
         cmocka_unit_test(test_ucx_write_shm_direct),
+        cmocka_unit_test(test_ucx_write_shm_emulated),
         cmocka_unit_test(test_ucx_write_tcp_forced),
         cmocka_unit_test(test_ucx_write_tcp_env),
     };

@@ -214,15 +214,18 @@ static int64_t child_count_not(ut_pair_t *p, uint8_t byte)
 
 /* fenced == false is the control run: the same late writes DO land, so the
  * fenced run's "0 bytes" is meaningful. */
-static void fence_case(bool fenced)
+static void fence_case(bool fenced, bool emulated_shm)
 {
+    kvp_data_path_t path = emulated_shm ? KVP_PATH_EMULATED_SHM : KVP_PATH_TCP;
     ut_pair_t p;
     ut_reply_t r;
     kvp_status_t st;
     kvp_xfer_id_t ids[5];
     kvp_test_logcap_start(&cap);
-    ut_pair_open(&p, "tcp", KVP_PATH_TCP);
-    consumer_add_producer(&p, KVP_PATH_TCP);
+    ut_pair_open_ex(&p, emulated_shm ? "" : "tcp", path, emulated_shm);
+    /* the consumer's endpoint to us: its side of the path (our region is
+     * UCX-allocated, so on shm it sees a direct path towards us) */
+    consumer_add_producer(&p, emulated_shm ? KVP_PATH_DIRECT_SHM : KVP_PATH_TCP);
     kvp_xfer_id_t id0 = post_one(&p, 0);
     assert_true(ut_wait_xfer(p.x, p.peer, id0, kvp_test_scaled_ns(5 * SEC), &st));
     assert_int_equal(st, KVP_OK);
@@ -230,7 +233,7 @@ static void fence_case(bool fenced)
     if (fenced) {
         assert_true(ut_call(&p.child, UT_FENCE, 0, 0, NULL, 0, &r, NULL, 0));
         assert_int_equal(r.status, KVP_OK);
-        assert_int_equal(r.v1, 1); /* proof on tcp */
+        assert_int_equal(r.v1, 1); /* proof on tcp / emulated shm */
     }
     for (uint32_t k = 0; k < 5; k++) { /* late writes, 20 ms apart */
         ids[k] = post_one(&p, k + 1);
@@ -267,12 +270,22 @@ static void fence_case(bool fenced)
 
 static void test_ucx_fence_tcp(void **state)
 {
-    fence_case(true);
+    fence_case(true, false);
 }
 
 static void test_ucx_fence_tcp_control(void **state)
 {
-    fence_case(false);
+    fence_case(false, false);
+}
+
+static void test_ucx_fence_emulated_shm(void **state)
+{
+    fence_case(true, true);
+}
+
+static void test_ucx_fence_emulated_shm_control(void **state)
+{
+    fence_case(false, true);
 }
 
 /* Direct shm cannot be fenced: proof is false and late writes land. */
@@ -401,6 +414,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_ucx_ep_error_shm),
         cmocka_unit_test(test_ucx_fence_tcp),
         cmocka_unit_test(test_ucx_fence_tcp_control),
+        cmocka_unit_test(test_ucx_fence_emulated_shm),
+        cmocka_unit_test(test_ucx_fence_emulated_shm_control),
         cmocka_unit_test(test_ucx_fence_shm_no_proof),
         cmocka_unit_test(test_ucx_remove_defers_release),
         cmocka_unit_test(test_ucx_cancel_modes),

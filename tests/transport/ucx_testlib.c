@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -176,6 +177,8 @@ typedef struct ut_target {
     kvp_layout_t layout;
     kvp_xpeer_id_t peer;
     int sock;
+    void *own_region; /* caller memory (UT_SETUP_CALLER_MEM), unmapped after close */
+    size_t own_len;
 } ut_target_t;
 
 static void ut_reply(int sock, int64_t status, int64_t v1, int64_t v2, const void *p, uint32_t len)
@@ -197,19 +200,29 @@ static void ut_target_setup(ut_target_t *t, const ut_cmd_t *c, const char *tls)
     size_t blen = 0;
     kvp_status_t st;
 
+    bool caller_mem = (c->a & UT_SETUP_CALLER_MEM) != 0;
+    size_t len = (size_t)(uint32_t)c->a * c->b;
+
     t->layout.num_blocks = (uint32_t)c->a;
     t->layout.block_size = (uint32_t)c->b;
+    if (caller_mem) { /* plain anonymous memory: UCX can only emulate puts into it */
+        base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (base == MAP_FAILED)
+            _exit(9);
+        t->own_region = base;
+        t->own_len = len;
+    }
     t->x = ut_xport_new(tls, "target");
     if (!t->x) {
         ut_reply(t->sock, KVP_ERR_TRANSPORT, 0, 0, NULL, 0);
         return;
     }
-    st = t->x->ops->register_region(t->x, NULL, (size_t)c->a * c->b, &t->layout, &base);
+    st = t->x->ops->register_region(t->x, base, len, &t->layout, &base);
     if (st == KVP_OK)
         st = t->x->ops->local_blob(t->x, &blob, &blen);
     t->region = base;
     if (st == KVP_OK)
-        memset(t->region, 0, (size_t)c->a * c->b);
+        memset(t->region, 0, len);
     ut_reply(t->sock, st, kvp_ucx_region_ucx_allocated(t->x), 0, blob, st == KVP_OK ? (uint32_t)blen : 0);
 }
 
@@ -300,6 +313,8 @@ static void ut_target_main(int sock)
     int rc = 0;
     if (t.x && t.x->ops->close(t.x, false) != KVP_OK)
         rc = t.x->ops->close(t.x, true) == KVP_OK ? 6 : 7;
+    if (t.own_region)
+        munmap(t.own_region, t.own_len);
     free(pl);
     if (kvp_alloc_live() != 0)
         rc = 8;
@@ -383,12 +398,18 @@ const kvp_layout_t ut_layout = {UT_NB, UT_BS};
 /* Fork the target, create both transports (same tls), import its blob. */
 void ut_pair_open(ut_pair_t *p, const char *tls, kvp_data_path_t want_path)
 {
+    ut_pair_open_ex(p, tls, want_path, false);
+}
+
+void ut_pair_open_ex(ut_pair_t *p, const char *tls, kvp_data_path_t want_path, bool target_caller_mem)
+{
     ut_reply_t r;
     void *base = NULL;
 
     memset(p, 0, sizeof(*p));
     assert_true(ut_child_start(&p->child)); /* before any UCX thread */
-    assert_true(ut_call(&p->child, UT_SETUP, UT_NB, UT_BS, tls, (uint32_t)strlen(tls), &r, p->blob,
+    assert_true(ut_call(&p->child, UT_SETUP, UT_NB | (target_caller_mem ? UT_SETUP_CALLER_MEM : 0),
+                        UT_BS, tls, (uint32_t)strlen(tls), &r, p->blob,
                         sizeof(p->blob)));
     assert_int_equal(r.status, KVP_OK);
     p->blob_len = r.len;

@@ -22,7 +22,7 @@ typedef struct ut_child {
 } ut_child_t;
 
 enum ut_op {
-    UT_SETUP = 1,   /* a=num_blocks b=block_size payload=tls ("" = default) -> blob */
+    UT_SETUP = 1,   /* a=num_blocks[|CALLER_MEM] b=block_size payload=tls ("" = default) -> blob */
     UT_ADD_PEER,    /* payload = blob, a/b = expected layout -> status, path */
     UT_VERIFY,      /* payload = (dst,src) u32 pairs, b = seed -> mismatching slots */
     UT_FILL,        /* a = byte -> 0 */
@@ -32,6 +32,8 @@ enum ut_op {
     UT_PAUSE,       /* a = ms: no progress for that long, reply afterwards */
     UT_EXIT,        /* close transport, exit(0) */
 };
+
+#define UT_SETUP_CALLER_MEM (1ull << 40) /* target registers its own mmap'd memory */
 
 typedef struct ut_reply {
     int64_t status;
@@ -91,6 +93,10 @@ typedef struct ut_pair {
 } ut_pair_t;
 extern const kvp_layout_t ut_layout;
 void ut_pair_open(ut_pair_t *p, const char *tls, kvp_data_path_t want_path);
+/* Same; the target registers plain caller memory instead of letting UCX
+ * allocate (so puts into it can only be emulated). */
+void ut_pair_open_ex(ut_pair_t *p, const char *tls, kvp_data_path_t want_path,
+                     bool target_caller_mem);
 /* Asserts nothing in flight, removes the peer, closes, stops the child. */
 void ut_pair_close(ut_pair_t *p);
 
