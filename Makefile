@@ -8,7 +8,7 @@ JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
 CMAKE_FLAGS ?=
 
-.PHONY: all deps test test-tsan test-valgrind release bench fuzz sim clean format
+.PHONY: all deps test test-tsan test-valgrind release bench fuzz sim demo install clean format
 
 all: deps
 	@cmake -S . -B build/debug -DCMAKE_BUILD_TYPE=Debug -DKVP_SANITIZE=address,undefined $(CMAKE_FLAGS) >/dev/null
@@ -42,6 +42,19 @@ fuzz: deps
 	@CC=clang cmake -S . -B build/fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVP_FUZZ=ON -DKVP_SANITIZE=address,undefined $(CMAKE_FLAGS) >/dev/null
 	@cmake --build build/fuzz -j $(JOBS)
 	@./scripts/run-fuzz.sh build/fuzz $(FUZZ_SECONDS)
+
+# The main job: three kvpeerd processes, fetches, injected faults, a report.
+demo: release
+	build/release/tools/kvpeer demo --kvpeerd build/release/tools/kvpeerd $(DEMO_ARGS)
+
+# End-to-end benchmark (kvpeer bench): writes CSV + PNG to build/bench-out.
+bench-e2e: release
+	build/release/tools/kvpeer bench --kvpeerd build/release/tools/kvpeerd $(BENCH_ARGS)
+
+# make install PREFIX=/usr/local
+PREFIX ?= /usr/local
+install: release
+	cmake --install build/release --prefix $(PREFIX)
 
 # The deterministic simulator: `make sim` runs SEEDS seeds (default 40),
 # `make sim SEED=x` replays one seed verbosely, `make sim SOAK=60` soaks.

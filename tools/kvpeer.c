@@ -31,12 +31,16 @@ static int usage_error(const char *cmd, const char *fmt, const char *arg)
     return CLI_EXIT_USAGE;
 }
 
-/* Shared flag parsing of the operator commands: [--timeout MS] HOST:PORT. */
+/* Shared flag parsing of the operator commands: [--timeout MS] [--all]
+ * HOST:PORT (`all` NULL: the command has no --all). Returns -1 to run, else
+ * an exit code. */
 static int parse_op_args(const char *cmd, const char *help, int argc, char **argv,
-                         const char **addr, int *timeout_ms)
+                         const char **addr, int *timeout_ms, bool *all)
 {
-    static const struct option opts[] = {
-        {"help", no_argument, NULL, 'h'}, {"timeout", required_argument, NULL, 't'}, {0}};
+    static const struct option opts[] = {{"help", no_argument, NULL, 'h'},
+                                         {"timeout", required_argument, NULL, 't'},
+                                         {"all", no_argument, NULL, 'a'},
+                                         {0}};
     int c;
     *timeout_ms = 5000;
     optind = 1;
@@ -51,6 +55,8 @@ static int parse_op_args(const char *cmd, const char *help, int argc, char **arg
             if (*end != '\0' || v <= 0 || v > 600000)
                 return usage_error(cmd, "bad --timeout '%s' (milliseconds, 1..600000)", optarg);
             *timeout_ms = (int)v;
+        } else if (c == 'a' && all != NULL) {
+            *all = true;
         } else {
             return usage_error(cmd, "unknown or incomplete flag '%s'", argv[optind - 1]);
         }
@@ -134,7 +140,7 @@ static const char *g_peers_help =
 static int cmd_peers(int argc, char **argv)
 {
     const char *addr;
-    int tmo, rc = parse_op_args("peers", g_peers_help, argc, argv, &addr, &tmo);
+    int tmo, rc = parse_op_args("peers", g_peers_help, argc, argv, &addr, &tmo, NULL);
     if (rc >= 0)
         return rc;
     printf("peers of %s\n", addr);
@@ -144,11 +150,13 @@ static int cmd_peers(int argc, char **argv)
 /* ------------------------------------------------------------------- held */
 
 static const char *g_held_help =
-    "usage: kvpeer held [--timeout MS] HOST:PORT\n"
-    "Incident view: every retained transfer (source side: a WRITE that may still\n"
-    "read a pinned slot) and every quarantined/suspect slot (consumer side: a\n"
-    "slot a late WRITE may still land in), oldest first, with its peer and age,\n"
-    "plus the force-release count (items that reached the hold cap).\n"
+    "usage: kvpeer held [--timeout MS] [--all] HOST:PORT\n"
+    "Incident view: what the node refuses to reuse because a one-sided WRITE may\n"
+    "still touch it -- retained transfers (source side: a WRITE that may still\n"
+    "read a pinned slot) and quarantined/suspect slots (consumer side: a slot a\n"
+    "late WRITE may still land in). One summary line per kind and peer (count,\n"
+    "oldest, youngest), then the oldest items (all of them with --all), and the\n"
+    "force-release count (items that reached the hold cap).\n"
     "Exit 0 whether or not anything is held; 1 if the node cannot be read.\n";
 
 typedef struct held_row {
@@ -157,6 +165,15 @@ typedef struct held_row {
 } held_row_t;
 
 static int held_cmp(const void *a, const void *b)
+{
+    const held_row_t *x = a, *y = b;
+    int k = strcmp(x->kind, y->kind);
+    if (k != 0)
+        return k;
+    return x->age < y->age ? 1 : x->age > y->age ? -1 : 0;
+}
+
+static int held_age_cmp(const void *a, const void *b)
 {
     const held_row_t *x = a, *y = b;
     return x->age < y->age ? 1 : x->age > y->age ? -1 : 0;
@@ -187,10 +204,56 @@ static size_t parse_held(char *body, held_row_t *rows, size_t cap)
     return n;
 }
 
+/* One line per (kind, peer): rows are sorted by kind then age, so a group's
+ * first row is its oldest. */
+static void print_held_groups(const held_row_t *rows, size_t n)
+{
+    printf("  %-12s %-22s %6s  %-10s %s\n", "KIND", "PEER", "COUNT", "OLDEST", "YOUNGEST");
+    bool *done = calloc(n ? n : 1, sizeof(bool));
+    for (size_t i = 0; done && i < n; i++) {
+        if (done[i])
+            continue;
+        size_t cnt = 0;
+        uint64_t young = rows[i].age;
+        for (size_t j = i; j < n; j++)
+            if (!done[j] && !strcmp(rows[j].kind, rows[i].kind) && !strcmp(rows[j].peer, rows[i].peer)) {
+                done[j] = true;
+                cnt++;
+                young = rows[j].age < young ? rows[j].age : young;
+            }
+        char a1[32], a2[32];
+        fmt_age(rows[i].age, a1, sizeof(a1));
+        fmt_age(young, a2, sizeof(a2));
+        printf("  %-12s %-22s %6zu  %-10s %s\n", rows[i].kind, rows[i].peer, cnt, a1, a2);
+    }
+    free(done);
+}
+
+static void print_held_items(held_row_t *rows, size_t n, bool all)
+{
+    enum { SHOWN = 10 };
+    held_row_t *by_age = malloc((n ? n : 1) * sizeof(*by_age));
+    if (by_age == NULL)
+        return;
+    memcpy(by_age, rows, n * sizeof(*rows));
+    qsort(by_age, n, sizeof(*by_age), held_age_cmp);
+    size_t lim = all || n <= SHOWN ? n : SHOWN;
+    printf("  %s:\n", all || n <= SHOWN ? "items, oldest first" : "oldest items (--all for every one)");
+    for (size_t i = 0; i < lim; i++) {
+        char age[32];
+        fmt_age(by_age[i].age, age, sizeof(age));
+        printf("    %-12s %-12s %-22s %s\n", by_age[i].kind, by_age[i].what, by_age[i].peer, age);
+    }
+    if (lim < n)
+        printf("    ... %zu more\n", n - lim);
+    free(by_age);
+}
+
 static int cmd_held(int argc, char **argv)
 {
     const char *addr;
-    int tmo, rc = parse_op_args("held", g_held_help, argc, argv, &addr, &tmo);
+    bool all = false;
+    int tmo, rc = parse_op_args("held", g_held_help, argc, argv, &addr, &tmo, &all);
     if (rc >= 0)
         return rc;
     char err[512], *body = NULL;
@@ -198,32 +261,27 @@ static int cmd_held(int argc, char **argv)
         fprintf(stderr, "kvpeer: %s\n", err);
         return CLI_EXIT_FAIL;
     }
-    enum { CAP = 4096 };
+    enum { CAP = 1 << 16 };
     held_row_t *rows = calloc(CAP, sizeof(*rows));
     if (rows == NULL) {
         free(body);
         return CLI_EXIT_FAIL;
     }
     size_t n = parse_held(body, rows, CAP), nret = 0;
-    printf("held on %s (oldest first)\n", addr);
-    if (n > 0)
-        printf("  %-12s %-12s %-22s %s\n", "KIND", "WHAT", "PEER", "AGE");
-    for (size_t i = 0; i < n; i++) {
-        char age[32];
-        fmt_age(rows[i].age, age, sizeof(age));
-        printf("  %-12s %-12s %-22s %s\n", rows[i].kind, rows[i].what, rows[i].peer, age);
+    for (size_t i = 0; i < n; i++)
         nret += strcmp(rows[i].kind, "retained") == 0;
+    printf("held on %s: %zu retained transfer(s), %zu quarantined/suspect slot(s)\n", addr, nret,
+           n - nret);
+    if (n > 0) {
+        print_held_groups(rows, n);
+        print_held_items(rows, n, all);
     }
     cli_metrics_t m;
-    double forced = -1;
     if (cli_scrape(addr, &m, err, sizeof(err)) == 0) {
-        forced = cli_metric(&m, "kvpeer_force_releases_total", NULL);
+        printf("force releases so far (items that reached the hold cap): %.0f\n",
+               cli_metric(&m, "kvpeer_force_releases_total", NULL));
         cli_metrics_free(&m);
     }
-    printf("%zu held: %zu retained transfer(s), %zu quarantined/suspect slot(s)", n, nret, n - nret);
-    if (forced >= 0)
-        printf("; force releases so far: %.0f", forced);
-    printf("\n");
     free(rows);
     free(body);
     return CLI_EXIT_OK;
@@ -274,7 +332,7 @@ static void print_stat_body(const cli_metrics_t *mp)
 static int cmd_stat(int argc, char **argv)
 {
     const char *addr;
-    int tmo, rc = parse_op_args("stat", g_stat_help, argc, argv, &addr, &tmo);
+    int tmo, rc = parse_op_args("stat", g_stat_help, argc, argv, &addr, &tmo, NULL);
     if (rc >= 0)
         return rc;
     char err[512];

@@ -441,6 +441,23 @@ static void phase_teardown(demo_cluster_t *c, const layout_t *l, demo_result_t *
     recovery_fetch(c, l, 2, NODE_C, r, "teardown: C re-adds A and fetches");
 }
 
+/* What `kvpeer held` shows an operator: the first items of node n's /held. */
+static void show_held(demo_node_t *n)
+{
+    char err[256], *body = NULL;
+    if (cli_http_call(n->http, "GET", "/held", 5000, &body, err, sizeof(err)) != 0)
+        return;
+    int shown = 0, total = 0;
+    for (char *save = NULL, *ln = strtok_r(body, "\n", &save); ln; ln = strtok_r(NULL, "\n", &save))
+        if (total++ < 3) {
+            demo_say("          %c /held: %s", n->name, ln);
+            shown++;
+        }
+    if (total > shown)
+        demo_say("          %c /held: ... %d more (kvpeer held %s)", n->name, total - shown, n->http);
+    free(body);
+}
+
 /* (d): wait for every retained transfer and quarantined slot to be released
  * (on proof, or by the hold cap), printing what is held as it ages. */
 static void phase_hold_cap(demo_cluster_t *c, demo_result_t *r)
@@ -448,6 +465,7 @@ static void phase_hold_cap(demo_cluster_t *c, demo_result_t *r)
     const demo_opts_t *o = c->o;
     int limit_ms = (int)(o->t.hold_cap + o->t.abort_ack + 5000 * o->scale);
     demo_say("[fault d] waiting for held items to be released (hold cap %u ms)", o->t.hold_cap);
+    show_held(&c->n[NODE_C]);
     uint64_t t0 = cli_now_ns(), next_print = 0;
     double held = 0, pins = 0;
     while (ms_since(t0, cli_now_ns()) < limit_ms) {
@@ -477,6 +495,11 @@ static void phase_hold_cap(demo_cluster_t *c, demo_result_t *r)
             break;
         cli_sleep_ms(100);
     }
+    demo_say("          t+%5.0f ms: %s; force releases %.0f", ms_since(t0, cli_now_ns()),
+             held == 0 && pins == 0 ? "nothing held, no pins" : "STILL HELD",
+             demo_total(&c->n[0], "kvpeer_force_releases_total", NULL) +
+                 demo_total(&c->n[1], "kvpeer_force_releases_total", NULL) +
+                 demo_total(&c->n[2], "kvpeer_force_releases_total", NULL));
     demo_check(r, held == 0 && pins == 0, "everything held is released, pins return",
                "retained+quarantined %.0f, pins %.0f after %.0f ms", held, pins,
                ms_since(t0, cli_now_ns()));
@@ -604,6 +627,8 @@ int cli_cmd_demo(int argc, char **argv)
         fprintf(stderr, "kvpeer demo: cannot create log dir '%s'\n", o.logdir);
         return CLI_EXIT_FAIL;
     }
+    if (getenv("UCX_NET_DEVICES") == NULL) /* every node is on 127.0.0.1 */
+        setenv("UCX_NET_DEVICES", "lo", 1);
     cli_children_guard();
     layout_t l;
     layout_make(&o, &l);

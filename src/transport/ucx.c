@@ -27,131 +27,13 @@
  * handed back (poll*), so an endpoint error reported in the same progress
  * call as a flush that "succeeded" still fails it (UCX-NOTES §5).
  */
-#include "transport/ucx.h"
+#include "transport/ucx_int.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
-
-#include <ucp/api/ucp.h>
-
-#define UCX_BLOB_MAGIC 0x5550564Bu /* "KVPU" little-endian */
-#define UCX_BLOB_VERSION 1u
-#define UCX_BLOB_HDR 44u
-#define UCX_HOST_MAX 256u
-#define UCX_ADDR_MAX 8192u
-#define UCX_RKEY_MAX 4096u
-#define UCX_IDX_BITS 24
-#define UCX_IDX_MASK ((1ull << UCX_IDX_BITS) - 1)
-#define UCX_PROGRESS_MAX 1024 /* bound of one progress() call */
-#define UCX_DEFAULT_ALLOC_PRIO "md:posix,md:sysv,huge,thp,md:*,mmap,heap"
-
-enum { XF_FREE = 0, XF_LIVE, XF_RETIRED, XF_DETACHED };
-enum { REGION_NONE = 0, REGION_UCX, REGION_MMAP, REGION_CALLER };
-
-typedef struct ucx_peer ucx_peer_t;
-
-typedef struct ucx_xfer {
-    kvp_list_t link;     /* free list, peer->running/done, x->retired, x->detached */
-    kvp_xfer_id_t id;
-    ucx_peer_t *peer;    /* counted in peer->refs while not FREE */
-    struct ucx_xport *x;
-    uint32_t pending;    /* UCX requests still owned by UCX */
-    uint8_t where;
-    ucs_status_t first_err; /* first failed put/flush (or post) */
-    uint64_t err_seq;    /* peer->err_seq when posted */
-} ucx_xfer_t;
-
-struct ucx_peer {
-    kvp_list_t link;     /* x->peers (live), x->zombies (removed), x->closing */
-    kvp_list_t running;  /* LIVE records with pending > 0 */
-    kvp_list_t done;     /* LIVE records with pending == 0, not yet polled */
-    struct ucx_xport *x;
-    kvp_xpeer_id_t id;
-    ucp_ep_h ep;
-    ucp_rkey_h rkey;
-    void *close_req;     /* ucp_ep_close_nbx request, owned until complete */
-    uint64_t rbase;
-    kvp_layout_t layout;
-    uint64_t refs;       /* records (LIVE, RETIRED or DETACHED) pointing here */
-    uint64_t err_seq;    /* bumped by every endpoint error */
-    kvp_status_t status; /* KVP_OK, KVP_ERR_TRANSPORT (ep error), KVP_ERR_CLOSED (fenced) */
-    ucs_status_t ep_err;
-    kvp_data_path_t path;    /* how OUR puts reach the peer */
-    kvp_data_path_t inbound; /* how the peer's puts reach US: decides fence proof */
-    bool same_host, removed, rkey_ptr_ok;
-    char lanes[192];
-};
-
-typedef struct ucx_xport {
-    kvp_xport_t base;
-    char prefix[64];
-    char host_id[UCX_HOST_MAX];
-    const kvp_clock_t *clock;
-    ucp_context_h ctx;
-    ucp_worker_h worker;
-    int efd;
-    /* region */
-    int region_kind;
-    void *region;
-    size_t region_len;
-    kvp_layout_t layout;
-    ucp_mem_h memh;
-    uint8_t *blob;
-    size_t blob_len;
-    /* peers */
-    kvp_list_t peers, zombies, closing;
-    kvp_xpeer_id_t next_peer;
-    /* transfers */
-    ucx_xfer_t *pool;
-    uint32_t pool_cap;
-    kvp_list_t free_list, retired, detached;
-    uint64_t next_seq;
-    kvp_xport_stats_t st;
-} ucx_xport_t;
-
-#define PFX(x) ((x)->base.log_prefix)
-
-static ucx_xport_t *ucx_of(kvp_xport_t *x)
-{
-    return (ucx_xport_t *)x;
-}
 
 /* ---------------------------------------------------------------- helpers */
-
-static void le_put(uint8_t *p, uint64_t v, int n)
-{
-    for (int i = 0; i < n; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t le_get(const uint8_t *p, int n)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < n; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
-
-static void ucx_host_id_default(char *buf, size_t cap)
-{
-    char host[128] = "unknown", boot[64] = "";
-    FILE *f;
-
-    if (gethostname(host, sizeof(host) - 1) != 0)
-        snprintf(host, sizeof(host), "unknown");
-    f = fopen("/proc/sys/kernel/random/boot_id", "r");
-    if (f) {
-        if (!fgets(boot, sizeof(boot), f))
-            boot[0] = '\0';
-        fclose(f);
-    }
-    boot[strcspn(boot, "\n")] = '\0';
-    snprintf(buf, cap, "%s/%s", host, boot);
-}
 
 static ucx_peer_t *ucx_peer_find(ucx_xport_t *x, kvp_xpeer_id_t id)
 {
@@ -238,6 +120,10 @@ static void ucx_req_cb(void *req, ucs_status_t status, void *user_data)
         r->first_err = status;
     ucp_request_free(req);
     KVP_ASSERT(r->pending > 0);
+    if (r->x->destroying) { /* ucp_worker_destroy cancelling leftovers: peers are gone */
+        r->pending--;
+        return;
+    }
     if (--r->pending > 0)
         return;
     if (r->where == XF_LIVE) {
@@ -338,321 +224,6 @@ static bool ucx_zombies_reap(ucx_xport_t *x)
     return any;
 }
 
-/* ------------------------------------------------------- data-path check */
-
-static bool ucx_tl_is_shm(const char *tl)
-{
-    return !strncmp(tl, "posix", 5) || !strncmp(tl, "sysv", 4) || !strncmp(tl, "xpmem", 5) ||
-           !strncmp(tl, "knem", 4) || !strncmp(tl, "cma", 3);
-}
-
-static bool ucx_tl_is_rdma(const char *tl)
-{
-    return !strncmp(tl, "rc", 2) || !strncmp(tl, "dc", 2) || !strncmp(tl, "ud", 2);
-}
-
-typedef struct ucx_lane_info {
-    char tl[8][40];      /* "posix/memory" per lane index */
-    bool am[8], rma[8], ka[8];
-} ucx_lane_info_t;
-
-/* Parse ucp_ep_print_info(): "lane[i]: n:tl/dev.k md[..] -> ... am ... keepalive"
- * and "put[i]: ..." (lane i is an RMA lane). */
-static void ucx_lanes_parse(char *text, ucx_lane_info_t *li)
-{
-    char *save = NULL;
-
-    memset(li, 0, sizeof(*li));
-    for (char *ln = strtok_r(text, "\n", &save); ln; ln = strtok_r(NULL, "\n", &save)) {
-        unsigned i;
-        char *s = strstr(ln, "lane[");
-        if (s && sscanf(s, "lane[%u]:", &i) == 1 && i < 8) {
-            char *c = strchr(s, ':');
-            c = c ? strchr(c + 1, ':') : NULL; /* after "n:" */
-            if (c && sscanf(c + 1, "%39[^. ]", li->tl[i]) != 1)
-                li->tl[i][0] = '\0';
-            char *arrow = strstr(s, "->");
-            li->am[i] = arrow && strstr(arrow, " am") != NULL;
-            li->ka[i] = arrow && strstr(arrow, "keepalive") != NULL;
-            continue;
-        }
-        s = strstr(ln, "put[");
-        if (s && sscanf(s, "put[%u]:", &i) == 1 && i < 8)
-            li->rma[i] = true;
-    }
-}
-
-static kvp_data_path_t ucx_path_classify(const ucx_lane_info_t *li, bool rkey_ptr_ok, char *sum,
-                                         size_t cap)
-{
-    kvp_data_path_t path = KVP_PATH_UNKNOWN, am_path = KVP_PATH_UNKNOWN;
-    size_t off = 0;
-
-    for (int i = 0; i < 8 && off < cap; i++) {
-        if (!li->tl[i][0])
-            continue;
-        off += (size_t)snprintf(sum + off, cap - off, "%s%s%s%s(%s)", off ? " " : "",
-                                li->rma[i] ? "rma" : "", li->am[i] ? (li->rma[i] ? "+am" : "am") : "",
-                                li->ka[i] ? "+ka" : "", li->tl[i]);
-        if (li->rma[i] && ucx_tl_is_rdma(li->tl[i]))
-            path = KVP_PATH_RDMA;
-        else if (li->rma[i] && ucx_tl_is_shm(li->tl[i]) && rkey_ptr_ok && path == KVP_PATH_UNKNOWN)
-            path = KVP_PATH_DIRECT_SHM;
-        if (li->am[i] && am_path == KVP_PATH_UNKNOWN)
-            am_path = !strncmp(li->tl[i], "tcp", 3) ? KVP_PATH_TCP
-                      : ucx_tl_is_shm(li->tl[i])    ? KVP_PATH_EMULATED_SHM
-                      : ucx_tl_is_rdma(li->tl[i])   ? KVP_PATH_RDMA
-                                                    : KVP_PATH_UNKNOWN;
-    }
-    if (off < cap)
-        snprintf(sum + off, cap - off, " rkey_ptr=%s", rkey_ptr_ok ? "ok" : "no");
-    return path != KVP_PATH_UNKNOWN ? path : am_path; /* else: rma_am over the AM lane */
-}
-
-/* Which lanes did UCX select for this endpoint? Logged once per peer. */
-static void ucx_peer_classify(ucx_xport_t *x, ucx_peer_t *p)
-{
-    char *text = NULL;
-    size_t tlen = 0;
-    void *ptr;
-    ucx_lane_info_t li;
-    FILE *f = open_memstream(&text, &tlen);
-
-    p->rkey_ptr_ok = ucp_rkey_ptr(p->rkey, p->rbase, &ptr) == UCS_OK;
-    if (!f) {
-        p->path = p->inbound = KVP_PATH_UNKNOWN;
-        snprintf(p->lanes, sizeof(p->lanes), "unknown (open_memstream failed)");
-    } else {
-        ucp_ep_print_info(p->ep, f);
-        fclose(f);
-        ucx_lanes_parse(text ? text : (char *)"", &li);
-        free(text); /* open_memstream's buffer comes from libc malloc */
-        p->path = ucx_path_classify(&li, p->rkey_ptr_ok, p->lanes, sizeof(p->lanes));
-        /* The peer's lanes to us mirror ours; whether its puts can be direct
-         * depends on OUR region being UCX (shm) allocated. */
-        char scratch[sizeof(p->lanes)];
-        p->inbound = ucx_path_classify(&li, x->region_kind == REGION_UCX, scratch, sizeof(scratch));
-    }
-    KVP_INFO(PFX(x), "peer %llu: data path %s [%s]%s", (unsigned long long)p->id,
-             kvp_data_path_str(p->path), p->lanes, p->same_host ? " (same host)" : "");
-    if (p->same_host && p->path == KVP_PATH_TCP)
-        KVP_WARN(PFX(x), "peer %llu is on THIS host but its data path is tcp (%s): shared "
-                 "memory unavailable (UCX_TLS, shm error handling or /dev/shm size); "
-                 "expect ~20-40x lower bandwidth",
-                 (unsigned long long)p->id, p->lanes);
-    else if (p->same_host && p->path == KVP_PATH_EMULATED_SHM)
-        KVP_WARN(PFX(x), "peer %llu: same-host puts are emulated over shm active messages "
-                 "(region not UCX-allocated?) [%s]", (unsigned long long)p->id, p->lanes);
-}
-
-/* ------------------------------------------------------------ blob codec */
-
-typedef struct ucx_blob_view {
-    uint32_t flags;
-    kvp_layout_t layout;
-    uint64_t base, len;
-    const uint8_t *host, *addr, *rkey;
-    size_t host_len, addr_len, rkey_len;
-} ucx_blob_view_t;
-
-static kvp_status_t ucx_blob_parse(const uint8_t *b, size_t len, ucx_blob_view_t *v)
-{
-    if (!b || len < UCX_BLOB_HDR)
-        return KVP_ERR_TRUNCATED;
-    if (len > KVP_UCX_BLOB_MAX || le_get(b, 4) != UCX_BLOB_MAGIC)
-        return KVP_ERR_PROTO;
-    if (le_get(b + 4, 2) != UCX_BLOB_VERSION)
-        return KVP_ERR_INCOMPATIBLE;
-    v->flags = (uint32_t)le_get(b + 6, 2);
-    v->layout.num_blocks = (uint32_t)le_get(b + 8, 4);
-    v->layout.block_size = (uint32_t)le_get(b + 12, 4);
-    v->base = le_get(b + 16, 8);
-    v->len = le_get(b + 24, 8);
-    v->host_len = le_get(b + 36, 2);
-    v->addr_len = le_get(b + 38, 2);
-    v->rkey_len = le_get(b + 40, 2);
-    if (v->host_len > UCX_HOST_MAX || v->addr_len == 0 || v->addr_len > UCX_ADDR_MAX ||
-        v->rkey_len == 0 || v->rkey_len > UCX_RKEY_MAX || le_get(b + 42, 2) != 0)
-        return KVP_ERR_PROTO;
-    size_t need = UCX_BLOB_HDR + v->host_len + v->addr_len + v->rkey_len;
-    if (len < need)
-        return KVP_ERR_TRUNCATED;
-    if (len != need)
-        return KVP_ERR_PROTO;
-    uint64_t span = (uint64_t)v->layout.num_blocks * v->layout.block_size;
-    if (v->layout.num_blocks == 0 || v->layout.block_size == 0 || span > v->len ||
-        v->base + v->len < v->base || v->base == 0)
-        return KVP_ERR_PROTO;
-    v->host = b + UCX_BLOB_HDR;
-    v->addr = v->host + v->host_len;
-    v->rkey = v->addr + v->addr_len;
-    return KVP_OK;
-}
-
-static kvp_status_t ucx_blob_build(ucx_xport_t *x, const void *addr, size_t addr_len,
-                                   const void *rkey, size_t rkey_len)
-{
-    size_t host_len = strlen(x->host_id);
-    size_t len = UCX_BLOB_HDR + host_len + addr_len + rkey_len;
-
-    if (addr_len > UCX_ADDR_MAX || rkey_len > UCX_RKEY_MAX || len > KVP_UCX_BLOB_MAX) {
-        KVP_ERROR(PFX(x), "blob too large (address %zu B, rkey %zu B)", addr_len, rkey_len);
-        return KVP_ERR_LIMIT;
-    }
-    uint8_t *b = kvp__calloc(1, len);
-    if (!b)
-        return KVP_ERR_NOMEM;
-    le_put(b, UCX_BLOB_MAGIC, 4);
-    le_put(b + 4, UCX_BLOB_VERSION, 2);
-    le_put(b + 6, x->region_kind == REGION_UCX ? 1 : 0, 2);
-    le_put(b + 8, x->layout.num_blocks, 4);
-    le_put(b + 12, x->layout.block_size, 4);
-    le_put(b + 16, (uintptr_t)x->region, 8);
-    le_put(b + 24, x->region_len, 8);
-    le_put(b + 32, (uint64_t)getpid(), 4);
-    le_put(b + 36, host_len, 2);
-    le_put(b + 38, addr_len, 2);
-    le_put(b + 40, rkey_len, 2);
-    memcpy(b + UCX_BLOB_HDR, x->host_id, host_len);
-    memcpy(b + UCX_BLOB_HDR + host_len, addr, addr_len);
-    memcpy(b + UCX_BLOB_HDR + host_len + addr_len, rkey, rkey_len);
-    x->blob = b;
-    x->blob_len = len;
-    return KVP_OK;
-}
-
-/* ------------------------------------------------------------ region */
-
-static kvp_status_t ucx_mem_map(ucx_xport_t *x, void *addr, size_t len, bool allocate)
-{
-    ucp_mem_map_params_t mp = {
-        .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
-                      UCP_MEM_MAP_PARAM_FIELD_FLAGS,
-        .address = addr,
-        .length = len,
-        .flags = allocate ? UCP_MEM_MAP_ALLOCATE : 0,
-    };
-    ucs_status_t s = ucp_mem_map(x->ctx, &mp, &x->memh);
-
-    if (s != UCS_OK) {
-        KVP_LOG(allocate ? KVP_LOG_WARN : KVP_LOG_ERROR, PFX(x), "ucp_mem_map(%s, %zu B): %s",
-                allocate ? "ALLOCATE" : "register", len, ucs_status_string(s));
-        return KVP_ERR_TRANSPORT;
-    }
-    if (allocate) {
-        ucp_mem_attr_t ma = {.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH};
-        s = ucp_mem_query(x->memh, &ma);
-        if (s != UCS_OK || !ma.address || ma.length < len) {
-            KVP_WARN(PFX(x), "ucp_mem_query after ALLOCATE: %s", ucs_status_string(s));
-            ucp_mem_unmap(x->ctx, x->memh);
-            x->memh = NULL;
-            return KVP_ERR_TRANSPORT;
-        }
-        x->region = ma.address;
-    } else {
-        x->region = addr;
-    }
-    return KVP_OK;
-}
-
-static kvp_status_t ucx_region_acquire(ucx_xport_t *x, void *base, size_t len)
-{
-    if (base) {
-        x->region_kind = REGION_CALLER;
-        return ucx_mem_map(x, base, len, false);
-    }
-    if (ucx_mem_map(x, NULL, len, true) == KVP_OK) {
-        x->region_kind = REGION_UCX;
-        return KVP_OK;
-    }
-    void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m == MAP_FAILED) {
-        KVP_ERROR(PFX(x), "mmap(%zu B): %s", len, strerror(errno));
-        return KVP_ERR_NOMEM;
-    }
-    if (ucx_mem_map(x, m, len, false) != KVP_OK) {
-        munmap(m, len);
-        return KVP_ERR_TRANSPORT;
-    }
-    x->region_kind = REGION_MMAP;
-    KVP_WARN(PFX(x), "UCX could not allocate the %zu B region (posix/sysv shm, e.g. /dev/shm "
-             "too small): using anonymous memory; same-host puts INTO this node will be "
-             "EMULATED (consumer CPU, ~2x slower, and no direct shared memory)", len);
-    return KVP_OK;
-}
-
-static void ucx_region_release(ucx_xport_t *x)
-{
-    if (x->memh)
-        ucp_mem_unmap(x->ctx, x->memh); /* frees UCX-allocated memory too */
-    if (x->region_kind == REGION_MMAP)
-        munmap(x->region, x->region_len);
-    x->memh = NULL;
-    x->region = NULL;
-    x->region_kind = REGION_NONE;
-}
-
-static kvp_status_t ucx_register_region(kvp_xport_t *xp, void *base, size_t len,
-                                        const kvp_layout_t *layout, void **base_out)
-{
-    ucx_xport_t *x = ucx_of(xp);
-    void *rkey = NULL;
-    size_t rkey_len = 0;
-    ucp_address_t *addr = NULL;
-    size_t addr_len = 0;
-    kvp_status_t st;
-
-    if (!layout || !base_out || layout->num_blocks == 0 || layout->block_size == 0 ||
-        (uint64_t)layout->num_blocks * layout->block_size > len)
-        return KVP_ERR_INVALID;
-    if (x->region_kind != REGION_NONE)
-        return KVP_ERR_STATE;
-    st = ucx_region_acquire(x, base, len);
-    if (st != KVP_OK)
-        return st;
-    x->region_len = len;
-    x->layout = *layout;
-    if (ucp_rkey_pack(x->ctx, x->memh, &rkey, &rkey_len) != UCS_OK ||
-        ucp_worker_get_address(x->worker, &addr, &addr_len) != UCS_OK) {
-        KVP_ERROR(PFX(x), "ucp_rkey_pack/ucp_worker_get_address failed");
-        st = KVP_ERR_TRANSPORT;
-        goto err_release;
-    }
-    st = ucx_blob_build(x, addr, addr_len, rkey, rkey_len);
-    if (st != KVP_OK)
-        goto err_release;
-    ucp_worker_release_address(x->worker, addr);
-    ucp_rkey_buffer_release(rkey);
-    KVP_INFO(PFX(x), "region %zu B at %p (%s), blob %zu B", len, x->region,
-             x->region_kind == REGION_UCX    ? "UCX-allocated"
-             : x->region_kind == REGION_MMAP ? "anonymous mmap"
-                                             : "caller memory",
-             x->blob_len);
-    *base_out = x->region;
-    return KVP_OK;
-
-err_release:
-    if (addr)
-        ucp_worker_release_address(x->worker, addr);
-    if (rkey)
-        ucp_rkey_buffer_release(rkey);
-    ucx_region_release(x);
-    return st;
-}
-
-static kvp_status_t ucx_local_blob(kvp_xport_t *xp, const void **blob, size_t *len)
-{
-    ucx_xport_t *x = ucx_of(xp);
-
-    if (!blob || !len)
-        return KVP_ERR_INVALID;
-    if (!x->blob)
-        return KVP_ERR_STATE;
-    *blob = x->blob;
-    *len = x->blob_len;
-    return KVP_OK;
-}
-
 /* -------------------------------------------------------------- add_peer */
 
 static kvp_status_t ucx_peer_connect(ucx_xport_t *x, ucx_peer_t *p, const ucx_blob_view_t *v)
@@ -704,7 +275,7 @@ static kvp_status_t ucx_add_peer(kvp_xport_t *xp, const void *blob, size_t len,
 
     if (!expect || !out)
         return KVP_ERR_INVALID;
-    st = ucx_blob_parse(blob, len, &v);
+    st = kvp__ucx_blob_view(blob, len, &v);
     if (st != KVP_OK) {
         KVP_WARN(PFX(x), "peer blob rejected (%zu B): %s", len, kvp_status_str(st));
         return st;
@@ -733,7 +304,7 @@ static kvp_status_t ucx_add_peer(kvp_xport_t *xp, const void *blob, size_t len,
     }
     p->id = ++x->next_peer;
     kvp_list_insert_tail(&x->peers, &p->link);
-    ucx_peer_classify(x, p);
+    kvp__ucx_peer_classify(x, p);
     *out = p->id;
     return KVP_OK;
 }
@@ -1090,7 +661,7 @@ static bool ucx_busy(ucx_xport_t *x)
 }
 
 /* Tear down every endpoint; FORCE makes UCX cancel what it still owns. */
-static void ucx_close_all_peers(ucx_xport_t *x, bool force)
+static void ucx_close_all_peers(ucx_xport_t *x)
 {
     kvp_list_t *pos, *tmp;
 
@@ -1101,21 +672,24 @@ static void ucx_close_all_peers(ucx_xport_t *x, bool force)
         kvp_list_remove(&p->link);
         kvp_list_insert_tail(&x->zombies, &p->link);
     }
+    /* FORCE: nothing of ours needs flushing (not busy, or forced), and a
+     * flush-close would wait on a remote that may never answer. */
     kvp_list_foreach_safe(pos, tmp, &x->zombies) {
         ucx_peer_t *p = KVP_CONTAINER_OF(pos, ucx_peer_t, link);
-        if (force)
-            ucx_peer_force_ep(x, p);
+        ucx_peer_force_ep(x, p);
     }
     /* Every record is terminal now (FORCE cancelled the rest) or UCX never
-     * called back; either way no one will hand them back any more. */
-    uint64_t deadline = kvp_clock_now(x->clock) + 2 * KVP_NSEC_PER_SEC;
+     * called back; either way no one will hand them back any more. The bound
+     * is wall-clock (UCX time), not the injectable protocol clock. */
+    const kvp_clock_t *rc = kvp_clock_real();
+    uint64_t deadline = kvp_clock_now(rc) + 2 * KVP_NSEC_PER_SEC;
     while (!kvp_list_empty(&x->zombies) || !kvp_list_empty(&x->closing)) {
         kvp_list_foreach_safe(pos, tmp, &x->retired) {
             ucx_xfer_t *r = KVP_CONTAINER_OF(pos, ucx_xfer_t, link);
             ucx_xfer_detach(x, r);
         }
         ucx_progress(&x->base);
-        if (kvp_clock_now(x->clock) > deadline)
+        if (kvp_clock_now(rc) > deadline)
             break;
     }
 }
@@ -1142,7 +716,8 @@ static void ucx_destroy(ucx_xport_t *x)
     }
     if (x->blob)
         kvp__free(x->blob);
-    ucx_region_release(x);
+    kvp__ucx_region_release(x);
+    x->destroying = true;
     if (x->worker)
         ucp_worker_destroy(x->worker);
     if (x->ctx)
@@ -1159,115 +734,12 @@ static kvp_status_t ucx_close(kvp_xport_t *xp, bool force)
         return KVP_ERR_BUSY;
     if (force && ucx_busy(x))
         KVP_WARN(PFX(x), "forced close with transfers in flight or retired");
-    ucx_close_all_peers(x, force);
+    ucx_close_all_peers(x);
     ucx_destroy(x);
     return KVP_OK;
 }
 
 /* ---------------------------------------------------------------- create */
-
-typedef struct ucx_kv {
-    const char *k, *v;
-} ucx_kv_t;
-
-/* Which keys need ucp_config_modify; UCX_* environment values stay unless a
- * config field overrides them. Fills kv[4]; returns the effective TLS. */
-static const char *ucx_config_keys(const kvp_ucx_config_t *cfg, ucx_kv_t kv[4])
-{
-    const char *tls = cfg->tls ? cfg->tls : getenv("UCX_TLS");
-    const char *ka = cfg->keepalive_interval ? cfg->keepalive_interval
-                     : getenv("UCX_KEEPALIVE_INTERVAL") ? NULL
-                                                         : "1s";
-    const char *ap = cfg->alloc_prio ? cfg->alloc_prio
-                     : getenv("UCX_ALLOC_PRIO") ? NULL
-                                                : UCX_DEFAULT_ALLOC_PRIO;
-    /* MM_ERROR_HANDLING is the 1.13 key that keeps shm for PEER endpoints;
-     * without any shm transport UCX rejects it with a warning, so skip. */
-    bool shm = !tls || tls[0] == '^' || strstr(tls, "sm") || strstr(tls, "posix") ||
-               strstr(tls, "sysv") || strstr(tls, "mm") || strstr(tls, "all");
-
-    kv[0] = (ucx_kv_t){"TLS", cfg->tls};
-    kv[1] = (ucx_kv_t){"MM_ERROR_HANDLING", shm ? "y" : NULL};
-    kv[2] = (ucx_kv_t){"KEEPALIVE_INTERVAL", ka};
-    kv[3] = (ucx_kv_t){"ALLOC_PRIO", ap};
-    return tls;
-}
-
-void kvp_ucx_config_each(const kvp_ucx_config_t *cfg,
-                         void (*set)(const char *key, const char *value, void *arg), void *arg)
-{
-    ucx_kv_t kv[4];
-    kvp_ucx_config_t def;
-
-    if (!cfg) {
-        kvp_ucx_config_default(&def);
-        cfg = &def;
-    }
-    ucx_config_keys(cfg, kv);
-    for (size_t i = 0; i < KVP_ARRAY_SIZE(kv); i++)
-        if (kv[i].v)
-            set(kv[i].k, kv[i].v, arg);
-}
-
-static kvp_status_t ucx_config_apply(ucx_xport_t *x, ucp_config_t *c, const kvp_ucx_config_t *cfg)
-{
-    ucx_kv_t kv[4];
-    const char *tls = ucx_config_keys(cfg, kv);
-
-    for (size_t i = 0; i < KVP_ARRAY_SIZE(kv); i++) {
-        if (!kv[i].v)
-            continue;
-        ucs_status_t s = ucp_config_modify(c, kv[i].k, kv[i].v);
-        if (s != UCS_OK) {
-            KVP_ERROR(PFX(x), "ucp_config_modify(%s=%s): %s", kv[i].k, kv[i].v,
-                      ucs_status_string(s));
-            return KVP_ERR_INVALID;
-        }
-    }
-    KVP_INFO(PFX(x), "UCX %s: TLS=%s MM_ERROR_HANDLING=%s KEEPALIVE_INTERVAL=%s ALLOC_PRIO=%s",
-             ucp_get_version_string(), tls ? tls : "(default)", kv[1].v ? "y" : "(no shm)",
-             kv[2].v ? kv[2].v : "(env)", kv[3].v ? kv[3].v : "(env)");
-    return KVP_OK;
-}
-
-static kvp_status_t ucx_ucp_open(ucx_xport_t *x, const kvp_ucx_config_t *cfg)
-{
-    ucp_config_t *c = NULL;
-    ucs_status_t s = ucp_config_read(NULL, NULL, &c);
-
-    if (s != UCS_OK) {
-        KVP_ERROR(PFX(x), "ucp_config_read: %s", ucs_status_string(s));
-        return KVP_ERR_TRANSPORT;
-    }
-    kvp_status_t st = ucx_config_apply(x, c, cfg);
-    if (st != KVP_OK)
-        goto out_config;
-    ucp_params_t prm = {.field_mask = UCP_PARAM_FIELD_FEATURES,
-                        .features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP};
-    s = ucp_init(&prm, c, &x->ctx);
-    if (s != UCS_OK) {
-        KVP_ERROR(PFX(x), "ucp_init: %s", ucs_status_string(s));
-        st = KVP_ERR_TRANSPORT;
-        goto out_config;
-    }
-    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
-                              .thread_mode = UCS_THREAD_MODE_SINGLE};
-    s = ucp_worker_create(x->ctx, &wp, &x->worker);
-    if (s == UCS_OK)
-        s = ucp_worker_get_efd(x->worker, &x->efd);
-    if (s != UCS_OK) {
-        KVP_ERROR(PFX(x), "ucp_worker_create/get_efd: %s", ucs_status_string(s));
-        st = KVP_ERR_TRANSPORT;
-    }
-out_config:
-    ucp_config_release(c);
-    return st;
-}
-
-void kvp_ucx_config_default(kvp_ucx_config_t *cfg)
-{
-    memset(cfg, 0, sizeof(*cfg));
-}
 
 kvp_status_t kvp_ucx_xport_create(const kvp_ucx_config_t *cfg, kvp_xport_t **out)
 {
@@ -1293,7 +765,7 @@ kvp_status_t kvp_ucx_xport_create(const kvp_ucx_config_t *cfg, kvp_xport_t **out
     if (cfg->host_id)
         snprintf(x->host_id, sizeof(x->host_id), "%s", cfg->host_id);
     else
-        ucx_host_id_default(x->host_id, sizeof(x->host_id));
+        kvp__ucx_host_id_default(x->host_id, sizeof(x->host_id));
     kvp_list_init(&x->peers);
     kvp_list_init(&x->zombies);
     kvp_list_init(&x->closing);
@@ -1310,7 +782,7 @@ kvp_status_t kvp_ucx_xport_create(const kvp_ucx_config_t *cfg, kvp_xport_t **out
         x->pool[i].x = x;
         kvp_list_insert_tail(&x->free_list, &x->pool[i].link);
     }
-    kvp_status_t st = ucx_ucp_open(x, cfg);
+    kvp_status_t st = kvp__ucx_ucp_open(x, cfg);
     if (st != KVP_OK) {
         ucx_destroy(x);
         return st;
@@ -1320,30 +792,6 @@ kvp_status_t kvp_ucx_xport_create(const kvp_ucx_config_t *cfg, kvp_xport_t **out
 }
 
 /* ---------------------------------------------------------- introspection */
-
-kvp_status_t kvp_ucx_blob_parse(const void *blob, size_t len, kvp_ucx_blob_parts_t *out)
-{
-    ucx_blob_view_t v;
-    kvp_status_t st;
-
-    if (!out)
-        return KVP_ERR_INVALID;
-    st = ucx_blob_parse(blob, len, &v);
-    if (st != KVP_OK)
-        return st;
-    out->layout = v.layout;
-    out->region_base = v.base;
-    out->region_len = v.len;
-    out->ucx_allocated = v.flags & 1;
-    out->pid = (uint32_t)le_get((const uint8_t *)blob + 32, 4);
-    out->host_id = v.host;
-    out->host_id_len = v.host_len;
-    out->worker_addr = v.addr;
-    out->worker_addr_len = v.addr_len;
-    out->rkey = v.rkey;
-    out->rkey_len = v.rkey_len;
-    return KVP_OK;
-}
 
 bool kvp_ucx_peer_same_host(kvp_xport_t *xp, kvp_xpeer_id_t peer)
 {
@@ -1363,6 +811,13 @@ kvp_status_t kvp_ucx_peer_lanes(kvp_xport_t *xp, kvp_xpeer_id_t peer, char *buf,
     return KVP_OK;
 }
 
+kvp_data_path_t kvp_ucx_peer_inbound_path(kvp_xport_t *xp, kvp_xpeer_id_t peer)
+{
+    ucx_peer_t *p = ucx_peer_find(ucx_of(xp), peer);
+
+    return p ? p->inbound : KVP_PATH_UNKNOWN;
+}
+
 bool kvp_ucx_region_ucx_allocated(kvp_xport_t *xp)
 {
     return ucx_of(xp)->region_kind == REGION_UCX;
@@ -1371,8 +826,8 @@ bool kvp_ucx_region_ucx_allocated(kvp_xport_t *xp)
 const kvp_xport_ops_t kvp_ucx_xport_ops = {
     .name = "ucx",
     .caps = KVP_XPORT_CAP_ALLOCATES_REGION | KVP_XPORT_CAP_FENCE | KVP_XPORT_CAP_EVENT_FD,
-    .register_region = ucx_register_region,
-    .local_blob = ucx_local_blob,
+    .register_region = kvp__ucx_register_region,
+    .local_blob = kvp__ucx_local_blob,
     .add_peer = ucx_add_peer,
     .write = ucx_write,
     .poll = ucx_poll,

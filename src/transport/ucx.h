@@ -81,6 +81,11 @@ bool kvp_ucx_peer_same_host(kvp_xport_t *x, kvp_xpeer_id_t peer);
  * peer. */
 kvp_status_t kvp_ucx_peer_lanes(kvp_xport_t *x, kvp_xpeer_id_t peer, char *buf, size_t cap);
 
+/* How the PEER's puts reach OUR region (the mirror of peer_path): direct
+ * shm only when our region is UCX-allocated shared memory. This is what
+ * fence_peer() proof depends on. KVP_PATH_UNKNOWN for an unknown peer. */
+kvp_data_path_t kvp_ucx_peer_inbound_path(kvp_xport_t *x, kvp_xpeer_id_t peer);
+
 /* True when register_region() got its memory from UCX (UCP_MEM_MAP_ALLOCATE)
  * rather than the anonymous-mmap fallback or the caller. */
 bool kvp_ucx_region_ucx_allocated(kvp_xport_t *x);

@@ -27,7 +27,7 @@ typedef struct tnode {
     size_t peer_blob_len;
     uint64_t frames[TN_MAX_FRAMES]; /* request ids of LOOKUP frames received */
     int nframes;
-    int order_errors; /* on_down seen before on_ready of another link, etc. */
+    uint64_t send_on_ready; /* non-zero: on_ready sends a LOOKUP with this request id */
 } tnode_t;
 
 static inline kvp_status_t tn_on_ready(void *arg, kvp_link_t *link, const kvp_msg_hello_t *peer,
@@ -40,6 +40,15 @@ static inline kvp_status_t tn_on_ready(void *arg, kvp_link_t *link, const kvp_ms
     n->link = link;
     n->peer_blob_len = blob_len < sizeof(n->peer_blob) ? blob_len : sizeof(n->peer_blob);
     memcpy(n->peer_blob, blob, n->peer_blob_len);
+    if (n->send_on_ready) {
+        static const uint8_t kb[4] = "key1";
+        kvp_key_t key = {kb, 4};
+        kvp_msg_t m = {.type = KVP_MSG_LOOKUP};
+        m.u.lookup.request_id = n->send_on_ready;
+        m.u.lookup.n = 1;
+        m.u.lookup.keys = &key;
+        assert_int_equal(kvp_link_send(link, &m), KVP_OK);
+    }
     return KVP_OK;
 }
 

@@ -130,6 +130,7 @@ static void test_fake_auth_ok(void **state)
 static void test_fake_queued_order(void **state)
 {
     env_t *e = env_new();
+    e->a.send_on_ready = 100; /* sent from on_ready: must follow the queued ones */
     tn_start(&e->a);
     tn_start(&e->b);
     assert_int_equal(kvp_ctl_want(e->a.ctl, "B"), KVP_OK);
@@ -146,9 +147,10 @@ static void test_fake_queued_order(void **state)
     tn_lookup(&m, 4, 1, keys);
     assert_int_equal(kvp_link_send(e->a.link, &m), KVP_OK);
     run(e, 5 * MS);
-    assert_int_equal(e->b.nframes, 4);
-    for (int i = 0; i < 4; i++)
-        assert_int_equal(e->b.frames[i], (uint64_t)i + 1);
+    assert_int_equal(e->b.nframes, 5);
+    static const uint64_t want[] = {1, 2, 3, 100, 4};
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(e->b.frames[i], want[i]);
     assert_int_equal(tn_stats(&e->b).stale_frames, 0);
     env_free(e);
 }

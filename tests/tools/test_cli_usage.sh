@@ -36,5 +36,10 @@ expect 2 "exactly one HOST:PORT" stat
 expect 2 "bad address 'nocolon'" held nocolon
 expect 2 "bad --timeout" peers --timeout 0 127.0.0.1:1
 # an address nobody listens on: a clear error and exit 1, not a hang
+expect 2 "unknown or incomplete flag '--all'" stat --all 127.0.0.1:1
+expect 2 "bad --runs" bench --runs 0
+expect 2 "bad --path" bench --path ib
 expect 1 "connect" stat --timeout 2000 127.0.0.1:1
+expect 1 "connect" held --all 127.0.0.1:1
+expect 1 "connect" peers 127.0.0.1:1
 exit $((fails > 0))

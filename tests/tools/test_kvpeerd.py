@@ -9,6 +9,7 @@ is killed when the script exits, whatever happens. Bounds scale with
 KVPEER_TEST_TIME_SCALE (sanitizer builds are slower).
 """
 import atexit
+import http.client
 import os
 import re
 import shutil
@@ -88,7 +89,7 @@ class Daemon:
         with open(self.logpath) as f:
             return f.read()
 
-    def req(self, path, method="GET", timeout=60):
+    def req(self, path, method="GET", timeout=60, may_be_down=False):
         r = urllib.request.Request("http://%s%s" % (self.http, path), method=method,
                                    data=b"" if method == "POST" else None)
         try:
@@ -96,6 +97,14 @@ class Daemon:
                 return resp.status, resp.read().decode()
         except urllib.error.HTTPError as e:
             return e.code, e.read().decode()
+        except (OSError, http.client.HTTPException) as e:
+            if may_be_down:
+                raise
+            time.sleep(0.5)  # let a dying daemon finish its report
+            fail("%s %s on %s: %r; daemon %s:\n%s" % (
+                method, path, self.name, e,
+                "exited %s" % self.proc.poll() if self.proc.poll() is not None else "alive",
+                self.logtext()[-6000:]))
 
     def stop(self, sig=signal.SIGTERM, timeout=30):
         self.proc.send_signal(sig)
@@ -339,9 +348,9 @@ def case_sigterm_drain():
             req += 1
             try:
                 code, body = b.req("/admin/fetch?peer=%s&first=%d&count=32&request=%d" %
-                                   (a.peer, 32 * tid, req), "POST", timeout=30)
+                                   (a.peer, 32 * tid, req), "POST", timeout=30, may_be_down=True)
                 results.append(body)
-                b.req("/admin/finish?request=%d" % req, "POST", timeout=30)
+                b.req("/admin/finish?request=%d" % req, "POST", timeout=30, may_be_down=True)
             except Exception as e:  # the daemon going away mid-request is expected
                 results.append("exc %r" % e)
                 return

@@ -301,6 +301,7 @@ static void test_ucx_fence_shm_no_proof(void **state)
     assert_true(ut_call(&p.child, UT_FENCE, 0, 0, NULL, 0, &r, NULL, 0));
     assert_int_equal(r.status, KVP_OK);
     assert_int_equal(r.v1, 0); /* NOT a proof */
+    assert_int_equal(kvp_ucx_peer_inbound_path(p.x, p.peer), KVP_PATH_DIRECT_SHM);
     kvp_xfer_id_t id = post_one(&p, 1);
     assert_true(ut_wait_xfer(p.x, p.peer, id, kvp_test_scaled_ns(2 * SEC), &st));
     assert_int_equal(child_count_not(&p, 0xAA), 4 * (int64_t)UT_BS);

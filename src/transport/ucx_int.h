@@ -1,0 +1,119 @@
+/*
+ * ucx_int.h -- internals of the UCX backend shared by ucx.c (transfers,
+ * peers, ops), ucx_setup.c (config, region, blob codec) and ucx_path.c
+ * (data-path classification). Not part of any API. Ownership of every object
+ * is described at the top of ucx.c.
+ */
+#ifndef KVP_TRANSPORT_UCX_INT_H
+#define KVP_TRANSPORT_UCX_INT_H
+
+#include "transport/ucx.h"
+
+#include <ucp/api/ucp.h>
+
+#define UCX_BLOB_MAGIC 0x5550564Bu /* "KVPU" little-endian */
+#define UCX_BLOB_VERSION 1u
+#define UCX_BLOB_HDR 44u
+#define UCX_HOST_MAX 256u
+#define UCX_ADDR_MAX 8192u
+#define UCX_RKEY_MAX 4096u
+#define UCX_IDX_BITS 24
+#define UCX_IDX_MASK ((1ull << UCX_IDX_BITS) - 1)
+#define UCX_PROGRESS_MAX 1024 /* bound of one progress() call */
+#define UCX_DEFAULT_ALLOC_PRIO "md:posix,md:sysv,huge,thp,md:*,mmap,heap"
+
+enum { XF_FREE = 0, XF_LIVE, XF_RETIRED, XF_DETACHED };
+enum { REGION_NONE = 0, REGION_UCX, REGION_MMAP, REGION_CALLER };
+
+typedef struct ucx_peer ucx_peer_t;
+
+typedef struct ucx_xfer {
+    kvp_list_t link;     /* free list, peer->running/done, x->retired, x->detached */
+    kvp_xfer_id_t id;
+    ucx_peer_t *peer;    /* counted in peer->refs while not FREE */
+    struct ucx_xport *x;
+    uint32_t pending;    /* UCX requests still owned by UCX */
+    uint8_t where;
+    ucs_status_t first_err; /* first failed put/flush (or post) */
+    uint64_t err_seq;    /* peer->err_seq when posted */
+} ucx_xfer_t;
+
+struct ucx_peer {
+    kvp_list_t link;     /* x->peers (live), x->zombies (removed), x->closing */
+    kvp_list_t running;  /* LIVE records with pending > 0 */
+    kvp_list_t done;     /* LIVE records with pending == 0, not yet polled */
+    struct ucx_xport *x;
+    kvp_xpeer_id_t id;
+    ucp_ep_h ep;
+    ucp_rkey_h rkey;
+    void *close_req;     /* ucp_ep_close_nbx request, owned until complete */
+    uint64_t rbase;
+    kvp_layout_t layout;
+    uint64_t refs;       /* records (LIVE, RETIRED or DETACHED) pointing here */
+    uint64_t err_seq;    /* bumped by every endpoint error */
+    kvp_status_t status; /* KVP_OK, KVP_ERR_TRANSPORT (ep error), KVP_ERR_CLOSED (fenced) */
+    ucs_status_t ep_err;
+    kvp_data_path_t path;    /* how OUR puts reach the peer */
+    kvp_data_path_t inbound; /* how the peer's puts reach US: decides fence proof */
+    bool same_host, removed, rkey_ptr_ok;
+    char lanes[192];
+};
+
+typedef struct ucx_xport {
+    kvp_xport_t base;
+    char prefix[64];
+    char host_id[UCX_HOST_MAX];
+    const kvp_clock_t *clock;
+    ucp_context_h ctx;
+    ucp_worker_h worker;
+    int efd;
+    /* region */
+    int region_kind;
+    void *region;
+    size_t region_len;
+    kvp_layout_t layout;
+    ucp_mem_h memh;
+    uint8_t *blob;
+    size_t blob_len;
+    /* peers */
+    kvp_list_t peers, zombies, closing;
+    kvp_xpeer_id_t next_peer;
+    /* transfers */
+    ucx_xfer_t *pool;
+    uint32_t pool_cap;
+    kvp_list_t free_list, retired, detached;
+    uint64_t next_seq;
+    kvp_xport_stats_t st;
+    bool destroying; /* set before ucp_worker_destroy: callbacks only count down */
+} ucx_xport_t;
+
+#define PFX(x) ((x)->base.log_prefix)
+
+static inline ucx_xport_t *ucx_of(kvp_xport_t *x)
+{
+    return (ucx_xport_t *)x;
+}
+
+/* A parsed, validated blob; pointers borrow from the blob bytes. */
+typedef struct ucx_blob_view {
+    uint32_t flags;
+    kvp_layout_t layout;
+    uint64_t base, len;
+    const uint8_t *host, *addr, *rkey;
+    size_t host_len, addr_len, rkey_len;
+} ucx_blob_view_t;
+
+/* ucx_setup.c */
+void kvp__ucx_host_id_default(char *buf, size_t cap);
+kvp_status_t kvp__ucx_blob_view(const uint8_t *b, size_t len, ucx_blob_view_t *v);
+kvp_status_t kvp__ucx_register_region(kvp_xport_t *xp, void *base, size_t len,
+                                      const kvp_layout_t *layout, void **base_out);
+kvp_status_t kvp__ucx_local_blob(kvp_xport_t *xp, const void **blob, size_t *len);
+void kvp__ucx_region_release(ucx_xport_t *x);
+kvp_status_t kvp__ucx_ucp_open(ucx_xport_t *x, const kvp_ucx_config_t *cfg);
+
+/* ucx_path.c: which lanes UCX selected; sets p->path, p->inbound, p->lanes
+ * and logs once (loudly for a same-host peer on tcp). */
+void kvp__ucx_peer_classify(ucx_xport_t *x, ucx_peer_t *p);
+
+#endif

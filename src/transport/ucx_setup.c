@@ -1,0 +1,383 @@
+/*
+ * ucx_setup.c -- UCX backend set-up: the ucp configuration (what kvpeer
+ * changes through ucp_config_modify and why), context/worker creation, the
+ * registered region, and the address blob codec. See ucx.c for ownership.
+ *
+ * Blob layout (little-endian; strict: every length checked, no trailing
+ * bytes):
+ *   0 magic u32 "KVPU" | 4 version u16 | 6 flags u16 (bit0: UCX-allocated)
+ *   8 num_blocks u32 | 12 block_size u32 | 16 region base u64 | 24 region len u64
+ *   32 pid u32 | 36 host_len u16 | 38 addr_len u16 | 40 rkey_len u16 | 42 zero u16
+ *   44 host id | worker address | packed rkey
+ */
+#include "transport/ucx_int.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+/* ---------------------------------------------------------------- helpers */
+
+static void le_put(uint8_t *p, uint64_t v, int n)
+{
+    for (int i = 0; i < n; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint64_t le_get(const uint8_t *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++)
+        v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+void kvp__ucx_host_id_default(char *buf, size_t cap)
+{
+    char host[128] = "unknown", boot[64] = "";
+    FILE *f;
+
+    if (gethostname(host, sizeof(host) - 1) != 0)
+        snprintf(host, sizeof(host), "unknown");
+    f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        if (!fgets(boot, sizeof(boot), f))
+            boot[0] = '\0';
+        fclose(f);
+    }
+    boot[strcspn(boot, "\n")] = '\0';
+    snprintf(buf, cap, "%s/%s", host, boot);
+}
+
+/* ------------------------------------------------------------ blob codec */
+
+
+kvp_status_t kvp__ucx_blob_view(const uint8_t *b, size_t len, ucx_blob_view_t *v)
+{
+    if (!b || len < UCX_BLOB_HDR)
+        return KVP_ERR_TRUNCATED;
+    if (len > KVP_UCX_BLOB_MAX || le_get(b, 4) != UCX_BLOB_MAGIC)
+        return KVP_ERR_PROTO;
+    if (le_get(b + 4, 2) != UCX_BLOB_VERSION)
+        return KVP_ERR_INCOMPATIBLE;
+    v->flags = (uint32_t)le_get(b + 6, 2);
+    v->layout.num_blocks = (uint32_t)le_get(b + 8, 4);
+    v->layout.block_size = (uint32_t)le_get(b + 12, 4);
+    v->base = le_get(b + 16, 8);
+    v->len = le_get(b + 24, 8);
+    v->host_len = le_get(b + 36, 2);
+    v->addr_len = le_get(b + 38, 2);
+    v->rkey_len = le_get(b + 40, 2);
+    if (v->host_len > UCX_HOST_MAX || v->addr_len == 0 || v->addr_len > UCX_ADDR_MAX ||
+        v->rkey_len == 0 || v->rkey_len > UCX_RKEY_MAX || le_get(b + 42, 2) != 0)
+        return KVP_ERR_PROTO;
+    size_t need = UCX_BLOB_HDR + v->host_len + v->addr_len + v->rkey_len;
+    if (len < need)
+        return KVP_ERR_TRUNCATED;
+    if (len != need)
+        return KVP_ERR_PROTO;
+    uint64_t span = (uint64_t)v->layout.num_blocks * v->layout.block_size;
+    if (v->layout.num_blocks == 0 || v->layout.block_size == 0 || span > v->len ||
+        v->base + v->len < v->base || v->base == 0)
+        return KVP_ERR_PROTO;
+    v->host = b + UCX_BLOB_HDR;
+    v->addr = v->host + v->host_len;
+    v->rkey = v->addr + v->addr_len;
+    return KVP_OK;
+}
+
+static kvp_status_t ucx_blob_build(ucx_xport_t *x, const void *addr, size_t addr_len,
+                                   const void *rkey, size_t rkey_len)
+{
+    size_t host_len = strlen(x->host_id);
+    size_t len = UCX_BLOB_HDR + host_len + addr_len + rkey_len;
+
+    if (addr_len > UCX_ADDR_MAX || rkey_len > UCX_RKEY_MAX || len > KVP_UCX_BLOB_MAX) {
+        KVP_ERROR(PFX(x), "blob too large (address %zu B, rkey %zu B)", addr_len, rkey_len);
+        return KVP_ERR_LIMIT;
+    }
+    uint8_t *b = kvp__calloc(1, len);
+    if (!b)
+        return KVP_ERR_NOMEM;
+    le_put(b, UCX_BLOB_MAGIC, 4);
+    le_put(b + 4, UCX_BLOB_VERSION, 2);
+    le_put(b + 6, x->region_kind == REGION_UCX ? 1 : 0, 2);
+    le_put(b + 8, x->layout.num_blocks, 4);
+    le_put(b + 12, x->layout.block_size, 4);
+    le_put(b + 16, (uintptr_t)x->region, 8);
+    le_put(b + 24, x->region_len, 8);
+    le_put(b + 32, (uint64_t)getpid(), 4);
+    le_put(b + 36, host_len, 2);
+    le_put(b + 38, addr_len, 2);
+    le_put(b + 40, rkey_len, 2);
+    memcpy(b + UCX_BLOB_HDR, x->host_id, host_len);
+    memcpy(b + UCX_BLOB_HDR + host_len, addr, addr_len);
+    memcpy(b + UCX_BLOB_HDR + host_len + addr_len, rkey, rkey_len);
+    x->blob = b;
+    x->blob_len = len;
+    return KVP_OK;
+}
+
+kvp_status_t kvp_ucx_blob_parse(const void *blob, size_t len, kvp_ucx_blob_parts_t *out)
+{
+    ucx_blob_view_t v;
+    kvp_status_t st;
+
+    if (!out)
+        return KVP_ERR_INVALID;
+    st = kvp__ucx_blob_view(blob, len, &v);
+    if (st != KVP_OK)
+        return st;
+    out->layout = v.layout;
+    out->region_base = v.base;
+    out->region_len = v.len;
+    out->ucx_allocated = v.flags & 1;
+    out->pid = (uint32_t)le_get((const uint8_t *)blob + 32, 4);
+    out->host_id = v.host;
+    out->host_id_len = v.host_len;
+    out->worker_addr = v.addr;
+    out->worker_addr_len = v.addr_len;
+    out->rkey = v.rkey;
+    out->rkey_len = v.rkey_len;
+    return KVP_OK;
+}
+
+/* ------------------------------------------------------------ region */
+
+static kvp_status_t ucx_mem_map(ucx_xport_t *x, void *addr, size_t len, bool allocate)
+{
+    ucp_mem_map_params_t mp = {
+        .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                      UCP_MEM_MAP_PARAM_FIELD_FLAGS,
+        .address = addr,
+        .length = len,
+        .flags = allocate ? UCP_MEM_MAP_ALLOCATE : 0,
+    };
+    ucs_status_t s = ucp_mem_map(x->ctx, &mp, &x->memh);
+
+    if (s != UCS_OK) {
+        KVP_LOG(allocate ? KVP_LOG_WARN : KVP_LOG_ERROR, PFX(x), "ucp_mem_map(%s, %zu B): %s",
+                allocate ? "ALLOCATE" : "register", len, ucs_status_string(s));
+        return KVP_ERR_TRANSPORT;
+    }
+    if (allocate) {
+        ucp_mem_attr_t ma = {.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH};
+        s = ucp_mem_query(x->memh, &ma);
+        if (s != UCS_OK || !ma.address || ma.length < len) {
+            KVP_WARN(PFX(x), "ucp_mem_query after ALLOCATE: %s", ucs_status_string(s));
+            ucp_mem_unmap(x->ctx, x->memh);
+            x->memh = NULL;
+            return KVP_ERR_TRANSPORT;
+        }
+        x->region = ma.address;
+    } else {
+        x->region = addr;
+    }
+    return KVP_OK;
+}
+
+static kvp_status_t ucx_region_acquire(ucx_xport_t *x, void *base, size_t len)
+{
+    if (base) {
+        x->region_kind = REGION_CALLER;
+        return ucx_mem_map(x, base, len, false);
+    }
+    if (ucx_mem_map(x, NULL, len, true) == KVP_OK) {
+        x->region_kind = REGION_UCX;
+        return KVP_OK;
+    }
+    void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) {
+        KVP_ERROR(PFX(x), "mmap(%zu B): %s", len, strerror(errno));
+        return KVP_ERR_NOMEM;
+    }
+    if (ucx_mem_map(x, m, len, false) != KVP_OK) {
+        munmap(m, len);
+        return KVP_ERR_TRANSPORT;
+    }
+    x->region_kind = REGION_MMAP;
+    KVP_WARN(PFX(x), "UCX could not allocate the %zu B region (posix/sysv shm, e.g. /dev/shm "
+             "too small): using anonymous memory; same-host puts INTO this node will be "
+             "EMULATED (consumer CPU, ~2x slower, and no direct shared memory)", len);
+    return KVP_OK;
+}
+
+void kvp__ucx_region_release(ucx_xport_t *x)
+{
+    if (x->memh)
+        ucp_mem_unmap(x->ctx, x->memh); /* frees UCX-allocated memory too */
+    if (x->region_kind == REGION_MMAP)
+        munmap(x->region, x->region_len);
+    x->memh = NULL;
+    x->region = NULL;
+    x->region_kind = REGION_NONE;
+}
+
+kvp_status_t kvp__ucx_register_region(kvp_xport_t *xp, void *base, size_t len,
+                                        const kvp_layout_t *layout, void **base_out)
+{
+    ucx_xport_t *x = ucx_of(xp);
+    void *rkey = NULL;
+    size_t rkey_len = 0;
+    ucp_address_t *addr = NULL;
+    size_t addr_len = 0;
+    kvp_status_t st;
+
+    if (!layout || !base_out || layout->num_blocks == 0 || layout->block_size == 0 ||
+        (uint64_t)layout->num_blocks * layout->block_size > len)
+        return KVP_ERR_INVALID;
+    if (x->region_kind != REGION_NONE)
+        return KVP_ERR_STATE;
+    st = ucx_region_acquire(x, base, len);
+    if (st != KVP_OK)
+        return st;
+    x->region_len = len;
+    x->layout = *layout;
+    if (ucp_rkey_pack(x->ctx, x->memh, &rkey, &rkey_len) != UCS_OK ||
+        ucp_worker_get_address(x->worker, &addr, &addr_len) != UCS_OK) {
+        KVP_ERROR(PFX(x), "ucp_rkey_pack/ucp_worker_get_address failed");
+        st = KVP_ERR_TRANSPORT;
+        goto err_release;
+    }
+    st = ucx_blob_build(x, addr, addr_len, rkey, rkey_len);
+    if (st != KVP_OK)
+        goto err_release;
+    ucp_worker_release_address(x->worker, addr);
+    ucp_rkey_buffer_release(rkey);
+    KVP_INFO(PFX(x), "region %zu B at %p (%s), blob %zu B", len, x->region,
+             x->region_kind == REGION_UCX    ? "UCX-allocated"
+             : x->region_kind == REGION_MMAP ? "anonymous mmap"
+                                             : "caller memory",
+             x->blob_len);
+    *base_out = x->region;
+    return KVP_OK;
+
+err_release:
+    if (addr)
+        ucp_worker_release_address(x->worker, addr);
+    if (rkey)
+        ucp_rkey_buffer_release(rkey);
+    kvp__ucx_region_release(x);
+    return st;
+}
+
+kvp_status_t kvp__ucx_local_blob(kvp_xport_t *xp, const void **blob, size_t *len)
+{
+    ucx_xport_t *x = ucx_of(xp);
+
+    if (!blob || !len)
+        return KVP_ERR_INVALID;
+    if (!x->blob)
+        return KVP_ERR_STATE;
+    *blob = x->blob;
+    *len = x->blob_len;
+    return KVP_OK;
+}
+
+/* ---------------------------------------------------------------- config */
+
+typedef struct ucx_kv {
+    const char *k, *v;
+} ucx_kv_t;
+
+/* Which keys need ucp_config_modify; UCX_* environment values stay unless a
+ * config field overrides them. Fills kv[4]; returns the effective TLS. */
+static const char *ucx_config_keys(const kvp_ucx_config_t *cfg, ucx_kv_t kv[4])
+{
+    const char *tls = cfg->tls ? cfg->tls : getenv("UCX_TLS");
+    const char *ka = cfg->keepalive_interval ? cfg->keepalive_interval
+                     : getenv("UCX_KEEPALIVE_INTERVAL") ? NULL
+                                                         : "1s";
+    const char *ap = cfg->alloc_prio ? cfg->alloc_prio
+                     : getenv("UCX_ALLOC_PRIO") ? NULL
+                                                : UCX_DEFAULT_ALLOC_PRIO;
+    /* MM_ERROR_HANDLING is the 1.13 key that keeps shm for PEER endpoints;
+     * without any shm transport UCX rejects it with a warning, so skip. */
+    bool shm = !tls || tls[0] == '^' || strstr(tls, "sm") || strstr(tls, "posix") ||
+               strstr(tls, "sysv") || strstr(tls, "mm") || strstr(tls, "all");
+
+    kv[0] = (ucx_kv_t){"TLS", cfg->tls};
+    kv[1] = (ucx_kv_t){"MM_ERROR_HANDLING", shm ? "y" : NULL};
+    kv[2] = (ucx_kv_t){"KEEPALIVE_INTERVAL", ka};
+    kv[3] = (ucx_kv_t){"ALLOC_PRIO", ap};
+    return tls;
+}
+
+void kvp_ucx_config_each(const kvp_ucx_config_t *cfg,
+                         void (*set)(const char *key, const char *value, void *arg), void *arg)
+{
+    ucx_kv_t kv[4];
+    kvp_ucx_config_t def;
+
+    if (!cfg) {
+        kvp_ucx_config_default(&def);
+        cfg = &def;
+    }
+    ucx_config_keys(cfg, kv);
+    for (size_t i = 0; i < KVP_ARRAY_SIZE(kv); i++)
+        if (kv[i].v)
+            set(kv[i].k, kv[i].v, arg);
+}
+
+static kvp_status_t ucx_config_apply(ucx_xport_t *x, ucp_config_t *c, const kvp_ucx_config_t *cfg)
+{
+    ucx_kv_t kv[4];
+    const char *tls = ucx_config_keys(cfg, kv);
+
+    for (size_t i = 0; i < KVP_ARRAY_SIZE(kv); i++) {
+        if (!kv[i].v)
+            continue;
+        ucs_status_t s = ucp_config_modify(c, kv[i].k, kv[i].v);
+        if (s != UCS_OK) {
+            KVP_ERROR(PFX(x), "ucp_config_modify(%s=%s): %s", kv[i].k, kv[i].v,
+                      ucs_status_string(s));
+            return KVP_ERR_INVALID;
+        }
+    }
+    KVP_INFO(PFX(x), "UCX %s: TLS=%s MM_ERROR_HANDLING=%s KEEPALIVE_INTERVAL=%s ALLOC_PRIO=%s",
+             ucp_get_version_string(), tls ? tls : "(default)", kv[1].v ? "y" : "(no shm)",
+             kv[2].v ? kv[2].v : "(env)", kv[3].v ? kv[3].v : "(env)");
+    return KVP_OK;
+}
+
+kvp_status_t kvp__ucx_ucp_open(ucx_xport_t *x, const kvp_ucx_config_t *cfg)
+{
+    ucp_config_t *c = NULL;
+    ucs_status_t s = ucp_config_read(NULL, NULL, &c);
+
+    if (s != UCS_OK) {
+        KVP_ERROR(PFX(x), "ucp_config_read: %s", ucs_status_string(s));
+        return KVP_ERR_TRANSPORT;
+    }
+    kvp_status_t st = ucx_config_apply(x, c, cfg);
+    if (st != KVP_OK)
+        goto out_config;
+    ucp_params_t prm = {.field_mask = UCP_PARAM_FIELD_FEATURES,
+                        .features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP};
+    s = ucp_init(&prm, c, &x->ctx);
+    if (s != UCS_OK) {
+        KVP_ERROR(PFX(x), "ucp_init: %s", ucs_status_string(s));
+        st = KVP_ERR_TRANSPORT;
+        goto out_config;
+    }
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                              .thread_mode = UCS_THREAD_MODE_SINGLE};
+    s = ucp_worker_create(x->ctx, &wp, &x->worker);
+    if (s == UCS_OK)
+        s = ucp_worker_get_efd(x->worker, &x->efd);
+    if (s != UCS_OK) {
+        KVP_ERROR(PFX(x), "ucp_worker_create/get_efd: %s", ucs_status_string(s));
+        st = KVP_ERR_TRANSPORT;
+    }
+out_config:
+    ucp_config_release(c);
+    return st;
+}
+
+void kvp_ucx_config_default(kvp_ucx_config_t *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+}
