@@ -223,7 +223,14 @@ static void node_force_release_quarantine(kvp_node_t *n, kvp_load_t *l, const ch
     kvp__load_release_quarantine(l, true);
 }
 
-/* Hold cap (SPEC §7.3-4) and the consumer endpoint check (F26). */
+static bool session_idle(const kvp_session_t *s)
+{
+    return kvp_list_empty(&s->loads) && kvp_list_empty(&s->srounds) &&
+           kvp_list_empty(&s->xfers) && kvp_list_empty(&s->lookups_queued) &&
+           kvp_list_empty(&s->lookups_sent);
+}
+
+/* Hold cap (SPEC §7.3-4), the consumer endpoint check (F26), idle sessions. */
 static void node_hold_check(kvp_node_t *n)
 {
     uint64_t now = kvp__node_now(n), cap = (uint64_t)n->cfg.hold_cap_ms * KVP_NSEC_PER_MSEC;
@@ -247,6 +254,16 @@ static void node_hold_check(kvp_node_t *n)
         if (st != KVP_OK && !s->closing && !kvp_list_empty(&s->loads))
             kvp__session_fault(s, KVP_BYE_TRANSPORT, "error on our endpoint to the source: "
                                                      "outcome of its loads unknown");
+        else if (!s->closing && s->link != NULL && session_idle(s) &&
+                 now - s->last_work_ns >= (uint64_t)n->cfg.idle_session_ms * KVP_NSEC_PER_MSEC) {
+            /* No work for the idle timeout: close gracefully and stop redialling;
+             * the next lookup or fetch for this peer dials again. */
+            KVP_INFO(n->name, "peer %s: idle for %u ms: closing", s->peer_id,
+                     n->cfg.idle_session_ms);
+            s->closing = true;
+            kvp_ctl_unwant(n->ctl, s->peer_id);
+            kvp_link_close(s->link, KVP_BYE_IDLE);
+        }
     }
 }
 

@@ -407,6 +407,43 @@ static void test_F25_simultaneous_dial(void **state)
     free(w);
 }
 
+static void tweak_idle(kvp_config_t *c, kvp_node_seams_t *s, int i)
+{
+    (void)s;
+    (void)i;
+    c->idle_session_ms = 500;
+}
+
+/* Idle session timeout (SPEC §8): a session without work is closed
+ * gracefully; the next lookup dials again. Mutation: never close idle
+ * sessions (no PEER_DOWN). */
+static void test_idle_session_closed_then_redialled(void **state)
+{
+    world_t *w = *state = malloc(sizeof(world_t));
+    world_init(w, 2, tweak_idle);
+    world_connect(w, 1, 0);
+    world_put(w, 0, 1, 0);
+    const kvp_event_t *e = world_wait(w, 1, KVP_EV_PEER_DOWN, 0, 1000 * MS);
+    assert_non_null(e);
+    assert_int_equal(e->fault, 0);
+    world_run(w, 300 * MS);
+    assert_false(world_peer_ready(w, 1, 0)); /* not redialled without work */
+    wkeys_t ks;
+    uint8_t res[1];
+    uint64_t op;
+    wkeys_make(&ks, 1, 1);
+    assert_int_equal(kvp_lookup(w->node[1], w->addr[0], 1, ks.buf, ks.len, 1, res, &op),
+                     KVP_ERR_UNREACHABLE);
+    world_run(w, 100 * MS); /* the lookup's want dialled again */
+    assert_true(world_peer_ready(w, 1, 0));
+    assert_int_equal(kvp_lookup(w->node[1], w->addr[0], 1, ks.buf, ks.len, 1, res, &op), KVP_OK);
+    e = world_wait(w, 1, KVP_EV_LOOKUP, op, 100 * MS);
+    assert_non_null(e);
+    assert_int_equal(e->n_ok, 1);
+    world_fini(w, false);
+    free(w);
+}
+
 /* Bad input from an API caller: clear status, no event, nothing changes. */
 static void test_api_bad_input(void **state)
 {
@@ -461,6 +498,7 @@ int main(void)
         cmocka_unit_test_teardown(test_F20_session_and_pin_exhaustion, teardown_free),
         cmocka_unit_test_teardown(test_F21_checksum_mismatch, teardown_free),
         cmocka_unit_test_teardown(test_F25_simultaneous_dial, teardown_free),
+        cmocka_unit_test_teardown(test_idle_session_closed_then_redialled, teardown_free),
         cmocka_unit_test_teardown(test_api_bad_input, teardown_free),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
