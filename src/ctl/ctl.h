@@ -67,7 +67,11 @@ uint64_t kvp_loop_next_deadline(const kvp_loop_t *loop);
 
 /* One iteration: wait up to timeout_ms (-1 = until the next deadline or an
  * event; 0 = do not sleep), dispatch ready fds, then fire due timers.
- * Returns the number of callbacks run. An idle loop sleeps: no busy polling. */
+ * Returns the number of callbacks run. An idle loop sleeps: no busy polling.
+ * Timers armed from inside this iteration at an already-due deadline fire in
+ * the next one (no livelock). With a manual clock, a deadline cannot pass
+ * while sleeping: -1 then waits only for fd events unless a timer is due, so
+ * tests drive such loops with run_once(0) and kvp_manual_clock_advance(). */
 int kvp_loop_run_once(kvp_loop_t *loop, int timeout_ms);
 /* Any thread: make a sleeping run_once return (eventfd). */
 void kvp_loop_wakeup(kvp_loop_t *loop);
@@ -157,13 +161,16 @@ typedef struct kvp_ctl_stats {
 } kvp_ctl_stats_t;
 
 kvp_status_t kvp_ctl_create(const kvp_ctl_config_t *cfg, kvp_ctl_t **out);
-/* Closes every link (no callbacks) and the listener. */
+/* Closes every link (no callbacks) and the listener. Not from a callback. */
 void kvp_ctl_destroy(kvp_ctl_t *ctl);
 /* Our peer id ("host:port" of the listener). */
 const char *kvp_ctl_peer_id(const kvp_ctl_t *ctl);
 
 /* Want a session with `addr` ("host:port"): dial now, redial with exponential
- * backoff and jitter while wanted and not ready. Idempotent. */
+ * backoff and jitter while wanted and not ready. Idempotent. The want is
+ * satisfied while the link it dialed lives (whatever peer id the peer
+ * announces) or while any link's peer id equals `addr`. KVP_ERR_INVALID for
+ * our own peer id. */
 kvp_status_t kvp_ctl_want(kvp_ctl_t *ctl, const char *addr);
 /* Stop wanting `addr` (links already up stay until closed). */
 void kvp_ctl_unwant(kvp_ctl_t *ctl, const char *addr);
@@ -214,13 +221,19 @@ kvp_status_t kvp_link_send_epochs(kvp_link_t *link, const kvp_msg_t *msg, const 
 
 /* An in-memory network for deterministic tests and the simulator: many ctls
  * in one process, no sockets, on the loop's (manual) clock. Delivery is in
- * order per connection after `latency_ns`. */
+ * order per connection after `latency_ns`, driven by timers on the receiving
+ * ctl's loop (so running the loops is enough; kvp_fake_net_deliver() is an
+ * optional manual push). A ctl on the fake net is addressed by its
+ * listen_addr (any string); its dials originate from listen_addr, or from
+ * "<peer_id>/client" when it has no listener. Single-threaded: every ctl on
+ * one net must run on the same thread. The net must outlive its ctls. */
 kvp_status_t kvp_fake_net_create(uint64_t latency_ns, kvp_fake_net_t **out);
 void kvp_fake_net_destroy(kvp_fake_net_t *net);
 /* Cut / heal connectivity between two addresses (both directions): frames
  * are held, not delivered, while partitioned. */
 void kvp_fake_net_partition(kvp_fake_net_t *net, const char *a, const char *b, bool cut);
-/* Reset every connection of `addr` as if its process died (EOF to peers). */
+/* Reset every connection of `addr` as if its process died (EOF to both ends,
+ * undelivered frames dropped). Its listener stays. */
 void kvp_fake_net_kill(kvp_fake_net_t *net, const char *addr);
 /* Deliver everything due at the clock's now. Returns frames delivered. */
 int kvp_fake_net_deliver(kvp_fake_net_t *net);

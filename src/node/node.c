@@ -120,7 +120,7 @@ void kvp__session_fault(kvp_session_t *s, kvp_bye_reason_t reason, const char *w
         return;
     if (reason == KVP_BYE_PROTOCOL)
         n->st.protocol_errors++;
-    KVP_LOG_RL(&n->rl_proto, kvp__node_now(n), KVP_LOG_ERROR, n->name,
+    KVP_LOG_RL(&s->rl, kvp__node_now(n), KVP_LOG_ERROR, n->name,
                "peer %s: closing session as fault (%s): %s", s->peer_id,
                kvp_bye_reason_str(reason), why);
     s->closing = true;

@@ -196,6 +196,7 @@ struct kvp_session {
     kvp_list_t srounds, xfers;
     uint32_t xfers_inflight;
     uint64_t last_work_ns;
+    kvp_ratelimit_t rl; /* repeated log lines of this peer */
 };
 
 /* ------------------------------------------------------------------ node */

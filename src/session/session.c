@@ -39,6 +39,7 @@ kvp_status_t kvp__session_create(kvp_node_t *n, kvp_link_t *link, const kvp_msg_
     s->peer_block_size = hello->block_size;
     s->path = n->xport->ops->peer_path(n->xport, s->xpeer);
     s->last_work_ns = kvp__node_now(n);
+    kvp_ratelimit_init(&s->rl, KVP_NSEC_PER_SEC, 5);
     kvp_list_init(&s->active_link);
     kvp_list_init(&s->flush_link);
     kvp_list_init(&s->lookups_queued);

@@ -568,6 +568,27 @@ static void test_tcp_slow_reader(void **state)
     env_free(e);
 }
 
+/* A client that connects and never says HELLO is closed at the handshake
+ * deadline, counted, without any callback. */
+static void test_tcp_handshake_timeout(void **state)
+{
+    env_t *e = env_new();
+    uint64_t hs = kvp_test_scaled_ns(200 * MS);
+    e->a.cfg.handshake_timeout_ns = hs;
+    tn_start(&e->a);
+    raw_t *r = raw_connect(kvp_ctl_peer_id(e->a.ctl));
+    uint64_t t0 = now_ns();
+    assert_int_equal(raw_drain(r, e->loop), -1); /* our HELLO, then EOF: no BYE, no ack */
+    uint64_t took = now_ns() - t0;
+    assert_true(r->eof);
+    assert_true(took >= hs - 5 * MS && took < hs + kvp_test_scaled_ns(500 * MS));
+    assert_int_equal(r->acks_seen, 0);
+    assert_int_equal(tn_stats(&e->a).handshakes_timed_out, 1);
+    assert_int_equal(e->a.ready + e->a.down, 0);
+    raw_close(r);
+    env_free(e);
+}
+
 static void test_tcp_ipv6(void **state)
 {
     env_t *e = env_new();
@@ -601,6 +622,7 @@ int main(void)
         cmocka_unit_test(test_tcp_session_cap),
         cmocka_unit_test(test_tcp_garbage),
         cmocka_unit_test(test_tcp_slow_reader),
+        cmocka_unit_test(test_tcp_handshake_timeout),
         cmocka_unit_test(test_tcp_ipv6),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
