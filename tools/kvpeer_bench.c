@@ -33,7 +33,7 @@ static const char *g_bench_help =
     "  --region SIZE      bytes per node region (default 1G > the LLC; quick 128M)\n"
     "  --sizes LIST       block sizes (default 16K,256K,2M)\n"
     "  --runs N           alternating runs per series (default 3)\n"
-    "  --run-secs S       time budget of one e2e run (default 4; quick 0.5)\n"
+    "  --run-secs S       time budget of one e2e run (default 4; quick 0.4)\n"
     "  --request SIZE     bytes per fetch request (default 32M; quick 4M)\n"
     "  --path shm|tcp|both  data paths (default both)\n"
     "  --no-perftest      skip ucx_perftest\n"
@@ -140,7 +140,7 @@ static int bench_parse(int argc, char **argv, bench_opts_t *o)
     if (optind < argc)
         return bench_bad("unexpected argument", argv[optind]);
     o->region = region ? region : o->quick ? (128ull << 20) : (1ull << 30);
-    o->run_secs = secs > 0 ? secs : o->quick ? 0.5 : 4.0;
+    o->run_secs = secs > 0 ? secs : o->quick ? 0.4 : 4.0;
     if (o->quick && !req_given)
         o->request_bytes = 4ull << 20;
     o->lookups = o->quick ? 100 : 400;
@@ -500,16 +500,21 @@ int cli_cmd_bench(int argc, char **argv)
         fprintf(stderr, "kvpeer bench: cannot create %s\n", o.out);
         return CLI_EXIT_FAIL;
     }
+    uint64_t ts = cli_now_ns();
     run_e2e(&o, &t);
-    fprintf(stderr, "  memcpy...\n");
+    fprintf(stderr, "  [e2e %.1f s] memcpy...\n", (double)(cli_now_ns() - ts) / 1e9);
+    ts = cli_now_ns();
     bench_memcpy(&o, &t);
+    fprintf(stderr, "  [memcpy %.1f s]\n", (double)(cli_now_ns() - ts) / 1e9);
+    ts = cli_now_ns();
     if (o.perftest) {
-        fprintf(stderr, "  ucx_perftest...\n");
         bench_perftest(&o, &t);
+        fprintf(stderr, "  [ucx_perftest %.1f s]\n", (double)(cli_now_ns() - ts) / 1e9);
     }
+    ts = cli_now_ns();
     if (o.raw) {
-        fprintf(stderr, "  raw ucx ceiling...\n");
         bench_raw_ucx(&o, &t);
+        fprintf(stderr, "  [raw ucx ceiling %.1f s]\n", (double)(cli_now_ns() - ts) / 1e9);
     } else {
         snprintf(t.raw_note, sizeof(t.raw_note), "raw ceiling: skipped (--no-raw)");
     }

@@ -227,6 +227,10 @@ int kvpd_http_start(kvpd_t *d)
     snprintf(d->http_addr, sizeof(d->http_addr), "%s:%u", host[0] ? host : "0.0.0.0",
              info ? (unsigned)info->port : 0u);
     kvpd_log(KVPD_LOG_INFO, "http_up", "http=%s admin=%d", d->http_addr, d->set.admin ? 1 : 0);
+    if (d->set.admin && strncmp(host, "127.", 4) != 0 && strcmp(host, "localhost") != 0)
+        kvpd_log(KVPD_LOG_WARN, "admin_exposed",
+                 "http=%s note=\"the admin API (put/corrupt/peer) is reachable off-host\"",
+                 d->http_addr);
     return 0;
 }
 

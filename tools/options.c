@@ -387,7 +387,7 @@ static int scan_flags(int argc, char **argv, flag_val_t *fv, int *nfv, int *help
             continue;
         }
         if (strncmp(a, "--", 2) != 0) {
-            fprintf(err, "kvpeerd: unexpected argument '%s' (options are --name value)\n", a);
+            fprintf(err, "kvpeerd: unexpected argument '%s' (options are --option value)\n", a);
             return -1;
         }
         const char *name = a + 2, *eq = strchr(name, '=');
@@ -616,11 +616,14 @@ void kvpd_settings_help(FILE *out)
     char v[512];
     kvpd_settings_init(&d);
     fprintf(out,
-            "usage: kvpeerd [--config FILE] [--name value | --name=value]... [--help] "
+            "usage: kvpeerd [--config FILE] [--option value | --option=value]... [--help] "
             "[--print-config]\n\n"
             "A kvpeer node as a daemon. Every option can also be set in the INI config file\n"
             "(key = option name, sections optional) or as KVPEER_<NAME> in the environment.\n"
-            "Precedence: defaults < config file < environment < flags. Durations in ms.\n\n");
+            "Precedence: defaults < config file < environment < flags. Durations in ms.\n"
+            "In flags and file keys '-' and '_' are the same (--block-size = block_size).\n"
+            "Exit codes: 0 clean shutdown (SIGINT/SIGTERM, after the bounded drain),\n"
+            "1 start-up failure, 2 bad configuration.\n\n");
     for (size_t i = 0; i < N_OPTS; i++) {
         opt_value_text(&d, &opts[i], v, sizeof(v));
         fprintf(out, "  --%-28s %s (default: %s)\n", opts[i].name, opts[i].doc,

@@ -342,38 +342,59 @@ static bool ucx_post_done(ucx_xfer_t *r, ucs_status_ptr_t sp)
     return true; /* completed in place (direct shm put) */
 }
 
-static kvp_status_t ucx_write(kvp_xport_t *xp, kvp_xpeer_id_t peer, const kvp_xfer_block_t *blocks,
-                              size_t n, kvp_xfer_id_t *out)
+/* One ucp_put_nbx per run of adjacent (src, dst) slots; stops at the first
+ * refusal. Returns how many puts reached UCX. */
+static size_t ucx_post_puts(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r,
+                            const kvp_xfer_block_t *blocks, size_t n, const ucp_request_param_t *prm)
 {
-    ucx_xport_t *x = ucx_of(xp);
-    ucx_peer_t *p = ucx_peer_find(x, peer);
+    const size_t bs = x->layout.block_size;
     size_t posted = 0;
 
-    if (!blocks || n == 0 || !out)
-        return KVP_ERR_INVALID;
-    if (!p)
-        return KVP_ERR_NOT_FOUND;
-    kvp_status_t st = ucx_write_check(x, p, blocks, n);
-    if (st != KVP_OK)
-        return st;
-    ucx_xfer_t *r = ucx_xfer_get(x, p);
-    if (!r)
-        return KVP_ERR_LIMIT;
-    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
-                               .cb.send = ucx_req_cb,
-                               .user_data = r};
-    const size_t bs = x->layout.block_size;
     for (size_t i = 0; i < n;) {
-        size_t run = 1; /* coalesce adjacent (src, dst) slots into one put */
+        size_t run = 1;
         while (i + run < n && blocks[i + run].src_slot == blocks[i].src_slot + run &&
                blocks[i + run].dst_slot == blocks[i].dst_slot + run)
             run++;
         const uint8_t *src = (const uint8_t *)x->region + (size_t)blocks[i].src_slot * bs;
         uint64_t dst = p->rbase + (uint64_t)blocks[i].dst_slot * bs;
-        if (!ucx_post_done(r, ucp_put_nbx(p->ep, src, run * bs, dst, p->rkey, &prm)))
+        if (!ucx_post_done(r, ucp_put_nbx(p->ep, src, run * bs, dst, p->rkey, prm)))
             break;
         posted++;
         i += run;
+    }
+    return posted;
+}
+
+static kvp_status_t ucx_write(kvp_xport_t *xp, kvp_xpeer_id_t peer, const kvp_xfer_block_t *blocks,
+                              size_t n, kvp_xfer_id_t *out)
+{
+    ucx_xport_t *x = ucx_of(xp);
+    ucx_peer_t *p = ucx_peer_find(x, peer);
+
+    if (!blocks || n == 0 || !out)
+        return KVP_ERR_INVALID;
+    if (!p)
+        return KVP_ERR_NOT_FOUND;
+    kvp_status_t st = ucx_write_check(x, p, blocks, n); /* every index, before any put */
+    if (st != KVP_OK)
+        return st;
+    ucx_xfer_t *r = ucx_xfer_get(x, p);
+    if (!r)
+        return KVP_ERR_LIMIT;
+    /* Linked and biased by one while posting, so a completion UCX might
+     * deliver from inside a later post can never see pending reach 0. */
+    kvp_list_insert_tail(&p->running, &r->link);
+    r->pending = 1;
+    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                               UCP_OP_ATTR_FIELD_USER_DATA,
+                               .cb.send = ucx_req_cb,
+                               .user_data = r};
+    size_t posted = ucx_post_puts(x, p, r, blocks, n, &prm);
+    if (posted > 0) /* the transfer exists; a later refusal makes it FAILED */
+        ucx_post_done(r, ucp_ep_flush_nbx(p->ep, &prm));
+    if (--r->pending == 0 && posted > 0) {
+        kvp_list_remove(&r->link);
+        kvp_list_insert_tail(&p->done, &r->link);
     }
     if (posted == 0) { /* nothing reached UCX: the caller may treat it as never posted */
         KVP_WARN(PFX(x), "peer %llu: put refused: %s", (unsigned long long)peer,
@@ -381,12 +402,9 @@ static kvp_status_t ucx_write(kvp_xport_t *xp, kvp_xpeer_id_t peer, const kvp_xf
         ucx_xfer_put(x, r);
         return KVP_ERR_TRANSPORT;
     }
-    /* Something was posted: the transfer exists; a later refusal makes it FAILED. */
-    ucx_post_done(r, ucp_ep_flush_nbx(p->ep, &prm));
-    kvp_list_insert_tail(r->pending ? &p->running : &p->done, &r->link);
     x->st.writes++;
     x->st.blocks_written += n;
-    x->st.bytes_written += (uint64_t)n * bs;
+    x->st.bytes_written += (uint64_t)n * x->layout.block_size;
     *out = r->id;
     return KVP_OK;
 }

@@ -87,7 +87,7 @@ void kvp__ucx_peer_classify(ucx_xport_t *x, ucx_peer_t *p)
 {
     char *text = NULL;
     size_t tlen = 0;
-    void *ptr;
+    void *ptr = NULL;
     ucx_lane_info_t li;
     FILE *f = open_memstream(&text, &tlen);
 

@@ -46,9 +46,13 @@ static int free_port(void)
 }
 
 static void proc_start(proc_t *p, const char *listen, const char *bs, const char *nb,
-                       const char *tls, const char *hold_ms, const char *dead_ms)
+                       const char *tls, unsigned hold_ms, unsigned dead_ms)
 {
     int in[2], out[2];
+    char hold[32], dead[32];
+    /* every bound scaled by the one test multiplier (sanitizers, loaded CI) */
+    snprintf(hold, sizeof(hold), "%llu", (unsigned long long)scaled_ms(hold_ms));
+    snprintf(dead, sizeof(dead), "%llu", (unsigned long long)scaled_ms(dead_ms));
     assert_int_equal(pipe(in), 0);
     assert_int_equal(pipe(out), 0);
     p->pid = fork();
@@ -60,7 +64,7 @@ static void proc_start(proc_t *p, const char *listen, const char *bs, const char
         close(out[0]);
         if (tls)
             setenv("UCX_TLS", tls, 1);
-        execl(E2E_NODE_PATH, "e2e_node", listen, bs, nb, hold_ms, dead_ms, (char *)NULL);
+        execl(E2E_NODE_PATH, "e2e_node", listen, bs, nb, hold, dead, (char *)NULL);
         _exit(127);
     }
     close(in[0]);
@@ -148,9 +152,9 @@ static void run_three(const char *tls, const char *want_path)
     proc_t a, b, c;
     char r[256];
     const unsigned N = 2000;
-    proc_start(&a, "127.0.0.1:0", "32768", "2048", tls, "120000", "2000");
-    proc_start(&b, "127.0.0.1:0", "32768", "2048", tls, "120000", "2000");
-    proc_start(&c, "127.0.0.1:0", "32768", "2048", tls, "120000", "2000");
+    proc_start(&a, "127.0.0.1:0", "32768", "2048", tls, 120000, 2000);
+    proc_start(&b, "127.0.0.1:0", "32768", "2048", tls, 120000, 2000);
+    proc_start(&c, "127.0.0.1:0", "32768", "2048", tls, 120000, 2000);
     proc_cmd(&a, r, sizeof(r), "put 0 %u", N);
     assert_string_equal(r, "ok 2000\n");
     proc_cmd(&b, r, sizeof(r), "add %s", a.id);
@@ -215,8 +219,8 @@ static void test_F24_sigkill_source_mid_fetch(void **state)
     proc_t a, b;
     char r[256], listen[64];
     snprintf(listen, sizeof(listen), "127.0.0.1:%d", free_port());
-    proc_start(&a, listen, "262144", "1024", "tcp", "3000", "1000");
-    proc_start(&b, "127.0.0.1:0", "262144", "1024", "tcp", "3000", "1000");
+    proc_start(&a, listen, "262144", "1024", "tcp", 3000, 1000);
+    proc_start(&b, "127.0.0.1:0", "262144", "1024", "tcp", 3000, 1000);
     proc_cmd(&a, r, sizeof(r), "put 0 800");
     proc_cmd(&b, r, sizeof(r), "add %s", a.id);
     assert_string_equal(r, "ok\n");
@@ -233,7 +237,7 @@ static void test_F24_sigkill_source_mid_fetch(void **state)
     if (l.status != 0) /* it may have finished before the kill landed */
         assert_true(dt <= scaled_ms(1000)); /* within dead-after; EOF makes it ms */
     expect_verify(&b, 0, 800, UINT32_MAX);
-    proc_start(&a, listen, "262144", "1024", "tcp", "3000", "1000"); /* same peer id */
+    proc_start(&a, listen, "262144", "1024", "tcp", 3000, 1000); /* same peer id */
     proc_cmd(&a, r, sizeof(r), "put 1000 50");
     proc_cmd(&b, r, sizeof(r), "add %s", a.id);
     assert_string_equal(r, "ok\n");
@@ -256,8 +260,8 @@ static void test_F27_sigstop_source_mid_shm_write(void **state)
     proc_t a, b;
     char r[256];
     unsigned ready, filling, quar, suspect, pins, retained, force, mism;
-    proc_start(&a, "127.0.0.1:0", "2097152", "256", NULL, "3000", "1000");
-    proc_start(&b, "127.0.0.1:0", "2097152", "256", NULL, "3000", "1000");
+    proc_start(&a, "127.0.0.1:0", "2097152", "256", NULL, 3000, 1000);
+    proc_start(&b, "127.0.0.1:0", "2097152", "256", NULL, 3000, 1000);
     proc_cmd(&a, r, sizeof(r), "put 0 200");
     proc_cmd(&b, r, sizeof(r), "add %s", a.id);
     expect_path(&b, a.id, "direct-shm");

@@ -407,6 +407,32 @@ static void test_F25_simultaneous_dial(void **state)
     free(w);
 }
 
+/* F13: a lookup never answered (the source went silent): the dead-after
+ * deadline closes the session and the lookup answers MISS, long before any
+ * load timeout. Mutation: no dead-after (the lookup would hang). */
+static void test_F13_lookup_never_answered(void **state)
+{
+    world_t *w = *state = malloc(sizeof(world_t));
+    world_init(w, 2, NULL);
+    world_connect(w, 1, 0);
+    world_put(w, 0, 1, 0);
+    kvp_fake_net_partition(w->net, w->addr[0], w->addr[1], true);
+    wkeys_t ks;
+    uint8_t res[1] = {0xee};
+    wkeys_make(&ks, 1, 1);
+    uint64_t op = do_lookup(w, 1, 0, 1, &ks, res);
+    uint64_t t0 = kvp_clock_now(&w->mc.clock);
+    const kvp_event_t *e = world_wait(w, 1, KVP_EV_LOOKUP, op, 2000 * MS);
+    assert_non_null(e);
+    assert_int_equal(e->status, KVP_ERR_UNREACHABLE);
+    assert_int_equal(res[0], KVP_LOOKUP_MISS);
+    assert_true(kvp_clock_now(&w->mc.clock) - t0 <= (uint64_t)w->cfg[1].dead_after_ms * MS + 20 * MS);
+    assert_non_null(world_event(w, 1, KVP_EV_PEER_DOWN, 0));
+    kvp_fake_net_partition(w->net, w->addr[0], w->addr[1], false);
+    world_fini(w, false);
+    free(w);
+}
+
 static void tweak_idle(kvp_config_t *c, kvp_node_seams_t *s, int i)
 {
     (void)s;
@@ -498,6 +524,7 @@ int main(void)
         cmocka_unit_test_teardown(test_F20_session_and_pin_exhaustion, teardown_free),
         cmocka_unit_test_teardown(test_F21_checksum_mismatch, teardown_free),
         cmocka_unit_test_teardown(test_F25_simultaneous_dial, teardown_free),
+        cmocka_unit_test_teardown(test_F13_lookup_never_answered, teardown_free),
         cmocka_unit_test_teardown(test_idle_session_closed_then_redialled, teardown_free),
         cmocka_unit_test_teardown(test_api_bad_input, teardown_free),
     };
