@@ -53,7 +53,9 @@ bench-e2e: release
 
 # make install PREFIX=/usr/local
 PREFIX ?= /usr/local
-install: release
+install: deps
+	@cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=$(PREFIX) $(CMAKE_FLAGS) >/dev/null
+	@cmake --build build/release -j $(JOBS)
 	cmake --install build/release --prefix $(PREFIX)
 
 # The deterministic simulator: `make sim` runs SEEDS seeds (default 40),

@@ -52,6 +52,10 @@ typedef enum kvp_status {
 /* Static English text for a status; never NULL. */
 KVP_EXPORT const char *kvp_status_str(kvp_status_t status);
 
+/* Library log level: 0 error, 1 warn, 2 info (default), 3 debug, 4 trace.
+ * The environment variable KVPEER_LOG_LEVEL sets it at load time. */
+KVP_EXPORT void kvp_set_log_level(int32_t level);
+
 /* ================================================================== node */
 
 typedef struct kvp_node kvp_node_t;

@@ -270,6 +270,7 @@ typedef struct bg_fetch {
     uint64_t req;
     demo_fetch_t f;
     pthread_t th;
+    bool started;
 } bg_fetch_t;
 
 static void *bg_fetch_run(void *arg)
@@ -294,7 +295,9 @@ static int bg_fetch_start(demo_cluster_t *c, const layout_t *l, int f, int node,
         fprintf(stderr, "kvpeer demo: %s\n", err);
         return -1;
     }
-    pthread_create(&b->th, NULL, bg_fetch_run, b);
+    if (pthread_create(&b->th, NULL, bg_fetch_run, b) != 0)
+        return -1;
+    b->started = true;
     uint64_t deadline = cli_now_ns() + 5000000000ull * c->o->scale;
     while (cli_now_ns() < deadline) {
         if (demo_node_scrape(c, node) == 0 &&
@@ -303,6 +306,15 @@ static int bg_fetch_start(demo_cluster_t *c, const layout_t *l, int f, int node,
         cli_sleep_ms(2);
     }
     return -1; /* the caller still joins the thread */
+}
+
+static void bg_fetch_join(bg_fetch_t *b)
+{
+    if (b->started)
+        pthread_join(b->th, NULL);
+    b->started = false;
+    if (!b->f.ok_http && b->f.t_end_ns == 0) /* never ran: no time to measure */
+        b->f.t_end_ns = cli_now_ns();
 }
 
 static double ms_since(uint64_t t0, uint64_t t1)
@@ -378,7 +390,7 @@ static void phase_kill(demo_cluster_t *c, const layout_t *l, demo_result_t *r)
     uint64_t t_kill = cli_now_ns();
     cli_kill_reap(a->pid);
     a->pid = -1;
-    pthread_join(b.th, NULL);
+    bg_fetch_join(&b);
     r->kill_to_fail_ms = ms_since(t_kill, b.f.t_end_ns);
     demo_check(r, rc == 0 && load_failed(&b.f), "SIGKILL: C's load failed",
                "%s after %.1f ms", b.f.ok_http ? b.f.status : b.f.err, r->kill_to_fail_ms);
@@ -411,7 +423,7 @@ static void phase_stop(demo_cluster_t *c, const layout_t *l, demo_result_t *r)
     uint64_t t_stop = cli_now_ns();
     kill(a->pid, SIGSTOP);
     a->stopped = true;
-    pthread_join(b.th, NULL);
+    bg_fetch_join(&b);
     r->stop_to_fail_ms = ms_since(t_stop, b.f.t_end_ns);
     check_quarantined(c, NODE_B, r, "SIGSTOP: B quarantines the destinations");
     sample_held(c, r);
@@ -439,7 +451,7 @@ static void phase_teardown(demo_cluster_t *c, const layout_t *l, demo_result_t *
     int rc = bg_fetch_start(c, l, 2, NODE_C, &b, r);
     uint64_t t_rm = cli_now_ns();
     int prc = demo_peer_op(cn, "remove", c->n[NODE_A].ctl, err, sizeof(err));
-    pthread_join(b.th, NULL);
+    bg_fetch_join(&b);
     r->remove_to_fail_ms = ms_since(t_rm, b.f.t_end_ns);
     check_quarantined(c, NODE_C, r, "teardown: C quarantines the destinations");
     sample_held(c, r);

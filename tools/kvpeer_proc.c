@@ -1,7 +1,8 @@
 /*
  * kvpeer_proc.c -- the kvpeerd children of `kvpeer demo` / `kvpeer bench`.
- * Every child is registered in a fixed table; atexit and the fatal-signal
- * handlers SIGCONT+SIGKILL and reap every registered child, and each child
+ * Every child is registered in a fixed table and leads its own process
+ * group; atexit and the fatal-signal handlers SIGCONT+SIGKILL every
+ * registered child's group and reap the child, and each child
  * also gets PR_SET_PDEATHSIG so even a SIGKILL of the CLI cannot leave a
  * daemon behind. Children are spawned from the main thread only (the death
  * signal is tied to the spawning thread).
@@ -52,6 +53,8 @@ void cli_children_kill_all(void)
     for (int i = 0; i < MAX_CHILDREN; i++) {
         pid_t p = g_children[i];
         if (p > 0) {
+            kill(-p, SIGCONT); /* its process group: helpers it forked too */
+            kill(-p, SIGKILL);
             kill(p, SIGCONT);
             kill(p, SIGKILL);
             while (waitpid(p, NULL, 0) < 0 && errno == EINTR) {
@@ -88,6 +91,7 @@ void cli_children_guard(void)
 static void child_exec(char *const argv[], char *const *envp, int logfd, pid_t parent)
 {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
+    setpgid(0, 0); /* own group, so a kill reaches what the child forks */
     if (getppid() != parent)
         _exit(127); /* the parent already died */
     dup2(logfd, STDOUT_FILENO);
@@ -175,6 +179,8 @@ void cli_kill_reap(pid_t pid)
 {
     if (pid <= 0)
         return;
+    kill(-pid, SIGCONT);
+    kill(-pid, SIGKILL);
     kill(pid, SIGCONT);
     kill(pid, SIGKILL);
     while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {

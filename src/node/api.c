@@ -21,6 +21,12 @@ static kvp_status_t check_peer(const char *peer)
                                                                                : KVP_ERR_INVALID;
 }
 
+KVP_EXPORT void kvp_set_log_level(int32_t level)
+{
+    if (level >= KVP_LOG_ERROR && level <= KVP_LOG_TRACE)
+        kvp_log_set_level((kvp_log_level_t)level);
+}
+
 KVP_EXPORT const char *kvp_node_peer_id(const kvp_node_t *n)
 {
     return n ? n->peer_id : "";

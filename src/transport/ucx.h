@@ -38,7 +38,9 @@
  * fields take the default named in the comment. */
 typedef struct kvp_ucx_config {
     const char *log_prefix;        /* NULL: "ucx"; copied */
-    const kvp_clock_t *clock;      /* NULL: kvp_clock_real(); must outlive the transport */
+    /* NULL: kvp_clock_real(); must outlive the transport. Protocol time only:
+     * UCX's own waits (close) are bounded on the real clock. */
+    const kvp_clock_t *clock;
     /* UCX transports. NULL: UCX_TLS from the environment, else UCX's default.
      * Non-NULL (e.g. "tcp") overrides the environment. */
     const char *tls;
@@ -76,7 +78,9 @@ extern const kvp_xport_ops_t kvp_ucx_xport_ops;
 bool kvp_ucx_peer_same_host(kvp_xport_t *x, kvp_xpeer_id_t peer);
 
 /* The endpoint's lane summary as parsed at add_peer (e.g.
- * "rma(posix/memory) am(sysv/memory) ka(sysv/memory)"), copied into buf
+ * "rma+am+ka(sysv/memory) rma(posix/memory) rkey_ptr=ok": per lane its uses
+ * -- rma, am, ka = keepalive -- and transport; rkey_ptr=ok means the peer's
+ * region is UCX shm we can map, i.e. puts are direct), copied into buf
  * (always NUL-terminated when cap > 0). KVP_ERR_NOT_FOUND for an unknown
  * peer. */
 kvp_status_t kvp_ucx_peer_lanes(kvp_xport_t *x, kvp_xpeer_id_t peer, char *buf, size_t cap);
