@@ -156,6 +156,15 @@ static int demo_parse(int argc, char **argv, demo_opts_t *o)
     o->blocks = blocks ? blocks : o->quick ? 512 : 4096;
     o->fault_blocks = o->quick ? 32 : 128;
     o->parked_blocks = 8;
+    /* three regions must fit comfortably in this machine's memory */
+    double need = 3.0 * demo_node_slots(o) * o->block_size;
+    double phys = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    if (phys > 0 && need > phys / 2) {
+        fprintf(stderr, "kvpeer demo: three regions of %u x %u B need %.1f GiB, more than half "
+                "of this machine's %.1f GiB; lower --blocks or --block-size\n",
+                demo_node_slots(o), o->block_size, need / 1073741824.0, phys / 1073741824.0);
+        return CLI_EXIT_USAGE;
+    }
     o->scale = cli_time_scale();
     timeouts_init(o);
     cli_find_kvpeerd(kvpeerd, o->kvpeerd, sizeof(o->kvpeerd));
@@ -603,18 +612,35 @@ static void remove_logdir(const demo_cluster_t *c, const demo_opts_t *o)
     rmdir(o->logdir);
 }
 
+/* Start the three nodes and wait for B->A and C->A sessions. Free ports are
+ * picked, closed, then bound by the daemons: another process may take one in
+ * between, so a failed start is retried with fresh ports. */
+static int cluster_up(demo_cluster_t *c, const demo_opts_t *o)
+{
+    int up_ms = 15000 * (int)o->scale;
+    for (int attempt = 0; attempt < 3; attempt++) {
+        if (attempt > 0) {
+            demo_say("[start] attempt %d failed (see the node logs); retrying with new ports",
+                     attempt);
+            demo_cluster_free(c);
+        }
+        if (demo_cluster_start(c, o) != 0)
+            continue;
+        bool up = true;
+        for (int i = 0; i < DEMO_NODES && up; i++)
+            up = demo_node_wait_up(c, i, up_ms) == 0;
+        if (up && demo_wait_peer_ready(c, NODE_B, c->n[NODE_A].ctl, up_ms) == 0 &&
+            demo_wait_peer_ready(c, NODE_C, c->n[NODE_A].ctl, up_ms) == 0)
+            return 0;
+    }
+    return -1;
+}
+
 static int run_scenario(demo_cluster_t *c, const demo_opts_t *o, const layout_t *l,
                         demo_result_t *r)
 {
     char err[256];
-    int up_ms = 15000 * (int)o->scale;
-    if (demo_cluster_start(c, o) != 0)
-        return -1;
-    for (int i = 0; i < DEMO_NODES; i++)
-        if (demo_node_wait_up(c, i, up_ms) != 0)
-            return -1;
-    if (demo_wait_peer_ready(c, NODE_B, c->n[NODE_A].ctl, up_ms) != 0 ||
-        demo_wait_peer_ready(c, NODE_C, c->n[NODE_A].ctl, up_ms) != 0)
+    if (cluster_up(c, o) != 0)
         return -1;
     demo_say("[start] A %s (http %s)  B %s (http %s)  C %s (http %s); logs in %s", c->n[0].ctl,
              c->n[0].http, c->n[1].ctl, c->n[1].http, c->n[2].ctl, c->n[2].http, o->logdir);

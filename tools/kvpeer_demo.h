@@ -87,6 +87,8 @@ typedef struct demo_result {
 } demo_result_t;
 
 /* ---- cluster (kvpeer_demo_nodes.c) ---- */
+/* Slots of each node's region for these options. */
+uint32_t demo_node_slots(const demo_opts_t *o);
 int demo_cluster_start(demo_cluster_t *c, const demo_opts_t *o);
 int demo_node_start(demo_cluster_t *c, int i);
 int demo_node_wait_up(demo_cluster_t *c, int i, int timeout_ms);

@@ -49,7 +49,7 @@ static void argv_add(argv_buf_t *a, const char *fmt, ...)
 
 /* Slots per node: everything A ever holds, or everything a consumer
  * fetches, plus room for the quarantined slots of the faults. */
-static uint32_t node_slots(const demo_opts_t *o)
+uint32_t demo_node_slots(const demo_opts_t *o)
 {
     return o->blocks + o->blocks / 8 + 4 * (o->fault_blocks + o->parked_blocks) + 64;
 }
@@ -65,7 +65,7 @@ static void build_argv(const demo_cluster_t *c, int i, argv_buf_t *a)
     argv_add(a, "--http=%s", n->http);
     argv_add(a, "--admin");
     argv_add(a, "--name=%c", n->name);
-    argv_add(a, "--num-blocks=%u", node_slots(o));
+    argv_add(a, "--num-blocks=%u", demo_node_slots(o));
     argv_add(a, "--block-size=%u", o->block_size);
     if (i != 0) /* consumers dial the source */
         argv_add(a, "--peers=%s", c->n[0].ctl);

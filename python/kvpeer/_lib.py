@@ -239,6 +239,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     u32p = POINTER(c_uint32)
     protos = {
         "kvp_status_str": (c_char_p, [c_int32]),
+        "kvp_set_log_level": (None, [c_int32]),
         "kvp_config_init": (None, [POINTER(kvp_config_t)]),
         "kvp_node_create": (st, [POINTER(kvp_config_t), POINTER(c_void_p)]),
         "kvp_node_destroy": (None, [node_p]),
