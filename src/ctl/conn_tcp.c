@@ -15,6 +15,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
@@ -73,6 +74,11 @@ kvp_status_t kvp_tcp_parse_addr(const char *addr, void *ss, unsigned *sslen)
         host[colon - addr] = '\0';
         port = colon + 1;
     }
+    /* getaddrinfo wraps a port over 65535 silently: check it ourselves. */
+    char *end = NULL;
+    unsigned long pn = strtoul(port, &end, 10);
+    if (!*port || *end != '\0' || pn > 65535)
+        return KVP_ERR_INVALID;
     struct addrinfo hints, *res = NULL;
     memset(&hints, 0, sizeof(hints));
     hints.ai_family = AF_UNSPEC;
