@@ -15,8 +15,9 @@
  *   ours  : kvpeer's UCX backend, write(D blocks) -> poll until DONE
  *   raw   : the same puts on the same regions with bare ucp_put_nbx + one
  *           ucp_ep_flush_nbx, none of our bookkeeping (the ceiling)
- * interleaved batch by batch (each timed on its own, so both see the same
- * load on this shared VM), --reps times; medians and ours/raw are printed. Then
+ * interleaved batch by batch, alternating who goes first, each timed on its
+ * own (wall clock and producer-thread CPU time), so both see the same load
+ * on this shared VM; --reps times; medians and ours/raw are printed. Then
  * `ucx_perftest -t ucp_put_bw` at the same sizes (server + client on
  * 127.0.0.1; on shm it reuses one cached destination buffer, so it is not a
  * ceiling for slot-cycled traffic) and a single-thread cold memcpy.
@@ -49,8 +50,8 @@ typedef struct opts {
     bool shm, tcp;
 } opts_t;
 
-static opts_t O = {.perftest = true, .region = 256ull << 20, .reps = 3, .secs = 0.3, .shm = true,
-                   .tcp = true};
+static opts_t O = {
+    .perftest = true, .region = 256ull << 20, .reps = 5, .secs = 0.2, .shm = true, .tcp = true};
 
 static double now_s(void)
 {
@@ -59,7 +60,15 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static void die(const char *what)
+/* This thread's CPU time: immune to being descheduled on the shared VM. */
+static double cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+__attribute__((noreturn)) static void die(const char *what)
 {
     fprintf(stderr, "ucx_bench: %s\n", what);
     exit(1);
@@ -190,7 +199,6 @@ static void raw_open(raw_t *r, const char *tls, const void *blob, size_t len)
     if (ucp_ep_rkey_unpack(r->ep, bp.rkey, &r->rkey) != UCS_OK)
         die("rkey_unpack");
     r->rbase = bp.region_base;
-
 }
 
 static void raw_wait(raw_t *r, void *req)
@@ -250,8 +258,8 @@ static void batch_ours(kvp_xport_t *x, kvp_xpeer_id_t peer, uint32_t bs, uint32_
 
     for (uint32_t i = 0; i < d; i++, k++)
         for (uint32_t j = 0; j < per; j++)
-            g_blocks[nblk++] = (kvp_xfer_block_t){blk_src(k, nbb) * per + j, 0,
-                                                  blk_dst(k, nbb) * per + j, 0};
+            g_blocks[nblk++] =
+                (kvp_xfer_block_t){blk_src(k, nbb) * per + j, 0, blk_dst(k, nbb) * per + j, 0};
     if (x->ops->write(x, peer, g_blocks, nblk, &id) != KVP_OK)
         die("write");
     while (x->ops->poll(x, peer, &res, 1, &n) == KVP_OK && n == 0)
@@ -281,26 +289,40 @@ static void batch_raw(raw_t *r, const uint8_t *src, uint32_t bs, uint32_t d, uin
  * machine load (this VM is shared and noisy). Their cursors sit half a
  * region apart so neither reads what the other just left in cache.
  * secs == 0: exactly one pass over the region each (warm-up). */
-static void run_pair(kvp_xport_t *x, kvp_xpeer_id_t peer, raw_t *r, const uint8_t *src,
-                     uint32_t bs, uint32_t d, double secs, double *ours, double *raw)
+typedef struct pair_res {
+    double ours, raw;         /* GB/s on the wall clock */
+    double ours_cpu, raw_cpu; /* GB/s per second of producer-thread CPU */
+} pair_res_t;
+
+static void run_pair(kvp_xport_t *x, kvp_xpeer_id_t peer, raw_t *r, const uint8_t *src, uint32_t bs,
+                     uint32_t d, double secs, pair_res_t *res)
 {
     uint32_t nbb = (uint32_t)(O.region / bs);
     uint64_t ko = 0, kr = nbb / 2, bytes = 0;
-    double to = 0, tr = 0, t0 = now_s();
+    double to = 0, tr = 0, co = 0, cr = 0, t0 = now_s();
 
-    do {
-        double a = now_s();
-        batch_ours(x, peer, bs, d, ko);
-        double b = now_s();
-        batch_raw(r, src, bs, d, kr);
-        tr += now_s() - b;
-        to += b - a;
+    for (uint64_t it = 0;; it++) {
+        /* alternate who goes first: no systematic order bias */
+        for (int side = 0; side < 2; side++) {
+            bool ours = (side == 0) == (it % 2 == 0);
+            double a = now_s(), ca = cpu_s();
+            if (ours)
+                batch_ours(x, peer, bs, d, ko);
+            else
+                batch_raw(r, src, bs, d, kr);
+            *(ours ? &to : &tr) += now_s() - a;
+            *(ours ? &co : &cr) += cpu_s() - ca;
+        }
         ko += d;
         kr += d;
         bytes += (uint64_t)d * bs;
-    } while (secs > 0 ? now_s() - t0 < 2 * secs : ko < nbb);
-    *ours = (double)bytes / to / 1e9;
-    *raw = (double)bytes / tr / 1e9;
+        if (secs > 0 ? now_s() - t0 >= 2 * secs : ko >= nbb)
+            break;
+    }
+    res->ours = (double)bytes / to / 1e9;
+    res->raw = (double)bytes / tr / 1e9;
+    res->ours_cpu = (double)bytes / co / 1e9;
+    res->raw_cpu = (double)bytes / cr / 1e9;
 }
 
 static int cmp_d(const void *a, const void *b)
@@ -342,9 +364,10 @@ static double perftest(const char *tls, size_t size, int outstanding)
     struct timespec ts = {0, 300000000};
     nanosleep(&ts, NULL);
     char cmd[512];
-    snprintf(cmd, sizeof(cmd),
-             "%s%s ucx_perftest 127.0.0.1 -p %s -t ucp_put_bw -s %s -n %s -w %s -O %s -f 2>/dev/null",
-             tls[0] ? "UCX_TLS=" : "", tls, port, sz, iters, warm, out);
+    snprintf(
+        cmd, sizeof(cmd),
+        "%s%s ucx_perftest 127.0.0.1 -p %s -t ucp_put_bw -s %s -n %s -w %s -O %s -f 2>/dev/null",
+        tls[0] ? "UCX_TLS=" : "", tls, port, sz, iters, warm, out);
     FILE *p = popen(cmd, "r");
     while (p && fgets(line, sizeof(line), p)) {
         double it, p50, avg, ov, bw_avg, bw_ov;
@@ -395,7 +418,7 @@ static void bench_path(int sock, const char *path, const char *tls, const uint32
 {
     cmd_t c = {.op = 1, .block_size = SLOT};
     uint8_t blob[KVP_UCX_BLOB_MAX];
-    uint32_t len;
+    uint32_t len = 0;
     void *src;
     kvp_xpeer_id_t peer;
     raw_t raw;
@@ -412,19 +435,24 @@ static void bench_path(int sock, const char *path, const char *tls, const uint32
     kvp_ucx_peer_lanes(x, peer, lanes, sizeof(lanes));
     raw_open(&raw, tls, blob, len);
     double t0 = now_s(); /* one pass each: our mapping and raw's mapping of the target */
-    double wo, wr;
-    run_pair(x, peer, &raw, src, 2u << 20, 64, 0, &wo, &wr);
+    pair_res_t w;
+    run_pair(x, peer, &raw, src, 2u << 20, 64, 0, &w);
     fprintf(stderr, "  [%s: warm-up passes %.1f s (first touch: ours %.2f GB/s, raw %.2f GB/s)]\n",
-            path, now_s() - t0, wo, wr);
+            path, now_s() - t0, w.ours, w.raw);
     for (int si = 0; si < ns; si++)
         for (int di = 0; di < nd; di++) {
-            double ours[16], rawv[16];
+            double o[16], rw[16], oc[16], rc[16];
             uint32_t bs = sizes[si], d = depths[di];
-            for (int r = 0; r < O.reps; r++)
-                run_pair(x, peer, &raw, src, bs, d, O.secs, &ours[r], &rawv[r]);
-            double mo = median(ours, O.reps), mr = median(rawv, O.reps);
-            printf("%-4s %5u KiB  D=%-3u  ours %7.2f GB/s  raw %7.2f GB/s  ours/raw %.3f   [%s]\n",
-                   path, bs / 1024, d, mo, mr, mo / mr,
+            for (int r = 0; r < O.reps; r++) {
+                pair_res_t pr;
+                run_pair(x, peer, &raw, src, bs, d, O.secs, &pr);
+                o[r] = pr.ours, rw[r] = pr.raw, oc[r] = pr.ours_cpu, rc[r] = pr.raw_cpu;
+            }
+            double mo = median(o, O.reps), mr = median(rw, O.reps);
+            double moc = median(oc, O.reps), mrc = median(rc, O.reps);
+            printf("%-4s %5u KiB  D=%-3u  ours %6.2f GB/s  raw %6.2f GB/s  ours/raw %.3f  |  "
+                   "per CPU-s: ours %6.2f raw %6.2f ratio %.3f  [%s]\n",
+                   path, bs / 1024, d, mo, mr, mo / mr, moc, mrc, moc / mrc,
                    kvp_data_path_str(x->ops->peer_path(x, peer)));
             fflush(stdout);
         }
@@ -439,29 +467,37 @@ static void bench_path(int sock, const char *path, const char *tls, const uint32
 
 static void parse(int argc, char **argv)
 {
-    static const struct option lo[] = {{"quick", 0, 0, 'q'},       {"region-mib", 1, 0, 'r'},
-                                       {"reps", 1, 0, 'n'},        {"secs", 1, 0, 's'},
-                                       {"path", 1, 0, 'p'},        {"no-perftest", 0, 0, 'P'},
-                                       {0, 0, 0, 0}};
+    static const struct option lo[] = {
+        {"quick", 0, 0, 'q'}, {"region-mib", 1, 0, 'r'},  {"reps", 1, 0, 'n'}, {"secs", 1, 0, 's'},
+        {"path", 1, 0, 'p'},  {"no-perftest", 0, 0, 'P'}, {0, 0, 0, 0}};
     int ch;
     while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
         switch (ch) {
         case 'q':
             O.quick = true;
             O.region = 128ull << 20;
-            O.reps = 2;
-            O.secs = 0.12;
+            O.reps = 3;
+            O.secs = 0.1;
             break;
-        case 'r': O.region = strtoull(optarg, NULL, 10) << 20; break;
-        case 'n': O.reps = atoi(optarg); break;
-        case 's': O.secs = atof(optarg); break;
+        case 'r':
+            O.region = strtoull(optarg, NULL, 10) << 20;
+            break;
+        case 'n':
+            O.reps = atoi(optarg);
+            break;
+        case 's':
+            O.secs = atof(optarg);
+            break;
         case 'p':
             O.shm = !strcmp(optarg, "shm") || !strcmp(optarg, "both");
             O.tcp = !strcmp(optarg, "tcp") || !strcmp(optarg, "both");
             break;
-        case 'P': O.perftest = false; break;
-        default: die("usage: ucx_bench [--quick] [--region-mib N] [--reps N] [--secs S] "
-                     "[--path shm|tcp|both] [--no-perftest]");
+        case 'P':
+            O.perftest = false;
+            break;
+        default:
+            die("usage: ucx_bench [--quick] [--region-mib N] [--reps N] [--secs S] "
+                "[--path shm|tcp|both] [--no-perftest]");
         }
     }
     if (O.reps < 1 || O.reps > 16 || O.region < (4ull << 20) || O.region % (2u << 20))

@@ -344,7 +344,7 @@ static void fz_collect(fz_t *z)
 
 static void fz_check(fz_t *z)
 {
-    char why[256];
+    char why[192]; /* fits res->why with its prefix */
     if (kvp_store_check(kvp__node_store(z->node), why, sizeof(why)) != KVP_OK)
         fz_fail(z, "store check: %s", why);
     const kvp_fake_violation_t *v;

@@ -350,17 +350,32 @@ KVP_EXPORT kvp_status_t kvp_node_stats(kvp_node_t *n, kvp_stats_t *out)
     return kvp__node_exec(n, do_stats, out);
 }
 
-typedef struct held_args {
-    kvp_held_item_t *out;
+/* Arguments of the inspection calls that fill a caller's array. */
+typedef struct list_args {
+    void *out;
     uint32_t cap, n;
-} held_args_t;
+} list_args_t;
+typedef list_args_t held_args_t;
+
+/* Run a list-filling command; *n_out written only on success. */
+static kvp_status_t exec_list(kvp_node_t *n, kvp_status_t (*fn)(kvp_node_t *, void *), void *out,
+                              uint32_t cap, uint32_t *n_out)
+{
+    if (n == NULL || (out == NULL && cap > 0) || n_out == NULL)
+        return KVP_ERR_INVALID;
+    list_args_t a = {out, cap, 0};
+    kvp_status_t st = kvp__node_exec(n, fn, &a);
+    if (st == KVP_OK)
+        *n_out = a.n;
+    return st;
+}
 
 static void held_add(kvp_node_t *n, held_args_t *a, int kind, uint32_t slot, uint64_t id,
                      uint64_t since, const char *peer)
 {
     if (a->n >= a->cap)
         return;
-    kvp_held_item_t *h = &a->out[a->n++];
+    kvp_held_item_t *h = &((kvp_held_item_t *)a->out)[a->n++];
     h->kind = kind;
     h->slot = slot;
     h->id = id;
@@ -407,30 +422,19 @@ static kvp_status_t do_held(kvp_node_t *n, void *arg)
 KVP_EXPORT kvp_status_t kvp_node_held(kvp_node_t *n, kvp_held_item_t *out, uint32_t cap,
                                       uint32_t *n_out)
 {
-    if (n == NULL || (out == NULL && cap > 0) || n_out == NULL)
-        return KVP_ERR_INVALID;
-    held_args_t a = {out, cap, 0};
-    kvp_status_t st = kvp__node_exec(n, do_held, &a);
-    if (st == KVP_OK)
-        *n_out = a.n;
-    return st;
+    return exec_list(n, do_held, out, cap, n_out);
 }
-
-typedef struct peers_args {
-    kvp_peer_info_t *out;
-    uint32_t cap, n;
-} peers_args_t;
 
 static kvp_status_t do_peers(kvp_node_t *n, void *arg)
 {
-    peers_args_t *a = arg;
+    list_args_t *a = arg;
     kvp_list_t *p, *t;
     kvp_list_foreach_safe(p, t, &n->sessions)
     {
         kvp_session_t *s = KVP_CONTAINER_OF(p, kvp_session_t, node_link);
         if (a->n >= a->cap)
             break;
-        kvp_peer_info_t *pi = &a->out[a->n++];
+        kvp_peer_info_t *pi = &((kvp_peer_info_t *)a->out)[a->n++];
         memset(pi, 0, sizeof(*pi));
         snprintf(pi->peer, sizeof(pi->peer), "%s", s->peer_id);
         snprintf(pi->instance, sizeof(pi->instance), "%s", s->instance_id);
@@ -448,11 +452,5 @@ static kvp_status_t do_peers(kvp_node_t *n, void *arg)
 KVP_EXPORT kvp_status_t kvp_node_peers(kvp_node_t *n, kvp_peer_info_t *out, uint32_t cap,
                                        uint32_t *n_out)
 {
-    if (n == NULL || (out == NULL && cap > 0) || n_out == NULL)
-        return KVP_ERR_INVALID;
-    peers_args_t a = {out, cap, 0};
-    kvp_status_t st = kvp__node_exec(n, do_peers, &a);
-    if (st == KVP_OK)
-        *n_out = a.n;
-    return st;
+    return exec_list(n, do_peers, out, cap, n_out);
 }

@@ -39,7 +39,8 @@ static ucx_peer_t *ucx_peer_find(ucx_xport_t *x, kvp_xpeer_id_t id)
 {
     kvp_list_t *pos, *tmp;
 
-    kvp_list_foreach_safe(pos, tmp, &x->peers) {
+    kvp_list_foreach_safe(pos, tmp, &x->peers)
+    {
         ucx_peer_t *p = KVP_CONTAINER_OF(pos, ucx_peer_t, link);
         if (p->id == id)
             return p;
@@ -131,7 +132,7 @@ static void ucx_req_cb(void *req, ucs_status_t status, void *user_data)
         kvp_list_insert_tail(&r->peer->done, &r->link);
     } else if (r->where == XF_DETACHED) {
         ucx_xfer_put(r->x, r); /* tracking was released earlier */
-    } /* RETIRED stays on x->retired; poll_retired finds pending == 0 */
+    }                          /* RETIRED stays on x->retired; poll_retired finds pending == 0 */
 }
 
 /* Release tracking of `r` now; if UCX still owns requests the record waits
@@ -193,7 +194,8 @@ static bool ucx_closing_reap(ucx_xport_t *x)
     kvp_list_t *pos, *tmp;
     bool any = false;
 
-    kvp_list_foreach_safe(pos, tmp, &x->closing) {
+    kvp_list_foreach_safe(pos, tmp, &x->closing)
+    {
         ucx_peer_t *p = KVP_CONTAINER_OF(pos, ucx_peer_t, link);
         if (p->close_req) {
             if (ucp_request_check_status(p->close_req) == UCS_INPROGRESS)
@@ -214,7 +216,8 @@ static bool ucx_zombies_reap(ucx_xport_t *x)
     kvp_list_t *pos, *tmp;
     bool any = false;
 
-    kvp_list_foreach_safe(pos, tmp, &x->zombies) {
+    kvp_list_foreach_safe(pos, tmp, &x->zombies)
+    {
         ucx_peer_t *p = KVP_CONTAINER_OF(pos, ucx_peer_t, link);
         if (p->refs == 0) {
             ucx_peer_start_close(x, p, false);
@@ -283,8 +286,8 @@ static kvp_status_t ucx_add_peer(kvp_xport_t *xp, const void *blob, size_t len,
     if (v.layout.num_blocks != expect->num_blocks || v.layout.block_size != expect->block_size ||
         (x->region_kind != REGION_NONE && v.layout.block_size != x->layout.block_size)) {
         KVP_WARN(PFX(x), "peer blob layout %ux%u differs from expected %ux%u (local block %u)",
-                 v.layout.num_blocks, v.layout.block_size, expect->num_blocks,
-                 expect->block_size, x->layout.block_size);
+                 v.layout.num_blocks, v.layout.block_size, expect->num_blocks, expect->block_size,
+                 x->layout.block_size);
         return KVP_ERR_INCOMPATIBLE;
     }
     ucx_peer_t *p = kvp__calloc(1, sizeof(*p));
@@ -345,7 +348,8 @@ static bool ucx_post_done(ucx_xfer_t *r, ucs_status_ptr_t sp)
 /* One ucp_put_nbx per run of adjacent (src, dst) slots; stops at the first
  * refusal. Returns how many puts reached UCX. */
 static size_t ucx_post_puts(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r,
-                            const kvp_xfer_block_t *blocks, size_t n, const ucp_request_param_t *prm)
+                            const kvp_xfer_block_t *blocks, size_t n,
+                            const ucp_request_param_t *prm)
 {
     const size_t bs = x->layout.block_size;
     size_t posted = 0;
@@ -385,8 +389,8 @@ static kvp_status_t ucx_write(kvp_xport_t *xp, kvp_xpeer_id_t peer, const kvp_xf
      * deliver from inside a later post can never see pending reach 0. */
     kvp_list_insert_tail(&p->running, &r->link);
     r->pending = 1;
-    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
-                                               UCP_OP_ATTR_FIELD_USER_DATA,
+    ucp_request_param_t prm = {.op_attr_mask =
+                                   UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
                                .cb.send = ucx_req_cb,
                                .user_data = r};
     size_t posted = ucx_post_puts(x, p, r, blocks, n, &prm);
@@ -423,7 +427,8 @@ static kvp_status_t ucx_poll(kvp_xport_t *xp, kvp_xpeer_id_t peer, kvp_xfer_resu
         return KVP_ERR_INVALID;
     if (!p)
         return KVP_ERR_NOT_FOUND;
-    kvp_list_foreach_safe(pos, tmp, &p->done) {
+    kvp_list_foreach_safe(pos, tmp, &p->done)
+    {
         if (n == cap)
             break;
         ucx_xfer_t *r = KVP_CONTAINER_OF(pos, ucx_xfer_t, link);
@@ -492,8 +497,8 @@ static void ucx_peer_force_ep(ucx_xport_t *x, ucx_peer_t *p)
     void *req = ucp_ep_close_nbx(p->ep, &prm);
     p->ep = NULL;
     /* FORCE completes locally; give UCX a bounded number of turns. */
-    for (int i = 0; UCS_PTR_IS_PTR(req) && i < 100000 &&
-                    ucp_request_check_status(req) == UCS_INPROGRESS; i++)
+    for (int i = 0;
+         UCS_PTR_IS_PTR(req) && i < 100000 && ucp_request_check_status(req) == UCS_INPROGRESS; i++)
         ucp_worker_progress(x->worker);
     if (UCS_PTR_IS_PTR(req)) {
         if (ucp_request_check_status(req) == UCS_INPROGRESS)
@@ -531,7 +536,8 @@ static kvp_status_t ucx_poll_retired(kvp_xport_t *xp, kvp_xfer_result_t *out, si
 
     if (!n_out || (cap && !out))
         return KVP_ERR_INVALID;
-    kvp_list_foreach_safe(pos, tmp, &x->retired) {
+    kvp_list_foreach_safe(pos, tmp, &x->retired)
+    {
         if (n == cap)
             break;
         ucx_xfer_t *r = KVP_CONTAINER_OF(pos, ucx_xfer_t, link);
@@ -563,9 +569,10 @@ static kvp_status_t ucx_force_release_retired(kvp_xport_t *xp, const kvp_xfer_id
         ucx_xfer_t *r = ucx_xfer_find(x, ids[i]);
         if (!r)
             continue;
-        KVP_ERROR(PFX(x), "transfer %llu (peer %llu) force-released with %u UCX request(s) "
-                  "outstanding: its WRITE may still land", (unsigned long long)r->id,
-                  (unsigned long long)r->peer->id, r->pending);
+        KVP_ERROR(PFX(x),
+                  "transfer %llu (peer %llu) force-released with %u UCX request(s) "
+                  "outstanding: its WRITE may still land",
+                  (unsigned long long)r->id, (unsigned long long)r->peer->id, r->pending);
         x->st.force_released++;
         ucx_xfer_detach(x, r);
     }
@@ -653,7 +660,8 @@ static void ucx_get_stats(kvp_xport_t *xp, kvp_xport_stats_t *st)
 
     *st = x->st;
     st->inflight = st->peers = 0;
-    kvp_list_foreach_safe(pos, tmp, &x->peers) {
+    kvp_list_foreach_safe(pos, tmp, &x->peers)
+    {
         ucx_peer_t *p = KVP_CONTAINER_OF(pos, ucx_peer_t, link);
         st->peers++;
         st->inflight += ucx_list_len(&p->running) + ucx_list_len(&p->done);
@@ -670,7 +678,8 @@ static bool ucx_busy(ucx_xport_t *x)
 
     if (!kvp_list_empty(&x->retired) || !kvp_list_empty(&x->detached))
         return true;
-    kvp_list_foreach_safe(pos, tmp, &x->peers) {
+    kvp_list_foreach_safe(pos, tmp, &x->peers)
+    {
         ucx_peer_t *p = KVP_CONTAINER_OF(pos, ucx_peer_t, link);
         if (!kvp_list_empty(&p->running) || !kvp_list_empty(&p->done))
             return true;
@@ -683,7 +692,8 @@ static void ucx_close_all_peers(ucx_xport_t *x)
 {
     kvp_list_t *pos, *tmp;
 
-    kvp_list_foreach_safe(pos, tmp, &x->peers) {
+    kvp_list_foreach_safe(pos, tmp, &x->peers)
+    {
         ucx_peer_t *p = KVP_CONTAINER_OF(pos, ucx_peer_t, link);
         ucx_retire_list(x, &p->running);
         ucx_retire_list(x, &p->done);
@@ -692,7 +702,8 @@ static void ucx_close_all_peers(ucx_xport_t *x)
     }
     /* FORCE: nothing of ours needs flushing (not busy, or forced), and a
      * flush-close would wait on a remote that may never answer. */
-    kvp_list_foreach_safe(pos, tmp, &x->zombies) {
+    kvp_list_foreach_safe(pos, tmp, &x->zombies)
+    {
         ucx_peer_t *p = KVP_CONTAINER_OF(pos, ucx_peer_t, link);
         ucx_peer_force_ep(x, p);
     }
@@ -702,7 +713,8 @@ static void ucx_close_all_peers(ucx_xport_t *x)
     const kvp_clock_t *rc = kvp_clock_real();
     uint64_t deadline = kvp_clock_now(rc) + 2 * KVP_NSEC_PER_SEC;
     while (!kvp_list_empty(&x->zombies) || !kvp_list_empty(&x->closing)) {
-        kvp_list_foreach_safe(pos, tmp, &x->retired) {
+        kvp_list_foreach_safe(pos, tmp, &x->retired)
+        {
             ucx_xfer_t *r = KVP_CONTAINER_OF(pos, ucx_xfer_t, link);
             ucx_xfer_detach(x, r);
         }
@@ -716,14 +728,16 @@ static void ucx_destroy(ucx_xport_t *x)
 {
     kvp_list_t *pos, *tmp;
 
-    kvp_list_foreach_safe(pos, tmp, &x->closing) { /* past the deadline: give up */
+    kvp_list_foreach_safe(pos, tmp, &x->closing)
+    { /* past the deadline: give up */
         ucx_peer_t *p = KVP_CONTAINER_OF(pos, ucx_peer_t, link);
         if (p->close_req)
             ucp_request_free(p->close_req);
         kvp_list_remove(&p->link);
         kvp__free(p);
     }
-    kvp_list_foreach_safe(pos, tmp, &x->zombies) {
+    kvp_list_foreach_safe(pos, tmp, &x->zombies)
+    {
         ucx_peer_t *p = KVP_CONTAINER_OF(pos, ucx_peer_t, link);
         KVP_ERROR(PFX(x), "peer %llu: endpoint still referenced at close; leaking it to UCX",
                   (unsigned long long)p->id);

@@ -37,7 +37,7 @@
  * kvp_ucx_xport_create() only (strings are copied where kept). Zero/NULL
  * fields take the default named in the comment. */
 typedef struct kvp_ucx_config {
-    const char *log_prefix;        /* NULL: "ucx"; copied */
+    const char *log_prefix; /* NULL: "ucx"; copied */
     /* NULL: kvp_clock_real(); must outlive the transport. Protocol time only:
      * UCX's own waits (close) are bounded on the real clock. */
     const kvp_clock_t *clock;
@@ -100,8 +100,8 @@ bool kvp_ucx_region_ucx_allocated(kvp_xport_t *x);
 typedef struct kvp_ucx_blob_parts {
     kvp_layout_t layout;
     uint64_t region_base, region_len;
-    bool ucx_allocated;     /* the region came from UCP_MEM_MAP_ALLOCATE */
-    uint32_t pid;           /* diagnostic only */
+    bool ucx_allocated; /* the region came from UCP_MEM_MAP_ALLOCATE */
+    uint32_t pid;       /* diagnostic only */
     const void *host_id, *worker_addr, *rkey;
     size_t host_id_len, worker_addr_len, rkey_len;
 } kvp_ucx_blob_parts_t;

@@ -28,25 +28,25 @@ enum { REGION_NONE = 0, REGION_UCX, REGION_MMAP, REGION_CALLER };
 typedef struct ucx_peer ucx_peer_t;
 
 typedef struct ucx_xfer {
-    kvp_list_t link;     /* free list, peer->running/done, x->retired, x->detached */
+    kvp_list_t link; /* free list, peer->running/done, x->retired, x->detached */
     kvp_xfer_id_t id;
-    ucx_peer_t *peer;    /* counted in peer->refs while not FREE */
+    ucx_peer_t *peer; /* counted in peer->refs while not FREE */
     struct ucx_xport *x;
-    uint32_t pending;    /* UCX requests still owned by UCX */
+    uint32_t pending; /* UCX requests still owned by UCX */
     uint8_t where;
     ucs_status_t first_err; /* first failed put/flush (or post) */
-    uint64_t err_seq;    /* peer->err_seq when posted */
+    uint64_t err_seq;       /* peer->err_seq when posted */
 } ucx_xfer_t;
 
 struct ucx_peer {
-    kvp_list_t link;     /* x->peers (live), x->zombies (removed), x->closing */
-    kvp_list_t running;  /* LIVE records with pending > 0 */
-    kvp_list_t done;     /* LIVE records with pending == 0, not yet polled */
+    kvp_list_t link;    /* x->peers (live), x->zombies (removed), x->closing */
+    kvp_list_t running; /* LIVE records with pending > 0 */
+    kvp_list_t done;    /* LIVE records with pending == 0, not yet polled */
     struct ucx_xport *x;
     kvp_xpeer_id_t id;
     ucp_ep_h ep;
     ucp_rkey_h rkey;
-    void *close_req;     /* ucp_ep_close_nbx request, owned until complete */
+    void *close_req; /* ucp_ep_close_nbx request, owned until complete */
     uint64_t rbase;
     kvp_layout_t layout;
     uint64_t refs;       /* records (LIVE, RETIRED or DETACHED) pointing here */

@@ -25,7 +25,7 @@ static bool ucx_tl_is_rdma(const char *tl)
 }
 
 typedef struct ucx_lane_info {
-    char tl[8][40];      /* "posix/memory" per lane index */
+    char tl[8][40]; /* "posix/memory" per lane index */
     bool am[8], rma[8], ka[8];
 } ucx_lane_info_t;
 
@@ -64,9 +64,9 @@ static kvp_data_path_t ucx_path_classify(const ucx_lane_info_t *li, bool rkey_pt
     for (int i = 0; i < 8 && off < cap; i++) {
         if (!li->tl[i][0])
             continue;
-        off += (size_t)snprintf(sum + off, cap - off, "%s%s%s%s(%s)", off ? " " : "",
-                                li->rma[i] ? "rma" : "", li->am[i] ? (li->rma[i] ? "+am" : "am") : "",
-                                li->ka[i] ? "+ka" : "", li->tl[i]);
+        off += (size_t)snprintf(
+            sum + off, cap - off, "%s%s%s%s(%s)", off ? " " : "", li->rma[i] ? "rma" : "",
+            li->am[i] ? (li->rma[i] ? "+am" : "am") : "", li->ka[i] ? "+ka" : "", li->tl[i]);
         if (li->rma[i] && ucx_tl_is_rdma(li->tl[i]))
             path = KVP_PATH_RDMA;
         else if (li->rma[i] && ucx_tl_is_shm(li->tl[i]) && rkey_ptr_ok && path == KVP_PATH_UNKNOWN)
@@ -109,11 +109,14 @@ void kvp__ucx_peer_classify(ucx_xport_t *x, ucx_peer_t *p)
     KVP_INFO(PFX(x), "peer %llu: data path %s [%s]%s", (unsigned long long)p->id,
              kvp_data_path_str(p->path), p->lanes, p->same_host ? " (same host)" : "");
     if (p->same_host && p->path == KVP_PATH_TCP)
-        KVP_WARN(PFX(x), "peer %llu is on THIS host but its data path is tcp (%s): shared "
+        KVP_WARN(PFX(x),
+                 "peer %llu is on THIS host but its data path is tcp (%s): shared "
                  "memory unavailable (UCX_TLS, shm error handling or /dev/shm size); "
                  "expect ~20-40x lower bandwidth",
                  (unsigned long long)p->id, p->lanes);
     else if (p->same_host && p->path == KVP_PATH_EMULATED_SHM)
-        KVP_WARN(PFX(x), "peer %llu: same-host puts are emulated over shm active messages "
-                 "(region not UCX-allocated?) [%s]", (unsigned long long)p->id, p->lanes);
+        KVP_WARN(PFX(x),
+                 "peer %llu: same-host puts are emulated over shm active messages "
+                 "(region not UCX-allocated?) [%s]",
+                 (unsigned long long)p->id, p->lanes);
 }

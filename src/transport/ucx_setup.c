@@ -54,7 +54,6 @@ void kvp__ucx_host_id_default(char *buf, size_t cap)
 
 /* ------------------------------------------------------------ blob codec */
 
-
 kvp_status_t kvp__ucx_blob_view(const uint8_t *b, size_t len, ucx_blob_view_t *v)
 {
     if (!b || len < UCX_BLOB_HDR)
@@ -199,9 +198,11 @@ static kvp_status_t ucx_region_acquire(ucx_xport_t *x, void *base, size_t len)
         return KVP_ERR_TRANSPORT;
     }
     x->region_kind = REGION_MMAP;
-    KVP_WARN(PFX(x), "UCX could not allocate the %zu B region (posix/sysv shm, e.g. /dev/shm "
+    KVP_WARN(PFX(x),
+             "UCX could not allocate the %zu B region (posix/sysv shm, e.g. /dev/shm "
              "too small): using anonymous memory; same-host puts INTO this node will be "
-             "EMULATED (consumer CPU, ~2x slower, and no direct shared memory)", len);
+             "EMULATED (consumer CPU, ~2x slower, and no direct shared memory)",
+             len);
     return KVP_OK;
 }
 
@@ -217,7 +218,7 @@ void kvp__ucx_region_release(ucx_xport_t *x)
 }
 
 kvp_status_t kvp__ucx_register_region(kvp_xport_t *xp, void *base, size_t len,
-                                        const kvp_layout_t *layout, void **base_out)
+                                      const kvp_layout_t *layout, void **base_out)
 {
     ucx_xport_t *x = ucx_of(xp);
     void *rkey = NULL;
@@ -288,10 +289,10 @@ typedef struct ucx_kv {
 static const char *ucx_config_keys(const kvp_ucx_config_t *cfg, ucx_kv_t kv[4])
 {
     const char *tls = cfg->tls ? cfg->tls : getenv("UCX_TLS");
-    const char *ka = cfg->keepalive_interval ? cfg->keepalive_interval
+    const char *ka = cfg->keepalive_interval            ? cfg->keepalive_interval
                      : getenv("UCX_KEEPALIVE_INTERVAL") ? NULL
-                                                         : "1s";
-    const char *ap = cfg->alloc_prio ? cfg->alloc_prio
+                                                        : "1s";
+    const char *ap = cfg->alloc_prio            ? cfg->alloc_prio
                      : getenv("UCX_ALLOC_PRIO") ? NULL
                                                 : UCX_DEFAULT_ALLOC_PRIO;
     /* MM_ERROR_HANDLING is the 1.13 key that keeps shm for PEER endpoints;

@@ -19,9 +19,9 @@ static kvp_test_logcap_t cap;
 
 /* Runs and scattered singles: coalescing must not mix up slots. */
 static const kvp_xfer_block_t g_blocks[] = {
-    {0, 1, 10, 1}, {1, 1, 11, 1}, {2, 1, 12, 1}, {3, 1, 13, 1}, /* run of 4 */
-    {20, 1, 3, 1},  {21, 1, 40, 1}, {5, 1, 41, 1},               /* broken runs */
-    {63, 1, 0, 1},  {30, 1, 63, 1}, {31, 1, 62, 1},              /* edges */
+    {0, 1, 10, 1}, {1, 1, 11, 1},  {2, 1, 12, 1},  {3, 1, 13, 1}, /* run of 4 */
+    {20, 1, 3, 1}, {21, 1, 40, 1}, {5, 1, 41, 1},                 /* broken runs */
+    {63, 1, 0, 1}, {30, 1, 63, 1}, {31, 1, 62, 1},                /* edges */
 };
 #define NBLK KVP_ARRAY_SIZE(g_blocks)
 
@@ -160,9 +160,9 @@ static kvp_xport_t *solo(kvp_layout_t lay, uint8_t **region)
     kvp_xport_t *x = ut_xport_new("", "solo");
     void *base = NULL;
     assert_non_null(x);
-    assert_int_equal(x->ops->register_region(x, NULL, (size_t)lay.num_blocks * lay.block_size,
-                                             &lay, &base),
-                     KVP_OK);
+    assert_int_equal(
+        x->ops->register_region(x, NULL, (size_t)lay.num_blocks * lay.block_size, &lay, &base),
+        KVP_OK);
     if (region)
         *region = base;
     return x;

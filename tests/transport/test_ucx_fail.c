@@ -15,7 +15,7 @@ static kvp_test_logcap_t cap; /* file-static: survives a failed assert */
 #define MSEC KVP_NSEC_PER_MSEC
 /* A real-clock window or pause, scaled for sanitizers/valgrind. */
 #define SC(ns) kvp_test_scaled_ns(ns)
-#define SC_MS(ms) (kvp_test_scaled_ns((uint64_t)(ms) * MSEC) / MSEC)
+#define SC_MS(ms) (kvp_test_scaled_ns((uint64_t)(ms)*MSEC) / MSEC)
 
 /* Post transfer number k: 4 adjacent blocks, cycling over the region. */
 static kvp_xfer_id_t post_one(ut_pair_t *p, uint32_t k)

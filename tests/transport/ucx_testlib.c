@@ -223,7 +223,8 @@ static void ut_target_setup(ut_target_t *t, const ut_cmd_t *c, const char *tls)
     t->region = base;
     if (st == KVP_OK)
         memset(t->region, 0, len);
-    ut_reply(t->sock, st, kvp_ucx_region_ucx_allocated(t->x), 0, blob, st == KVP_OK ? (uint32_t)blen : 0);
+    ut_reply(t->sock, st, kvp_ucx_region_ucx_allocated(t->x), 0, blob,
+             st == KVP_OK ? (uint32_t)blen : 0);
 }
 
 static int64_t ut_target_verify(ut_target_t *t, const uint32_t *pairs, uint32_t n, uint64_t seed)
@@ -232,8 +233,8 @@ static int64_t ut_target_verify(ut_target_t *t, const uint32_t *pairs, uint32_t 
     for (uint32_t i = 0; i < n; i++) {
         uint32_t dst = pairs[2 * i], src = pairs[2 * i + 1];
         if (dst >= t->layout.num_blocks ||
-            !ut_pattern_check(t->region + (size_t)dst * t->layout.block_size,
-                              t->layout.block_size, src, seed))
+            !ut_pattern_check(t->region + (size_t)dst * t->layout.block_size, t->layout.block_size,
+                              src, seed))
             bad++;
     }
     return bad;
@@ -401,7 +402,8 @@ void ut_pair_open(ut_pair_t *p, const char *tls, kvp_data_path_t want_path)
     ut_pair_open_ex(p, tls, want_path, false);
 }
 
-void ut_pair_open_ex(ut_pair_t *p, const char *tls, kvp_data_path_t want_path, bool target_caller_mem)
+void ut_pair_open_ex(ut_pair_t *p, const char *tls, kvp_data_path_t want_path,
+                     bool target_caller_mem)
 {
     ut_reply_t r;
     void *base = NULL;
@@ -409,14 +411,13 @@ void ut_pair_open_ex(ut_pair_t *p, const char *tls, kvp_data_path_t want_path, b
     memset(p, 0, sizeof(*p));
     assert_true(ut_child_start(&p->child)); /* before any UCX thread */
     assert_true(ut_call(&p->child, UT_SETUP, UT_NB | (target_caller_mem ? UT_SETUP_CALLER_MEM : 0),
-                        UT_BS, tls, (uint32_t)strlen(tls), &r, p->blob,
-                        sizeof(p->blob)));
+                        UT_BS, tls, (uint32_t)strlen(tls), &r, p->blob, sizeof(p->blob)));
     assert_int_equal(r.status, KVP_OK);
     p->blob_len = r.len;
     p->x = ut_xport_new(tls, "producer");
     assert_non_null(p->x);
-    assert_int_equal(p->x->ops->register_region(p->x, NULL, (size_t)UT_NB * UT_BS, &ut_layout, &base),
-                     KVP_OK);
+    assert_int_equal(
+        p->x->ops->register_region(p->x, NULL, (size_t)UT_NB * UT_BS, &ut_layout, &base), KVP_OK);
     p->region = base;
     assert_int_equal(p->x->ops->add_peer(p->x, p->blob, p->blob_len, &ut_layout, &p->peer), KVP_OK);
     assert_true(kvp_ucx_peer_same_host(p->x, p->peer));
@@ -441,4 +442,3 @@ void ut_pair_close(ut_pair_t *p)
     assert_int_equal(p->x->ops->close(p->x, false), KVP_OK);
     assert_true(ut_child_stop(&p->child));
 }
-

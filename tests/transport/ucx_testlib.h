@@ -49,11 +49,10 @@ void ut_main_init(char **argv);
  * the child. */
 bool ut_child_start(ut_child_t *c);
 /* Send a command; *r gets the reply; payload_out (cap) the reply payload. */
-bool ut_call(ut_child_t *c, uint32_t op, uint64_t a, uint64_t b, const void *payload,
-             uint32_t len, ut_reply_t *r, void *payload_out, uint32_t cap);
+bool ut_call(ut_child_t *c, uint32_t op, uint64_t a, uint64_t b, const void *payload, uint32_t len,
+             ut_reply_t *r, void *payload_out, uint32_t cap);
 /* Send without waiting for the reply (UT_PAUSE). */
-bool ut_send(ut_child_t *c, uint32_t op, uint64_t a, uint64_t b, const void *payload,
-             uint32_t len);
+bool ut_send(ut_child_t *c, uint32_t op, uint64_t a, uint64_t b, const void *payload, uint32_t len);
 bool ut_recv_reply(ut_child_t *c, ut_reply_t *r, void *payload_out, uint32_t cap);
 /* UT_EXIT + waitpid; true if the child exited 0. */
 bool ut_child_stop(ut_child_t *c);

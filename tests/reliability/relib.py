@@ -1,0 +1,265 @@
+"""relib.py -- helpers of the reliability scripts (stdlib only).
+
+kvpeerd children (optionally inside a network namespace), their admin HTTP
+API, Prometheus parsing, RSS, and network namespaces that are removed on
+every exit path. Bounds scale with KVPEER_TEST_TIME_SCALE.
+"""
+import atexit
+import ctypes
+import http.client
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+
+SCALE = float(os.environ.get("KVPEER_TEST_TIME_SCALE", "1"))
+TMP = tempfile.mkdtemp(prefix="kvp-rel-")
+DAEMONS = []
+NAMESPACES = []
+SANITIZER_MARKS = ("LeakSanitizer", "AddressSanitizer", "ThreadSanitizer",
+                   "UndefinedBehaviorSanitizer", "runtime error:")
+_CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def log(msg):
+    print("[%7.2f] %s" % (time.monotonic() - T0, msg), flush=True)
+
+
+T0 = time.monotonic()
+
+
+def cleanup():
+    for d in DAEMONS:
+        d.kill()
+    for ns in reversed(NAMESPACES):
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    NAMESPACES.clear()
+    if os.environ.get("KVPEER_KEEP_TMP") is None:
+        shutil.rmtree(TMP, ignore_errors=True)
+
+
+atexit.register(cleanup)
+for _sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    signal.signal(_sig, lambda *_: sys.exit(3))  # atexit runs on sys.exit
+
+
+def fail(msg):
+    print("FAIL: " + msg, flush=True)
+    sys.exit(1)
+
+
+def check(cond, msg):
+    if not cond:
+        fail(msg)
+
+
+def scaled(s):
+    return s * SCALE
+
+
+def wait_for(cond, what, timeout):
+    end = time.monotonic() + scaled(timeout)
+    while time.monotonic() < end:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.05)
+    fail("timed out after %.1f s waiting for %s" % (scaled(timeout), what))
+
+
+# ------------------------------------------------------------ namespaces
+
+def sh(*args, ns=None, check_rc=True):
+    cmd = (["ip", "netns", "exec", ns] if ns else []) + list(args)
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if check_rc and r.returncode != 0:
+        raise RuntimeError("%s: rc %d: %s" % (" ".join(cmd), r.returncode, r.stderr.strip()))
+    return r
+
+
+def netns_add(name):
+    sh("ip", "netns", "add", name)
+    NAMESPACES.append(name)
+    sh("ip", "link", "set", "lo", "up", ns=name)
+
+
+def in_netns(ns, fn, *args):
+    """Run fn(*args) on a fresh thread that joined network namespace ns
+    (setns is per thread); returns its result or re-raises its exception."""
+    box = {}
+
+    def body():
+        try:
+            if ns is not None:
+                fd = os.open("/var/run/netns/" + ns, os.O_RDONLY)
+                try:
+                    if _libc.setns(fd, _CLONE_NEWNET) != 0:
+                        raise OSError(ctypes.get_errno(), "setns " + ns)
+                finally:
+                    os.close(fd)
+            box["v"] = fn(*args)
+        except BaseException as e:  # noqa: BLE001 -- re-raised in the caller
+            box["e"] = e
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    if "e" in box:
+        raise box["e"]
+    return box["v"]
+
+
+# ---------------------------------------------------------------- daemons
+
+def parse_metrics(text):
+    """Prometheus text: {'name{labels}': value} (format checked elsewhere)."""
+    out = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            pass
+    return out
+
+
+def kv(text):
+    """'a=1 b=x' -> {'a': '1', 'b': 'x'}"""
+    return dict(f.split("=", 1) for f in text.split() if "=" in f)
+
+
+class Daemon:
+    """One kvpeerd child. Output goes to a log file kept for failure messages.
+    `ns`: run inside that network namespace (HTTP is then reached from a
+    thread that joined it)."""
+
+    def __init__(self, kvpeerd, name, args, ns=None, env=None):
+        self.name, self.ns = name, ns
+        self.ready = os.path.join(TMP, name + ".ready")
+        self.logpath = os.path.join(TMP, name + ".log")
+        self.args = [kvpeerd] + args + ["--ready_file", self.ready, "--name", name]
+        self.env = dict(os.environ, **(env or {}))
+        self.proc = None
+        self.peer = self.http = None
+        DAEMONS.append(self)
+
+    def start(self, timeout=30):
+        if os.path.exists(self.ready):
+            os.unlink(self.ready)
+        self.log = open(self.logpath, "a")
+        cmd = (["ip", "netns", "exec", self.ns] if self.ns else []) + self.args
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
+        end = time.monotonic() + scaled(timeout)
+        while time.monotonic() < end:
+            if os.path.exists(self.ready):
+                text = open(self.ready).read()
+                if text.endswith("\n") or "http=" in text:
+                    f = kv(text)
+                    if "peer" in f and "http" in f:
+                        self.peer, self.http = f["peer"], f["http"]
+                        return self
+            if self.proc.poll() is not None:
+                fail("%s exited with %d before ready:\n%s" %
+                     (self.name, self.proc.returncode, self.logtext()[-4000:]))
+            time.sleep(0.05)
+        fail("%s not ready within %.0f s:\n%s" % (self.name, scaled(timeout),
+                                                  self.logtext()[-4000:]))
+
+    def logtext(self):
+        try:
+            with open(self.logpath) as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def _req(self, path, method, timeout):
+        r = urllib.request.Request("http://%s%s" % (self.http, path), method=method,
+                                   data=b"" if method == "POST" else None)
+        try:
+            with urllib.request.urlopen(r, timeout=timeout) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def req(self, path, method="GET", timeout=60):
+        try:
+            return in_netns(self.ns, self._req, path, method, scaled(timeout))
+        except (OSError, http.client.HTTPException) as e:
+            fail("%s %s on %s: %r; daemon %s:\n%s" % (
+                method, path, self.name, e,
+                "exited %s" % self.proc.poll() if self.proc.poll() is not None else "alive",
+                self.logtext()[-4000:]))
+
+    def ok(self, path, method="GET", timeout=60):
+        code, body = self.req(path, method, timeout)
+        check(code == 200, "%s %s on %s: HTTP %d: %s" % (method, path, self.name, code, body))
+        return body
+
+    def metrics(self):
+        return parse_metrics(self.ok("/metrics"))
+
+    def held(self):
+        """(retained lines, quarantined lines, suspect lines) of /held."""
+        lines = self.ok("/held").splitlines()
+        return ([l for l in lines if l.startswith("retained")],
+                [l for l in lines if l.startswith("quarantined")],
+                [l for l in lines if l.startswith("suspect")])
+
+    def peers(self):
+        return [kv(l) for l in self.ok("/peers").splitlines() if l.strip()]
+
+    def peer_ready(self, peer):
+        return any(p.get("peer") == peer and p.get("ready") == "1" for p in self.peers())
+
+    def fetch(self, peer, first, count, request, timeout_ms=60000, wait=False):
+        body = self.ok("/admin/fetch?peer=%s&first=%d&count=%d&request=%d&timeout_ms=%d%s" %
+                       (peer, first, count, request, timeout_ms, "&wait=1" if wait else ""),
+                       "POST", timeout=timeout_ms / 1000.0 / SCALE + 30)
+        return kv(body)
+
+    def put(self, first, count, request=0):
+        return self.ok("/admin/put?first=%d&count=%d&request=%d" % (first, count, request),
+                       "POST")
+
+    def verify(self, first, count):
+        return {k: int(v) for k, v in kv(self.ok("/admin/verify?first=%d&count=%d" %
+                                                 (first, count))).items()}
+
+    def rss_kb(self):
+        with open("/proc/%d/status" % self.proc.pid) as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        return -1
+
+    def stop(self, sig=signal.SIGTERM, timeout=30):
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(sig)
+        try:
+            rc = self.proc.wait(scaled(timeout))
+        except subprocess.TimeoutExpired:
+            fail("%s did not exit within %.0f s after %s:\n%s" %
+                 (self.name, scaled(timeout), sig, self.logtext()[-4000:]))
+        self.log.close()
+        return rc
+
+    def check_clean_exit(self, rc):
+        text = self.logtext()
+        check(rc == 0, "%s exit code %s (want 0):\n%s" % (self.name, rc, text[-4000:]))
+        for m in SANITIZER_MARKS:
+            check(m not in text, "%s: sanitizer report (%s):\n%s" % (self.name, m, text[-6000:]))
+
+    def kill(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
