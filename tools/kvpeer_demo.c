@@ -349,11 +349,16 @@ static void sample_held(demo_cluster_t *c, demo_result_t *r)
 /* SPEC §7.4: the destinations of a load whose outcome is unknown become
  * QUARANTINED, never FREE, until proof or the hold cap. Read from the
  * consumer's /metrics right after its load failed (the cap is seconds away). */
-static void check_quarantined(demo_cluster_t *c, int node, demo_result_t *r, const char *what)
+static double quarantined_now(demo_cluster_t *c, int node)
 {
-    double q = demo_node_scrape(c, node) == 0
-                   ? demo_gauge(&c->n[node], "kvpeer_quarantined_slots", NULL)
-                   : -1;
+    return demo_node_scrape(c, node) == 0
+               ? demo_gauge(&c->n[node], "kvpeer_quarantined_slots", NULL)
+               : -1;
+}
+
+static void check_quarantined(demo_cluster_t *c, int node, double q, demo_result_t *r,
+                              const char *what)
+{
     demo_check(r, q >= 1, what, "%c holds %.0f quarantined slots right after the failure",
                c->n[node].name, q);
 }
@@ -406,7 +411,8 @@ static void phase_kill(demo_cluster_t *c, const layout_t *l, demo_result_t *r)
     demo_check(r, r->kill_to_fail_ms <= c->o->t.dead_after, "SIGKILL: failed fast (<= dead-after)",
                "%.1f ms, bound %u ms, load timeout %u ms", r->kill_to_fail_ms, c->o->t.dead_after,
                c->o->t.load);
-    check_quarantined(c, NODE_C, r, "SIGKILL: C quarantines the destinations");
+    check_quarantined(c, NODE_C, quarantined_now(c, NODE_C), r,
+                      "SIGKILL: C quarantines the destinations");
     demo_finish(&c->n[NODE_C], b.req);
     sample_held(c, r);
     demo_say("          C's load failed %.1f ms after the kill (%s); C holds %.0f quarantined slots",
@@ -434,7 +440,7 @@ static void phase_stop(demo_cluster_t *c, const layout_t *l, demo_result_t *r)
     a->stopped = true;
     bg_fetch_join(&b);
     r->stop_to_fail_ms = ms_since(t_stop, b.f.t_end_ns);
-    check_quarantined(c, NODE_B, r, "SIGSTOP: B quarantines the destinations");
+    double q = quarantined_now(c, NODE_B); /* before SIGCONT: no proof can have come */
     sample_held(c, r);
     kill(a->pid, SIGCONT);
     a->stopped = false;
@@ -444,6 +450,7 @@ static void phase_stop(demo_cluster_t *c, const layout_t *l, demo_result_t *r)
     demo_check(r, r->stop_to_fail_ms <= bound, "SIGSTOP: failed fast (~dead-after)",
                "%.1f ms, bound %.0f ms, load timeout %u ms", r->stop_to_fail_ms, bound,
                c->o->t.load);
+    check_quarantined(c, NODE_B, q, r, "SIGSTOP: B quarantines the destinations");
     demo_finish(&c->n[NODE_B], b.req);
     demo_say("          B's load failed %.1f ms after the stop (%s); A resumed",
              r->stop_to_fail_ms, b.f.status);
@@ -462,11 +469,12 @@ static void phase_teardown(demo_cluster_t *c, const layout_t *l, demo_result_t *
     int prc = demo_peer_op(cn, "remove", c->n[NODE_A].ctl, err, sizeof(err));
     bg_fetch_join(&b);
     r->remove_to_fail_ms = ms_since(t_rm, b.f.t_end_ns);
-    check_quarantined(c, NODE_C, r, "teardown: C quarantines the destinations");
+    double q = quarantined_now(c, NODE_C);
     sample_held(c, r);
     demo_check(r, rc == 0 && prc == 0 && load_failed(&b.f), "teardown: C's load failed",
                "%s after %.1f ms%s%s", b.f.ok_http ? b.f.status : b.f.err, r->remove_to_fail_ms,
                prc ? "; remove: " : "", prc ? err : "");
+    check_quarantined(c, NODE_C, q, r, "teardown: C quarantines the destinations");
     demo_finish(cn, b.req);
     demo_say("          C's load failed %.1f ms after the teardown (%s)", r->remove_to_fail_ms,
              b.f.status);

@@ -5,11 +5,28 @@
 #include <sys/random.h>
 #include <xxhash.h>
 
-kvp_digest_t kvp_digest(const void *data, size_t len, uint64_t seed)
+kvp_digest_t kvp__digest_avx2(const void *data, size_t len, uint64_t seed); /* hash_avx2.c */
+
+static kvp_digest_t digest_generic(const void *data, size_t len, uint64_t seed)
 {
     XXH128_hash_t h = XXH3_128bits_withSeed(data, len, seed);
     kvp_digest_t d = {h.low64, h.high64};
     return d;
+}
+
+/* Runtime dispatch: the AVX2 build of xxh3 when the CPU has it, else the
+ * distribution's library. Same digest either way. */
+static kvp_digest_t (*digest_impl)(const void *, size_t, uint64_t);
+
+__attribute__((constructor)) static void digest_pick(void)
+{
+    __builtin_cpu_init();
+    digest_impl = __builtin_cpu_supports("avx2") ? kvp__digest_avx2 : digest_generic;
+}
+
+kvp_digest_t kvp_digest(const void *data, size_t len, uint64_t seed)
+{
+    return digest_impl(data, len, seed);
 }
 
 uint64_t kvp_hash64(const void *data, size_t len, uint64_t seed)

@@ -2,6 +2,8 @@
  * allocation seam, digests, the PRNG. */
 #include "testutil.h"
 
+#include <xxhash.h>
+
 static void test_status_str(void **state)
 {
     (void)state;
@@ -105,6 +107,31 @@ static void test_digest_and_rng(void **state)
     assert_int_equal(kvp_random_bytes(e, sizeof(e)), KVP_OK);
 }
 
+kvp_digest_t kvp__digest_avx2(const void *data, size_t len, uint64_t seed);
+
+/* The AVX2 build of xxh3 and the distribution's library give the same
+ * digest (the store's checksums must not depend on the CPU). */
+static void test_digest_avx2_matches_library(void **state)
+{
+    (void)state;
+    if (!__builtin_cpu_supports("avx2"))
+        skip();
+    static uint8_t buf[1 << 20];
+    kvp_rng_t r;
+    kvp_rng_seed(&r, 7);
+    for (size_t i = 0; i < sizeof(buf); i++)
+        buf[i] = (uint8_t)kvp_rng_next(&r);
+    size_t lens[] = {0, 1, 16, 17, 128, 129, 240, 241, 4096, 65536, sizeof(buf)};
+    for (size_t i = 0; i < KVP_ARRAY_SIZE(lens); i++) {
+        XXH128_hash_t h = XXH3_128bits_withSeed(buf, lens[i], 99);
+        kvp_digest_t d = kvp__digest_avx2(buf, lens[i], 99);
+        assert_int_equal(d.lo, h.low64);
+        assert_int_equal(d.hi, h.high64);
+        kvp_digest_t e = kvp_digest(buf, lens[i], 99);
+        assert_true(kvp_digest_eq(&d, &e));
+    }
+}
+
 static void test_list(void **state)
 {
     (void)state;
@@ -136,7 +163,7 @@ int main(void)
         cmocka_unit_test(test_status_str),   cmocka_unit_test(test_ratelimit),
         cmocka_unit_test(test_log_sink_and_rl_macro), cmocka_unit_test(test_manual_clock),
         cmocka_unit_test(test_alloc_seam),   cmocka_unit_test(test_digest_and_rng),
-        cmocka_unit_test(test_list),         cmocka_unit_test(test_time_scale),
+        cmocka_unit_test(test_list),         cmocka_unit_test(test_digest_avx2_matches_library),         cmocka_unit_test(test_time_scale),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
