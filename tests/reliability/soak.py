@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""soak.py -- three kvpeerd processes under churn for a while (issue 9).
+
+    soak.py KVPEERD_BINARY [--seconds N]      (default 40: the CI form)
+    make soak MINUTES=10                       (the long form)
+
+Node S is steady (never killed); X and Y are killed (SIGKILL) or restarted
+(SIGTERM, drain) in turn every few seconds, on the same address. A loop of
+puts and fetches runs meanwhile: X and Y fetch fresh blocks from S (must
+succeed whenever the consumer's session to S is ready), S and X/Y fetch from
+each other (may fail while the source is down: counted, never corrupt).
+At the end: every committed block on every node verifies (bad=0), no node
+holds retained transfers or quarantined slots for longer than the hold cap,
+S's RSS is reported at start and end (and must stay bounded), and every
+daemon exits cleanly (no sanitizer report).
+"""
+import argparse
+import os
+import random
+import signal
+import socket
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import relib  # noqa: E402
+from relib import check, log, scaled, wait_for  # noqa: E402
+
+HOLD_MS = 4000
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("kvpeerd")
+    ap.add_argument("--seconds", type=float, default=40)
+    ap.add_argument("--seed", type=int, default=int(time.time()))
+    a = ap.parse_args()
+    rnd = random.Random(a.seed)
+    log("soak: %.0f s, seed %d" % (a.seconds, a.seed))
+    addr = {n: "127.0.0.1:%d" % free_port() for n in ("S", "X", "Y")}
+    common = ["--http", "127.0.0.1:0", "--admin", "--num_blocks", "512", "--block_size", "64K",
+              "--compat", "soak", "--heartbeat_ms", "200", "--dead_after_ms", "1000",
+              "--hold_cap_ms", str(HOLD_MS), "--backoff_min_ms", "50", "--backoff_max_ms", "500",
+              "--load_timeout_ms", "10000", "--abort_ack_timeout_ms", "3000",
+              "--shutdown_drain_ms", "500"]
+    d = {}
+    for n in ("S", "X", "Y"):
+        others = ",".join(addr[m] for m in ("S", "X", "Y") if m != n)
+        d[n] = relib.Daemon(os.path.abspath(a.kvpeerd), n,
+                            common + ["--listen", addr[n], "--peers", others]).start()
+    S = d["S"]
+    wait_for(lambda: all(d[n].peer_ready(addr[m]) for n in d for m in d if m != n),
+             "the full mesh", 30)
+    rss0 = S.rss_kb()
+    cnt = dict(puts=0, fetch_ok=0, fetch_fail_allowed=0, fetch_skipped=0, kills=0,
+               restarts=0, blocks=0)
+    next_key = {n: {"S": 0, "X": 1000000, "Y": 2000000}[n] for n in d}
+    ranges = {n: [] for n in d}  # (first, count) put on / fetched into each node
+    req = 0
+    end = time.monotonic() + a.seconds
+    next_churn = time.monotonic() + 4
+    victim = "X"
+    while time.monotonic() < end:
+        if time.monotonic() >= next_churn:
+            v = d[victim]
+            if rnd.random() < 0.5:
+                v.proc.send_signal(signal.SIGKILL)
+                v.proc.wait()
+                cnt["kills"] += 1
+                log("SIGKILL %s" % victim)
+                time.sleep(0.5)
+            else:
+                v.check_clean_exit(v.stop())
+                cnt["restarts"] += 1
+                log("restart %s (SIGTERM)" % victim)
+            v.start()
+            next_key[victim] += 100000  # a restarted node has an empty store
+            victim = "Y" if victim == "X" else "X"
+            next_churn = time.monotonic() + rnd.uniform(3, 6)
+        req += 1
+        src = rnd.choice(["S", "S", "X", "Y"])
+        dst = rnd.choice([n for n in d if n != src])
+        k = next_key[src]
+        n = rnd.randint(1, 16)
+        d[src].put(k, n)
+        ranges[src].append((k, n))
+        next_key[src] += n
+        cnt["puts"] += 1
+        if not d[dst].peer_ready(addr[src]):
+            cnt["fetch_skipped"] += 1
+            continue
+        r = d[dst].fetch(addr[src], k, n, req, timeout_ms=int(scaled(15000)))
+        ranges[dst].append((k, n))
+        d[dst].ok("/admin/finish?request=%d" % req, "POST")
+        if r.get("status_code") == "0" and r.get("n_ok") == str(n):
+            cnt["fetch_ok"] += 1
+            cnt["blocks"] += n
+        elif src == "S":
+            check(False, "fetch %s <- S of %d blocks failed: %s" % (dst, n, r))
+        else:
+            cnt["fetch_fail_allowed"] += 1
+    log("counts %s" % cnt)
+    # everything held is released within the hold cap; every block verifies
+    wait_for(lambda: all(sum(map(len, x.held()[:2])) == 0 for x in d.values()),
+             "retained/quarantined released", HOLD_MS / 1000.0 + 10)
+    present = 0
+    for n, x in d.items():
+        for k, cnt_k in ranges[n]:
+            v = x.verify(k, cnt_k)
+            present += v["present"]
+            check(v["bad"] == 0, "%s holds corrupt blocks in [%d, +%d): %s" % (n, k, cnt_k, v))
+    log("verified %d present blocks, bad=0" % present)
+    rss1 = S.rss_kb()
+    m = S.metrics()
+    log("S RSS %d -> %d kB; S force_releases=%d protocol_errors=%d peers_down=%d" % (
+        rss0, rss1, m.get("kvpeer_force_releases_total", 0),
+        m.get("kvpeer_protocol_errors_total", 0), m.get("kvpeer_peers_down_total", 0)))
+    check(cnt["fetch_ok"] > 0, "no fetch succeeded")
+    check(rss1 - rss0 < 64 * 1024, "S's RSS grew by %d kB" % (rss1 - rss0))
+    for x in d.values():
+        x.check_clean_exit(x.stop())
+    print("PASS", flush=True)
+
+
+if __name__ == "__main__":
+    main()
