@@ -146,6 +146,7 @@ def main():
     good.start()
     wait_for(lambda: good.ok >= 3, "the good peer's first fetches", 30)
     rss0, fds0 = D.rss_kb(), fd_count(D.proc.pid)
+    mem0 = D.mem()
     lim = scaled(HS_MS / 1000.0) + 3
 
     def oversized():
@@ -238,6 +239,7 @@ def main():
     good.join(scaled(30))
     wait_for(lambda: fd_count(D.proc.pid) <= fds0 + 2, "D's fds back to %d" % fds0, 10)
     rss1, fds1 = D.rss_kb(), fd_count(D.proc.pid)
+    log("D memory kB: start %s end %s" % (mem0, D.mem()))
     m = D.metrics()
     log("good peer: %d fetches ok, %d failed (last %s)" % (good.ok, good.bad, good.last_bad))
     log("D: RSS %d -> %d -> %d kB, fds %d -> %d, protocol_errors %d, sessions ready %d" % (

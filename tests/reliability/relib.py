@@ -234,12 +234,16 @@ class Daemon:
         return {k: int(v) for k, v in kv(self.ok("/admin/verify?first=%d&count=%d" %
                                                  (first, count))).items()}
 
-    def rss_kb(self):
+    def rss_kb(self, field="VmRSS"):
+        """VmRSS (or RssAnon: private heap, RssShmem: mapped shared regions) in kB."""
         with open("/proc/%d/status" % self.proc.pid) as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1])
         return -1
+
+    def mem(self):
+        return {k: self.rss_kb(k) for k in ("VmRSS", "RssAnon", "RssShmem")}
 
     def stop(self, sig=signal.SIGTERM, timeout=30):
         if self.proc is None or self.proc.poll() is not None:
