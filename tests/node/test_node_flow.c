@@ -88,6 +88,21 @@ static void test_F9_unsupplied_demand_fails_at_once(void **state)
     kvp_stats_t s1 = world_stats(w, 1);
     assert_int_equal(s1.slots_filling, 0); /* the FETCH_DONE freed the destination */
     assert_int_equal(world_stats(w, 0).pins, 0);
+    /* A lookup-served round whose FETCH demands one key more than it
+     * supplied fails at once, too. */
+    uint8_t res[1];
+    op = do_lookup(w, 1, 0, 10, &ks, res);
+    assert_non_null(world_wait(w, 1, KVP_EV_LOOKUP, op, 100 * MS));
+    assert_int_equal(res[0], KVP_LOOKUP_HIT);
+    wkeys_t two;
+    wkeys_make(&two, 1, 2); /* key 2 was never supplied */
+    op = do_fetch(w, 1, 0, 10, &two, 0);
+    e = world_wait(w, 1, KVP_EV_LOAD, op, 50 * MS);
+    assert_non_null(e);
+    assert_int_equal(e->status, KVP_ERR_NOT_FOUND);
+    world_run(w, 10 * MS);
+    assert_int_equal(world_stats(w, 0).pins, 0); /* the supply of that round released */
+    assert_int_equal(world_stats(w, 1).slots_filling, 0);
     world_fini(w, false);
     free(w);
 }
