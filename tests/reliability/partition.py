@@ -138,10 +138,10 @@ def cut_mid_fetch(A, B, first, req):
     return f, t_cut
 
 
-def watch_release(A, B, t_cut, until, label):
+def watch_release(A, B, t_cut, until, label, tl=None):
     """Poll A's retained and B's quarantined until both are empty (or until
-    the deadline). Returns the timeline dict."""
-    tl = {"retained_seen": 0, "quarantined_seen": 0}
+    the deadline). Returns the timeline dict (continues `tl` if given)."""
+    tl = tl if tl is not None else {"retained_seen": 0, "quarantined_seen": 0}
     while time.monotonic() < until:
         ra, qa, sa = held_counts(A)
         rb, qb, sb = held_counts(B)
@@ -202,11 +202,7 @@ def phase(A, B, C, first, req, heal_after):
     if heal_after is not None:
         link(True)
         log("%s: link healed %.2f s after the cut" % (label, time.monotonic() - t_cut))
-        tl2 = watch_release(A, B, t_cut, t_cut + scaled(HOLD_MS / 1000.0) + 10, label)
-        for k, v in tl2.items():
-            tl.setdefault(k, v)
-            if k.endswith("_seen"):
-                tl[k] = max(tl[k], v)
+        tl = watch_release(A, B, t_cut, t_cut + scaled(HOLD_MS / 1000.0) + 10, label, tl)
     ra, qa, sa = held_counts(A)
     rb, qb, sb = held_counts(B)
     ma, mb = A.metrics(), B.metrics()

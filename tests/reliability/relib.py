@@ -64,6 +64,10 @@ def scaled(s):
     return s * SCALE
 
 
+# Memory bounds: sanitizer runtimes keep shadow and metadata of their own.
+MEM_SLACK = 1 if SCALE <= 1 else 3
+
+
 def wait_for(cond, what, timeout):
     end = time.monotonic() + scaled(timeout)
     while time.monotonic() < end:
@@ -148,6 +152,8 @@ class Daemon:
         self.logpath = os.path.join(TMP, name + ".log")
         self.args = [kvpeerd] + args + ["--ready_file", self.ready, "--name", name]
         self.env = dict(os.environ, **(env or {}))
+        if "ASAN_OPTIONS" in self.env:  # a small free-quarantine: RSS then tracks leaks
+            self.env["ASAN_OPTIONS"] += ":quarantine_size_mb=4"
         self.proc = None
         self.peer = self.http = None
         DAEMONS.append(self)
