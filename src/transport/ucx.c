@@ -162,6 +162,7 @@ static void ucx_ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
     }
     if (p->status == KVP_OK)
         p->status = KVP_ERR_TRANSPORT;
+    p->x->errored++; /* FORCE-closed right after this progress call */
 }
 
 /* Start closing the endpoint (FORCE when the peer errored or `force`).
@@ -620,13 +621,38 @@ static kvp_data_path_t ucx_peer_path(kvp_xport_t *xp, kvp_xpeer_id_t peer)
 
 /* ------------------------------------------------------------- progress */
 
+/* UCX 1.13 aborts the process (ucp_request.inl "unexpected error") when an
+ * emulated put arrives for an endpoint that already failed and its ack
+ * cannot be sent (seen: the source SIGKILLed mid-transfer over tcp). A
+ * FORCE-closed PEER endpoint's id is invalid, so such late puts are dropped
+ * instead (UCX-NOTES §5). The outcome of the peer's transfers is unknown
+ * either way; closing at once is also the fence. */
+static void ucx_force_errored(ucx_xport_t *x)
+{
+    kvp_list_t *lists[2] = {&x->peers, &x->zombies}, *pos, *tmp;
+    x->errored = 0;
+    for (int k = 0; k < 2; k++) {
+        kvp_list_foreach_safe(pos, tmp, lists[k])
+        {
+            ucx_peer_t *p = KVP_CONTAINER_OF(pos, ucx_peer_t, link);
+            if (p->ep_err != UCS_OK && p->ep != NULL)
+                ucx_peer_force_ep(x, p);
+        }
+    }
+}
+
 static bool ucx_progress(kvp_xport_t *xp)
 {
     ucx_xport_t *x = ucx_of(xp);
     bool any = false;
 
-    for (int i = 0; i < UCX_PROGRESS_MAX && ucp_worker_progress(x->worker); i++)
+    for (int i = 0; i < UCX_PROGRESS_MAX && ucp_worker_progress(x->worker); i++) {
         any = true;
+        if (x->errored)
+            ucx_force_errored(x);
+    }
+    if (x->errored)
+        ucx_force_errored(x);
     any |= ucx_zombies_reap(x);
     any |= ucx_closing_reap(x);
     return any;

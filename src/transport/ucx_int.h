@@ -85,6 +85,7 @@ typedef struct ucx_xport {
     uint64_t next_seq;
     kvp_xport_stats_t st;
     bool destroying; /* set before ucp_worker_destroy: callbacks only count down */
+    uint32_t errored; /* endpoint errors not yet answered by a FORCE close */
 } ucx_xport_t;
 
 #define PFX(x) ((x)->base.log_prefix)
