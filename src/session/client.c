@@ -373,13 +373,14 @@ kvp_status_t kvp__client_fetch(kvp_session_t *s, uint64_t op_id, uint64_t reques
     return KVP_OK;
 }
 
-static kvp_load_t *load_find(kvp_session_t *s, uint64_t round)
+/* The load a FETCH_DONE / ABORT_ACK answers: same round AND request. */
+static kvp_load_t *load_find(kvp_session_t *s, uint64_t round, uint64_t request_id)
 {
     kvp_list_t *p, *t;
     kvp_list_foreach_safe(p, t, &s->loads)
     {
         kvp_load_t *l = KVP_CONTAINER_OF(p, kvp_load_t, link);
-        if (l->round == round)
+        if (l->round == round && l->request_id == request_id)
             return l;
     }
     return NULL;
@@ -420,7 +421,7 @@ void kvp__load_release_quarantine(kvp_load_t *l, bool by_cap)
 void kvp__client_on_fetch_done(kvp_session_t *s, const kvp_msg_fetch_done_t *m)
 {
     kvp_node_t *n = s->node;
-    kvp_load_t *l = load_find(s, m->round);
+    kvp_load_t *l = load_find(s, m->round, m->request_id);
     if (l == NULL)
         return; /* duplicate of an answer already applied: idempotent */
     uint32_t want = 0;
@@ -471,9 +472,15 @@ void kvp__client_on_fetch_done(kvp_session_t *s, const kvp_msg_fetch_done_t *m)
 
 void kvp__client_on_abort_ack(kvp_session_t *s, const kvp_msg_abort_t *m)
 {
-    kvp_load_t *l = load_find(s, m->round);
+    kvp_load_t *l = load_find(s, m->round, m->request_id);
     if (l == NULL)
         return;
+    if (l->phase != KVP_LOAD_ABORTING) {
+        /* We never asked: an ack for a load still being written is no proof
+         * (freeing its slots now would let the WRITE land in reused memory). */
+        kvp__session_fault(s, KVP_BYE_PROTOCOL, "ABORT_ACK for a round that was not aborted");
+        return;
+    }
     if (l->quarantined) {
         kvp__load_release_quarantine(l, false);
         return;

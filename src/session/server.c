@@ -412,47 +412,63 @@ static kvp_xfer_t *xfer_new(kvp_sround_t *r)
     return x;
 }
 
+/* Every block of the transfer holds one pin on its source slot. The first
+ * demand of a supply entry takes over the round's pin; a key demanded again
+ * needs a pin of its own, taken BEFORE anything is posted, so a refused pin
+ * (the pin bound) fails the round cleanly instead of asserting. On error the
+ * pins taken so far are in x->src[0..x->n). */
+static kvp_status_t xfer_take_pins(kvp_sround_t *r, kvp_xfer_t *x)
+{
+    kvp_store_t *st = r->sess->node->store;
+    x->n = 0;
+    for (uint32_t i = 0; i < r->n_demand; i++) {
+        kvp_supply_t *sp = &r->supply[r->demand[i].supply];
+        if (sp->pinned) {
+            sp->pinned = false;
+        } else {
+            kvp_status_t rc = kvp_store_pin(st, sp->ref);
+            if (rc != KVP_OK)
+                return rc;
+        }
+        x->src[x->n++] = sp->ref;
+    }
+    return KVP_OK;
+}
+
+static void xfer_drop(kvp_node_t *n, kvp_xfer_t *x)
+{
+    for (uint32_t i = 0; i < x->n; i++)
+        KVP_ASSERT(kvp_store_unpin(n->store, x->src[i]) == KVP_OK);
+    kvp__free(x->src);
+    kvp__free(x);
+}
+
 static void sround_post(kvp_sround_t *r)
 {
     kvp_session_t *s = r->sess;
     kvp_node_t *n = s->node;
     kvp_xfer_t *x = xfer_new(r);
     kvp_xfer_block_t *blocks = kvp__calloc(r->n_demand, sizeof(*blocks));
-    if (x == NULL || blocks == NULL) {
-        if (x != NULL) {
-            kvp__free(x->src);
-            kvp__free(x);
+    kvp_status_t st = x && blocks ? xfer_take_pins(r, x) : KVP_ERR_NOMEM;
+    if (st == KVP_OK) {
+        for (uint32_t i = 0; i < r->n_demand; i++) {
+            kvp_slot_info_t info;
+            kvp_store_slot_info(n->store, x->src[i].slot, &info);
+            r->digests[i] = info.digest;
+            blocks[i] = (kvp_xfer_block_t){x->src[i].slot, x->src[i].gen, r->demand[i].dst_slot,
+                                           r->demand[i].dst_gen};
         }
-        kvp__free(blocks);
-        sround_finish(r, false, KVP_ERR_NOMEM);
-        return;
+        st = n->xport->ops->write(n->xport, s->xpeer, blocks, r->n_demand, &x->id);
+        if (st != KVP_OK) /* nothing was posted: fail cleanly (F14) */
+            KVP_WARN(n->name, "peer %s: transfer submit failed: %s", s->peer_id,
+                     kvp_status_str(st));
     }
-    for (uint32_t i = 0; i < r->n_demand; i++) {
-        kvp_supply_t *sp = &r->supply[r->demand[i].supply];
-        kvp_slot_info_t info;
-        kvp_store_slot_info(n->store, sp->ref.slot, &info);
-        r->digests[i] = info.digest;
-        blocks[i] = (kvp_xfer_block_t){sp->ref.slot, sp->ref.gen, r->demand[i].dst_slot,
-                                       r->demand[i].dst_gen};
-        x->src[i] = sp->ref;
-    }
-    kvp_status_t st = n->xport->ops->write(n->xport, s->xpeer, blocks, r->n_demand, &x->id);
     kvp__free(blocks);
-    if (st != KVP_OK) { /* nothing was posted: fail cleanly (F14) */
-        KVP_WARN(n->name, "peer %s: transfer submit failed: %s", s->peer_id, kvp_status_str(st));
-        kvp__free(x->src);
-        kvp__free(x);
+    if (st != KVP_OK) {
+        if (x != NULL)
+            xfer_drop(n, x);
         sround_finish(r, false, st);
         return;
-    }
-    /* The pins now belong to the transfer (store job). A demand may name the
-     * same supply twice; each transfer block then needs its own pin. */
-    for (uint32_t i = 0; i < r->n_demand; i++) {
-        kvp_supply_t *sp = &r->supply[r->demand[i].supply];
-        if (sp->pinned)
-            sp->pinned = false;
-        else
-            KVP_ASSERT(kvp_store_pin(n->store, sp->ref) == KVP_OK);
     }
     x->posted_ns = kvp__node_now(n);
     r->xfer = x;

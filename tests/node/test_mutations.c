@@ -9,9 +9,10 @@
 
 #define MS KVP_NSEC_PER_MSEC
 
-/* I3 with accept-stale-epoch: a forged ABORT_ACK carrying another
- * incarnation's epoch must not free the consumer's slots while the WRITE is
- * still on its way. Returns the landing violations seen. */
+/* I3 with accept-stale-epoch: while a cancelled load waits for its
+ * ABORT_ACK, a forged ABORT_ACK carrying another incarnation's epoch must not
+ * free the consumer's slots while the WRITE is still on its way. Returns the
+ * landing violations seen. */
 static size_t stale_ack_scenario(int mutation)
 {
     world_t *w = malloc(sizeof(world_t));
@@ -33,6 +34,9 @@ static size_t stale_ack_scenario(int mutation)
     kvp_load_t *l = kvp__client_find_load(w->node[1], op);
     assert_non_null(s);
     assert_non_null(l);
+    /* The engine cancels: ABORT is on its way and the slots wait for the
+     * real ABORT_ACK, which the source sends only once the WRITE ended. */
+    assert_int_equal(kvp_cancel(w->node[1], op), KVP_OK);
     kvp_epoch_t bogus;
     kvp_epoch_new(&bogus);
     kvp_msg_t m = {.type = KVP_MSG_ABORT_ACK};
