@@ -8,7 +8,7 @@ JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
 CMAKE_FLAGS ?=
 
-.PHONY: all deps test test-tsan test-valgrind release bench fuzz sim demo install clean format
+.PHONY: all deps test test-tsan test-valgrind release bench fuzz sim soak demo bench-e2e install clean format
 
 all: deps
 	@cmake -S . -B build/debug -DCMAKE_BUILD_TYPE=Debug -DKVP_SANITIZE=address,undefined $(CMAKE_FLAGS) >/dev/null
@@ -57,6 +57,12 @@ install: deps
 	@cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=$(PREFIX) $(CMAKE_FLAGS) >/dev/null
 	@cmake --build build/release -j $(JOBS)
 	cmake --install build/release --prefix $(PREFIX)
+
+# Soak: three kvpeerd under churn (SIGKILL/SIGTERM restarts), MINUTES long;
+# prints RSS at start and end, operations, faults and violations.
+MINUTES ?= 10
+soak: release
+	/usr/bin/python3 tests/reliability/soak.py build/release/tools/kvpeerd --seconds $$(( $(MINUTES) * 60 ))
 
 # The deterministic simulator: `make sim` runs SEEDS seeds (default 40),
 # `make sim SEED=x` replays one seed verbosely, `make sim SOAK=60` soaks.

@@ -83,7 +83,6 @@ typedef struct fz {
     const uint8_t *in;
     size_t len, pos;
     int verbose;
-    bool known_bugs; /* KVPEER_FUZZ_KNOWN_BUGS set: do not steer around them */
     kvp_fuzz_session_result_t *res;
     bool failed;
 } fz_t;
@@ -105,7 +104,6 @@ void fz_fail(fz_t *z, const char *fmt, const char *arg);
 uint32_t fz_key(uint32_t k, uint8_t *out);
 void fz_block(uint32_t k, uint8_t *buf, size_t len);
 void fz_keys(fz_t *z, fz_keys_t *ks, uint32_t n);
-void fz_keys_dedup(fz_keys_t *ks);
 fz_nop_t *fz_nop_new(fz_t *z);
 /* Send from the fake peer with the epochs z->epoch_mode asks for. */
 void peer_send(fz_t *z, const kvp_msg_t *m);

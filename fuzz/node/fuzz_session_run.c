@@ -55,9 +55,7 @@ static void op_peer_fetch(fz_t *z)
     m.u.fetch.request_id = fz_small(z);
     m.u.fetch.round = fz_small(z);
     m.u.fetch.flags = fz_u8(z) & 3u;
-    fz_keys(z, &ks, fz_u8(z) % (FZ_ITEMS + 1));
-    if (!z->known_bugs)
-        fz_keys_dedup(&ks);
+    fz_keys(z, &ks, fz_u8(z) % (FZ_ITEMS + 1)); /* repeated keys too */
     for (uint32_t i = 0; i < ks.n; i++) {
         uint8_t g = fz_u8(z); /* explicit order: initialisers are unsequenced */
         uint32_t gen = g < 200 ? g : fz_u32(z);
@@ -93,16 +91,12 @@ static fz_fetch_t *fz_pick_fetch(fz_t *z)
 }
 
 /* After FETCH_DONE / ABORT_ACK for (req, round) the round is over for the
- * peer too: it never writes for it again.
- * KNOWN BUG (fuzz/node/known-crashes/abort_ack_wrong_request): the node
- * matches FETCH_DONE / ABORT_ACK by round only, and takes an ABORT_ACK it
- * never asked for as proof; so an answer naming another request id still
- * frees the round's FILLING slots. Until fixed, the peer treats any answer
- * with that round as closing it. */
+ * peer too: it never writes for it again. (An answer naming another request
+ * is a protocol error at the node, which then closes the session.) */
 static void peer_close_round(fz_t *z, uint64_t req, uint64_t round)
 {
     for (uint32_t i = 0; i < KVP_MIN(z->n_fetch, FZ_RECS); i++)
-        if (z->fetch[i].round == round && (z->fetch[i].req == req || !z->known_bugs))
+        if (z->fetch[i].req == req && z->fetch[i].round == round)
             z->fetch[i].closed = true;
 }
 
@@ -375,7 +369,6 @@ int kvp_fuzz_session_run(const uint8_t *data, size_t size, int verbose,
     z.in = data;
     z.len = size;
     z.verbose = verbose;
-    z.known_bugs = getenv("KVPEER_FUZZ_KNOWN_BUGS") != NULL;
     log_verbose = verbose;
     kvp_log_set_sink(fz_log_sink, &log_verbose);
     if (fz_setup(&z, fz_u8(&z)) != 0)

@@ -308,21 +308,6 @@ void fz_keys(fz_t *z, fz_keys_t *ks, uint32_t n)
     }
 }
 
-/* KNOWN BUG (fuzz/node/known-crashes/): a FETCH naming one supplied key
- * twice needs a second pin per duplicate, taken by KVP_ASSERT after the
- * write was posted (server.c sround_post): at the pin limit the node
- * aborts. Until it is fixed, duplicates get a fresh, unsupplied key. */
-void fz_keys_dedup(fz_keys_t *ks)
-{
-    for (uint32_t i = 1; i < ks->n; i++)
-        for (uint32_t j = 0; j < i; j++)
-            if (ks->len[i] == ks->len[j] && memcmp(ks->key[i].data, ks->key[j].data, ks->len[i]) == 0) {
-                uint8_t *d = (uint8_t *)ks->key[i].data; /* points into ks->buf */
-                d[0] = (uint8_t)('A' + i); /* "Blk-..": never put */
-                break;
-            }
-}
-
 /* Request ids and rounds: mostly small (collisions), sometimes huge. */
 uint64_t fz_small(fz_t *z)
 {

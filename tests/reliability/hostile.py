@@ -32,7 +32,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import relib  # noqa: E402
-from relib import check, fail, log, scaled, wait_for  # noqa: E402
+from relib import check, log, scaled, wait_for  # noqa: E402
 
 KVPEERD = os.path.abspath(sys.argv[1])
 COMPAT = "hostile-test"

@@ -25,6 +25,7 @@ No root / no netns: prints "SKIP: ..." and exits 77 (exit 1 when CI=true).
 Namespaces and daemons are removed on every exit path (atexit + signals).
 """
 import os
+import re
 import sys
 import threading
 import time
@@ -34,7 +35,7 @@ import relib  # noqa: E402
 from relib import check, fail, log, scaled, wait_for  # noqa: E402
 
 KVPEERD = os.path.abspath(sys.argv[1])
-TAG = "kvpr%d" % (os.getpid() % 100000)
+TAG = "kvpr%d" % os.getpid()
 NS = {n: "%s%s" % (TAG, n) for n in ("a", "b", "c", "hub")}
 IP = {"a": "10.213.7.1", "b": "10.213.7.2", "c": "10.213.7.3"}
 DEV = "kvp0"
@@ -51,9 +52,20 @@ def skip(why):
     sys.exit(77)
 
 
+def reap_stale():
+    """Namespaces of an earlier run that was killed hard (e.g. a ctest
+    timeout: SIGKILL, no atexit) carry its pid: remove them if it is gone."""
+    r = relib.sh("ip", "netns", "list", check_rc=False)
+    for line in r.stdout.splitlines():
+        m = re.match(r"^kvpr(\d+)(a|b|c|hub)\b", line)
+        if m and not os.path.exists("/proc/" + m.group(1)):
+            relib.sh("ip", "netns", "del", line.split()[0], check_rc=False)
+
+
 def setup_net():
     if os.geteuid() != 0:
         skip("needs root for network namespaces")
+    reap_stale()
     try:
         relib.netns_add(NS["hub"])
         relib.sh("ip", "link", "add", "br0", "type", "bridge", ns=NS["hub"])
