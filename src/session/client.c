@@ -117,13 +117,15 @@ void kvp__client_flush_lookups(kvp_session_t *s)
     while (!kvp_list_empty(&s->lookups_queued)) {
         kvp_lookup_op_t *first = KVP_CONTAINER_OF(s->lookups_queued.next, kvp_lookup_op_t, link);
         uint64_t req = first->request_id, round = n->next_round++;
-        uint32_t total = 0;
+        uint32_t total = 0, nops = 0;
         kvp_list_t *p, *t;
         kvp_list_foreach_safe(p, t, &s->lookups_queued)
         {
             kvp_lookup_op_t *op = KVP_CONTAINER_OF(p, kvp_lookup_op_t, link);
-            if (op->request_id == req)
+            if (op->request_id == req) {
                 total += op->n;
+                nops++;
+            }
         }
         kvp_key_t *keys = kvp__calloc(total, sizeof(*keys));
         uint32_t nk = 0;
@@ -134,7 +136,7 @@ void kvp__client_flush_lookups(kvp_session_t *s)
                 continue;
             op->round = round;
             for (uint32_t i = 0; keys && i < op->n; i++) {
-                uint32_t j = 0;
+                uint32_t j = nops == 1 ? nk : 0; /* one op: sent as given, no O(n^2) merge */
                 while (j < nk && !(keys[j].len == op->keys[i].len &&
                                    memcmp(keys[j].data, op->keys[i].data, keys[j].len) == 0))
                     j++;
@@ -165,8 +167,13 @@ void kvp__client_on_lookup_resp(kvp_session_t *s, const kvp_msg_lookup_resp_t *m
     kvp_list_t *p, *t;
     kvp_key_buf_t *order[256];
     kvp_key_buf_t **keys = m->n <= 256 ? order : kvp__calloc(m->n, sizeof(*keys));
-    uint32_t nk = 0;
+    uint32_t nk = 0, nops = 0;
     bool found = false;
+    kvp_list_foreach_safe(p, t, &s->lookups_sent)
+    {
+        kvp_lookup_op_t *op = KVP_CONTAINER_OF(p, kvp_lookup_op_t, link);
+        nops += op->round == m->round;
+    }
     if (keys == NULL) {
         kvp__session_fault(s, KVP_BYE_PROTOCOL, "out of memory on LOOKUP_RESP");
         return;
@@ -178,7 +185,7 @@ void kvp__client_on_lookup_resp(kvp_session_t *s, const kvp_msg_lookup_resp_t *m
             continue;
         found = true;
         for (uint32_t i = 0; i < op->n; i++) {
-            uint32_t j = 0;
+            uint32_t j = nops == 1 ? nk : 0; /* as flush_lookups: one op, no merge */
             while (j < nk && !(keys[j]->len == op->keys[i].len &&
                                memcmp(keys[j]->data, op->keys[i].data, keys[j]->len) == 0))
                 j++;
