@@ -198,6 +198,14 @@ typedef struct kvp_stats {
     uint64_t retained_transfers, quarantined_slots, force_releases;
     uint64_t checksum_mismatches, stale_frames, protocol_errors, peers_down;
     uint64_t probations, evictions, loads_inflight;
+    /* Resource limits of SPEC §8 (counters; each refusal also logs a
+     * rate-limited WARN naming the limit and the peer). */
+    uint64_t sessions_refused;           /* handshakes refused at max_sessions */
+    uint64_t pins_refused;               /* pins refused at max_pins (keys answered MISS) */
+    uint64_t fetches_queued;             /* fetches that waited for the bytes-in-flight budget */
+    uint64_t fetches_refused_inflight;   /* refused or timed out in the queue: bytes in flight */
+    uint64_t fetches_refused_quarantine; /* refused: faulty peer, quarantine limit reached */
+    uint64_t fetches_refused_retained;   /* FETCHes of peers refused: max_retained reached */
 } kvp_stats_t;
 
 KVP_EXPORT kvp_status_t kvp_node_stats(kvp_node_t *node, kvp_stats_t *out);

@@ -182,6 +182,14 @@ static void format_safety(kvpd_buf_t *b, const kvp_stats_t *st)
         st->protocol_errors);
     one(b, "peers_down_total", "counter", "Sessions that went down.", st->peers_down);
     one(b, "probations_total", "counter", "Sibling sessions put on probation.", st->probations);
+    static const char *const lim[] = {"sessions", "pins", "inflight_bytes", "quarantine",
+                                      "retained"};
+    uint64_t limv[] = {st->sessions_refused, st->pins_refused, st->fetches_refused_inflight,
+                       st->fetches_refused_quarantine, st->fetches_refused_retained};
+    family(b, "limit_refusals_total", "counter", "Work refused at a resource limit (SPEC 8).");
+    labelled(b, "limit_refusals_total", "limit", lim, limv, 5);
+    one(b, "fetches_queued_total", "counter", "Fetches that waited for the bytes-in-flight budget.",
+        st->fetches_queued);
 }
 
 static void format_peers(kvpd_buf_t *b, const kvp_peer_info_t *p, uint32_t n)

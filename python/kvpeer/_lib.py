@@ -157,7 +157,9 @@ STATS_FIELDS = (
     "sessions_ready sessions_handshaking "
     "retained_transfers quarantined_slots force_releases "
     "checksum_mismatches stale_frames protocol_errors peers_down "
-    "probations evictions loads_inflight"
+    "probations evictions loads_inflight "
+    "sessions_refused pins_refused fetches_queued fetches_refused_inflight "
+    "fetches_refused_quarantine fetches_refused_retained"
 ).split()
 
 

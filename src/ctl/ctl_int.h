@@ -102,6 +102,7 @@ struct kvp_ctl {
     kvp_rng_t rng; /* backoff jitter */
     kvp_ctl_stats_t st;
     kvp_ratelimit_t rl_proto;
+    kvp_ratelimit_t rl_limit; /* refusals at max_sessions */
     const kvp_conn_handler_t *handler;
 };
 

@@ -139,8 +139,9 @@ void ctl_hs_on_hello(kvp_link_t *l, const kvp_msg_hello_t *h)
         return;
     }
     if (ctl_count_sessions(ctl) > ctl->cfg.max_sessions) {
-        KVP_WARN(ctl->prefix, "peer %s: session cap %u reached: refused", h->peer_id,
-                 ctl->cfg.max_sessions);
+        KVP_LOG_RL(&ctl->rl_limit, ctl_link_now(l), KVP_LOG_WARN, ctl->prefix,
+                   "peer %s: session refused: max_sessions (%u) reached", h->peer_id,
+                   ctl->cfg.max_sessions);
         ctl_link_refuse(l, KVP_DOWN_LIMIT, KVP_BYE_LIMIT, &ctl->st.refused_limit);
         return;
     }

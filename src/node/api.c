@@ -130,6 +130,9 @@ static kvp_status_t do_get(kvp_node_t *n, void *arg)
     kvp_slot_ref_t ref;
     const void *ptr;
     kvp_status_t st = kvp_store_lookup(n->store, a->key, a->key_len, &ref, &ptr, NULL);
+    if (st == KVP_ERR_LIMIT)
+        KVP_LOG_RL(&n->rl_local, kvp__node_now(n), KVP_LOG_WARN, n->name,
+                   "local reader: acquire refused: max_pins reached");
     if (st != KVP_OK)
         return st;
     a->out->data = ptr;
@@ -331,6 +334,8 @@ static kvp_status_t do_stats(kvp_node_t *n, void *arg)
     o->protocol_errors += cs.protocol_errors;
     o->retained_transfers = n->n_retained;
     o->quarantined_slots = ss.slots[KVP_SLOT_QUARANTINED];
+    o->sessions_refused += cs.refused_limit; /* ctl (HELLO) + session layer */
+    o->pins_refused = ss.pin_limit_refusals;
     uint64_t inflight = 0;
     kvp_list_t *p, *t;
     kvp_list_foreach_safe(p, t, &n->sessions)

@@ -74,7 +74,7 @@ typedef struct kvp_key_buf {
 } kvp_key_buf_t;
 
 typedef enum kvp_load_phase {
-    KVP_LOAD_QUEUED = 0,   /* FETCH not yet on the wire (session not ready) */
+    KVP_LOAD_QUEUED = 0,   /* on session->fetchq waiting for byte budget; nothing reserved */
     KVP_LOAD_SENT = 1,     /* FETCH sent; load timer running */
     KVP_LOAD_ABORTING = 2, /* ABORT sent; re-sent until ABORT_ACK / FETCH_DONE */
     KVP_LOAD_SETTLED = 3,  /* slots committed/abandoned or quarantined */
@@ -86,8 +86,13 @@ typedef struct kvp_load_block {
     bool reserved; /* dst holds a FILLING/QUARANTINED slot of ours */
 } kvp_load_block_t;
 
+/* Fetches waiting for the bytes-in-flight budget of their session (SPEC §8
+ * "further fetches queue, then MISS"): at most this many per session, each
+ * for at most half the load timeout (kvp__client_fetch). */
+#define KVP_FETCHQ_MAX 1024u
+
 struct kvp_load {
-    kvp_list_t link; /* session->loads, or node->quarantined */
+    kvp_list_t link; /* session->fetchq (QUEUED), session->loads, or node->quarantined */
     kvp_node_t *node;
     kvp_session_t *sess; /* NULL once the session is gone */
     kvp_xpeer_id_t xpeer; /* the transport peer WRITEs come through (fence scope) */
@@ -100,9 +105,10 @@ struct kvp_load {
     kvp_load_block_t *blocks;
     int32_t *block_status; /* caller-owned, may be NULL */
     uint64_t bytes;
+    uint64_t queued_ns; /* kvp_fetch() of a fetch that had to queue, else 0 */
     uint64_t started_ns, quarantined_ns, abort_started_ns;
     char peer[KVP_WIRE_STR_MAX + 1];
-    kvp_timer_t timer; /* load timeout, then abort resend / abort-ack timeout */
+    kvp_timer_t timer; /* queue wait, load timeout, then abort resend / abort-ack timeout */
 };
 
 struct kvp_xfer {
@@ -178,7 +184,7 @@ typedef struct kvp_creq {
 struct kvp_session {
     kvp_list_t node_link; /* node->sessions */
     kvp_list_t active_link; /* node->active: sessions with transfers in flight */
-    kvp_list_t flush_link;  /* node->flushq: sessions with lookups to send */
+    kvp_list_t flush_link;  /* node->flushq: lookups to send, queued fetches to start */
     kvp_node_t *node;
     kvp_link_t *link; /* control link; NULL once down */
     char peer_id[KVP_WIRE_STR_MAX + 1];
@@ -192,11 +198,14 @@ struct kvp_session {
     uint64_t bytes_inflight; /* consumer side: bytes of loads not settled */
     /* client role */
     kvp_list_t lookups_queued, lookups_sent, loads, creqs;
+    kvp_list_t fetchq; /* QUEUED loads, FIFO, waiting for bytes_inflight budget */
+    uint32_t n_fetchq;
     /* server role */
     kvp_list_t srounds, xfers;
     uint32_t xfers_inflight;
     uint64_t last_work_ns;
-    kvp_ratelimit_t rl; /* repeated log lines of this peer */
+    kvp_ratelimit_t rl;       /* repeated log lines of this peer */
+    kvp_ratelimit_t rl_limit; /* this peer's refusals at a limit of SPEC §8 */
 };
 
 /* ------------------------------------------------------------------ node */
@@ -211,6 +220,7 @@ struct kvp_node {
     kvp_loop_t *loop;
     kvp_store_t *store;
     kvp_xport_t *xport;
+    uint64_t ep_failures_seen; /* xport->ep_failures when endpoints were last checked */
     bool own_xport;
     kvp_ctl_t *ctl;
     const void *blob;
@@ -222,7 +232,7 @@ struct kvp_node {
     kvp_list_t waiting;     /* srounds waiting for commits (pending lookups, parked) */
     kvp_list_t retained;    /* kvp_xfer_t retained after their session ended */
     kvp_list_t quarantined; /* kvp_load_t whose slots are QUARANTINED */
-    kvp_list_t flushq;      /* sessions with queued lookups */
+    kvp_list_t flushq;      /* sessions with queued lookups or startable queued fetches */
     uint32_t n_sessions, n_retained;
     uint64_t next_op_id, next_round;
     kvp_io_t xport_io;
@@ -245,7 +255,7 @@ struct kvp_node {
     uint64_t events_dropped;
 
     kvp_stats_t st; /* counters owned by the node (store/ctl stats merged on read) */
-    kvp_ratelimit_t rl_proto, rl_cap;
+    kvp_ratelimit_t rl_proto, rl_cap, rl_local; /* rl_local: refusals of local readers */
 };
 
 /* node.c */
@@ -275,6 +285,10 @@ kvp_status_t kvp__client_lookup(kvp_session_t *s, uint64_t op_id, uint64_t reque
                                 const uint8_t *keys, const uint32_t *lens, uint32_t n,
                                 uint8_t *results);
 void kvp__client_flush_lookups(kvp_session_t *s);
+/* Start queued fetches (FIFO) while the session's byte budget allows. */
+void kvp__client_start_queued(kvp_session_t *s);
+/* Fail every queued fetch of the session with `why` (one outcome each). */
+void kvp__client_fail_queued(kvp_session_t *s, kvp_status_t why);
 kvp_status_t kvp__client_fetch(kvp_session_t *s, uint64_t op_id, uint64_t request_id,
                                const uint8_t *keys, const uint32_t *lens, uint32_t n,
                                uint32_t flags, int32_t *block_status);

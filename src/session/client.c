@@ -4,12 +4,24 @@
  * verification and commit, abort with resend and escalation, and the
  * consumer half of teardown (quarantine).
  *
- * Load phases: QUEUED -> SENT -> (ABORTING) -> SETTLED. The outcome is
+ * Load phases: (QUEUED) -> SENT -> (ABORTING) -> SETTLED. The outcome is
  * published exactly once (kvp__load_publish asserts it); releasing the
  * slots is a separate step that needs proof:
  *   FETCH_DONE          commit verified blocks, abandon the rest
  *   ABORT_ACK           abandon every block
  *   outcome unknown     quarantine; release on proof or at the hold cap
+ *
+ * Limits (SPEC §8), decided in kvp__client_fetch, each refusal counted and
+ * logged (rate-limited, naming the limit and the peer):
+ *   max_inflight_bytes_per_peer  a fetch that does not fit the session's
+ *       budget waits on session->fetchq (FIFO, at most KVP_FETCHQ_MAX) with
+ *       nothing reserved; it starts when budget frees, or fails with
+ *       KVP_ERR_LIMIT after half the load timeout. A fetch larger than the
+ *       whole budget, or one that finds the queue full, is refused at once.
+ *   max_quarantined  a peer is *faulty* while slots quarantined by its
+ *       loads (any incarnation under its peer id) are held; once the store
+ *       holds max_quarantined QUARANTINED slots, fetches from faulty peers
+ *       are refused with KVP_ERR_LIMIT; healthy peers are still served.
  */
 #include "node/node.h"
 
@@ -221,6 +233,15 @@ void kvp__client_on_lookup_resp(kvp_session_t *s, const kvp_msg_lookup_resp_t *m
 
 /* ---------------------------------------------------------------- fetch */
 
+/* Have the node start this session's queued fetches at the end of the
+ * current call (node_flush_lookups), never inside the caller's chain. */
+static void fetchq_kick(kvp_session_t *s)
+{
+    if (!kvp_list_empty(&s->fetchq) && !s->closing && s->link != NULL &&
+        !kvp_list_linked(&s->flush_link))
+        kvp_list_insert_tail(&s->node->flushq, &s->flush_link);
+}
+
 static void load_free_blocks(kvp_load_t *l)
 {
     kvp__free(l->blocks);
@@ -233,8 +254,10 @@ void kvp__load_free(kvp_load_t *l)
     kvp_timer_stop(n->loop, &l->timer);
     if (kvp_list_linked(&l->link))
         kvp_list_remove(&l->link);
-    if (l->sess != NULL)
+    if (l->sess != NULL && l->bytes > 0) {
         l->sess->bytes_inflight -= l->bytes;
+        fetchq_kick(l->sess); /* budget freed: queued fetches may start */
+    }
     load_free_blocks(l);
     kvp__free(l);
 }
@@ -260,16 +283,12 @@ void kvp__load_publish(kvp_load_t *l, kvp_status_t st, uint32_t n_ok)
 
 /* Reserve one FILLING slot per key. Keys already READY or FILLING here are
  * not fetched (their block_status says so). */
-static kvp_status_t load_reserve(kvp_load_t *l, const uint8_t *keys, const uint32_t *lens,
-                                 uint32_t *to_fetch)
+static kvp_status_t load_reserve(kvp_load_t *l, uint32_t *to_fetch)
 {
     kvp_node_t *n = l->node;
-    size_t off = 0;
     *to_fetch = 0;
     for (uint32_t i = 0; i < l->n; i++) {
         kvp_load_block_t *b = &l->blocks[i];
-        key_copy(&b->key, keys + off, lens[i]);
-        off += lens[i];
         void *ptr;
         kvp_status_t st = kvp_store_reserve(n->store, b->key.data, b->key.len,
                                             KVP_STORE_RESERVE_REMOTE, &b->dst, &ptr);
@@ -313,6 +332,208 @@ static kvp_status_t load_send_fetch(kvp_load_t *l, uint32_t to_fetch)
     return st;
 }
 
+/* ------------------------------------------------------------- limits */
+
+/* Slots held QUARANTINED by loads from this peer: loads of a dead
+ * incarnation wait on node->quarantined under the same peer id, loads of a
+ * session on probation stay on its list. Only scanned at the limit. */
+static uint64_t peer_quarantined_slots(const kvp_session_t *s)
+{
+    const kvp_list_t *lists[2] = {&s->node->quarantined, &s->loads};
+    uint64_t slots = 0;
+    for (int k = 0; k < 2; k++) {
+        for (const kvp_list_t *p = lists[k]->next; p != lists[k]; p = p->next) {
+            const kvp_load_t *l = KVP_CONTAINER_OF(p, kvp_load_t, link);
+            if (!l->quarantined || strcmp(l->peer, s->peer_id) != 0)
+                continue;
+            for (uint32_t i = 0; i < l->n; i++)
+                slots += l->blocks[i].reserved;
+        }
+    }
+    return slots;
+}
+
+/* SPEC §8 max quarantined slots: once the store holds max_quarantined
+ * QUARANTINED slots, fetches from faulty peers (those that have quarantined
+ * slots attributed to them) answer MISS; healthy peers are served. */
+static kvp_status_t quarantine_check(kvp_session_t *s)
+{
+    kvp_node_t *n = s->node;
+    kvp_store_stats_t ss;
+    kvp_store_get_stats(n->store, &ss);
+    uint64_t total = ss.slots[KVP_SLOT_QUARANTINED], mine;
+    if (total < n->cfg.max_quarantined || (mine = peer_quarantined_slots(s)) == 0)
+        return KVP_OK;
+    n->st.fetches_refused_quarantine++;
+    KVP_LOG_RL(&s->rl_limit, kvp__node_now(n), KVP_LOG_WARN, n->name,
+               "peer %s: fetch refused: max_quarantined reached (%llu of %u slots quarantined, "
+               "%llu by this peer)",
+               s->peer_id, (unsigned long long)total, n->cfg.max_quarantined,
+               (unsigned long long)mine);
+    return KVP_ERR_LIMIT;
+}
+
+static void inflight_refused(kvp_session_t *s, const char *why, uint64_t op_id)
+{
+    kvp_node_t *n = s->node;
+    n->st.fetches_refused_inflight++;
+    KVP_LOG_RL(&s->rl_limit, kvp__node_now(n), KVP_LOG_WARN, n->name,
+               "peer %s: fetch %llu refused: max_inflight_bytes_per_peer (%llu B, %llu B in "
+               "flight): %s",
+               s->peer_id, (unsigned long long)op_id,
+               (unsigned long long)n->cfg.max_inflight_bytes_per_peer,
+               (unsigned long long)s->bytes_inflight, why);
+}
+
+/* ---------------------------------------------------------------- fetch */
+
+static kvp_load_t *load_new(kvp_session_t *s, uint64_t op_id, uint64_t request_id,
+                            const uint8_t *keys, const uint32_t *lens, uint32_t n, uint32_t flags,
+                            int32_t *block_status)
+{
+    kvp_load_t *l = kvp__calloc(1, sizeof(*l));
+    if (l == NULL || (l->blocks = kvp__calloc(n, sizeof(*l->blocks))) == NULL) {
+        kvp__free(l);
+        return NULL;
+    }
+    l->node = s->node;
+    l->sess = s;
+    l->xpeer = s->xpeer;
+    l->op_id = op_id;
+    l->request_id = request_id;
+    l->flags = flags & KVP_FETCH_WAIT_FOR_SUPPLY;
+    l->n = n;
+    l->block_status = block_status;
+    size_t off = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        key_copy(&l->blocks[i].key, keys + off, lens[i]);
+        off += lens[i];
+    }
+    snprintf(l->peer, sizeof(l->peer), "%s", s->peer_id);
+    kvp_list_init(&l->link);
+    kvp_timer_init(&l->timer, "load", load_timer_cb, l);
+    return l;
+}
+
+/* A fetch goes against the supply of the latest lookup of its request (if
+ * not fetched yet), else a new round. Bound when the fetch is made, so a
+ * fetch that queues keeps the round of the lookup it followed. */
+static void load_bind_round(kvp_load_t *l)
+{
+    kvp_session_t *s = l->sess;
+    kvp_creq_t *c = creq_get(s, l->request_id, true);
+    if (c != NULL && !c->fetched && !(l->flags & KVP_FETCH_WAIT_FOR_SUPPLY)) {
+        l->round = c->round;
+        c->fetched = true;
+    } else {
+        l->round = s->node->next_round++;
+    }
+}
+
+/* Reserve the destinations, send FETCH, start the load timer. On KVP_OK the
+ * load belongs to the session (or was settled at once and freed: every key
+ * is here already). On error nothing is reserved or on the wire, the load
+ * is on no list and holds no budget; the caller frees it. */
+static kvp_status_t load_launch(kvp_load_t *l)
+{
+    kvp_session_t *s = l->sess;
+    kvp_node_t *node = l->node;
+    uint32_t to_fetch = 0;
+    kvp_status_t st = load_reserve(l, &to_fetch);
+    if (st != KVP_OK) {
+        load_abandon_all(l);
+        return st;
+    }
+    if (l->round == 0)
+        load_bind_round(l);
+    l->started_ns = kvp__node_now(node);
+    if (to_fetch == 0) { /* everything is here already */
+        l->phase = KVP_LOAD_SETTLED;
+        kvp__load_publish(l, KVP_OK, 0);
+        kvp__load_free(l);
+        return KVP_OK;
+    }
+    kvp_list_insert_tail(&s->loads, &l->link);
+    l->bytes = (uint64_t)to_fetch * node->cfg.block_size;
+    s->bytes_inflight += l->bytes;
+    if ((st = load_send_fetch(l, to_fetch)) != KVP_OK) {
+        load_abandon_all(l); /* nothing reached the wire: no WRITE can come */
+        kvp_list_remove(&l->link);
+        s->bytes_inflight -= l->bytes;
+        l->bytes = 0;
+        return st;
+    }
+    l->phase = KVP_LOAD_SENT;
+    kvp_timer_start(node->loop, &l->timer,
+                    l->started_ns + (uint64_t)node->cfg.load_timeout_ms * KVP_NSEC_PER_MSEC);
+    return KVP_OK;
+}
+
+/* How long a fetch may wait for budget: half the load timeout, so that a
+ * fetch that starts late still ends (SENT gets the full load timeout)
+ * within 1.5 load timeouts of kvp_fetch(). */
+static uint64_t fetchq_wait_ns(const kvp_node_t *n)
+{
+    return (uint64_t)n->cfg.load_timeout_ms * KVP_NSEC_PER_MSEC / 2;
+}
+
+static void fetchq_push(kvp_load_t *l)
+{
+    kvp_session_t *s = l->sess;
+    kvp_node_t *n = l->node;
+    l->phase = KVP_LOAD_QUEUED;
+    l->queued_ns = kvp__node_now(n);
+    load_bind_round(l);
+    kvp_list_insert_tail(&s->fetchq, &l->link);
+    s->n_fetchq++;
+    n->st.fetches_queued++;
+    kvp_timer_start(n->loop, &l->timer, l->queued_ns + fetchq_wait_ns(n));
+    KVP_DEBUG(n->name, "peer %s: fetch %llu queued: %llu B in flight (%u waiting)", s->peer_id,
+              (unsigned long long)l->op_id, (unsigned long long)s->bytes_inflight, s->n_fetchq);
+}
+
+static void fetchq_take(kvp_load_t *l)
+{
+    KVP_ASSERT(l->phase == KVP_LOAD_QUEUED && l->sess->n_fetchq > 0);
+    kvp_timer_stop(l->node->loop, &l->timer);
+    kvp_list_remove(&l->link);
+    l->sess->n_fetchq--;
+}
+
+/* The queued fetch's one outcome; nothing was reserved. Fetches behind it
+ * may fit now. */
+static void fetchq_fail(kvp_load_t *l, kvp_status_t why)
+{
+    kvp_session_t *s = l->sess;
+    fetchq_take(l);
+    kvp__load_publish(l, why, 0);
+    kvp__load_free(l);
+    fetchq_kick(s);
+}
+
+void kvp__client_start_queued(kvp_session_t *s)
+{
+    kvp_node_t *n = s->node;
+    while (!kvp_list_empty(&s->fetchq) && s->link != NULL && !s->closing && !s->probation) {
+        kvp_load_t *l = KVP_CONTAINER_OF(s->fetchq.next, kvp_load_t, link);
+        if (s->bytes_inflight + (uint64_t)l->n * n->cfg.block_size >
+            n->cfg.max_inflight_bytes_per_peer)
+            break; /* FIFO: nothing overtakes the head */
+        fetchq_take(l);
+        kvp_status_t st = quarantine_check(s);
+        if (st == KVP_OK && (st = load_launch(l)) == KVP_OK)
+            continue;
+        kvp__load_publish(l, st, 0);
+        kvp__load_free(l);
+    }
+}
+
+void kvp__client_fail_queued(kvp_session_t *s, kvp_status_t why)
+{
+    while (!kvp_list_empty(&s->fetchq))
+        fetchq_fail(KVP_CONTAINER_OF(s->fetchq.next, kvp_load_t, link), why);
+}
+
 kvp_status_t kvp__client_fetch(kvp_session_t *s, uint64_t op_id, uint64_t request_id,
                                const uint8_t *keys, const uint32_t *lens, uint32_t n,
                                uint32_t flags, int32_t *block_status)
@@ -322,62 +543,28 @@ kvp_status_t kvp__client_fetch(kvp_session_t *s, uint64_t op_id, uint64_t reques
     if (st != KVP_OK)
         return st;
     uint64_t bytes = (uint64_t)n * node->cfg.block_size;
-    if (s->bytes_inflight + bytes > node->cfg.max_inflight_bytes_per_peer)
+    uint64_t budget = node->cfg.max_inflight_bytes_per_peer;
+    if (bytes > budget) {
+        inflight_refused(s, "larger than the whole budget", op_id);
         return KVP_ERR_LIMIT;
-    kvp_store_stats_t ss;
-    kvp_store_get_stats(node->store, &ss);
-    if (ss.slots[KVP_SLOT_QUARANTINED] >= node->cfg.max_quarantined)
-        return KVP_ERR_LIMIT;
-    kvp_load_t *l = kvp__calloc(1, sizeof(*l));
-    if (l == NULL || (l->blocks = kvp__calloc(n, sizeof(*l->blocks))) == NULL) {
-        kvp__free(l);
-        return KVP_ERR_NOMEM;
     }
-    l->node = node;
-    l->sess = s;
-    l->xpeer = s->xpeer;
-    l->op_id = op_id;
-    l->request_id = request_id;
-    l->flags = flags & KVP_FETCH_WAIT_FOR_SUPPLY;
-    l->n = n;
-    l->block_status = block_status;
-    l->started_ns = kvp__node_now(node);
-    snprintf(l->peer, sizeof(l->peer), "%s", s->peer_id);
-    kvp_list_init(&l->link);
-    kvp_timer_init(&l->timer, "load", load_timer_cb, l);
-    uint32_t to_fetch = 0;
-    st = load_reserve(l, keys, lens, &to_fetch);
-    if (st != KVP_OK) {
-        load_abandon_all(l);
-        load_free_blocks(l);
-        kvp__free(l);
+    if ((st = quarantine_check(s)) != KVP_OK)
         return st;
+    bool queue = !kvp_list_empty(&s->fetchq) || s->bytes_inflight + bytes > budget;
+    if (queue && s->n_fetchq >= KVP_FETCHQ_MAX) {
+        inflight_refused(s, "fetch queue full", op_id);
+        return KVP_ERR_LIMIT;
     }
-    kvp_creq_t *c = creq_get(s, request_id, true);
-    if (c != NULL && !c->fetched && !(l->flags & KVP_FETCH_WAIT_FOR_SUPPLY)) {
-        l->round = c->round; /* fetch against the supply of the latest lookup */
-        c->fetched = true;
-    } else {
-        l->round = node->next_round++;
-    }
-    kvp_list_insert_tail(&s->loads, &l->link);
-    if (to_fetch == 0) { /* everything is here already */
-        l->phase = KVP_LOAD_SETTLED;
-        kvp__load_publish(l, KVP_OK, 0);
-        kvp__load_free(l);
+    kvp_load_t *l = load_new(s, op_id, request_id, keys, lens, n, flags, block_status);
+    if (l == NULL)
+        return KVP_ERR_NOMEM;
+    if (queue) {
+        fetchq_push(l);
         return KVP_OK;
     }
-    l->bytes = (uint64_t)to_fetch * node->cfg.block_size;
-    s->bytes_inflight += l->bytes;
-    if ((st = load_send_fetch(l, to_fetch)) != KVP_OK) {
-        load_abandon_all(l); /* nothing reached the wire: no WRITE can come */
+    if ((st = load_launch(l)) != KVP_OK)
         kvp__load_free(l);
-        return st;
-    }
-    l->phase = KVP_LOAD_SENT;
-    kvp_timer_start(node->loop, &l->timer,
-                    l->started_ns + (uint64_t)node->cfg.load_timeout_ms * KVP_NSEC_PER_MSEC);
-    return KVP_OK;
+    return st;
 }
 
 /* The load a FETCH_DONE / ABORT_ACK answers: same round AND request. */
@@ -399,11 +586,14 @@ kvp_load_t *kvp__client_find_load(kvp_node_t *n, uint64_t op_id)
     kvp_list_foreach_safe(sp, st, &n->sessions)
     {
         kvp_session_t *s = KVP_CONTAINER_OF(sp, kvp_session_t, node_link);
-        kvp_list_foreach_safe(p, t, &s->loads)
-        {
-            kvp_load_t *l = KVP_CONTAINER_OF(p, kvp_load_t, link);
-            if (l->op_id == op_id)
-                return l;
+        for (int k = 0; k < 2; k++) {
+            kvp_list_t *head = k == 0 ? &s->loads : &s->fetchq;
+            kvp_list_foreach_safe(p, t, head)
+            {
+                kvp_load_t *l = KVP_CONTAINER_OF(p, kvp_load_t, link);
+                if (l->op_id == op_id)
+                    return l;
+            }
         }
     }
     return NULL;
@@ -513,6 +703,10 @@ static void send_abort(kvp_load_t *l)
 void kvp__client_abort(kvp_load_t *l, kvp_status_t why)
 {
     kvp_node_t *n = l->node;
+    if (l->phase == KVP_LOAD_QUEUED) { /* never started: nothing to abort */
+        fetchq_fail(l, why);
+        return;
+    }
     if (!l->published)
         kvp__load_publish(l, why, 0);
     if (l->phase != KVP_LOAD_SENT)
@@ -528,6 +722,11 @@ static void load_timer_cb(kvp_timer_t *t)
 {
     kvp_load_t *l = t->data;
     kvp_node_t *n = l->node;
+    if (l->phase == KVP_LOAD_QUEUED) {
+        inflight_refused(l->sess, "waited too long in the fetch queue", l->op_id);
+        fetchq_fail(l, KVP_ERR_LIMIT);
+        return;
+    }
     if (l->phase == KVP_LOAD_SENT) {
         KVP_WARN(n->name, "peer %s: load %llu timed out: aborting", l->peer,
                  (unsigned long long)l->op_id);
@@ -573,6 +772,12 @@ void kvp__client_finish_request(kvp_session_t *s, uint64_t request_id)
 {
     kvp_list_t *p, *t;
     bool any = false;
+    kvp_list_foreach_safe(p, t, &s->fetchq)
+    {
+        kvp_load_t *l = KVP_CONTAINER_OF(p, kvp_load_t, link);
+        if (l->request_id == request_id)
+            fetchq_fail(l, KVP_ERR_CANCELED); /* F7: one failure outcome */
+    }
     kvp_list_foreach_safe(p, t, &s->loads)
     {
         kvp_load_t *l = KVP_CONTAINER_OF(p, kvp_load_t, link);
@@ -601,6 +806,7 @@ void kvp__client_teardown(kvp_session_t *s, bool fault)
     kvp_node_t *n = s->node;
     kvp_list_t *p, *t;
     (void)fault;
+    kvp__client_fail_queued(s, KVP_ERR_UNREACHABLE); /* nothing reserved: nothing to hold */
     kvp_list_foreach_safe(p, t, &s->lookups_queued)
         lookup_op_finish(KVP_CONTAINER_OF(p, kvp_lookup_op_t, link), KVP_ERR_UNREACHABLE, 0);
     kvp_list_foreach_safe(p, t, &s->lookups_sent)

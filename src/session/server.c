@@ -204,7 +204,7 @@ void kvp__server_on_lookup(kvp_session_t *s, const kvp_msg_lookup_t *m)
         kvp__session_fault(s, KVP_BYE_PROTOCOL, "out of memory on LOOKUP");
         return;
     }
-    uint32_t pending = 0, hits = 0;
+    uint32_t pending = 0, hits = 0, refused = 0;
     for (uint32_t i = 0; i < m->n; i++) {
         kvp_supply_t *sp = &r->supply[r->n_supply++];
         key_copy(&sp->key, m->keys[i].data, m->keys[i].len);
@@ -218,8 +218,14 @@ void kvp__server_on_lookup(kvp_session_t *s, const kvp_msg_lookup_t *m)
         } else if (st == KVP_ERR_PENDING) {
             sp->pending = true;
             pending++;
+        } else if (st == KVP_ERR_LIMIT) {
+            refused++; /* counted by the store (pins_refused) */
         }
     }
+    if (refused > 0)
+        KVP_LOG_RL(&s->rl_limit, kvp__node_now(n), KVP_LOG_WARN, n->name,
+                   "peer %s: %u keys of LOOKUP answered MISS: max_pins reached", s->peer_id,
+                   refused);
     if (pending > 0) {
         r->phase = KVP_SR_LOOKUP_PENDING;
         kvp_list_insert_tail(&n->waiting, &r->wait_link);
@@ -356,9 +362,10 @@ void kvp__server_on_fetch(kvp_session_t *s, const kvp_msg_fetch_t *m)
         return;
     }
     if (n->n_retained >= n->cfg.max_retained) {
-        KVP_LOG_RL(&n->rl_cap, kvp__node_now(n), KVP_LOG_WARN, n->name,
-                   "peer %s: %u retained transfers (limit): refusing FETCH", s->peer_id,
-                   n->n_retained);
+        n->st.fetches_refused_retained++;
+        KVP_LOG_RL(&s->rl_limit, kvp__node_now(n), KVP_LOG_WARN, n->name,
+                   "peer %s: FETCH refused: max_retained reached (%u retained transfers)",
+                   s->peer_id, n->n_retained);
         fetch_fail_now(s, m, KVP_ERR_LIMIT);
         return;
     }

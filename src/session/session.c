@@ -18,8 +18,14 @@
 kvp_status_t kvp__session_create(kvp_node_t *n, kvp_link_t *link, const kvp_msg_hello_t *hello,
                                  const void *blob, size_t blob_len, kvp_session_t **out)
 {
-    if (n->n_sessions >= n->cfg.max_sessions)
+    if (n->n_sessions >= n->cfg.max_sessions) {
+        /* The ctl refuses at the HELLO already (sessions_refused counts both). */
+        n->st.sessions_refused++;
+        KVP_LOG_RL(&n->rl_cap, kvp__node_now(n), KVP_LOG_WARN, n->name,
+                   "peer %s: session refused: max_sessions (%u) reached", hello->peer_id,
+                   n->cfg.max_sessions);
         return KVP_ERR_LIMIT;
+    }
     kvp_session_t *s = kvp__calloc(1, sizeof(*s));
     if (s == NULL)
         return KVP_ERR_NOMEM;
@@ -40,12 +46,14 @@ kvp_status_t kvp__session_create(kvp_node_t *n, kvp_link_t *link, const kvp_msg_
     s->path = n->xport->ops->peer_path(n->xport, s->xpeer);
     s->last_work_ns = kvp__node_now(n);
     kvp_ratelimit_init(&s->rl, KVP_NSEC_PER_SEC, 5);
+    kvp_ratelimit_init(&s->rl_limit, KVP_NSEC_PER_SEC, 5);
     kvp_list_init(&s->active_link);
     kvp_list_init(&s->flush_link);
     kvp_list_init(&s->lookups_queued);
     kvp_list_init(&s->lookups_sent);
     kvp_list_init(&s->loads);
     kvp_list_init(&s->creqs);
+    kvp_list_init(&s->fetchq);
     kvp_list_init(&s->srounds);
     kvp_list_init(&s->xfers);
     kvp_list_insert_tail(&n->sessions, &s->node_link);
@@ -103,6 +111,7 @@ void kvp__session_probation(kvp_session_t *s, bool on)
     s->probation_ns = kvp__node_now(n);
     KVP_WARN(n->name, "peer %s: sibling of instance %s died: on probation", s->peer_id,
              s->instance_id);
+    kvp__client_fail_queued(s, KVP_ERR_UNREACHABLE); /* never started: fail now */
     kvp_list_t *p, *t;
     kvp_list_foreach_safe(p, t, &s->loads)
     {
