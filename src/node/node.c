@@ -226,12 +226,35 @@ static void node_force_release_quarantine(kvp_node_t *n, kvp_load_t *l, const ch
 
 static bool session_idle(const kvp_session_t *s)
 {
-    return kvp_list_empty(&s->loads) && kvp_list_empty(&s->srounds) &&
+    return kvp_list_empty(&s->loads) && kvp_list_empty(&s->fetchq) &&
+           kvp_list_empty(&s->srounds) &&
            kvp_list_empty(&s->xfers) && kvp_list_empty(&s->lookups_queued) &&
            kvp_list_empty(&s->lookups_sent);
 }
 
 /* Hold cap (SPEC §7.3-4), the consumer endpoint check (F26), idle sessions. */
+/* Sessions whose endpoint failed (an endpoint error, or a data path that
+ * never came up) are closed as faults: nothing can be written through them
+ * any more, and the dialer reconnects on fresh endpoints. Run from the hold
+ * timer and at once whenever the transport reports a new endpoint failure
+ * (xport->ep_failures). */
+static void node_check_endpoints(kvp_node_t *n)
+{
+    kvp_list_t *p, *t;
+    n->ep_failures_seen = n->xport->ep_failures;
+    kvp_list_foreach_safe(p, t, &n->sessions)
+    {
+        kvp_session_t *s = KVP_CONTAINER_OF(p, kvp_session_t, node_link);
+        if (s->closing || n->xport->ops->peer_status(n->xport, s->xpeer) == KVP_OK)
+            continue;
+        if (!kvp_list_empty(&s->loads))
+            kvp__session_fault(s, KVP_BYE_TRANSPORT, "error on our endpoint to the source: "
+                                                     "outcome of its loads unknown");
+        else if (s->link != NULL) /* running transfers are retained as in §7 */
+            kvp__session_fault(s, KVP_BYE_TRANSPORT, "our endpoint to the peer failed");
+    }
+}
+
 static void node_hold_check(kvp_node_t *n)
 {
     uint64_t now = kvp__node_now(n), cap = (uint64_t)n->cfg.hold_cap_ms * KVP_NSEC_PER_MSEC;
@@ -248,15 +271,12 @@ static void node_hold_check(kvp_node_t *n)
         if (now - l->quarantined_ns >= cap)
             node_force_release_quarantine(n, l, "hold cap");
     }
+    node_check_endpoints(n);
     kvp_list_foreach_safe(p, t, &n->sessions)
     {
         kvp_session_t *s = KVP_CONTAINER_OF(p, kvp_session_t, node_link);
-        kvp_status_t st = n->xport->ops->peer_status(n->xport, s->xpeer);
-        if (st != KVP_OK && !s->closing && !kvp_list_empty(&s->loads))
-            kvp__session_fault(s, KVP_BYE_TRANSPORT, "error on our endpoint to the source: "
-                                                     "outcome of its loads unknown");
-        else if (!s->closing && s->link != NULL && session_idle(s) &&
-                 now - s->last_work_ns >= (uint64_t)n->cfg.idle_session_ms * KVP_NSEC_PER_MSEC) {
+        if (!s->closing && s->link != NULL && session_idle(s) &&
+            now - s->last_work_ns >= (uint64_t)n->cfg.idle_session_ms * KVP_NSEC_PER_MSEC) {
             /* No work for the idle timeout: close gracefully and stop redialling;
              * the next lookup or fetch for this peer dials again. */
             KVP_INFO(n->name, "peer %s: idle for %u ms: closing", s->peer_id,
@@ -307,6 +327,7 @@ static void node_flush_lookups(kvp_node_t *n)
         kvp_session_t *s = KVP_CONTAINER_OF(n->flushq.next, kvp_session_t, flush_link);
         kvp_list_remove(&s->flush_link);
         kvp__client_flush_lookups(s);
+        kvp__client_start_queued(s); /* budget freed since the last call */
     }
 }
 
@@ -339,6 +360,8 @@ static void node_settle(kvp_node_t *n)
     for (int i = 0; i < 64 && n->xport->ops->progress(n->xport); i++)
         ;
     node_poll_sessions(n);
+    if (n->xport->ep_failures != n->ep_failures_seen)
+        node_check_endpoints(n);
     node_poll_retired(n);
     node_flush_lookups(n);
 }
@@ -528,6 +551,7 @@ static kvp_status_t node_make_ucx(kvp_node_t *n)
     uc.log_prefix = n->name;
     uc.clock = n->clock;
     uc.max_transfers = n->cfg.max_retained + 1024;
+    uc.connect_timeout_ms = n->cfg.dead_after_ms; /* a data path must come up as fast */
     kvp_status_t st = kvp_ucx_xport_create(&uc, &n->xport);
     if (st != KVP_OK)
         return st;
@@ -615,6 +639,7 @@ kvp_status_t kvp__node_create_ex(const kvp_config_t *cfg, const kvp_node_seams_t
     kvp_list_init(&n->cmds);
     kvp_ratelimit_init(&n->rl_proto, KVP_NSEC_PER_SEC, 5);
     kvp_ratelimit_init(&n->rl_cap, KVP_NSEC_PER_SEC, 1);
+    kvp_ratelimit_init(&n->rl_local, KVP_NSEC_PER_SEC, 1);
     pthread_mutex_init(&n->lock, NULL);
     pthread_cond_init(&n->cond, NULL);
     n->xport_io.fd = -1;
@@ -686,6 +711,9 @@ static void node_drain(kvp_node_t *n)
     uint64_t deadline = kvp__node_now(n) + (uint64_t)n->cfg.shutdown_drain_ms * KVP_NSEC_PER_MSEC;
     bool real = n->clock == kvp_clock_real();
     int rounds = 0;
+    kvp_list_t *p, *t;
+    kvp_list_foreach_safe(p, t, &n->sessions) /* fetches waiting for budget never start */
+        kvp__client_fail_queued(KVP_CONTAINER_OF(p, kvp_session_t, node_link), KVP_ERR_CLOSED);
     while (node_busy(n) && kvp__node_now(n) < deadline && (real || rounds++ < 100))
         node_round(n, real ? 5 : 0);
     while (!kvp_list_empty(&n->sessions)) {

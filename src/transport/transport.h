@@ -80,6 +80,7 @@ typedef struct kvp_xport_stats {
     uint64_t zombie_peers;  /* removed peers whose endpoint is not yet released */
     uint64_t writes, blocks_written, bytes_written;
     uint64_t done, failed, force_released;
+    uint64_t probe_timeouts; /* new endpoints whose data path never came up */
 } kvp_xport_stats_t;
 
 typedef struct kvp_xport_ops {
@@ -142,6 +143,9 @@ typedef struct kvp_xport_ops {
 struct kvp_xport {
     const kvp_xport_ops_t *ops;
     const char *log_prefix;
+    /* Bumped by the backend (owner thread) whenever an endpoint fails, so the
+     * owner learns of it at once instead of polling peer_status(). */
+    uint64_t ep_failures;
 };
 
 #endif /* KVP_TRANSPORT_H */

@@ -48,6 +48,21 @@ static ucx_peer_t *ucx_peer_find(ucx_xport_t *x, kvp_xpeer_id_t id)
     return NULL;
 }
 
+/* Live, removed or closing: the peer a late UCX callback may still name. */
+static ucx_peer_t *ucx_peer_find_any(ucx_xport_t *x, kvp_xpeer_id_t id)
+{
+    kvp_list_t *lists[3] = {&x->peers, &x->zombies, &x->closing}, *pos, *tmp;
+
+    for (int k = 0; k < 3; k++)
+        kvp_list_foreach_safe(pos, tmp, lists[k])
+        {
+            ucx_peer_t *p = KVP_CONTAINER_OF(pos, ucx_peer_t, link);
+            if (p->id == id)
+                return p;
+        }
+    return NULL;
+}
+
 static ucx_xfer_t *ucx_xfer_find(ucx_xport_t *x, kvp_xfer_id_t id)
 {
     uint64_t idx = id & UCX_IDX_MASK;
@@ -162,7 +177,25 @@ static void ucx_ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
     }
     if (p->status == KVP_OK)
         p->status = KVP_ERR_TRANSPORT;
-    p->x->errored++; /* FORCE-closed right after this progress call */
+    p->x->base.ep_failures++;
+    /* FORCE-close here, inside the callback (allowed: UCX has purged the
+     * endpoint's requests before calling us; progress must not be called
+     * from here). Waiting for the end of this progress call is too late:
+     * UCX 1.13 aborts the process ("ucp_request.inl: unexpected error") when
+     * a peer's emulated put arrives, later in the same progress call, for
+     * an endpoint that failed but is not closed yet -- seen after a
+     * partition healed. A closed PEER endpoint's id is invalid, so such
+     * puts are dropped instead (UCX-NOTES §5). */
+    if (ep != NULL && ep == p->ep) {
+        ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                                   .flags = UCP_EP_CLOSE_FLAG_FORCE};
+        void *req = ucp_ep_close_nbx(ep, &prm);
+        p->ep = NULL;
+        if (UCS_PTR_IS_PTR(req))
+            p->close_req = req; /* reaped with the peer */
+    } else {
+        p->x->errored++; /* FORCE-closed right after this progress call */
+    }
 }
 
 /* Start closing the endpoint (FORCE when the peer errored or `force`).
@@ -226,6 +259,83 @@ static bool ucx_zombies_reap(ucx_xport_t *x)
         }
     }
     return any;
+}
+
+/* ------------------------------------------------------ data-path probe */
+
+/* The wire-up of a new endpoint is UCX's business, and UCX 1.13 over tcp can
+ * leave it unfinished for good (both sides reconnecting right after a
+ * partition: connection numbers no longer pair up, puts and flushes then
+ * wait forever and keepalive, which runs only on wired endpoints, never
+ * fires). A flush posted on the fresh endpoint completes only once the
+ * wire-up did; if it has not within connect_timeout the endpoint counts as
+ * failed, exactly like an endpoint error: FORCE-closed, its transfers FAILED
+ * with unknown outcome, peer_status() reports it so the session is torn
+ * down and redialled on fresh endpoints. */
+static void ucx_probe_cb(void *req, ucs_status_t status, void *user_data)
+{
+    ucx_probe_t *pr = user_data;
+    ucx_xport_t *x = pr->x;
+
+    ucp_request_free(req);
+    KVP_ASSERT(x->probes > 0);
+    x->probes--;
+    ucx_peer_t *p = x->destroying ? NULL : ucx_peer_find_any(x, pr->peer);
+    if (p != NULL && p->probe == pr) {
+        p->probe = NULL;
+        KVP_DEBUG(PFX(x), "peer %llu: data-path probe %s", (unsigned long long)p->id,
+                  ucs_status_string(status));
+    }
+    kvp__free(pr);
+}
+
+static void ucx_probe_start(ucx_xport_t *x, ucx_peer_t *p)
+{
+    ucx_probe_t *pr = kvp__malloc(sizeof(*pr));
+    if (pr == NULL)
+        return; /* no probe: the endpoint is trusted as UCX reports it */
+    *pr = (ucx_probe_t){x, p->id};
+    ucp_request_param_t prm = {.op_attr_mask =
+                                   UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+                               .cb.send = ucx_probe_cb,
+                               .user_data = pr};
+    ucs_status_ptr_t sp = ucp_ep_flush_nbx(p->ep, &prm);
+    if (!UCS_PTR_IS_PTR(sp)) { /* done at once (or refused: the error callback says so) */
+        kvp__free(pr);
+        return;
+    }
+    x->probes++;
+    p->probe = pr;
+    p->probe_deadline_ns = kvp_clock_now(kvp_clock_real()) + x->connect_timeout_ns;
+}
+
+/* Probes past their deadline fail their endpoint (FORCE-closed by the caller). */
+static void ucx_probe_check(ucx_xport_t *x)
+{
+    kvp_list_t *pos, *tmp;
+    uint64_t now = 0;
+
+    kvp_list_foreach_safe(pos, tmp, &x->peers)
+    {
+        ucx_peer_t *p = KVP_CONTAINER_OF(pos, ucx_peer_t, link);
+        if (p->probe == NULL || p->ep == NULL || p->ep_err != UCS_OK)
+            continue;
+        if (now == 0)
+            now = kvp_clock_now(kvp_clock_real());
+        if (now < p->probe_deadline_ns)
+            continue;
+        KVP_WARN(PFX(x), "peer %llu: data path not established within %llu ms (UCX wire-up "
+                 "stuck): endpoint failed", (unsigned long long)p->id,
+                 (unsigned long long)(x->connect_timeout_ns / KVP_NSEC_PER_MSEC));
+        p->probe = NULL; /* UCX still owns it; its callback frees it */
+        p->err_seq++;
+        p->ep_err = UCS_ERR_ENDPOINT_TIMEOUT;
+        if (p->status == KVP_OK)
+            p->status = KVP_ERR_TRANSPORT;
+        x->st.probe_timeouts++;
+        x->errored++;
+        x->base.ep_failures++;
+    }
 }
 
 /* -------------------------------------------------------------- add_peer */
@@ -309,6 +419,7 @@ static kvp_status_t ucx_add_peer(kvp_xport_t *xp, const void *blob, size_t len,
     p->id = ++x->next_peer;
     kvp_list_insert_tail(&x->peers, &p->link);
     kvp__ucx_peer_classify(x, p);
+    ucx_probe_start(x, p);
     *out = p->id;
     return KVP_OK;
 }
@@ -491,21 +602,23 @@ static void ucx_retire_list(ucx_xport_t *x, kvp_list_t *l)
  * FORCE-close it so UCX completes (cancels) what it still owns. */
 static void ucx_peer_force_ep(ucx_xport_t *x, ucx_peer_t *p)
 {
-    if (!p->ep)
-        return;
-    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-                               .flags = UCP_EP_CLOSE_FLAG_FORCE};
-    void *req = ucp_ep_close_nbx(p->ep, &prm);
-    p->ep = NULL;
-    /* FORCE completes locally; give UCX a bounded number of turns. */
-    for (int i = 0;
-         UCS_PTR_IS_PTR(req) && i < 100000 && ucp_request_check_status(req) == UCS_INPROGRESS; i++)
+    if (p->ep) {
+        ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                                   .flags = UCP_EP_CLOSE_FLAG_FORCE};
+        void *req = ucp_ep_close_nbx(p->ep, &prm);
+        p->ep = NULL;
+        if (UCS_PTR_IS_PTR(req))
+            p->close_req = req;
+    }
+    /* FORCE completes locally (also one started in the error callback);
+     * give UCX a bounded number of turns, else it is reaped with the peer. */
+    for (int i = 0; p->close_req && i < 100000 &&
+                    ucp_request_check_status(p->close_req) == UCS_INPROGRESS;
+         i++)
         ucp_worker_progress(x->worker);
-    if (UCS_PTR_IS_PTR(req)) {
-        if (ucp_request_check_status(req) == UCS_INPROGRESS)
-            p->close_req = req; /* reaped with the peer */
-        else
-            ucp_request_free(req);
+    if (p->close_req && ucp_request_check_status(p->close_req) != UCS_INPROGRESS) {
+        ucp_request_free(p->close_req);
+        p->close_req = NULL;
     }
 }
 
@@ -651,6 +764,7 @@ static bool ucx_progress(kvp_xport_t *xp)
         if (x->errored)
             ucx_force_errored(x);
     }
+    ucx_probe_check(x);
     if (x->errored)
         ucx_force_errored(x);
     any |= ucx_zombies_reap(x);
@@ -819,6 +933,8 @@ kvp_status_t kvp_ucx_xport_create(const kvp_ucx_config_t *cfg, kvp_xport_t **out
     snprintf(x->prefix, sizeof(x->prefix), "%s", cfg->log_prefix ? cfg->log_prefix : "ucx");
     x->base.log_prefix = x->prefix;
     x->clock = cfg->clock ? cfg->clock : kvp_clock_real();
+    x->connect_timeout_ns =
+        (uint64_t)(cfg->connect_timeout_ms ? cfg->connect_timeout_ms : 2000) * KVP_NSEC_PER_MSEC;
     x->efd = -1;
     if (cfg->host_id)
         snprintf(x->host_id, sizeof(x->host_id), "%s", cfg->host_id);

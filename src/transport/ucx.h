@@ -57,6 +57,12 @@ typedef struct kvp_ucx_config {
     /* Host identity put in the blob to tell same-host peers. NULL:
      * hostname + "/" + /proc/sys/kernel/random/boot_id. Copied. */
     const char *host_id;
+    /* Data-path probe: a flush is posted on every new endpoint; if it has not
+     * completed after this long (UCX's wire-up never finished -- seen with
+     * UCX 1.13 tcp when both sides reconnect after a partition), the
+     * endpoint is treated as failed (peer_status() = KVP_ERR_TRANSPORT,
+     * FORCE-closed, its transfers FAILED). 0: 2000 ms. Real clock. */
+    uint32_t connect_timeout_ms;
 } kvp_ucx_config_t;
 
 /* Fill `cfg` with the defaults (all zero/NULL). */

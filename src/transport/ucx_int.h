@@ -12,8 +12,9 @@
 #include <ucp/api/ucp.h>
 
 #define UCX_BLOB_MAGIC 0x5550564Bu /* "KVPU" little-endian */
-#define UCX_BLOB_VERSION 1u
+#define UCX_BLOB_VERSION 2u /* 2: digest trailer (v1 had none; refused as incompatible) */
 #define UCX_BLOB_HDR 44u
+#define UCX_BLOB_DIGEST 8u /* trailer: xxh3-64 of every byte before it */
 #define UCX_HOST_MAX 256u
 #define UCX_ADDR_MAX 8192u
 #define UCX_RKEY_MAX 4096u
@@ -57,7 +58,16 @@ struct ucx_peer {
     kvp_data_path_t inbound; /* how the peer's puts reach US: decides fence proof */
     bool same_host, removed, rkey_ptr_ok;
     char lanes[192];
+    struct ucx_probe *probe;    /* data-path probe still owned by UCX, or NULL */
+    uint64_t probe_deadline_ns; /* real clock */
 };
+
+/* The flush posted on a new endpoint (see connect_timeout_ms). Owned by UCX
+ * until its callback; names its peer by id, so it may outlive the peer. */
+typedef struct ucx_probe {
+    struct ucx_xport *x;
+    kvp_xpeer_id_t peer;
+} ucx_probe_t;
 
 typedef struct ucx_xport {
     kvp_xport_t base;
@@ -86,6 +96,8 @@ typedef struct ucx_xport {
     kvp_xport_stats_t st;
     bool destroying; /* set before ucp_worker_destroy: callbacks only count down */
     uint32_t errored; /* endpoint errors not yet answered by a FORCE close */
+    uint64_t connect_timeout_ns;
+    uint32_t probes; /* probes still owned by UCX (teardown waits for them) */
 } ucx_xport_t;
 
 #define PFX(x) ((x)->base.log_prefix)

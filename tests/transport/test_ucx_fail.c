@@ -404,6 +404,80 @@ static void test_ucx_cancel_modes(void **state)
     KVP_TEST_ASSERT_NO_LEAKS();
 }
 
+/* ------------------------------------------------------- data-path probe */
+
+/* A new endpoint whose wire-up never finishes must fail within the connect
+ * timeout instead of holding its transfers forever. Over tcp the wire-up
+ * needs the target's progress: pausing the target while we add it is a
+ * deterministic stand-in for the stuck wire-up UCX 1.13 shows after a
+ * partition heals (tests/reliability/partition.py). The control run (no
+ * pause) shows the probe does not fail a healthy endpoint. */
+static void probe_case(bool paused)
+{
+    ut_pair_t p;
+    ut_reply_t r;
+    void *base = NULL;
+    kvp_ucx_config_t cfg;
+    kvp_xfer_id_t id = 0;
+    kvp_status_t st = KVP_OK;
+    kvp_xport_stats_t xs;
+    const uint32_t timeout_ms = (uint32_t)SC_MS(300);
+
+    kvp_test_logcap_start(&cap);
+    memset(&p, 0, sizeof(p));
+    assert_true(ut_child_start(&p.child));
+    assert_true(ut_call(&p.child, UT_SETUP, UT_NB, UT_BS, "tcp", 3, &r, p.blob, sizeof(p.blob)));
+    assert_int_equal(r.status, KVP_OK);
+    kvp_ucx_config_default(&cfg);
+    cfg.tls = "tcp";
+    cfg.log_prefix = "producer";
+    cfg.max_transfers = 256;
+    cfg.connect_timeout_ms = timeout_ms;
+    assert_int_equal(kvp_ucx_xport_create(&cfg, &p.x), KVP_OK);
+    assert_int_equal(
+        p.x->ops->register_region(p.x, NULL, (size_t)UT_NB * UT_BS, &ut_layout, &base), KVP_OK);
+    uint32_t pause_ms = timeout_ms * 4;
+    if (paused)
+        assert_true(ut_send(&p.child, UT_PAUSE, pause_ms, 0, NULL, 0));
+    uint64_t t0 = ut_now_ns();
+    assert_int_equal(p.x->ops->add_peer(p.x, p.blob, r.len, &ut_layout, &p.peer), KVP_OK);
+    kvp_xfer_block_t b = {1, 0, 2, 0};
+    assert_int_equal(p.x->ops->write(p.x, p.peer, &b, 1, &id), KVP_OK);
+    bool handed_back = ut_wait_xfer(p.x, p.peer, id, (uint64_t)pause_ms * MSEC / 2, &st);
+    p.x->ops->get_stats(p.x, &xs);
+    if (paused) {
+        assert_true(handed_back); /* not held until the target wakes up */
+        assert_int_not_equal(st, KVP_OK);
+        assert_int_equal(p.x->ops->peer_status(p.x, p.peer), KVP_ERR_TRANSPORT);
+        assert_int_equal(xs.probe_timeouts, 1);
+        assert_true(cap.count[KVP_LOG_WARN] >= 1); /* "data path not established" */
+        print_message("  wire-up stuck: transfer failed %.0f ms after add_peer (timeout %u ms)\n",
+                      (double)(ut_now_ns() - t0) / 1e6, timeout_ms);
+        assert_true(ut_recv_reply(&p.child, &r, NULL, 0)); /* the target wakes up */
+    } else {
+        assert_true(handed_back);
+        assert_int_equal(st, KVP_OK);
+        ut_progress_for(p.x, (uint64_t)timeout_ms * 2 * MSEC); /* past the deadline */
+        assert_int_equal(p.x->ops->peer_status(p.x, p.peer), KVP_OK);
+        p.x->ops->get_stats(p.x, &xs);
+        assert_int_equal(xs.probe_timeouts, 0);
+    }
+    close_after_death(&p);
+    assert_true(ut_child_stop(&p.child));
+    kvp_test_logcap_stop();
+    KVP_TEST_ASSERT_NO_LEAKS();
+}
+
+static void test_ucx_probe_stuck_wireup(void **state)
+{
+    probe_case(true);
+}
+
+static void test_ucx_probe_healthy(void **state)
+{
+    probe_case(false);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -420,6 +494,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_ucx_fence_shm_no_proof),
         cmocka_unit_test(test_ucx_remove_defers_release),
         cmocka_unit_test(test_ucx_cancel_modes),
+        cmocka_unit_test(test_ucx_probe_stuck_wireup),
+        cmocka_unit_test(test_ucx_probe_healthy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
