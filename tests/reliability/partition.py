@@ -243,8 +243,16 @@ def refetch(A, B, first, req0, attempts=4):
             ma.get("kvpeer_retained_transfers", 0), ma.get("kvpeer_force_releases_total", 0)))
         if r.get("status_code") == "0" and r.get("n_ok") == str(COUNT):
             return i
-        print("FINDING: fetch from A after healing did not complete (attempt %d): %s" % (i, r),
-              flush=True)
+        took = time.monotonic() - t
+        print("FINDING: fetch from A after healing did not complete (attempt %d, %.2f s): %s" %
+              (i, took, r), flush=True)
+        # A session whose data path never came up (UCX 1.13 tcp wire-up stuck
+        # after both sides reconnect) must fail fast too: the endpoint probe
+        # fails it within the connect timeout (= dead-after), not at the
+        # load timeout or the caller's cancel.
+        limit = scaled(DEAD_MS / 1000.0) + 1.5
+        check(took <= limit, "a fetch after healing failed only after %.2f s (limit %.2f s): "
+              "a stuck data path was not detected" % (took, limit))
         # let the stuck load settle (abort -> abort-ack timeout -> escalation)
         # before retrying the same keys; record what A does with its transfer
         t = time.monotonic()
@@ -301,6 +309,8 @@ def main():
     log("RSS kB start %s end %s" % (rss0, rss1))
     log("SUMMARY heal: %s" % tl1)
     log("SUMMARY cap: %s" % tl2)
+    stuck = sum(x.logtext().count("data path not established") for x in (A, B, C))
+    log("SUMMARY endpoints whose data path never came up (probe timeouts): %d" % stuck)
     for x in (B, A, C):
         x.check_clean_exit(x.stop())
     print("PASS", flush=True)
