@@ -235,6 +235,13 @@ typedef struct kvp_peer_info {
 KVP_EXPORT kvp_status_t kvp_node_peers(kvp_node_t *node, kvp_peer_info_t *out, uint32_t cap,
                                        uint32_t *n_out);
 
+/* Liveness of the node itself: milliseconds since its progress loop last
+ * completed a round (own thread: it does at least every few hundred ms;
+ * caller-driven: since the caller's last kvp_node_progress). A large value
+ * means the loop is stuck, e.g. inside the transport. Never blocks, safe
+ * from any thread (health checks). */
+KVP_EXPORT uint64_t kvp_node_stall_ms(kvp_node_t *node);
+
 #ifdef __cplusplus
 }
 #endif

@@ -40,8 +40,22 @@ int kvpd_http_param_u64(struct MHD_Connection *c, const char *name, int required
     return 0;
 }
 
+/* 200 while the node's progress thread keeps completing rounds (at least
+ * every few hundred ms); 503 once it has been stuck for longer than
+ * max(5 s, 4 x dead-after), e.g. inside the transport, so that a supervisor
+ * restarts a daemon whose peers already consider it dead. Never waits on
+ * the node thread. */
 static int get_healthz(kvpd_t *d, struct MHD_Connection *c, kvpd_buf_t *out)
 {
+    uint64_t stall = kvp_node_stall_ms(d->node);
+    uint64_t limit = 4ull * d->set.cfg.dead_after_ms;
+    if (limit < 5000)
+        limit = 5000;
+    if (stall > limit) {
+        kvpd_buf_printf(out, "stalled: the node thread has not progressed for %llu ms\n",
+                        (unsigned long long)stall);
+        return MHD_HTTP_SERVICE_UNAVAILABLE;
+    }
     kvpd_buf_printf(out, "ok\n");
     return MHD_HTTP_OK;
 }

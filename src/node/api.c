@@ -348,6 +348,15 @@ static kvp_status_t do_stats(kvp_node_t *n, void *arg)
     return KVP_OK;
 }
 
+KVP_EXPORT uint64_t kvp_node_stall_ms(kvp_node_t *n)
+{
+    if (n == NULL)
+        return 0;
+    uint64_t last = atomic_load_explicit(&n->round_ns, memory_order_relaxed);
+    uint64_t now = kvp_clock_now(kvp_clock_real());
+    return now > last ? (now - last) / KVP_NSEC_PER_MSEC : 0;
+}
+
 KVP_EXPORT kvp_status_t kvp_node_stats(kvp_node_t *n, kvp_stats_t *out)
 {
     if (n == NULL || out == NULL)

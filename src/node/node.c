@@ -385,6 +385,7 @@ static void node_round(kvp_node_t *n, int timeout_ms)
     }
     kvp_loop_run_once(n->loop, timeout_ms);
     node_settle(n);
+    atomic_store_explicit(&n->round_ns, kvp_clock_now(kvp_clock_real()), memory_order_relaxed);
 }
 
 static void *node_thread_main(void *arg)
@@ -665,6 +666,7 @@ kvp_status_t kvp__node_create_ex(const kvp_config_t *cfg, const kvp_node_seams_t
     if (xfd >= 0 && (st = kvp_io_start(n->loop, &n->xport_io, xfd, EPOLLIN, xport_io_cb, n)) != KVP_OK)
         goto fail;
     kvp_timer_start(n->loop, &n->hold_timer, kvp__node_now(n) + hold_period_ns(n));
+    atomic_store_explicit(&n->round_ns, kvp_clock_now(kvp_clock_real()), memory_order_relaxed);
     if (cfg->thread_mode == KVP_THREAD_OWN) {
         if (pthread_create(&n->thread, NULL, node_thread_main, n) != 0) {
             st = KVP_ERR_IO;

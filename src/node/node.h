@@ -39,6 +39,7 @@
 #include "wire/wire.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 typedef struct kvp_session kvp_session_t;
 typedef struct kvp_load kvp_load_t;
@@ -221,6 +222,7 @@ struct kvp_node {
     kvp_store_t *store;
     kvp_xport_t *xport;
     uint64_t ep_failures_seen; /* xport->ep_failures when endpoints were last checked */
+    _Atomic uint64_t round_ns; /* real clock at the end of the last round (kvp_node_stall_ms) */
     bool own_xport;
     kvp_ctl_t *ctl;
     const void *blob;

@@ -458,6 +458,25 @@ static void tweak_idle(kvp_config_t *c, kvp_node_seams_t *s, int i)
 /* Idle session timeout (SPEC §8): a session without work is closed
  * gracefully; the next lookup dials again. Mutation: never close idle
  * sessions (no PEER_DOWN). */
+/* kvp_node_stall_ms (kvpeerd's /healthz): the age of the last completed
+ * progress round, on the real clock, never blocking. Caller-driven here, so
+ * a caller that stops progressing is exactly a stuck loop. */
+static void test_stall_ms(void **state)
+{
+    world_t *w = *state = malloc(sizeof(world_t));
+    world_init(w, 1, NULL);
+    assert_int_equal(kvp_node_progress(w->node[0], 0), KVP_OK);
+    assert_true(kvp_node_stall_ms(w->node[0]) < 1000 * kvp_test_time_scale());
+    struct timespec ts = {0, 60 * 1000 * 1000};
+    nanosleep(&ts, NULL); /* no progress meanwhile */
+    assert_true(kvp_node_stall_ms(w->node[0]) >= 55);
+    assert_int_equal(kvp_node_progress(w->node[0], 0), KVP_OK);
+    assert_true(kvp_node_stall_ms(w->node[0]) < 55);
+    assert_int_equal(kvp_node_stall_ms(NULL), 0);
+    world_fini(w, false);
+    free(w);
+}
+
 static void test_idle_session_closed_then_redialled(void **state)
 {
     world_t *w = *state = malloc(sizeof(world_t));
@@ -540,6 +559,7 @@ int main(void)
         cmocka_unit_test_teardown(test_F21_checksum_mismatch, teardown_free),
         cmocka_unit_test_teardown(test_F25_simultaneous_dial, teardown_free),
         cmocka_unit_test_teardown(test_F13_lookup_never_answered, teardown_free),
+        cmocka_unit_test_teardown(test_stall_ms, teardown_free),
         cmocka_unit_test_teardown(test_idle_session_closed_then_redialled, teardown_free),
         cmocka_unit_test_teardown(test_api_bad_input, teardown_free),
     };
