@@ -8,7 +8,7 @@ JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
 CMAKE_FLAGS ?=
 
-.PHONY: all deps test test-tsan test-valgrind release bench fuzz sim soak demo bench-e2e install clean format
+.PHONY: all deps test test-tsan test-valgrind release bench fuzz sim soak demo bench-e2e install clean format bench-hostile
 
 all: deps
 	@cmake -S . -B build/debug -DCMAKE_BUILD_TYPE=Debug -DKVP_SANITIZE=address,undefined $(CMAKE_FLAGS) >/dev/null
@@ -63,6 +63,11 @@ install: deps
 MINUTES ?= 10
 soak: release
 	/usr/bin/python3 tests/reliability/soak.py build/release/tools/kvpeerd --seconds $$(( $(MINUTES) * 60 ))
+
+# Hostile peers vs the good peer's throughput: alternating quiet/attack
+# windows, longer than the ctest run's; prints "goal >= 0.80: met / NOT met".
+bench-hostile: release
+	/usr/bin/python3 tests/reliability/hostile.py build/release/tools/kvpeerd --bench $(HOSTILE_ARGS)
 
 # The deterministic simulator: `make sim` runs SEEDS seeds (default 40),
 # `make sim SEED=x` replays one seed verbosely, `make sim SOAK=60` soaks.

@@ -268,7 +268,7 @@ static void link_on_handshake_timeout(kvp_timer_t *t)
 {
     kvp_link_t *l = t->data;
     l->ctl->st.handshakes_timed_out++;
-    KVP_WARN(l->ctl->prefix, "peer %s: handshake not complete after %llu ms (%s): closed",
+    CTL_LOG_REFUSED(l, KVP_LOG_WARN, "peer %s: handshake not complete after %llu ms (%s): closed",
              l->peer_id, (unsigned long long)(l->ctl->cfg.handshake_timeout_ns / KVP_NSEC_PER_MSEC),
              link_state_names[l->state]);
     ctl_link_down(l, KVP_DOWN_HANDSHAKE_TIMEOUT, -1, true);
@@ -303,8 +303,13 @@ void ctl_link_become_ready(kvp_link_t *l)
     kvp__free(l->peer_blob); /* borrowed by on_ready for the call only */
     l->peer_blob = NULL;
     if (st != KVP_OK) {
-        KVP_WARN(ctl->prefix, "peer %s: refused by the session layer: %s", l->peer_id,
+        CTL_LOG_REFUSED(l, KVP_LOG_WARN, "peer %s: refused by the session layer: %s", l->peer_id,
                  kvp_status_str(st));
+        /* Its HELLO was compatible, so a blob that does not import (garbled,
+         * truncated, or for another layout than that HELLO) breaks the
+         * handshake: counted like any protocol error. */
+        if (st == KVP_ERR_PROTO || st == KVP_ERR_TRUNCATED || st == KVP_ERR_INCOMPATIBLE)
+            ctl->st.protocol_errors++;
         l->was_ready = false; /* never became ready for the user: no on_down */
         ctl_link_down(l, KVP_DOWN_REFUSED, link_refusal_bye(st), true);
         return;

@@ -5,10 +5,21 @@
  *
  * Blob layout (little-endian; strict: every length checked, no trailing
  * bytes):
- *   0 magic u32 "KVPU" | 4 version u16 | 6 flags u16 (bit0: UCX-allocated)
+ *   0 magic u32 "KVPU" | 4 version u16 (2) | 6 flags u16 (bit0: UCX-allocated)
  *   8 num_blocks u32 | 12 block_size u32 | 16 region base u64 | 24 region len u64
  *   32 pid u32 | 36 host_len u16 | 38 addr_len u16 | 40 rkey_len u16 | 42 zero u16
- *   44 host id | worker address | packed rkey
+ *   44 host id | worker address | packed rkey | digest u64
+ * digest = xxh3-64 (seed UCX_BLOB_MAGIC) of every byte before it.
+ *
+ * Why the digest: UCX parses a worker address and a packed rkey without a
+ * length and trusts them; ucp_ep_create on a garbled address aborts the
+ * process (UCX 1.13: an assertion in ucp_address_unpack, measured with the
+ * hostile-peer test). Header checks alone cannot see inside those two
+ * opaque parts, so every byte is covered by the digest and nothing reaches
+ * UCX unless the blob is exactly what a kvpeer node packed. This stops
+ * corruption, truncation, splicing and garbage; it is no authentication (a
+ * forger can recompute it): against a malicious peer, configure a pre-shared
+ * key, so that HELLO_ACK is accepted only from authenticated peers (SPEC §9).
  */
 #include "transport/ucx_int.h"
 
@@ -73,11 +84,14 @@ kvp_status_t kvp__ucx_blob_view(const uint8_t *b, size_t len, ucx_blob_view_t *v
     if (v->host_len > UCX_HOST_MAX || v->addr_len == 0 || v->addr_len > UCX_ADDR_MAX ||
         v->rkey_len == 0 || v->rkey_len > UCX_RKEY_MAX || le_get(b + 42, 2) != 0)
         return KVP_ERR_PROTO;
-    size_t need = UCX_BLOB_HDR + v->host_len + v->addr_len + v->rkey_len;
+    size_t need = UCX_BLOB_HDR + v->host_len + v->addr_len + v->rkey_len + UCX_BLOB_DIGEST;
     if (len < need)
         return KVP_ERR_TRUNCATED;
     if (len != need)
         return KVP_ERR_PROTO;
+    if (le_get(b + need - UCX_BLOB_DIGEST, 8) !=
+        kvp_hash64(b, need - UCX_BLOB_DIGEST, UCX_BLOB_MAGIC))
+        return KVP_ERR_PROTO; /* corrupted, spliced or forged: never shown to UCX */
     uint64_t span = (uint64_t)v->layout.num_blocks * v->layout.block_size;
     if (v->layout.num_blocks == 0 || v->layout.block_size == 0 || span > v->len ||
         v->base + v->len < v->base || v->base == 0)
@@ -92,7 +106,7 @@ static kvp_status_t ucx_blob_build(ucx_xport_t *x, const void *addr, size_t addr
                                    const void *rkey, size_t rkey_len)
 {
     size_t host_len = strlen(x->host_id);
-    size_t len = UCX_BLOB_HDR + host_len + addr_len + rkey_len;
+    size_t len = UCX_BLOB_HDR + host_len + addr_len + rkey_len + UCX_BLOB_DIGEST;
 
     if (addr_len > UCX_ADDR_MAX || rkey_len > UCX_RKEY_MAX || len > KVP_UCX_BLOB_MAX) {
         KVP_ERROR(PFX(x), "blob too large (address %zu B, rkey %zu B)", addr_len, rkey_len);
@@ -115,6 +129,7 @@ static kvp_status_t ucx_blob_build(ucx_xport_t *x, const void *addr, size_t addr
     memcpy(b + UCX_BLOB_HDR, x->host_id, host_len);
     memcpy(b + UCX_BLOB_HDR + host_len, addr, addr_len);
     memcpy(b + UCX_BLOB_HDR + host_len + addr_len, rkey, rkey_len);
+    le_put(b + len - UCX_BLOB_DIGEST, kvp_hash64(b, len - UCX_BLOB_DIGEST, UCX_BLOB_MAGIC), 8);
     x->blob = b;
     x->blob_len = len;
     return KVP_OK;
@@ -291,7 +306,7 @@ static const char *ucx_config_keys(const kvp_ucx_config_t *cfg, ucx_kv_t kv[4])
     const char *tls = cfg->tls ? cfg->tls : getenv("UCX_TLS");
     const char *ka = cfg->keepalive_interval            ? cfg->keepalive_interval
                      : getenv("UCX_KEEPALIVE_INTERVAL") ? NULL
-                                                        : "1s";
+                                                        : UCX_DEFAULT_KEEPALIVE;
     const char *ap = cfg->alloc_prio            ? cfg->alloc_prio
                      : getenv("UCX_ALLOC_PRIO") ? NULL
                                                 : UCX_DEFAULT_ALLOC_PRIO;
