@@ -21,6 +21,7 @@
 #include "node/node.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static const char *const sr_phase_names[] = {"LOOKUP_PENDING", "SUPPLIED", "PARKED",
@@ -347,11 +348,45 @@ static kvp_status_t sround_take_demand(kvp_sround_t *r, const kvp_msg_fetch_t *m
     return KVP_OK;
 }
 
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* A FETCH naming one destination slot twice asks for two writes into one
+ * slot: no consumer of ours does that, and the outcome of racing puts into
+ * one slot is undefined. KVP_OK if every destination is distinct. */
+static kvp_status_t fetch_dsts_distinct(const kvp_msg_fetch_t *m)
+{
+    if (m->n < 2)
+        return KVP_OK;
+    uint32_t *d = kvp__malloc((size_t)m->n * sizeof(*d));
+    if (d == NULL)
+        return KVP_ERR_NOMEM;
+    for (uint32_t i = 0; i < m->n; i++)
+        d[i] = m->items[i].dst_slot;
+    qsort(d, m->n, sizeof(*d), cmp_u32);
+    kvp_status_t st = KVP_OK;
+    for (uint32_t i = 1; i < m->n && st == KVP_OK; i++)
+        if (d[i] == d[i - 1])
+            st = KVP_ERR_PROTO;
+    kvp__free(d);
+    return st;
+}
+
 void kvp__server_on_fetch(kvp_session_t *s, const kvp_msg_fetch_t *m)
 {
     kvp_node_t *n = s->node;
     if (m->n == 0) { /* terminal: the consumer finished the request */
         kvp__server_finish_request(s, m->request_id);
+        return;
+    }
+    kvp_status_t dst = fetch_dsts_distinct(m);
+    if (dst != KVP_OK) {
+        kvp__session_fault(s, KVP_BYE_PROTOCOL, dst == KVP_ERR_NOMEM
+                                                    ? "out of memory on FETCH"
+                                                    : "FETCH names one destination slot twice");
         return;
     }
     kvp_sround_t *r = sround_find(s, m->round);

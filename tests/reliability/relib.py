@@ -52,6 +52,9 @@ for _sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
 
 def fail(msg):
     print("FAIL: " + msg, flush=True)
+    for d in DAEMONS:  # a live daemon that no longer answers: show where it is stuck
+        if d.proc is not None and d.proc.poll() is None and not d.responsive():
+            print("%s does not answer HTTP:%s" % (d.name, d.stacks()), flush=True)
     sys.exit(1)
 
 
@@ -200,10 +203,27 @@ class Daemon:
         try:
             return in_netns(self.ns, self._req, path, method, scaled(timeout))
         except (OSError, http.client.HTTPException) as e:
-            fail("%s %s on %s: %r; daemon %s:\n%s" % (
+            alive = self.proc.poll() is None
+            fail("%s %s on %s: %r; daemon %s:\n%s%s" % (
                 method, path, self.name, e,
-                "exited %s" % self.proc.poll() if self.proc.poll() is not None else "alive",
-                self.logtext()[-4000:]))
+                "alive" if alive else "exited %s" % self.proc.poll(),
+                self.logtext()[-4000:], self.stacks() if alive else ""))
+
+    def responsive(self):
+        try:
+            return in_netns(self.ns, self._req, "/held", "GET", 3)[0] == 200  # through the node thread
+        except Exception:  # noqa: BLE001 -- any failure means "no"
+            return False
+
+    def stacks(self):
+        """Every thread's stack of a live but unresponsive daemon (gdb, if any)."""
+        gdb = shutil.which("gdb")
+        if gdb is None:
+            return "\n(no gdb: no stacks)"
+        r = subprocess.run([gdb, "-p", str(self.proc.pid), "-batch", "-nx",
+                            "-ex", "thread apply all bt 30"],
+                           capture_output=True, text=True, timeout=120)
+        return "\n--- %s: threads ---\n%s" % (self.name, r.stdout[-12000:])
 
     def ok(self, path, method="GET", timeout=60):
         code, body = self.req(path, method, timeout)
@@ -273,3 +293,12 @@ class Daemon:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+def median(xs):
+    """Median of a list of numbers (0.0 for an empty one)."""
+    s = sorted(xs)
+    if not s:
+        return 0.0
+    m = len(s) // 2
+    return s[m] if len(s) % 2 else (s[m - 1] + s[m]) / 2.0
