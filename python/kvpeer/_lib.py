@@ -261,6 +261,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "kvp_finish_request": (st, [node_p, c_uint64]),
         "kvp_poll_events": (st, [node_p, POINTER(kvp_event_t), c_uint32, u32p]),
         "kvp_node_stats": (st, [node_p, POINTER(kvp_stats_t)]),
+        "kvp_node_stall_ms": (c_uint64, [node_p]),
         "kvp_node_held": (st, [node_p, POINTER(kvp_held_item_t), c_uint32, u32p]),
         "kvp_node_peers": (st, [node_p, POINTER(kvp_peer_info_t), c_uint32, u32p]),
     }

@@ -103,6 +103,7 @@ struct kvp_ctl {
     kvp_ctl_stats_t st;
     kvp_ratelimit_t rl_proto;
     kvp_ratelimit_t rl_limit; /* refusals at max_sessions */
+    kvp_ratelimit_t rl_refuse; /* handshakes refused or timed out (any peer can cause them) */
     const kvp_conn_handler_t *handler;
 };
 
@@ -142,5 +143,10 @@ void ctl_link_finish(kvp_link_t *l);
 void ctl_kick_checks(kvp_ctl_t *ctl, const char *peer_id);
 void ctl_want_link_ready(kvp_ctl_t *ctl, kvp_link_t *l);
 kvp_status_t ctl_encode(kvp_ctl_t *ctl, const kvp_msg_t *m, size_t *len);
+
+/* A refused or timed-out handshake: anyone who can connect can cause one
+ * per connection, so these lines are rate-limited (10/s, then a count). */
+#define CTL_LOG_REFUSED(l, level, fmt, ...)                                                        \
+    KVP_LOG_RL(&(l)->ctl->rl_refuse, ctl_link_now(l), (level), (l)->ctl->prefix, fmt, ##__VA_ARGS__)
 
 #endif /* KVP_CTL_INT_H */

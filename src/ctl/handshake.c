@@ -93,13 +93,13 @@ static bool link_validate(kvp_link_t *l, const kvp_msg_hello_t *h)
     else if (h->num_blocks == 0)
         snprintf(why, sizeof(why), "num_blocks (theirs 0)");
     if (why[0]) {
-        KVP_ERROR(ctl->prefix, "peer %s: incompatible %s: refused", h->peer_id, why);
+        CTL_LOG_REFUSED(l, KVP_LOG_ERROR, "peer %s: incompatible %s: refused", h->peer_id, why);
         ctl_link_refuse(l, KVP_DOWN_INCOMPATIBLE, KVP_BYE_INCOMPATIBLE, &ctl->st.refused_incompatible);
         return false;
     }
     bool ours = ctl->cfg.psk_len > 0, theirs = (h->flags & KVP_HELLO_AUTH_REQUIRED) != 0;
     if (ours != theirs) {
-        KVP_ERROR(ctl->prefix, "peer %s: authentication mismatch (%s pre-shared key, peer %s): "
+        CTL_LOG_REFUSED(l, KVP_LOG_ERROR, "peer %s: authentication mismatch (%s pre-shared key, peer %s): "
                   "refused", h->peer_id, ours ? "we have a" : "we have no",
                   theirs ? "requires one" : "has none");
         ctl_link_refuse(l, KVP_DOWN_AUTH, KVP_BYE_AUTH, &ctl->st.refused_auth);
@@ -134,7 +134,7 @@ void ctl_hs_on_hello(kvp_link_t *l, const kvp_msg_hello_t *h)
     if (!link_validate(l, h))
         return;
     if (!strcmp(h->peer_id, ctl->peer_id)) {
-        KVP_ERROR(ctl->prefix, "peer %s: claims our own peer id: refused", h->peer_id);
+        CTL_LOG_REFUSED(l, KVP_LOG_ERROR, "peer %s: claims our own peer id: refused", h->peer_id);
         ctl_link_refuse(l, KVP_DOWN_DUPLICATE, KVP_BYE_DUPLICATE, &ctl->st.refused_duplicate);
         return;
     }
@@ -159,7 +159,7 @@ void ctl_hs_on_auth(kvp_link_t *l, const kvp_msg_auth_t *a)
     kvp_ctl_t *ctl = l->ctl;
     if (l->state != LINK_AUTH) {
         if (!ctl->cfg.psk_len) {
-            KVP_ERROR(ctl->prefix, "peer %s: sent AUTH but we have no key: refused", l->peer_id);
+            CTL_LOG_REFUSED(l, KVP_LOG_ERROR, "peer %s: sent AUTH but we have no key: refused", l->peer_id);
             ctl_link_refuse(l, KVP_DOWN_AUTH, KVP_BYE_AUTH, &ctl->st.refused_auth);
         } else {
             ctl_link_protocol_error(l, "unexpected AUTH");
@@ -170,7 +170,7 @@ void ctl_hs_on_auth(kvp_link_t *l, const kvp_msg_auth_t *a)
     link_mac(ctl, &l->remote_epoch, &l->local_epoch, l->peer.nonce, l->nonce, l->peer.num_blocks,
              l->peer.block_size, want);
     if (crypto_verify_32(want, a->mac) != 0) {
-        KVP_ERROR(ctl->prefix, "peer %s: authentication failed (wrong key): refused",
+        CTL_LOG_REFUSED(l, KVP_LOG_ERROR, "peer %s: authentication failed (wrong key): refused",
                   l->peer_id);
         ctl_link_refuse(l, KVP_DOWN_AUTH, KVP_BYE_AUTH, &ctl->st.refused_auth);
         return;
@@ -184,7 +184,7 @@ void ctl_hs_on_ack(kvp_link_t *l, const kvp_msg_hello_ack_t *a)
 {
     kvp_ctl_t *ctl = l->ctl;
     if (l->state == LINK_AUTH) {
-        KVP_ERROR(ctl->prefix, "peer %s: HELLO_ACK without AUTH: refused", l->peer_id);
+        CTL_LOG_REFUSED(l, KVP_LOG_ERROR, "peer %s: HELLO_ACK without AUTH: refused", l->peer_id);
         ctl_link_refuse(l, KVP_DOWN_AUTH, KVP_BYE_AUTH, &ctl->st.refused_auth);
         return;
     }
@@ -345,7 +345,7 @@ bool ctl_hs_refuse_version(kvp_link_t *l, const uint8_t *f, size_t len)
     memcpy(l->remote_epoch.b, f + off, KVP_WIRE_EPOCH_LEN);
     snprintf(l->peer_id, sizeof(l->peer_id), "%s", id);
     l->have_peer = !kvp_epoch_is_zero(&l->remote_epoch); /* lets the BYE carry epochs */
-    KVP_ERROR(ctl->prefix, "peer %s: incompatible wire major version (ours %u, theirs %u): refused",
+    CTL_LOG_REFUSED(l, KVP_LOG_ERROR, "peer %s: incompatible wire major version (ours %u, theirs %u): refused",
               id, KVP_WIRE_MAJOR, major);
     ctl_link_refuse(l, KVP_DOWN_INCOMPATIBLE, KVP_BYE_INCOMPATIBLE, &ctl->st.refused_incompatible);
     return true;

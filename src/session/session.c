@@ -32,8 +32,8 @@ kvp_status_t kvp__session_create(kvp_node_t *n, kvp_link_t *link, const kvp_msg_
     kvp_layout_t layout = {hello->num_blocks, hello->block_size};
     kvp_status_t st = n->xport->ops->add_peer(n->xport, blob, blob_len, &layout, &s->xpeer);
     if (st != KVP_OK) {
-        KVP_ERROR(n->name, "peer %s: data-transport blob refused: %s", hello->peer_id,
-                  kvp_status_str(st));
+        KVP_LOG_RL(&n->rl_proto, kvp__node_now(n), KVP_LOG_ERROR, n->name,
+                   "peer %s: data-transport blob refused: %s", hello->peer_id, kvp_status_str(st));
         kvp__free(s);
         return st;
     }

@@ -391,14 +391,16 @@ static kvp_status_t ucx_add_peer(kvp_xport_t *xp, const void *blob, size_t len,
         return KVP_ERR_INVALID;
     st = kvp__ucx_blob_view(blob, len, &v);
     if (st != KVP_OK) {
-        KVP_WARN(PFX(x), "peer blob rejected (%zu B): %s", len, kvp_status_str(st));
+        KVP_LOG_RL(&x->rl_blob, kvp_clock_now(x->clock), KVP_LOG_WARN, PFX(x),
+                   "peer blob rejected (%zu B): %s", len, kvp_status_str(st));
         return st;
     }
     if (v.layout.num_blocks != expect->num_blocks || v.layout.block_size != expect->block_size ||
         (x->region_kind != REGION_NONE && v.layout.block_size != x->layout.block_size)) {
-        KVP_WARN(PFX(x), "peer blob layout %ux%u differs from expected %ux%u (local block %u)",
-                 v.layout.num_blocks, v.layout.block_size, expect->num_blocks, expect->block_size,
-                 x->layout.block_size);
+        KVP_LOG_RL(&x->rl_blob, kvp_clock_now(x->clock), KVP_LOG_WARN, PFX(x),
+                   "peer blob layout %ux%u differs from expected %ux%u (local block %u)",
+                   v.layout.num_blocks, v.layout.block_size, expect->num_blocks,
+                   expect->block_size, x->layout.block_size);
         return KVP_ERR_INCOMPATIBLE;
     }
     ucx_peer_t *p = kvp__calloc(1, sizeof(*p));
@@ -936,6 +938,7 @@ kvp_status_t kvp_ucx_xport_create(const kvp_ucx_config_t *cfg, kvp_xport_t **out
     x->connect_timeout_ns =
         (uint64_t)(cfg->connect_timeout_ms ? cfg->connect_timeout_ms : 2000) * KVP_NSEC_PER_MSEC;
     x->efd = -1;
+    kvp_ratelimit_init(&x->rl_blob, KVP_NSEC_PER_SEC, 10);
     if (cfg->host_id)
         snprintf(x->host_id, sizeof(x->host_id), "%s", cfg->host_id);
     else

@@ -44,8 +44,10 @@ typedef struct kvp_ucx_config {
     /* UCX transports. NULL: UCX_TLS from the environment, else UCX's default.
      * Non-NULL (e.g. "tcp") overrides the environment. */
     const char *tls;
-    /* Keepalive interval (shm and tcp peer-failure detection). NULL: the
-     * environment's UCX_KEEPALIVE_INTERVAL if set, else "1s". */
+    /* UCX keepalive interval (its own shm and tcp peer-failure detection).
+     * NULL: the environment's UCX_KEEPALIVE_INTERVAL if set, else "inf" (off:
+     * the node's control-plane heartbeat is the liveness signal; see
+     * UCX_DEFAULT_KEEPALIVE in ucx_int.h for why). */
     const char *keepalive_interval;
     /* Allocation order for register_region(NULL). NULL: UCX_ALLOC_PRIO from
      * the environment if set, else "md:posix,md:sysv,huge,thp,md:*,mmap,heap". */

@@ -22,6 +22,14 @@
 #define UCX_IDX_MASK ((1ull << UCX_IDX_BITS) - 1)
 #define UCX_PROGRESS_MAX 1024 /* bound of one progress() call */
 #define UCX_DEFAULT_ALLOC_PRIO "md:posix,md:sysv,huge,thp,md:*,mmap,heap"
+/* UCX's own keepalive is off by default: the control plane's heartbeat
+ * (dead-after) is the liveness signal every teardown keys on, and over tcp
+ * 1.13's keepalive ep_check exchange, racing endpoints re-created after a
+ * partition heals, left wire-ups stuck for good (about 1 in 3 partition runs)
+ * and aborted or crashed the process inside libuct (ep_check reply on a
+ * destroyed tcp endpoint); with it off, 0 of 20 runs (tests/reliability/
+ * partition.py). Errors UCX sees itself (connection reset) still arrive. */
+#define UCX_DEFAULT_KEEPALIVE "inf"
 
 enum { XF_FREE = 0, XF_LIVE, XF_RETIRED, XF_DETACHED };
 enum { REGION_NONE = 0, REGION_UCX, REGION_MMAP, REGION_CALLER };
@@ -97,6 +105,7 @@ typedef struct ucx_xport {
     bool destroying; /* set before ucp_worker_destroy: callbacks only count down */
     uint32_t errored; /* endpoint errors not yet answered by a FORCE close */
     uint64_t connect_timeout_ns;
+    kvp_ratelimit_t rl_blob; /* refused blobs: a hostile peer can send one per connection */
     uint32_t probes; /* probes still owned by UCX (teardown waits for them) */
 } ucx_xport_t;
 

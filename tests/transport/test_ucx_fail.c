@@ -481,6 +481,11 @@ static void test_ucx_probe_healthy(void **state)
 int main(int argc, char **argv)
 {
     (void)argc;
+    /* These tests check UCX's own failure detection and fencing, where the
+     * producer learns of a dead or fenced peer through UCX keepalive. The
+     * node keeps it off (its control plane is the liveness signal; see
+     * UCX_DEFAULT_KEEPALIVE), so turn it on here, before any UCX context. */
+    setenv("UCX_KEEPALIVE_INTERVAL", "1s", 0);
     ut_main_init(argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ucx_kill_tcp),
