@@ -1,7 +1,7 @@
 # Thin wrapper around CMake so the README's commands stay short.
 #   make test          build (debug, ASan+UBSan) and run the whole suite
 #   make test-tsan     the suite under ThreadSanitizer
-#   make test-valgrind the deterministic ("fast") tests under valgrind memcheck
+#   make test-valgrind the deterministic ("fast") tests and the daemon scripts under memcheck
 #   make bench         release build, run the benchmarks
 #   make fuzz          libFuzzer targets for a bounded time (FUZZ_SECONDS)
 JOBS ?= $(shell nproc)
@@ -29,7 +29,7 @@ test-tsan: deps
 test-valgrind: deps
 	@cmake -S . -B build/valgrind -DCMAKE_BUILD_TYPE=Debug -DKVP_VALGRIND=ON $(CMAKE_FLAGS) >/dev/null
 	@cmake --build build/valgrind -j $(JOBS)
-	cd build/valgrind && ctest --output-on-failure -j $(JOBS) -L fast $(CTEST_ARGS)
+	cd build/valgrind && ctest --output-on-failure -j $(JOBS) -L 'fast|daemon' $(CTEST_ARGS)
 
 release: deps
 	@cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null

@@ -334,7 +334,7 @@ kvp_status_t kvp_ctl_create(const kvp_ctl_config_t *cfg, kvp_ctl_t **out)
     kvp_timer_init(&ctl->t_reap, "reap", ctl_on_reap, ctl);
     kvp_ratelimit_init(&ctl->rl_proto, KVP_NSEC_PER_SEC, 10);
     kvp_ratelimit_init(&ctl->rl_limit, KVP_NSEC_PER_SEC, 5);
-    kvp_ratelimit_init(&ctl->rl_refuse, KVP_NSEC_PER_SEC, 10);
+    kvp_ratelimit_init(&ctl->rl_refuse, KVP_NSEC_PER_SEC, 50);
     uint64_t seed;
     st = kvp_random_bytes(&seed, sizeof(seed));
     if (st != KVP_OK)

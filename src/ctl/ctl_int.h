@@ -145,7 +145,7 @@ void ctl_want_link_ready(kvp_ctl_t *ctl, kvp_link_t *l);
 kvp_status_t ctl_encode(kvp_ctl_t *ctl, const kvp_msg_t *m, size_t *len);
 
 /* A refused or timed-out handshake: anyone who can connect can cause one
- * per connection, so these lines are rate-limited (10/s, then a count). */
+ * per connection, so these lines are rate-limited (50/s, then a count). */
 #define CTL_LOG_REFUSED(l, level, fmt, ...)                                                        \
     KVP_LOG_RL(&(l)->ctl->rl_refuse, ctl_link_now(l), (level), (l)->ctl->prefix, fmt, ##__VA_ARGS__)
 

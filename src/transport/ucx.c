@@ -938,7 +938,7 @@ kvp_status_t kvp_ucx_xport_create(const kvp_ucx_config_t *cfg, kvp_xport_t **out
     x->connect_timeout_ns =
         (uint64_t)(cfg->connect_timeout_ms ? cfg->connect_timeout_ms : 2000) * KVP_NSEC_PER_MSEC;
     x->efd = -1;
-    kvp_ratelimit_init(&x->rl_blob, KVP_NSEC_PER_SEC, 10);
+    kvp_ratelimit_init(&x->rl_blob, KVP_NSEC_PER_SEC, 50);
     if (cfg->host_id)
         snprintf(x->host_id, sizeof(x->host_id), "%s", cfg->host_id);
     else

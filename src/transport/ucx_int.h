@@ -105,7 +105,7 @@ typedef struct ucx_xport {
     bool destroying; /* set before ucp_worker_destroy: callbacks only count down */
     uint32_t errored; /* endpoint errors not yet answered by a FORCE close */
     uint64_t connect_timeout_ns;
-    kvp_ratelimit_t rl_blob; /* refused blobs: a hostile peer can send one per connection */
+    kvp_ratelimit_t rl_blob; /* refused blobs (50 lines/s): a hostile peer can send one per connection */
     uint32_t probes; /* probes still owned by UCX (teardown waits for them) */
 } ucx_xport_t;
 

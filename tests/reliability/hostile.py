@@ -501,6 +501,7 @@ def blob_cases(D, G, fp, xblob, lim):
         check(("BYE", want_bye) in got, "%s: no BYE %d from D: %s" % (name, want_bye, got))
         check(p1 == p0 + 1, "%s: protocol_errors +%d, want +1" % (name, p1 - p0))
         wait_for(lambda: log_has(D, r.peer_id, "blob refused") or
+                 log_has(D, r.peer_id, "refused by the session layer") or
                  log_has(D, r.peer_id, "protocol error: HELLO_ACK"),
                  "%s: D's log line naming %s" % (name, r.peer_id), 5)
         sessions_back(D, G)
@@ -544,7 +545,8 @@ def fetch_cases(D, G, X, fp, xblob, lim):
         if want == "closed":
             check(got[-2:] == [("BYE", BYE_PROTOCOL), ("EOF",)],
                   "%s: want BYE protocol then close, got %s" % (name, got))
-            wait_for(lambda: log_has(D, r.peer_id, "protocol error: FETCH"),
+            wait_for(lambda: log_has(D, r.peer_id, "protocol error: FETCH") or
+                     log_has(D, r.peer_id, "closing session as fault", "FETCH"),
                      "%s: D's log line" % name, 5)
         elif want == "failed":
             fd = [g for g in got if g[0] == "FETCH_DONE"]
@@ -574,8 +576,9 @@ def fetch_cases(D, G, X, fp, xblob, lim):
     run("fetch_after_miss", lookup_fetch([999], [(999, 3, 1)]), "failed", False, 0)
     # the control: a valid fetch writes exactly one block into X's region
     run("fetch_ok", lookup_fetch([0], [(0, 3, 1)]), "ok", False, 1)
-    # two keys into one destination slot: a protocol error, nothing written
-    run("fetch_dup_slots", lookup_fetch([0, 1], [(0, 5, 1), (1, 5, 1)]), "closed", True, 0)
+    # two keys into one destination slot: a protocol error, nothing more written
+    # (X still holds only the one block fetch_ok wrote)
+    run("fetch_dup_slots", lookup_fetch([0, 1], [(0, 5, 1), (1, 5, 1)]), "closed", True, 1)
 
 
 # ------------------------------------------------------------- throughput
@@ -583,7 +586,7 @@ def fetch_cases(D, G, X, fp, xblob, lim):
 def throughput(D, fp, xblob, good, pairs, window, lim):
     """Alternate quiet and attack windows; returns (quiet median, attack
     median, ratio, quiet fetches, attack fetches, per-window lines)."""
-    argv = [sys.executable, os.path.abspath(__file__), D.args[0], "--attacker", "--target", D.peer,
+    argv = [sys.executable, os.path.abspath(__file__), D.kvpeerd, "--attacker", "--target", D.peer,
             "--fp", str(fp), "--blob", xblob.hex(), "--lim", str(lim),
             "--seconds", str(window)]
     gap = 0.3  # D finishes the last refusals before the next window starts
@@ -765,10 +768,11 @@ def main():
     check(good.bad == 0, "the good peer's fetches failed %d times: %s" % (good.bad, good.last_bad))
     check(good.ok >= 5, "the good peer fetched only %d times" % good.ok)
     check(G.peer_ready(D.peer), "G's session to D is gone")
-    check(rss1 - rss0 < 32 * 1024 * relib.MEM_SLACK, "D's RSS grew by %d kB" % (rss1 - rss0))
-    # steady state: the sustained attack must not grow it further
-    check(rss1 - rss_mid < 4 * 1024 * relib.MEM_SLACK,
-          "D's RSS grew by %d kB under the sustained attack" % (rss1 - rss_mid))
+    if relib.MEM_CHECKS:
+        check(rss1 - rss0 < 32 * 1024 * relib.MEM_SLACK, "D's RSS grew by %d kB" % (rss1 - rss0))
+        # steady state: the sustained attack must not grow it further
+        check(rss1 - rss_mid < 4 * 1024 * relib.MEM_SLACK,
+              "D's RSS grew by %d kB under the sustained attack" % (rss1 - rss_mid))
     v = G.verify(0, 200)
     check(v["bad"] == 0, "G holds corrupt blocks: %s" % v)
     for x in (G, D, X):

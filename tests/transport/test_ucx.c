@@ -211,7 +211,9 @@ static void test_ucx_bad_blob(void **state)
     kvp_xport_stats_t st;
     x->ops->get_stats(x, &st);
     assert_int_equal(st.peers, 0);
-    assert_true(cap.count[KVP_LOG_WARN] > 60); /* each rejection says why */
+    /* each rejection says why, up to the rate limit (50 lines a second; a
+     * hostile peer can send one bad blob per connection) */
+    assert_true(cap.count[KVP_LOG_WARN] >= 50);
     assert_int_equal(x->ops->close(x, false), KVP_OK);
     kvp_test_logcap_stop();
     KVP_TEST_ASSERT_NO_LEAKS();
