@@ -193,7 +193,7 @@ def main():
             check(mx.get(g, 0) == 0, "%s: %s = %d at rest" % (x.name, g, mx.get(g, 0)))
 
     if not relib.MEM_CHECKS:  # under valgrind RSS is the tool's own
-        log("memory bounds not checked (daemons wrapped: %s)" % " ".join(relib.WRAP[:1]))
+        log("memory bounds not checked here (valgrind or TSan: RSS is the tool's)")
     else:
         # Resident memory flat (within 5 %) from the end of the warm-up to the end.
         warm = warm or series[min(1, len(series) - 1)]
