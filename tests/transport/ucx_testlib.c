@@ -87,6 +87,10 @@ kvp_xport_t *ut_xport_new(const char *tls, const char *prefix)
     cfg.tls = (tls && tls[0]) ? tls : NULL;
     cfg.log_prefix = prefix;
     cfg.max_transfers = 256;
+    /* Tests pause the target for seconds (scaled) right after set-up; the
+     * data-path probe must not fail those endpoints (the probe tests in
+     * test_ucx_fail.c set their own timeout). */
+    cfg.connect_timeout_ms = 60000;
     return kvp_ucx_xport_create(&cfg, &x) == KVP_OK ? x : NULL;
 }
 
