@@ -232,7 +232,6 @@ static bool session_idle(const kvp_session_t *s)
            kvp_list_empty(&s->lookups_sent);
 }
 
-/* Hold cap (SPEC §7.3-4), the consumer endpoint check (F26), idle sessions. */
 /* Sessions whose endpoint failed (an endpoint error, or a data path that
  * never came up) are closed as faults: nothing can be written through them
  * any more, and the dialer reconnects on fresh endpoints. Run from the hold
@@ -255,6 +254,7 @@ static void node_check_endpoints(kvp_node_t *n)
     }
 }
 
+/* Hold cap (SPEC §7.3-4), the endpoint check (F26), idle sessions. */
 static void node_hold_check(kvp_node_t *n)
 {
     uint64_t now = kvp__node_now(n), cap = (uint64_t)n->cfg.hold_cap_ms * KVP_NSEC_PER_MSEC;
