@@ -477,6 +477,7 @@ static kvp_status_t xfer_take_pins(kvp_sround_t *r, kvp_xfer_t *x)
     return KVP_OK;
 }
 
+/* Unpin and free a transfer that is on no list (never posted, or unlinked). */
 static void xfer_drop(kvp_node_t *n, kvp_xfer_t *x)
 {
     for (uint32_t i = 0; i < x->n; i++)
@@ -525,11 +526,8 @@ static void sround_post(kvp_sround_t *r)
 
 void kvp__xfer_release(kvp_node_t *n, kvp_xfer_t *x)
 {
-    for (uint32_t i = 0; i < x->n; i++)
-        KVP_ASSERT(kvp_store_unpin(n->store, x->src[i]) == KVP_OK);
     kvp_list_remove(&x->link);
-    kvp__free(x->src);
-    kvp__free(x);
+    xfer_drop(n, x);
 }
 
 void kvp__server_on_xfer_done(kvp_session_t *s, kvp_xfer_id_t id, kvp_status_t st)

@@ -152,6 +152,18 @@ def closed_by_peer(s, timeout):
     return False, got, time.monotonic() - t0
 
 
+def all_closed_by_peer(socks, timeout):
+    """Every socket closed by D within `timeout` overall (then closed here);
+    returns (all closed, 0, seconds) like closed_by_peer."""
+    t0 = time.monotonic()
+    n_closed = 0
+    for s in socks:
+        c, _, _ = closed_by_peer(s, max(0.1, timeout - (time.monotonic() - t0)))
+        n_closed += c
+        s.close()
+    return n_closed == len(socks), 0, time.monotonic() - t0
+
+
 class Raw:
     """A hand-rolled peer: completes the HELLO exchange, then acks (or not)
     with the blob it is given and speaks LOOKUP/FETCH. Answers PINGs."""
@@ -349,13 +361,7 @@ def battery(addr, fp, xblob, lim):
             socks = [connect(addr) for _ in range(n)]
             for s in socks:
                 s.sendall(frame(T_HELLO, b"", length=0xFFFFFFF0))
-            t0 = time.monotonic()
-            n_closed = 0
-            for s in socks:
-                c, _, _ = closed_by_peer(s, max(0.1, lim - (time.monotonic() - t0)))
-                n_closed += c
-                s.close()
-            return n_closed == len(socks), 0, time.monotonic() - t0
+            return all_closed_by_peer(socks, lim)
         return run
 
     b = {"oversized": oversized, "prehs_list": prehs_list, "bad_str": bad_str,
@@ -703,14 +709,7 @@ def main():
         return closed_by_peer(s, lim)
 
     def flood():
-        socks = [connect(D.peer) for _ in range(200)]
-        t0 = time.monotonic()
-        n_closed = 0
-        for s in socks:
-            c, _, _ = closed_by_peer(s, max(0.1, lim - (time.monotonic() - t0)))
-            n_closed += c
-            s.close()
-        return n_closed == len(socks), 0, time.monotonic() - t0
+        return all_closed_by_peer([connect(D.peer) for _ in range(200)], lim)
 
     case(D, "oversized", bat["oversized"], True)
     case(D, "prehs_list", bat["prehs_list"], True)

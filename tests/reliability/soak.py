@@ -167,8 +167,6 @@ def main():
         m.get("kvpeer_force_releases_total", 0), m.get("kvpeer_protocol_errors_total", 0),
         m.get("kvpeer_peers_down_total", 0)))
     check(cnt["fetch_ok"] > 0, "no fetch succeeded")
-    check(cnt["fetch_ok"] + cnt["fetch_fail_allowed"] + cnt["fetch_skipped"] == cnt["puts"],
-          "operations do not add up: %s" % cnt)
 
     # Every counter adds up: S's own metrics against what the loop saw.
     def delta(name):

@@ -208,6 +208,19 @@ static void tweak_inflight(kvp_config_t *c, kvp_node_seams_t *s, int i)
         c->max_inflight_bytes_per_peer = (uint64_t)g_limit * c->block_size;
 }
 
+/* Node 1 fetches from node 0 with a budget of two blocks in flight; node 0
+ * holds keys 0..nkeys-1. */
+static world_t *inflight_world(void **state, uint32_t nkeys)
+{
+    world_t *w = *state = malloc(sizeof(world_t));
+    g_limit = 2;
+    world_init(w, 2, tweak_inflight);
+    world_connect(w, 1, 0);
+    for (uint32_t k = 0; k < nkeys; k++)
+        world_put(w, 0, k, 0);
+    return w;
+}
+
 static uint64_t peer_bytes_inflight(world_t *w, int i)
 {
     kvp_peer_info_t pi[4];
@@ -240,12 +253,7 @@ static uint64_t start_fetch(world_t *w, uint64_t req, uint32_t k0, uint32_t n,
  * B started without budget -> bytes in flight exceed the budget. */
 static void test_inflight_queued_fetch_starts_when_budget_frees(void **state)
 {
-    world_t *w = *state = malloc(sizeof(world_t));
-    g_limit = 2;
-    world_init(w, 2, tweak_inflight);
-    world_connect(w, 1, 0);
-    for (uint32_t k = 0; k < 3; k++)
-        world_put(w, 0, k, 0);
+    world_t *w = inflight_world(state, 3);
     kvp_fake_script_t slow = kvp_fake_script_complete(300 * MS);
     uint64_t a = start_fetch(w, 9, 0, 2, &slow);
     world_run(w, 20 * MS);
@@ -285,12 +293,7 @@ static void test_inflight_queued_fetch_starts_when_budget_frees(void **state)
  * counter increment removed -> the metric assert fails. */
 static void test_inflight_queued_fetch_times_out_with_limit(void **state)
 {
-    world_t *w = *state = malloc(sizeof(world_t));
-    g_limit = 2;
-    world_init(w, 2, tweak_inflight);
-    world_connect(w, 1, 0);
-    for (uint32_t k = 0; k < 3; k++)
-        world_put(w, 0, k, 0);
+    world_t *w = inflight_world(state, 3);
     log_start();
     kvp_fake_script_t slow = kvp_fake_script_complete(800 * MS); /* < load timeout */
     uint64_t a = start_fetch(w, 9, 0, 2, &slow);
@@ -336,12 +339,7 @@ static void test_inflight_queued_fetch_times_out_with_limit(void **state)
  * (or a leak); no queue bound -> the 1025th fetch is accepted. */
 static void test_inflight_queued_fetch_one_outcome(void **state)
 {
-    world_t *w = *state = malloc(sizeof(world_t));
-    g_limit = 2;
-    world_init(w, 2, tweak_inflight);
-    world_connect(w, 1, 0);
-    for (uint32_t k = 0; k < 6; k++)
-        world_put(w, 0, k, 0);
+    world_t *w = inflight_world(state, 6);
     kvp_fake_script_t slow = kvp_fake_script_complete(900 * MS);
     uint64_t a = start_fetch(w, 9, 0, 2, &slow);
     world_run(w, 10 * MS);
