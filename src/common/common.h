@@ -232,13 +232,22 @@ typedef enum kvp_mutation {
     KVP_MUT_SKIP_CHECKSUM = 6,             /* FETCH_DONE blocks committed unverified */
     KVP_MUT_COUNT = 7,
 } kvp_mutation_t;
+/* KVP_MUTATED(m): is mutation m switched on? Only test builds (KVP_TESTING,
+ * the kvpeer_testing library) have the switch; in the shipped library every
+ * mutation branch is the constant 0 and compiles away (`nm libkvpeer.so`
+ * shows no mutation or fake symbol). */
+#ifdef KVP_TESTING
 extern int kvp__mutation;
 const char *kvp_mutation_str(int m);
+#define KVP_MUTATED(m) (kvp__mutation == (m))
 
 /* The one multiplier by which tests on the real clock scale every bound:
  * KVPEER_TEST_TIME_SCALE if set (a positive number), else 1. The build sets
  * it higher under sanitizers and valgrind. */
 double kvp_test_time_scale(void);
 uint64_t kvp_test_scaled_ns(uint64_t ns);
+#else
+#define KVP_MUTATED(m) 0
+#endif
 
 #endif /* KVP_COMMON_H */

@@ -120,6 +120,9 @@ static kvp_status_t ctl_dial(kvp_ctl_t *ctl, const char *addr, kvp_link_t **out)
     kvp_conn_t *c = NULL;
     kvp_status_t st;
     if (ctl->cfg.fake_net) {
+#ifndef KVP_TESTING
+        return KVP_ERR_UNSUPPORTED; /* the fake network exists in test builds only */
+#else
         /* our fake source address: the listener's, else a client-only name
          * that partitions of our peer id do not match */
         char local[KVP_WIRE_STR_MAX + 1];
@@ -129,6 +132,7 @@ static kvp_status_t ctl_dial(kvp_ctl_t *ctl, const char *addr, kvp_link_t **out)
             snprintf(local, sizeof(local), "%.200s/client", ctl->peer_id);
         st = kvp_fake_dial(ctl->cfg.fake_net, ctl->loop, local, addr, ctl->cfg.wbuf_max,
                            &ctl_link_handler, NULL, &c);
+#endif
     } else
         st = kvp_tcp_dial(ctl->loop, addr, ctl->cfg.wbuf_max, &ctl_link_handler, NULL, &c);
     if (st != KVP_OK)
@@ -290,8 +294,12 @@ static kvp_status_t ctl_listen(kvp_ctl_t *ctl)
     if (!c->listen_addr)
         return KVP_OK;
     if (c->fake_net)
+#ifdef KVP_TESTING
         return kvp_fake_listen(c->fake_net, ctl->loop, c->listen_addr, c->wbuf_max, ctl_on_accept,
                                ctl, &ctl->listener);
+#else
+        return KVP_ERR_UNSUPPORTED; /* the fake network exists in test builds only */
+#endif
     return kvp_tcp_listen(ctl->loop, c->listen_addr, c->wbuf_max, ctl_on_accept, ctl,
                           &ctl->listener);
 }

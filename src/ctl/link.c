@@ -363,7 +363,7 @@ static void link_dispatch(kvp_link_t *l, const kvp_msg_t *m)
     }
     if ((!kvp_epoch_eq(&m->src_epoch, &l->remote_epoch) ||
          !kvp_epoch_eq(&m->dst_epoch, &l->local_epoch)) &&
-        kvp__mutation != KVP_MUT_ACCEPT_STALE_EPOCH /* test-only: the bug */) {
+        !KVP_MUTATED(KVP_MUT_ACCEPT_STALE_EPOCH) /* test-only: the bug */) {
         if (l->state != LINK_READY && link_is_handshake_msg(m->type)) {
             ctl_link_protocol_error(l, "bad epochs on a handshake frame");
             return;

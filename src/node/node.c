@@ -14,7 +14,9 @@
  * named deadline.
  */
 #include "node/node.h"
+#ifdef KVP_TESTING
 #include "transport/fake.h"
+#endif
 #include "transport/ucx.h"
 
 #include <errno.h>
@@ -513,8 +515,9 @@ static void store_config(const kvp_node_t *n, kvp_store_config_t *sc)
     sc->log_prefix = n->name;
 }
 
-/* Fake transport: the store maps its own region first, so the fake's landing
- * checker can see our slots; then the region is registered. */
+#ifdef KVP_TESTING
+/* Fake transport (test builds only): the store maps its own region first, so
+ * the fake's landing checker can see our slots; then the region is registered. */
 static kvp_status_t node_make_fake(kvp_node_t *n, const kvp_node_seams_t *seams)
 {
     kvp_store_config_t sc;
@@ -538,6 +541,7 @@ static kvp_status_t node_make_fake(kvp_node_t *n, const kvp_node_seams_t *seams)
     return n->xport->ops->register_region(n->xport, kvp_store_base(n->store),
                                           kvp_store_region_len(n->store), &layout, &base);
 }
+#endif
 
 /* UCX: the transport allocates the region (direct shared-memory puts) unless
  * the embedding supplied one; the store manages it; the transport frees it. */
@@ -652,7 +656,12 @@ kvp_status_t kvp__node_create_ex(const kvp_config_t *cfg, const kvp_node_seams_t
         goto fail;
     kvp_timer_init(&n->hold_timer, "hold-cap", hold_timer_cb, n);
     kvp_loop_set_wakeup_cb(n->loop, node_wakeup_cb, n);
+#ifdef KVP_TESTING
     st = cfg->transport == KVP_TRANSPORT_FAKE ? node_make_fake(n, seams) : node_make_ucx(n);
+#else
+    /* the fake transport exists in test builds (kvpeer_testing) only */
+    st = cfg->transport == KVP_TRANSPORT_FAKE ? KVP_ERR_UNSUPPORTED : node_make_ucx(n);
+#endif
     if (st != KVP_OK)
         goto fail;
     if ((st = n->xport->ops->local_blob(n->xport, &n->blob, &n->blob_len)) != KVP_OK)

@@ -641,7 +641,7 @@ void kvp__client_on_fetch_done(kvp_session_t *s, const kvp_msg_fetch_done_t *m)
         const kvp_fetch_block_t *fb = &m->blocks[k++];
         kvp_status_t st = KVP_ERR_TRANSPORT;
         if (m->status == KVP_OK && fb->ok)
-            st = n->cfg.verify_checksums && kvp__mutation != KVP_MUT_SKIP_CHECKSUM
+            st = n->cfg.verify_checksums && !KVP_MUTATED(KVP_MUT_SKIP_CHECKSUM)
                      ? kvp_store_commit_verify(n->store, b->dst, &fb->digest)
                      : kvp_store_commit(n->store, b->dst);
         if (st == KVP_ERR_CHECKSUM)
@@ -755,7 +755,7 @@ void kvp__client_fail_unknown(kvp_load_t *l, kvp_status_t why)
         kvp__load_publish(l, why, 0);
     if (l->quarantined)
         return;
-    if (kvp__mutation == KVP_MUT_RELEASE_QUARANTINE_AT_ONCE) { /* test-only: the bug */
+    if (KVP_MUTATED(KVP_MUT_RELEASE_QUARANTINE_AT_ONCE)) { /* test-only: the bug */
         load_abandon_all(l);
         return;
     }

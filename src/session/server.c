@@ -702,7 +702,7 @@ void kvp__server_teardown(kvp_session_t *s)
         kvp_xfer_t *x = KVP_CONTAINER_OF(p, kvp_xfer_t, link);
         kvp_xfer_id_t running[1];
         size_t n_running = 0;
-        if (kvp__mutation == KVP_MUT_CANCEL_IMMEDIATE_AT_CLOSE) /* test-only: the bug */
+        if (KVP_MUTATED(KVP_MUT_CANCEL_IMMEDIATE_AT_CLOSE)) /* test-only: the bug */
             n->xport->ops->cancel(n->xport, &x->id, 1, KVP_CANCEL_IMMEDIATE, NULL, NULL);
         else
             n->xport->ops->cancel(n->xport, &x->id, 1, KVP_CANCEL_WAIT, running, &n_running);
@@ -712,7 +712,7 @@ void kvp__server_teardown(kvp_session_t *s)
             kvp__xfer_release(n, x);
             continue;
         }
-        if (kvp__mutation == KVP_MUT_UNPIN_AT_CLOSE) { /* test-only: the bug */
+        if (KVP_MUTATED(KVP_MUT_UNPIN_AT_CLOSE)) { /* test-only: the bug */
             for (uint32_t i = 0; i < x->n; i++)
                 kvp_store_unpin(n->store, x->src[i]);
             x->n = 0;

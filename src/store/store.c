@@ -524,7 +524,7 @@ kvp_status_t kvp_store_unpin(kvp_store_t *s, kvp_slot_ref_t ref)
  * again), the mismatch is counted and logged. */
 static bool suspect_verify(kvp_store_t *s, uint32_t slot)
 {
-    if (kvp__mutation == KVP_MUT_SKIP_SUSPECT_VERIFY) /* test-only: the bug */
+    if (KVP_MUTATED(KVP_MUT_SKIP_SUSPECT_VERIFY)) /* test-only: the bug */
         return true;
     kvp_digest_t d = slot_digest(s, slot);
     if (kvp_digest_eq(&d, &s->digest[slot]))
