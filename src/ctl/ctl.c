@@ -80,6 +80,101 @@ void ctl_kick_checks(kvp_ctl_t *ctl, const char *peer_id)
     }
 }
 
+/* --------------------------------------------------------------- identity */
+
+/* Same peer: the identity it claims, or for an outbound link still before
+ * the peer's HELLO, the address we dialed. */
+static bool link_same_peer(const kvp_link_t *o, const char *peer_id)
+{
+    return (o->have_peer || o->outbound) && !strcmp(o->peer_id, peer_id);
+}
+
+/* A restart claim against a ready link `o`: PING it; refuse `l` if `o`
+ * answers within dead_after, else reap `o` as dead. Returns true when `l`
+ * must keep waiting (or was refused). */
+static bool link_claim(kvp_link_t *l, kvp_link_t *o)
+{
+    kvp_ctl_t *ctl = l->ctl;
+    uint64_t now = ctl_link_now(l);
+    if (!l->claim_started) {
+        l->claim_started = true;
+        l->claim_start_ns = now;
+        l->claim_rx_mark = o->rx_frames;
+        o->claim_ping_pending = true;
+        kvp_link_ping(o);
+        kvp_timer_start(ctl->loop, &l->t_check, now + ctl->cfg.dead_after_ns);
+        return true;
+    }
+    if (o->rx_frames > l->claim_rx_mark) {
+        KVP_WARN(ctl->prefix, "peer %s: new connection claims a live session: refused as duplicate",
+                 l->peer_id);
+        ctl_link_refuse(l, KVP_DOWN_DUPLICATE, KVP_BYE_DUPLICATE, &ctl->st.refused_duplicate);
+        return true;
+    }
+    if (now < l->claim_start_ns + ctl->cfg.dead_after_ns) {
+        kvp_timer_start(ctl->loop, &l->t_check, l->claim_start_ns + ctl->cfg.dead_after_ns);
+        return true;
+    }
+    KVP_WARN(ctl->prefix, "peer %s: restart claim: old session silent for %llu ms: reaped",
+             l->peer_id, (unsigned long long)(ctl->cfg.dead_after_ns / KVP_NSEC_PER_MSEC));
+    ctl->st.peers_dead++;
+    ctl_link_down(o, KVP_DOWN_DEAD, KVP_BYE_DEAD, true);
+    ctl_link_finish(o); /* on_down of the old before on_ready of the new */
+    return false;
+}
+
+/* Settle identity conflicts before our blob goes out (SPEC §4): a ready
+ * link for the same peer id makes this a restart claim; a committed one
+ * (ACKED) is waited for; with an uncommitted one, a simultaneous dial is
+ * decided by the lower peer id -- only on the lower side, which never has two
+ * committed links, so both sides keep the same connection. */
+void ctl_settle_identity(kvp_link_t *l)
+{
+    kvp_ctl_t *ctl = l->ctl;
+    bool lower = strcmp(ctl->peer_id, l->peer_id) < 0;
+    kvp_list_t *pos, *tmp;
+restart:
+    if (l->state != LINK_CHECK)
+        return; /* closed from a callback while settling */
+    kvp_list_foreach_safe(pos, tmp, &ctl->links)
+    {
+        kvp_link_t *o = KVP_CONTAINER_OF(pos, kvp_link_t, node);
+        if (o == l || !link_same_peer(o, l->peer_id))
+            continue;
+        if (o->state == LINK_READY) {
+            if (link_claim(l, o))
+                return;
+            goto restart;
+        }
+        bool cross = o->outbound != l->outbound;
+        if (o->state == LINK_ACKED) {
+            if (cross && !lower)
+                continue; /* the lower side decides */
+            return;      /* wait: kicked when o becomes ready or goes down */
+        }
+        if (cross && !lower)
+            continue;
+        if (cross && !l->outbound) {
+            KVP_DEBUG(ctl->prefix, "peer %s: simultaneous dial: keeping ours", l->peer_id);
+            ctl->st.refused_duplicate++;
+            ctl_link_down(l, KVP_DOWN_DUPLICATE, KVP_BYE_DUPLICATE, false);
+            return;
+        }
+        /* o loses: our own dial wins a crossing, a newer one replaces an older */
+        KVP_DEBUG(ctl->prefix, "peer %s: duplicate connection in handshake closed", o->peer_id);
+        ctl->st.refused_duplicate++;
+        ctl_link_down(o, KVP_DOWN_DUPLICATE, o->have_peer ? KVP_BYE_DUPLICATE : -1, false);
+    }
+    ctl_hs_send_ack(l);
+}
+
+void ctl_on_check(kvp_timer_t *t)
+{
+    kvp_link_t *l = t->data;
+    if (l->state == LINK_CHECK)
+        ctl_settle_identity(l);
+}
+
 /* ------------------------------------------------------------------ wants */
 
 static ctl_want_t *ctl_want_find(kvp_ctl_t *ctl, const char *addr)

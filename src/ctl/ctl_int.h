@@ -131,7 +131,8 @@ void ctl_hs_send_hello(kvp_link_t *l);
 void ctl_hs_on_hello(kvp_link_t *l, const kvp_msg_hello_t *h);
 void ctl_hs_on_auth(kvp_link_t *l, const kvp_msg_auth_t *a);
 void ctl_hs_on_ack(kvp_link_t *l, const kvp_msg_hello_ack_t *a);
-void ctl_hs_on_check(kvp_timer_t *t); /* the identity-check timer */
+/* HELLO_ACK with our blob: only from ctl_settle_identity(), link in CHECK. */
+void ctl_hs_send_ack(kvp_link_t *l);
 /* A HELLO of another wire major: refuse it cleanly. False if not that case. */
 bool ctl_hs_refuse_version(kvp_link_t *l, const uint8_t *frame, size_t len);
 
@@ -141,6 +142,11 @@ void ctl_schedule_reap(kvp_ctl_t *ctl);
 void ctl_link_finish(kvp_link_t *l);
 /* Re-run identity checks of CHECK links for this peer id (from the loop). */
 void ctl_kick_checks(kvp_ctl_t *ctl, const char *peer_id);
+/* Settle the identity of a validated (and authenticated) link in CHECK
+ * against the other links of its peer id (SPEC §4: restart claims,
+ * simultaneous dials), then send our HELLO_ACK; may refuse or wait. */
+void ctl_settle_identity(kvp_link_t *l);
+void ctl_on_check(kvp_timer_t *t); /* the identity-check timer */
 void ctl_want_link_ready(kvp_ctl_t *ctl, kvp_link_t *l);
 kvp_status_t ctl_encode(kvp_ctl_t *ctl, const kvp_msg_t *m, size_t *len);
 

@@ -1,16 +1,15 @@
 /* handshake.c -- the handshake of SPEC §4 for one link: HELLO (validated
  * field by field), AUTH (HMAC-SHA256 over both epochs, both nonces and the
- * sender's layout), the identity check that settles restart claims and
- * simultaneous dials, then HELLO_ACK with our blob. Our blob leaves only from
- * link_send_ack(), which runs only from link_check() on a link in CHECK,
- * i.e. after validation and authentication. */
+ * sender's layout), then -- once ctl.c has settled the peer's identity
+ * (restart claims, simultaneous dials) -- HELLO_ACK with our blob. Our blob
+ * leaves only from ctl_hs_send_ack(), which runs only from
+ * ctl_settle_identity() on a link in CHECK, i.e. after validation and
+ * authentication. */
 #include "ctl/ctl_int.h"
 
 #include <sodium.h>
 #include <stdio.h>
 #include <string.h>
-
-static void link_check(kvp_link_t *l);
 
 /* ------------------------------------------------------------- handshake */
 
@@ -151,7 +150,7 @@ void ctl_hs_on_hello(kvp_link_t *l, const kvp_msg_hello_t *h)
         return;
     }
     ctl_link_set_state(l, LINK_CHECK);
-    link_check(l);
+    ctl_settle_identity(l);
 }
 
 void ctl_hs_on_auth(kvp_link_t *l, const kvp_msg_auth_t *a)
@@ -176,7 +175,7 @@ void ctl_hs_on_auth(kvp_link_t *l, const kvp_msg_auth_t *a)
         return;
     }
     ctl_link_set_state(l, LINK_CHECK);
-    link_check(l);
+    ctl_settle_identity(l);
 }
 
 
@@ -209,7 +208,9 @@ void ctl_hs_on_ack(kvp_link_t *l, const kvp_msg_hello_ack_t *a)
         ctl_link_become_ready(l);
 }
 
-static void link_send_ack(kvp_link_t *l)
+/* Our blob leaves only from here, called only by ctl_settle_identity() on a
+ * link in CHECK, i.e. after validation and authentication. */
+void ctl_hs_send_ack(kvp_link_t *l)
 {
     kvp_ctl_t *ctl = l->ctl;
     kvp_msg_t m;
@@ -225,128 +226,20 @@ static void link_send_ack(kvp_link_t *l)
         ctl_link_become_ready(l);
 }
 
-/* Same peer: the identity it claims, or for an outbound link still before
- * the peer's HELLO, the address we dialed. */
-static bool link_same_peer(const kvp_link_t *o, const char *peer_id)
-{
-    return (o->have_peer || o->outbound) && !strcmp(o->peer_id, peer_id);
-}
-
-/* A restart claim against a ready link `o`: PING it; refuse `l` if `o`
- * answers within dead_after, else reap `o` as dead. Returns true when `l`
- * must keep waiting (or was refused). */
-static bool link_claim(kvp_link_t *l, kvp_link_t *o)
-{
-    kvp_ctl_t *ctl = l->ctl;
-    uint64_t now = ctl_link_now(l);
-    if (!l->claim_started) {
-        l->claim_started = true;
-        l->claim_start_ns = now;
-        l->claim_rx_mark = o->rx_frames;
-        o->claim_ping_pending = true;
-        kvp_link_ping(o);
-        kvp_timer_start(ctl->loop, &l->t_check, now + ctl->cfg.dead_after_ns);
-        return true;
-    }
-    if (o->rx_frames > l->claim_rx_mark) {
-        KVP_WARN(ctl->prefix, "peer %s: new connection claims a live session: refused as duplicate",
-                 l->peer_id);
-        ctl_link_refuse(l, KVP_DOWN_DUPLICATE, KVP_BYE_DUPLICATE, &ctl->st.refused_duplicate);
-        return true;
-    }
-    if (now < l->claim_start_ns + ctl->cfg.dead_after_ns) {
-        kvp_timer_start(ctl->loop, &l->t_check, l->claim_start_ns + ctl->cfg.dead_after_ns);
-        return true;
-    }
-    KVP_WARN(ctl->prefix, "peer %s: restart claim: old session silent for %llu ms: reaped",
-             l->peer_id, (unsigned long long)(ctl->cfg.dead_after_ns / KVP_NSEC_PER_MSEC));
-    ctl->st.peers_dead++;
-    ctl_link_down(o, KVP_DOWN_DEAD, KVP_BYE_DEAD, true);
-    ctl_link_finish(o); /* on_down of the old before on_ready of the new */
-    return false;
-}
-
-/* Settle identity conflicts before our blob goes out (SPEC §4): a ready
- * link for the same peer id makes this a restart claim; a committed one
- * (ACKED) is waited for; with an uncommitted one, a simultaneous dial is
- * decided by the lower peer id -- only on the lower side, which never has two
- * committed links, so both sides keep the same connection. */
-static void link_check(kvp_link_t *l)
-{
-    kvp_ctl_t *ctl = l->ctl;
-    bool lower = strcmp(ctl->peer_id, l->peer_id) < 0;
-    kvp_list_t *pos, *tmp;
-restart:
-    if (l->state != LINK_CHECK)
-        return; /* closed from a callback while settling */
-    kvp_list_foreach_safe(pos, tmp, &ctl->links)
-    {
-        kvp_link_t *o = KVP_CONTAINER_OF(pos, kvp_link_t, node);
-        if (o == l || !link_same_peer(o, l->peer_id))
-            continue;
-        if (o->state == LINK_READY) {
-            if (link_claim(l, o))
-                return;
-            goto restart;
-        }
-        bool cross = o->outbound != l->outbound;
-        if (o->state == LINK_ACKED) {
-            if (cross && !lower)
-                continue; /* the lower side decides */
-            return;      /* wait: kicked when o becomes ready or goes down */
-        }
-        if (cross && !lower)
-            continue;
-        if (cross && !l->outbound) {
-            KVP_DEBUG(ctl->prefix, "peer %s: simultaneous dial: keeping ours", l->peer_id);
-            ctl->st.refused_duplicate++;
-            ctl_link_down(l, KVP_DOWN_DUPLICATE, KVP_BYE_DUPLICATE, false);
-            return;
-        }
-        /* o loses: our own dial wins a crossing, a newer one replaces an older */
-        KVP_DEBUG(ctl->prefix, "peer %s: duplicate connection in handshake closed", o->peer_id);
-        ctl->st.refused_duplicate++;
-        ctl_link_down(o, KVP_DOWN_DUPLICATE, o->have_peer ? KVP_BYE_DUPLICATE : -1, false);
-    }
-    link_send_ack(l);
-}
-
-void ctl_hs_on_check(kvp_timer_t *t)
-{
-    kvp_link_t *l = t->data;
-    if (l->state == LINK_CHECK)
-        link_check(l);
-}
-
 /* A HELLO of another wire major version does not decode (its layout may
- * differ), yet it deserves a clear refusal, not a protocol error: read the
- * fields every version shares (u16 major, u16 minor, str peer_id, str
- * instance_id, epoch) by hand and answer BYE INCOMPATIBLE. */
+ * differ), yet it deserves a clear refusal, not a protocol error: the wire
+ * layer reads the fields every version shares, we answer BYE INCOMPATIBLE. */
 bool ctl_hs_refuse_version(kvp_link_t *l, const uint8_t *f, size_t len)
 {
     kvp_ctl_t *ctl = l->ctl;
-    size_t off = KVP_WIRE_HDR_LEN;
-    if ((f[4] | f[5] << 8) != KVP_MSG_HELLO || l->have_peer || len < off + 5)
+    kvp_wire_hello_id_t id;
+    if (l->have_peer || kvp_wire_peek_hello(f, len, &id) != KVP_OK || id.major == KVP_WIRE_MAJOR)
         return false;
-    unsigned major = (unsigned)(f[off] | f[off + 1] << 8);
-    if (major == KVP_WIRE_MAJOR)
-        return false;
-    off += 4;
-    size_t id_len = f[off];
-    if (off + 1 + id_len + 1 > len)
-        return false;
-    char id[KVP_WIRE_STR_MAX + 1];
-    memcpy(id, f + off + 1, id_len);
-    id[id_len] = '\0';
-    off += 1 + id_len;
-    off += 1 + f[off]; /* instance id */
-    if (off + KVP_WIRE_EPOCH_LEN > len)
-        return false;
-    memcpy(l->remote_epoch.b, f + off, KVP_WIRE_EPOCH_LEN);
-    snprintf(l->peer_id, sizeof(l->peer_id), "%s", id);
+    l->remote_epoch = id.epoch;
+    snprintf(l->peer_id, sizeof(l->peer_id), "%s", id.peer_id);
     l->have_peer = !kvp_epoch_is_zero(&l->remote_epoch); /* lets the BYE carry epochs */
     CTL_LOG_REFUSED(l, KVP_LOG_ERROR, "peer %s: incompatible wire major version (ours %u, theirs %u): refused",
-              id, KVP_WIRE_MAJOR, major);
+              id.peer_id, KVP_WIRE_MAJOR, id.major);
     ctl_link_refuse(l, KVP_DOWN_INCOMPATIBLE, KVP_BYE_INCOMPATIBLE, &ctl->st.refused_incompatible);
     return true;
 }

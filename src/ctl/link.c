@@ -495,7 +495,7 @@ kvp_status_t ctl_link_new(kvp_ctl_t *ctl, kvp_conn_t *conn, bool outbound, const
     kvp_timer_init(&l->t_handshake, "handshake", link_on_handshake_timeout, l);
     kvp_timer_init(&l->t_heartbeat, "heartbeat", link_on_heartbeat, l);
     kvp_timer_init(&l->t_dead, "dead-after", link_on_dead, l);
-    kvp_timer_init(&l->t_check, "identity-check", ctl_hs_on_check, l);
+    kvp_timer_init(&l->t_check, "identity-check", ctl_on_check, l);
     kvp_timer_start(ctl->loop, &l->t_handshake, now + ctl->cfg.handshake_timeout_ns);
     kvp_list_insert_tail(&ctl->links, &l->node);
     if (conn) {

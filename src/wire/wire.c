@@ -455,3 +455,27 @@ kvp_status_t kvp_wire_decode(const kvp_wire_ctx_t *ctx, const uint8_t *frame, si
     *msg = m;
     return KVP_OK;
 }
+
+/* Only the prefix every version shares; see wire.h. */
+kvp_status_t kvp_wire_peek_hello(const uint8_t *frame, size_t len, kvp_wire_hello_id_t *out)
+{
+    kvp_wire_rd_t r = {frame, 0, len};
+    kvp_wire_hello_id_t id;
+    uint32_t flen;
+    uint16_t type, flags;
+    uint8_t n, inst_len;
+    const uint8_t *p;
+    memset(&id, 0, sizeof(id));
+    if (!kvp_wire_rd_u32(&r, &flen) || !kvp_wire_rd_u16(&r, &type) || !kvp_wire_rd_u16(&r, &flags) ||
+        type != KVP_MSG_HELLO)
+        return KVP_ERR_PROTO;
+    if (!kvp_wire_rd_u16(&r, &id.major) || !kvp_wire_rd_u16(&r, &id.minor) ||
+        !kvp_wire_rd_u8(&r, &n) || !kvp_wire_rd_ptr(&r, n, &p))
+        return KVP_ERR_PROTO;
+    memcpy(id.peer_id, p, n); /* n <= 255 == KVP_WIRE_STR_MAX */
+    if (!kvp_wire_rd_u8(&r, &inst_len) || !kvp_wire_rd_ptr(&r, inst_len, &p) ||
+        !kvp_wire_rd_copy(&r, id.epoch.b, KVP_WIRE_EPOCH_LEN))
+        return KVP_ERR_PROTO;
+    *out = id;
+    return KVP_OK;
+}

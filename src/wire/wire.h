@@ -257,6 +257,19 @@ size_t kvp_wire_encoded_size(const kvp_msg_t *m);
  * small; *len_out written on KVP_OK. */
 kvp_status_t kvp_wire_encode(const kvp_msg_t *m, uint8_t *buf, size_t cap, size_t *len_out);
 
+/* The identity every wire major version's HELLO starts with (u16 major,
+ * u16 minor, str peer_id, str instance_id, epoch), read from a HELLO frame
+ * (header included) that may not decode under our version, so the control
+ * layer can refuse a peer of another major version clearly. */
+typedef struct kvp_wire_hello_id {
+    uint16_t major, minor;
+    char peer_id[KVP_WIRE_STR_MAX + 1];
+    kvp_epoch_t epoch; /* may be zero: the peer sent none */
+} kvp_wire_hello_id_t;
+/* KVP_OK and *out written when frame[0..len) is a HELLO whose shared prefix
+ * reads within bounds; KVP_ERR_PROTO otherwise (not a HELLO, truncated). */
+kvp_status_t kvp_wire_peek_hello(const uint8_t *frame, size_t len, kvp_wire_hello_id_t *out);
+
 /* Added helper: true if a and b carry the same message (type, flags,
  * epochs, and every field of the type's payload; lists compared by content,
  * not by pointer). For tests, the fuzz target and debug checks. */

@@ -368,6 +368,29 @@ static void test_reject_bad_values(void **state)
     expect_reject(state, &ctx_post, len, "bad status");
 }
 
+/* kvp_wire_peek_hello reads the identity of a HELLO of any major version,
+ * within bounds: every truncation is refused, never read past. */
+static void test_peek_hello_other_major(void **state)
+{
+    size_t len = enc_sample(KVP_MSG_HELLO);
+    wt_put16(frame + KVP_WIRE_HDR_LEN, KVP_WIRE_MAJOR + 1); /* HELLO: major first; a future one */
+    kvp_msg_t m;
+    assert_int_equal(kvp_wire_decode(&ctx_pre, frame, len, *state, &m, NULL, 0), KVP_ERR_PROTO);
+    kvp_wire_hello_id_t id;
+    assert_int_equal(kvp_wire_peek_hello(frame, len, &id), KVP_OK);
+    assert_int_equal(id.major, KVP_WIRE_MAJOR + 1);
+    assert_int_equal(strlen(id.peer_id), frame[OFF_HELLO_PEER_ID]);
+    assert_memory_equal(id.peer_id, frame + OFF_HELLO_PEER_ID + 1, frame[OFF_HELLO_PEER_ID]);
+    assert_false(kvp_epoch_is_zero(&id.epoch));
+    size_t need = OFF_HELLO_PEER_ID + 1 + frame[OFF_HELLO_PEER_ID];
+    need += 1 + frame[need] + KVP_WIRE_EPOCH_LEN;
+    for (size_t cut = 0; cut < need; cut++)
+        assert_int_equal(kvp_wire_peek_hello(frame, cut, &id), KVP_ERR_PROTO);
+    assert_int_equal(kvp_wire_peek_hello(frame, need, &id), KVP_OK);
+    len = enc_sample(KVP_MSG_PING); /* not a HELLO */
+    assert_int_equal(kvp_wire_peek_hello(frame, len, &id), KVP_ERR_PROTO);
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
@@ -396,6 +419,7 @@ int main(void)
         T(test_reject_fetch_without_layout),
         T(test_reject_count_exceeds_payload),
         T(test_reject_bad_values),
+        T(test_peek_hello_other_major),
     };
 #undef T
     return cmocka_run_group_tests(tests, NULL, NULL);
