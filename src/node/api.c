@@ -57,8 +57,8 @@ static kvp_status_t do_peer_remove(kvp_node_t *n, void *arg)
     kvp_session_t *s = kvp__node_find_session(n, arg);
     if (s == NULL)
         return KVP_ERR_NOT_FOUND;
-    if (s->link != NULL && !s->closing) {
-        s->closing = true;
+    if (kvp__session_open(s)) {
+        kvp__session_set_state(s, KVP_SESS_CLOSING);
         kvp_link_close(s->link, KVP_BYE_GRACEFUL); /* teardown from on_down */
     }
     return KVP_OK;
@@ -182,7 +182,7 @@ typedef struct remote_args {
 static kvp_status_t remote_session(kvp_node_t *n, const char *peer, kvp_session_t **out)
 {
     kvp_session_t *s = kvp__node_find_session(n, peer);
-    if (s == NULL || s->closing || s->link == NULL) {
+    if (s == NULL || !kvp__session_open(s)) {
         kvp_ctl_want(n->ctl, peer); /* work for a peer: (re)dial with backoff */
         return KVP_ERR_UNREACHABLE;
     }
@@ -453,7 +453,7 @@ static kvp_status_t do_peers(kvp_node_t *n, void *arg)
         snprintf(pi->peer, sizeof(pi->peer), "%s", s->peer_id);
         snprintf(pi->instance, sizeof(pi->instance), "%s", s->instance_id);
         snprintf(pi->data_path, sizeof(pi->data_path), "%s", kvp_data_path_str(s->path));
-        pi->ready = s->link != NULL && !s->closing;
+        pi->ready = kvp__session_open(s);
         pi->probation = s->probation;
         pi->rtt_ns = s->link ? kvp_link_rtt_ns(s->link) : 0;
         pi->bytes_inflight = s->bytes_inflight;

@@ -105,7 +105,7 @@ kvp_session_t *kvp__node_find_session(kvp_node_t *n, const char *peer)
 
 kvp_status_t kvp__session_send(kvp_session_t *s, kvp_msg_t *m)
 {
-    if (s->link == NULL || s->closing)
+    if (!kvp__session_open(s))
         return KVP_ERR_CLOSED;
     return kvp_link_send(s->link, m);
 }
@@ -119,16 +119,15 @@ void kvp__session_mark_active(kvp_session_t *s)
 void kvp__session_fault(kvp_session_t *s, kvp_bye_reason_t reason, const char *why)
 {
     kvp_node_t *n = s->node;
-    if (s->closing)
+    if (!kvp__session_open(s))
         return;
     if (reason == KVP_BYE_PROTOCOL)
         n->st.protocol_errors++;
     KVP_LOG_RL(&s->rl, kvp__node_now(n), KVP_LOG_ERROR, n->name,
                "peer %s: closing session as fault (%s): %s", s->peer_id,
                kvp_bye_reason_str(reason), why);
-    s->closing = true;
-    if (s->link != NULL)
-        kvp_link_close(s->link, reason); /* teardown runs from on_down */
+    kvp__session_set_state(s, KVP_SESS_CLOSING);
+    kvp_link_close(s->link, reason); /* teardown runs from on_down */
 }
 
 static kvp_status_t ctl_on_ready(void *arg, kvp_link_t *link, const kvp_msg_hello_t *peer,
@@ -163,6 +162,7 @@ static void ctl_on_down(void *arg, kvp_link_t *link, kvp_down_reason_t reason, u
         return;
     kvp_link_set_user(link, NULL);
     s->link = NULL;
+    kvp__session_set_state(s, KVP_SESS_DOWN);
     if (kvp_list_linked(&s->flush_link))
         kvp_list_remove(&s->flush_link);
     char why[128];
@@ -246,12 +246,12 @@ static void node_check_endpoints(kvp_node_t *n)
     kvp_list_foreach_safe(p, t, &n->sessions)
     {
         kvp_session_t *s = KVP_CONTAINER_OF(p, kvp_session_t, node_link);
-        if (s->closing || n->xport->ops->peer_status(n->xport, s->xpeer) == KVP_OK)
+        if (!kvp__session_open(s) || n->xport->ops->peer_status(n->xport, s->xpeer) == KVP_OK)
             continue;
         if (!kvp_list_empty(&s->loads))
             kvp__session_fault(s, KVP_BYE_TRANSPORT, "error on our endpoint to the source: "
                                                      "outcome of its loads unknown");
-        else if (s->link != NULL) /* running transfers are retained as in §7 */
+        else /* running transfers are retained as in §7 */
             kvp__session_fault(s, KVP_BYE_TRANSPORT, "our endpoint to the peer failed");
     }
 }
@@ -277,13 +277,13 @@ static void node_hold_check(kvp_node_t *n)
     kvp_list_foreach_safe(p, t, &n->sessions)
     {
         kvp_session_t *s = KVP_CONTAINER_OF(p, kvp_session_t, node_link);
-        if (!s->closing && s->link != NULL && session_idle(s) &&
+        if (kvp__session_open(s) && session_idle(s) &&
             now - s->last_work_ns >= (uint64_t)n->cfg.idle_session_ms * KVP_NSEC_PER_MSEC) {
             /* No work for the idle timeout: close gracefully and stop redialling;
              * the next lookup or fetch for this peer dials again. */
             KVP_INFO(n->name, "peer %s: idle for %u ms: closing", s->peer_id,
                      n->cfg.idle_session_ms);
-            s->closing = true;
+            kvp__session_set_state(s, KVP_SESS_CLOSING);
             kvp_ctl_unwant(n->ctl, s->peer_id);
             kvp_link_close(s->link, KVP_BYE_IDLE);
         }
@@ -733,6 +733,7 @@ static void node_drain(kvp_node_t *n)
             kvp_link_set_user(s->link, NULL);
             kvp_link_close(s->link, KVP_BYE_SHUTDOWN);
             s->link = NULL;
+            kvp__session_set_state(s, KVP_SESS_DOWN);
         }
         if (kvp_list_linked(&s->flush_link))
             kvp_list_remove(&s->flush_link);

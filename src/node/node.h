@@ -182,6 +182,24 @@ typedef struct kvp_creq {
     bool fetched;    /* that round already carries a FETCH */
 } kvp_creq_t;
 
+/* Session lifecycle (session.c, kvp__session_set_state):
+ *
+ *   kvp__session_create          close asked: kvp__session_fault, idle
+ *   ------------------> READY -----------------------------------> CLOSING
+ *                         |      timeout, kvp_peer_remove              |
+ *                         |                                            |
+ *                         | link down (ctl_on_down), node shutdown     | link down
+ *                         +------------------> DOWN <------------------+
+ *                                  (kvp__session_teardown, then freed)
+ *
+ * Probation (SPEC §8) is orthogonal: a READY session on probation answers
+ * MISS to new work until a fresh PONG. */
+typedef enum kvp_session_state {
+    KVP_SESS_READY = 0,   /* link up: both roles serve; frames dispatched */
+    KVP_SESS_CLOSING = 1, /* close asked, link closing: frames ignored, no new work */
+    KVP_SESS_DOWN = 2,    /* link gone (s->link == NULL): teardown runs, then freed */
+} kvp_session_state_t;
+
 struct kvp_session {
     kvp_list_t node_link; /* node->sessions */
     kvp_list_t active_link; /* node->active: sessions with transfers in flight */
@@ -193,8 +211,8 @@ struct kvp_session {
     uint32_t peer_num_blocks, peer_block_size;
     kvp_xpeer_id_t xpeer;
     kvp_data_path_t path;
+    kvp_session_state_t state; /* kvp__session_set_state() only */
     bool probation;
-    bool closing;
     uint64_t probation_ns;
     uint64_t bytes_inflight; /* consumer side: bytes of loads not settled */
     /* client role */
@@ -280,6 +298,13 @@ kvp_status_t kvp__session_create(kvp_node_t *n, kvp_link_t *link, const kvp_msg_
 void kvp__session_on_frame(kvp_session_t *s, const kvp_msg_t *m);
 /* The link is down: teardown per SPEC §7, then free the session. */
 void kvp__session_teardown(kvp_session_t *s, bool fault, const char *why);
+/* The one place a session changes state; asserts the diagram above. */
+void kvp__session_set_state(kvp_session_t *s, kvp_session_state_t to);
+/* READY: the link is up and no close was asked (probation aside). */
+static inline bool kvp__session_open(const kvp_session_t *s)
+{
+    return s->state == KVP_SESS_READY;
+}
 void kvp__session_probation(kvp_session_t *s, bool on);
 
 /* client.c: the consumer role */

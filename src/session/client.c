@@ -30,6 +30,32 @@
 
 static void load_timer_cb(kvp_timer_t *t);
 
+/* Load phases (kvp_load_phase_t in node.h):
+ *
+ *   kvp__client_fetch -> QUEUED --(budget; FETCH sent)--> SENT --(timeout,
+ *   finish, cancel: ABORT sent)--> ABORTING
+ *   QUEUED / SENT / ABORTING --(FETCH_DONE, ABORT_ACK, nothing to fetch,
+ *   session down)--> SETTLED
+ *
+ * SETTLED is final for the phase; whether the slots are free, committed or
+ * quarantined awaiting proof is l->quarantined's (and the store's) to say. */
+static const char *const load_phase_names[] = {"queued", "sent", "aborting", "settled"};
+
+static void load_set_phase(kvp_load_t *l, kvp_load_phase_t to)
+{
+    static const uint8_t legal[4] = {
+        [KVP_LOAD_QUEUED] = 1u << KVP_LOAD_QUEUED, /* a new record starts QUEUED */
+        [KVP_LOAD_SENT] = 1u << KVP_LOAD_QUEUED,
+        [KVP_LOAD_ABORTING] = 1u << KVP_LOAD_SENT,
+        [KVP_LOAD_SETTLED] =
+            (1u << KVP_LOAD_QUEUED) | (1u << KVP_LOAD_SENT) | (1u << KVP_LOAD_ABORTING),
+    };
+    KVP_ASSERT(legal[to] & (1u << l->phase));
+    KVP_TRACE(l->node->name, "peer %s load %llu: %s -> %s", l->peer, (unsigned long long)l->op_id,
+              load_phase_names[l->phase], load_phase_names[to]);
+    l->phase = to;
+}
+
 static void key_copy(kvp_key_buf_t *dst, const uint8_t *data, uint32_t len)
 {
     dst->len = (uint8_t)len;
@@ -237,7 +263,7 @@ void kvp__client_on_lookup_resp(kvp_session_t *s, const kvp_msg_lookup_resp_t *m
  * current call (node_flush_lookups), never inside the caller's chain. */
 static void fetchq_kick(kvp_session_t *s)
 {
-    if (!kvp_list_empty(&s->fetchq) && !s->closing && s->link != NULL &&
+    if (!kvp_list_empty(&s->fetchq) && kvp__session_open(s) &&
         !kvp_list_linked(&s->flush_link))
         kvp_list_insert_tail(&s->node->flushq, &s->flush_link);
 }
@@ -448,7 +474,7 @@ static kvp_status_t load_launch(kvp_load_t *l)
         load_bind_round(l);
     l->started_ns = kvp__node_now(node);
     if (to_fetch == 0) { /* everything is here already */
-        l->phase = KVP_LOAD_SETTLED;
+        load_set_phase(l, KVP_LOAD_SETTLED);
         kvp__load_publish(l, KVP_OK, 0);
         kvp__load_free(l);
         return KVP_OK;
@@ -463,7 +489,7 @@ static kvp_status_t load_launch(kvp_load_t *l)
         l->bytes = 0;
         return st;
     }
-    l->phase = KVP_LOAD_SENT;
+    load_set_phase(l, KVP_LOAD_SENT);
     kvp_timer_start(node->loop, &l->timer,
                     l->started_ns + (uint64_t)node->cfg.load_timeout_ms * KVP_NSEC_PER_MSEC);
     return KVP_OK;
@@ -481,7 +507,7 @@ static void fetchq_push(kvp_load_t *l)
 {
     kvp_session_t *s = l->sess;
     kvp_node_t *n = l->node;
-    l->phase = KVP_LOAD_QUEUED;
+    load_set_phase(l, KVP_LOAD_QUEUED);
     l->queued_ns = kvp__node_now(n);
     load_bind_round(l);
     kvp_list_insert_tail(&s->fetchq, &l->link);
@@ -514,7 +540,7 @@ static void fetchq_fail(kvp_load_t *l, kvp_status_t why)
 void kvp__client_start_queued(kvp_session_t *s)
 {
     kvp_node_t *n = s->node;
-    while (!kvp_list_empty(&s->fetchq) && s->link != NULL && !s->closing && !s->probation) {
+    while (!kvp_list_empty(&s->fetchq) && kvp__session_open(s) && !s->probation) {
         kvp_load_t *l = KVP_CONTAINER_OF(s->fetchq.next, kvp_load_t, link);
         if (s->bytes_inflight + (uint64_t)l->n * n->cfg.block_size >
             n->cfg.max_inflight_bytes_per_peer)
@@ -663,7 +689,7 @@ void kvp__client_on_fetch_done(kvp_session_t *s, const kvp_msg_fetch_done_t *m)
     n->st.bytes_in += (uint64_t)ok * n->cfg.block_size;
     if (!l->published)
         kvp__load_publish(l, first_err, ok);
-    l->phase = KVP_LOAD_SETTLED;
+    load_set_phase(l, KVP_LOAD_SETTLED);
     kvp__load_free(l);
 }
 
@@ -685,7 +711,7 @@ void kvp__client_on_abort_ack(kvp_session_t *s, const kvp_msg_abort_t *m)
     load_abandon_all(l);
     if (!l->published)
         kvp__load_publish(l, KVP_ERR_CANCELED, 0);
-    l->phase = KVP_LOAD_SETTLED;
+    load_set_phase(l, KVP_LOAD_SETTLED);
     kvp__load_free(l);
 }
 
@@ -711,7 +737,7 @@ void kvp__client_abort(kvp_load_t *l, kvp_status_t why)
         kvp__load_publish(l, why, 0);
     if (l->phase != KVP_LOAD_SENT)
         return;
-    l->phase = KVP_LOAD_ABORTING;
+    load_set_phase(l, KVP_LOAD_ABORTING);
     l->abort_started_ns = kvp__node_now(n);
     send_abort(l);
     kvp_timer_start(n->loop, &l->timer,
@@ -820,7 +846,7 @@ void kvp__client_teardown(kvp_session_t *s, bool fault)
         s->bytes_inflight -= l->bytes;
         l->bytes = 0;
         l->sess = NULL;
-        l->phase = KVP_LOAD_SETTLED;
+        load_set_phase(l, KVP_LOAD_SETTLED);
         kvp_list_insert_tail(&n->quarantined, &l->link);
     }
     while (!kvp_list_empty(&s->creqs)) {

@@ -7,6 +7,7 @@
  *
  * Round phases (one per kvp_sround_t; set only through sround_set_phase):
  *
+ *   (new) SUPPLIED --LOOKUP with FILLING keys--> LOOKUP_PENDING
  *   LOOKUP_PENDING --(keys committed / pending deadline)--> SUPPLIED
  *   SUPPLIED --FETCH all supplied--> TRANSFERRING --poll terminal--> FINISHED
  *   SUPPLIED|(new) --FETCH WAIT_FOR_SUPPLY, keys missing--> PARKED
@@ -30,8 +31,8 @@ static const char *const sr_phase_names[] = {"LOOKUP_PENDING", "SUPPLIED", "PARK
 static void sround_set_phase(kvp_sround_t *r, kvp_sround_phase_t to)
 {
     static const uint8_t legal[6] = {
-        [KVP_SR_LOOKUP_PENDING] = 0,
-        [KVP_SR_SUPPLIED] = 1u << KVP_SR_LOOKUP_PENDING,
+        [KVP_SR_LOOKUP_PENDING] = 1u << KVP_SR_SUPPLIED, /* a new round with FILLING keys */
+        [KVP_SR_SUPPLIED] = 1u << KVP_SR_LOOKUP_PENDING, /* a new round starts SUPPLIED */
         [KVP_SR_PARKED] = 1u << KVP_SR_SUPPLIED,
         [KVP_SR_TRANSFERRING] = (1u << KVP_SR_SUPPLIED) | (1u << KVP_SR_PARKED),
         [KVP_SR_ABORTING] = 1u << KVP_SR_TRANSFERRING,
@@ -211,7 +212,7 @@ void kvp__server_on_lookup(kvp_session_t *s, const kvp_msg_lookup_t *m)
         key_copy(&sp->key, m->keys[i].data, m->keys[i].len);
         kvp_status_t st = kvp_store_lookup(n->store, m->keys[i].data, m->keys[i].len, &sp->ref,
                                            NULL, NULL);
-        if (st == KVP_OK && !s->closing) {
+        if (st == KVP_OK && kvp__session_open(s)) {
             sp->pinned = true;
             hits++;
         } else if (st == KVP_OK) {
@@ -228,7 +229,7 @@ void kvp__server_on_lookup(kvp_session_t *s, const kvp_msg_lookup_t *m)
                    "peer %s: %u keys of LOOKUP answered MISS: max_pins reached", s->peer_id,
                    refused);
     if (pending > 0) {
-        r->phase = KVP_SR_LOOKUP_PENDING;
+        sround_set_phase(r, KVP_SR_LOOKUP_PENDING);
         kvp_list_insert_tail(&n->waiting, &r->wait_link);
         kvp_timer_start(n->loop, &r->timer,
                         kvp__node_now(n) + (uint64_t)n->cfg.lookup_pending_ms * KVP_NSEC_PER_MSEC);

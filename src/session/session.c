@@ -39,6 +39,7 @@ kvp_status_t kvp__session_create(kvp_node_t *n, kvp_link_t *link, const kvp_msg_
     }
     s->node = n;
     s->link = link;
+    s->state = KVP_SESS_READY;
     snprintf(s->peer_id, sizeof(s->peer_id), "%s", hello->peer_id);
     snprintf(s->instance_id, sizeof(s->instance_id), "%s", hello->instance_id);
     s->peer_num_blocks = hello->num_blocks;
@@ -64,9 +65,24 @@ kvp_status_t kvp__session_create(kvp_node_t *n, kvp_link_t *link, const kvp_msg_
     return KVP_OK;
 }
 
+static const char *const sess_state_names[] = {"ready", "closing", "down"};
+
+void kvp__session_set_state(kvp_session_t *s, kvp_session_state_t to)
+{
+    static const uint8_t legal[3] = {
+        [KVP_SESS_READY] = 0, /* only kvp__session_create starts a session here */
+        [KVP_SESS_CLOSING] = 1u << KVP_SESS_READY,
+        [KVP_SESS_DOWN] = (1u << KVP_SESS_READY) | (1u << KVP_SESS_CLOSING),
+    };
+    KVP_ASSERT(legal[to] & (1u << s->state));
+    KVP_TRACE(s->node->name, "peer %s: session %s -> %s", s->peer_id, sess_state_names[s->state],
+              sess_state_names[to]);
+    s->state = to;
+}
+
 void kvp__session_on_frame(kvp_session_t *s, const kvp_msg_t *m)
 {
-    if (s->closing)
+    if (!kvp__session_open(s))
         return;
     s->last_work_ns = kvp__node_now(s->node);
     switch (m->type) {
@@ -132,7 +148,7 @@ void kvp__session_teardown(kvp_session_t *s, bool fault, const char *why)
 {
     kvp_node_t *n = s->node;
     kvp_xport_t *x = n->xport;
-    s->closing = true;
+    KVP_ASSERT(s->state == KVP_SESS_DOWN && s->link == NULL); /* set by the caller */
     kvp__client_teardown(s, fault);
     bool proof = false;
     if (x->ops->fence_peer(x, s->xpeer, &proof) == KVP_OK && proof) {
