@@ -23,7 +23,7 @@
  * ceiling for slot-cycled traffic) and a single-thread cold memcpy.
  *
  *   ucx_bench [--quick] [--region-mib N] [--reps N] [--secs S] [--path shm|tcp|both]
- *             [--no-perftest]
+ *             [--no-perftest] [--sizes KiB,..]   (block sizes, default 16,256,2048; <= 4 MiB)
  */
 #include "transport/ucx.h"
 
@@ -44,6 +44,8 @@
 
 typedef struct opts {
     bool quick, perftest;
+    uint32_t sizes[8];
+    int nsizes;
     size_t region;
     int reps;
     double secs;
@@ -51,6 +53,8 @@ typedef struct opts {
 } opts_t;
 
 static opts_t O = {
+    .sizes = {16 << 10, 256 << 10, 2 << 20},
+    .nsizes = 3,
     .perftest = true, .region = 256ull << 20, .reps = 5, .secs = 0.2, .shm = true, .tcp = true};
 
 static double now_s(void)
@@ -246,7 +250,7 @@ static inline uint32_t blk_dst(uint64_t k, uint32_t nbb)
     return (uint32_t)((k * 7) % nbb);
 }
 
-static kvp_xfer_block_t g_blocks[64 * (2u << 20) / SLOT];
+static kvp_xfer_block_t g_blocks[64 * (4u << 20) / SLOT];
 
 /* One batch of ours: blocks k..k+d-1 in one write, wait until DONE. */
 static void batch_ours(kvp_xport_t *x, kvp_xpeer_id_t peer, uint32_t bs, uint32_t d, uint64_t k)
@@ -469,7 +473,7 @@ static void parse(int argc, char **argv)
 {
     static const struct option lo[] = {
         {"quick", 0, 0, 'q'}, {"region-mib", 1, 0, 'r'},  {"reps", 1, 0, 'n'}, {"secs", 1, 0, 's'},
-        {"path", 1, 0, 'p'},  {"no-perftest", 0, 0, 'P'}, {0, 0, 0, 0}};
+        {"path", 1, 0, 'p'},  {"no-perftest", 0, 0, 'P'}, {"sizes", 1, 0, 'z'}, {0, 0, 0, 0}};
     int ch;
     while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
         switch (ch) {
@@ -495,9 +499,21 @@ static void parse(int argc, char **argv)
         case 'P':
             O.perftest = false;
             break;
+        case 'z': {
+            char *s = optarg, *end;
+            O.nsizes = 0;
+            while (*s && O.nsizes < 8) {
+                unsigned long kib = strtoul(s, &end, 10);
+                if (end == s || kib < 16 || kib % 16 || kib > 4096)
+                    die("bad --sizes (KiB, multiples of 16, 16..4096)");
+                O.sizes[O.nsizes++] = (uint32_t)kib << 10;
+                s = *end == ',' ? end + 1 : end;
+            }
+            break;
+        }
         default:
             die("usage: ucx_bench [--quick] [--region-mib N] [--reps N] [--secs S] "
-                "[--path shm|tcp|both] [--no-perftest]");
+                "[--path shm|tcp|both] [--no-perftest] [--sizes KiB,..]");
         }
     }
     if (O.reps < 1 || O.reps > 16 || O.region < (4ull << 20) || O.region % (2u << 20))
@@ -506,7 +522,6 @@ static void parse(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
-    static const uint32_t sizes[] = {16 << 10, 256 << 10, 2 << 20};
     static const uint32_t depths_full[] = {1, 16, 64}, depths_quick[] = {16};
     const uint32_t *depths = depths_full;
     int nd = 3, sv[2];
@@ -541,7 +556,7 @@ int main(int argc, char **argv)
     for (int pi = 0; pi < 2; pi++) {
         if (!paths[pi].on)
             continue;
-        bench_path(sv[0], paths[pi].name, paths[pi].tls, sizes, 3, depths, nd);
+        bench_path(sv[0], paths[pi].name, paths[pi].tls, O.sizes, O.nsizes, depths, nd);
     }
     cmd_t c = {.op = 3};
     io_all(sv[0], &c, sizeof(c), true);
@@ -549,16 +564,16 @@ int main(int argc, char **argv)
     for (int pi = 0; O.perftest && pi < 2; pi++) {
         if (!paths[pi].on)
             continue;
-        for (int si = 0; si < 3; si++)
+        for (int si = 0; si < O.nsizes; si++)
             for (int oi = 0; oi < (O.quick ? 1 : 2); oi++) {
                 int outst = oi ? 64 : 16;
                 printf("%-4s %5u KiB  O=%-3d  ucx_perftest ucp_put_bw %7.2f GB/s%s\n",
-                       paths[pi].name, sizes[si] / 1024, outst,
-                       perftest(paths[pi].tls, sizes[si], outst),
+                       paths[pi].name, O.sizes[si] / 1024, outst,
+                       perftest(paths[pi].tls, O.sizes[si], outst),
                        pi == 0 ? "  (reuses one cached buffer)" : "");
                 fflush(stdout);
             }
     }
-    cold_memcpy_all(sizes, 3);
+    cold_memcpy_all(O.sizes, O.nsizes);
     return 0;
 }
