@@ -8,7 +8,7 @@ JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
 CMAKE_FLAGS ?=
 
-.PHONY: all deps test test-tsan test-valgrind release bench fuzz sim soak demo bench-e2e install clean format bench-hostile
+.PHONY: all deps test test-tsan test-valgrind release bench fuzz sim soak demo bench-e2e bench-e2e-api bench-peers install clean format bench-hostile
 
 all: deps
 	@cmake -S . -B build/debug -DCMAKE_BUILD_TYPE=Debug -DKVP_SANITIZE=address,undefined $(CMAKE_FLAGS) >/dev/null
@@ -50,6 +50,23 @@ demo: release
 # End-to-end benchmark (kvpeer bench): writes CSV + PNG to build/bench-out.
 bench-e2e: release
 	build/release/tools/kvpeer bench --kvpeerd build/release/tools/kvpeerd $(BENCH_ARGS)
+
+# Engine-style end-to-end benchmark of the C API (bench/e2e, issue 17): K
+# outstanding fetches between two processes next to the raw UCX put ceiling,
+# ucx_perftest and memcpy of the same run. E2E_ARGS=--quick for ~1 minute.
+# Writes build/bench-out/e2e.{csv,png}.
+bench-e2e-api: release
+	build/release/bench/e2e/e2e_bench --out build/bench-out $(E2E_ARGS)
+
+# The peers on the same bytes (bench/e2e/peers): Mooncake Transfer Engine and
+# NIXL from their PyPI wheels in build/peers-venv (created here on first use;
+# needs PyPI), then kvpeer's e2e_bench on the same cells. PEERS_ARGS=--quick.
+PEERS_VENV ?= build/peers-venv
+bench-peers: release
+	@[ -x $(PEERS_VENV)/bin/python ] || { /usr/bin/python3 -m venv $(PEERS_VENV) && \
+	  $(PEERS_VENV)/bin/pip install --progress-bar off mooncake-transfer-engine-non-cuda nixl numpy; }
+	$(PEERS_VENV)/bin/python bench/e2e/peers/peers_bench.py --e2e-bench build/release/bench/e2e/e2e_bench \
+	  --out build/bench-out $(PEERS_ARGS)
 
 # make install PREFIX=/usr/local
 PREFIX ?= /usr/local

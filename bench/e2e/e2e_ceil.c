@@ -125,18 +125,24 @@ void e2e_ucx_ceiling(const e2e_opts_t *o, e2e_table_t *t)
     }
     snprintf(mib, sizeof(mib), "%llu", (unsigned long long)(o->region >> 20));
     snprintf(outp, sizeof(outp), "/tmp/kvpeer-e2e-ucxbench.%d.txt", (int)getpid());
-    char *argv[16] = {bin, "--region-mib", mib, "--sizes", sizes, "--path",
-                      o->shm && o->tcp ? "both" : o->shm ? "shm" : "tcp"};
-    int n = 7;
-    if (o->quick)
-        argv[n++] = "--quick";
-    else {
-        argv[n++] = "--reps";
-        argv[n++] = "3";
-    }
+    /* --quick first: its preset region is then overridden by ours */
+    char *argv[16] = {bin, o->quick ? "--quick" : "--reps", o->quick ? "--reps" : "3",
+                      o->quick ? "3" : "--secs", o->quick ? "--secs" : "0.2",
+                      o->quick ? "0.1" : "--region-mib", o->quick ? "--region-mib" : mib,
+                      o->quick ? mib : "--sizes", o->quick ? "--sizes" : sizes,
+                      o->quick ? sizes : "--path", o->quick ? "--path" : NULL, NULL};
+    const char *path = o->shm && o->tcp ? "both" : o->shm ? "shm" : "tcp";
+    int n = 0;
+    while (argv[n])
+        n++;
+    if (!o->quick)
+        argv[n++] = "--path";
+    argv[n++] = (char *)path;
     argv[n] = NULL;
-    printf("ceilings: %s%s --region-mib %s --sizes %s --path %s ...\n", bin,
-           o->quick ? " --quick" : "", mib, sizes, argv[6]);
+    printf("ceilings:");
+    for (int i = 0; i < n; i++)
+        printf(" %s", argv[i]);
+    printf("\n");
     fflush(NULL);
     pid_t pid = fork();
     if (pid == 0) {

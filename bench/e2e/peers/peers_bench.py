@@ -38,6 +38,8 @@ import traceback
 
 import numpy as np
 
+os.environ.setdefault("GLOG_minloglevel", "1")  # Mooncake's glog: warnings and up
+
 # ---------------------------------------------------------------- helpers
 
 
@@ -67,7 +69,11 @@ def block_ok(region, bs, slot, src_block):
     return bool(np.array_equal(got, want))
 
 
-def send(obj, f=sys.stdout):
+PROTO = sys.stdout  # the target's protocol channel (stdout is re-pointed at stderr)
+
+
+def send(obj, f=None):
+    f = f or PROTO
     f.write(json.dumps(obj) + "\n")
     f.flush()
 
@@ -196,6 +202,9 @@ def engine_env(kind):
 
 
 def target_main(a):
+    global PROTO
+    PROTO = os.fdopen(os.dup(1), "w")  # engines print to stdout: keep the channel clean
+    os.dup2(2, 1)
     region = np.zeros(a.region_mib << 20, dtype=np.uint8)
     region[:] = 1  # first touch before timing
     try:
@@ -222,11 +231,14 @@ class Target:
     def __init__(self, a, kind):
         args = [sys.executable, os.path.abspath(__file__), "--role", "target", "--engine", kind,
                 "--region-mib", str(a.region_mib)]
-        self.p = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True, env=engine_env(kind))
+        self.log = os.path.join(a.out, f"peers-{kind}-target.log")
+        with open(self.log, "w") as logf:
+            self.p = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=logf, text=True, env=engine_env(kind))
         line = self.p.stdout.readline()
         if not line:
-            err = self.p.stderr.read().strip().splitlines()
+            with open(self.log) as f:
+                err = f.read().strip().splitlines()
             raise RuntimeError("target died: " + (err[-1] if err else "no output"))
         self.info = json.loads(line)
 
@@ -254,7 +266,8 @@ def run_cell(eng, tgt, bs, req, depth, secs, nb, cursor):
         while len(inflight) < depth and time.monotonic() < end:
             pairs = [((cursor + i) % nb, ((cursor + i) * 7) % nb) for i in range(b)]
             cursor += b
-            inflight.append((eng.submit(pairs), time.monotonic(), pairs))
+            ts = time.monotonic()  # latency counts the submit (it may complete inline)
+            inflight.append((eng.submit(pairs), ts, pairs))
         if not inflight:
             break
         h, ts, pairs = inflight.pop(0)
@@ -275,9 +288,51 @@ def run_cell(eng, tgt, bs, req, depth, secs, nb, cursor):
 
 
 def run_engine(a, kind, rows):
+    """The initiator of one engine, in its own process (engines keep global
+    state: Mooncake's allocator, UCX's config); rows come back as JSON."""
     print(f"== {kind}", flush=True)
-    os.environ.clear()
-    os.environ.update(engine_env(kind))
+    out = os.path.join(a.out, f"peers-{kind}.json")
+    log = os.path.join(a.out, f"peers-{kind}-initiator.log")
+    args = [sys.executable, os.path.abspath(__file__), "--role", "initiator-one", "--engine", kind,
+            "--json", out, "--out", a.out, "--region-mib", str(a.region_mib), "--secs", str(a.secs),
+            "--sizes", ",".join(str(x >> 10) for x in a.sizes),
+            "--req-mib", ",".join(str(x >> 20) for x in a.reqs),
+            "--depths", ",".join(str(x) for x in a.depths)]
+    if os.path.exists(out):
+        os.unlink(out)
+    with open(log, "w") as logf:
+        p = subprocess.run(args, stdout=logf, stderr=subprocess.STDOUT, env=engine_env(kind),
+                           timeout=1800)
+    with open(log) as f:
+        text = f.read()
+    for line in text.splitlines():
+        if line.startswith("  " + kind):
+            print(line, flush=True)
+    seen = set()
+    for lf in (log, os.path.join(a.out, f"peers-{kind}-target.log")):
+        try:
+            with open(lf) as f:
+                for w in f.read().split():
+                    if w.rstrip(":,.").endswith("Transport") and w[0].isupper():
+                        seen.add(w.rstrip(":,."))
+        except OSError:
+            pass
+    if seen:
+        print(f"  {kind}: transports named in its logs: {', '.join(sorted(seen))}", flush=True)
+    try:
+        with open(out) as f:
+            got = json.load(f)
+        for r in got:
+            if seen:
+                r["transports"] = " ".join(sorted(seen))
+        rows.extend(got)
+    except (OSError, ValueError):
+        tail = text.strip().splitlines()[-1:] or ["no output"]
+        rows.append({"engine": kind, "error": f"initiator exit {p.returncode}: {tail[0]}"})
+
+
+def initiator_one(a, kind):
+    rows = []
     tgt = None
     try:
         tgt = Target(a, kind)
@@ -314,6 +369,8 @@ def run_engine(a, kind, rows):
     finally:
         if tgt:
             tgt.close()
+    with open(a.json, "w") as f:
+        json.dump(rows, f)
 
 
 def run_kvpeer(a, rows):
@@ -392,6 +449,7 @@ def main():
     ap.add_argument("--region-mib", type=int, default=0)
     ap.add_argument("--e2e-bench", default="build/release/bench/e2e/e2e_bench")
     ap.add_argument("--out", default="build/bench-out")
+    ap.add_argument("--json", default="")
     a = ap.parse_args()
     a.region_mib = a.region_mib or (128 if a.quick else 256)
     if a.role == "target":
@@ -400,6 +458,9 @@ def main():
     a.reqs = [int(x) << 20 for x in (a.req_mib or ("4" if a.quick else "1,16")).split(",")]
     a.depths = [int(x) for x in (a.depths or ("1,4" if a.quick else "1,4,16")).split(",")]
     a.secs = a.secs or (0.3 if a.quick else 0.6)
+    os.makedirs(a.out, exist_ok=True)
+    if a.role == "initiator-one":
+        return initiator_one(a, a.engine)
     print(f"peers_bench: region {a.region_mib} MiB per side; {loadavg()} (load average)", flush=True)
     rows = []
     for kind in a.engines.split(","):
