@@ -126,17 +126,25 @@ void e2e_ucx_ceiling(const e2e_opts_t *o, e2e_table_t *t)
     snprintf(mib, sizeof(mib), "%llu", (unsigned long long)(o->region >> 20));
     snprintf(outp, sizeof(outp), "/tmp/kvpeer-e2e-ucxbench.%d.txt", (int)getpid());
     /* --quick first: its preset region is then overridden by ours */
-    char *argv[16] = {bin, o->quick ? "--quick" : "--reps", o->quick ? "--reps" : "3",
-                      o->quick ? "3" : "--secs", o->quick ? "--secs" : "0.2",
-                      o->quick ? "0.1" : "--region-mib", o->quick ? "--region-mib" : mib,
-                      o->quick ? mib : "--sizes", o->quick ? "--sizes" : sizes,
-                      o->quick ? sizes : "--path", o->quick ? "--path" : NULL, NULL};
     const char *path = o->shm && o->tcp ? "both" : o->shm ? "shm" : "tcp";
+    char *argv[16];
     int n = 0;
-    while (argv[n])
-        n++;
-    if (!o->quick)
-        argv[n++] = "--path";
+    argv[n++] = bin;
+    if (o->quick) {
+        argv[n++] = "--quick";
+        argv[n++] = "--secs";
+        argv[n++] = "0.1";
+    } else {
+        argv[n++] = "--secs";
+        argv[n++] = "0.2";
+    }
+    argv[n++] = "--reps";
+    argv[n++] = "3";
+    argv[n++] = "--region-mib";
+    argv[n++] = mib;
+    argv[n++] = "--sizes";
+    argv[n++] = sizes;
+    argv[n++] = "--path";
     argv[n++] = (char *)path;
     argv[n] = NULL;
     printf("ceilings:");
