@@ -36,6 +36,8 @@ typedef struct e2e_opts {
     double secs;                 /* timed window of one cell */
     int lookups;                 /* lookup latency samples */
     int smoke_fetches;           /* --smoke: exact number of fetches */
+    uint32_t keep_ms;            /* --keep-ms: abort_ack_timeout_ms + abort_resend_ms of
+                                    both nodes (0 = library defaults); diagnostic */
     char out[PATH_MAX];
     char self[PATH_MAX];
 } e2e_opts_t;
@@ -85,10 +87,13 @@ double e2e_now(void);
 void e2e_block_fill(uint32_t k, uint8_t *buf, size_t len);
 uint32_t e2e_key(uint32_t k, uint8_t *out);
 double e2e_percentile(double *v, int n, double p); /* sorts v */
+/* --keep-ms: how long a source keeps a finished round for ABORT replays is
+ * abort_ack_timeout_ms + abort_resend_ms (src/session/server.c); 0 = defaults. */
+void e2e_config_keep(kvp_config_t *cfg, uint32_t keep_ms);
 void e2e_loadavg(char *buf, size_t cap, double *load1);
 
 /* ---- producer child (e2e_serve.c) ---- */
-/* argv after "--serve": BLOCK_SIZE NUM_BLOCKS; exits. */
+/* argv after "--serve": BLOCK_SIZE NUM_BLOCKS KEEP_MS; exits. */
 int e2e_serve_main(int argc, char **argv);
 
 /* ---- ceilings and outputs (e2e_ceil.c) ---- */

@@ -64,6 +64,14 @@ uint32_t e2e_key(uint32_t k, uint8_t *out)
     return E2E_KEY_LEN;
 }
 
+void e2e_config_keep(kvp_config_t *cfg, uint32_t keep_ms)
+{
+    if (keep_ms == 0)
+        return;
+    cfg->abort_resend_ms = keep_ms / 3 ? keep_ms / 3 : 1;
+    cfg->abort_ack_timeout_ms = keep_ms - cfg->abort_resend_ms ? keep_ms - cfg->abort_resend_ms : 1;
+}
+
 static int cmp_d(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -102,6 +110,9 @@ static double self_cpu_s(void)
            (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
 }
 
+static e2e_opts_t O;
+static e2e_table_t T;
+
 /* ------------------------------------------------------------ producer */
 
 typedef struct producer {
@@ -114,17 +125,18 @@ typedef struct producer {
 static int producer_start(const e2e_opts_t *o, uint32_t bs, uint32_t n, producer_t *p)
 {
     int to[2], from[2];
-    char a_bs[16], a_n[16], line[512];
+    char a_bs[16], a_n[16], a_keep[16], line[512];
     if (pipe2(to, O_CLOEXEC) != 0 || pipe2(from, O_CLOEXEC) != 0)
         return -1;
     snprintf(a_bs, sizeof(a_bs), "%u", bs);
     snprintf(a_n, sizeof(a_n), "%u", n);
+    snprintf(a_keep, sizeof(a_keep), "%u", o->keep_ms);
     fflush(NULL);
     p->pid = fork();
     if (p->pid == 0) {
         dup2(to[0], 0);
         dup2(from[1], 1);
-        execl(o->self, o->self, "--serve", a_bs, a_n, (char *)NULL);
+        execl(o->self, o->self, "--serve", a_bs, a_n, a_keep, (char *)NULL);
         _exit(127);
     }
     close(to[0]);
@@ -183,6 +195,7 @@ static int consumer_start(consumer_t *c, uint32_t bs, uint32_t ncons, bool cks, 
     cfg.num_blocks = ncons;
     cfg.compat = "kvpeer-e2e-bench";
     cfg.verify_checksums = cks;
+    e2e_config_keep(&cfg, O.keep_ms);
     c->bs = bs;
     c->ncons = ncons;
     c->peer = peer;
@@ -396,9 +409,6 @@ static void cell_free(cell_t *x)
 }
 
 /* ------------------------------------------------------------ the matrix */
-
-static e2e_opts_t O;
-static e2e_table_t T;
 
 static int run_cell(consumer_t *c, producer_t *p, const char *path, bool cks, uint32_t depth,
                     uint64_t req, double secs, uint64_t limit, bool record)
@@ -642,7 +652,9 @@ static void usage(void)
             "usage: e2e_bench [--quick | --smoke] [--path shm|tcp|both] [--sizes KiB,..]\n"
             "                 [--depths K,..] [--req-mib M,..] [--region-mib N] [--secs S]\n"
             "                 [--cks off|on|both] [--lookups N] [--no-ceilings] [--no-plot]\n"
-            "                 [--out DIR]\n");
+            "                 [--out DIR] [--keep-ms MS]\n"
+            "  --keep-ms: diagnostic; abort_ack_timeout_ms + abort_resend_ms of both nodes\n"
+            "             (how long a source keeps finished rounds; default 12000)\n");
 }
 
 static void defaults(bool quick, bool smoke)
@@ -694,7 +706,8 @@ static int parse(int argc, char **argv)
         {"sizes", 1, 0, 'z'},   {"depths", 1, 0, 'd'},    {"req-mib", 1, 0, 'r'},
         {"region-mib", 1, 0, 'R'}, {"secs", 1, 0, 's'},   {"cks", 1, 0, 'c'},
         {"lookups", 1, 0, 'l'}, {"no-ceilings", 0, 0, 'C'}, {"no-plot", 0, 0, 'P'},
-        {"out", 1, 0, 'o'},     {"help", 0, 0, 'h'},      {0, 0, 0, 0}};
+        {"out", 1, 0, 'o'},     {"help", 0, 0, 'h'},      {"keep-ms", 1, 0, 'k'},
+        {0, 0, 0, 0}};
     uint64_t v[E2E_MAX_LIST];
     int ch, n;
     bool quick = false, smoke = false;
@@ -758,6 +771,11 @@ static int parse(int argc, char **argv)
             O.lookups = atoi(optarg);
             if (O.lookups < 1 || O.lookups > 100000)
                 return fprintf(stderr, "e2e: bad --lookups\n"), -1;
+            break;
+        case 'k':
+            O.keep_ms = (uint32_t)strtoul(optarg, NULL, 10);
+            if (O.keep_ms < 3 || O.keep_ms > 600000)
+                return fprintf(stderr, "e2e: --keep-ms 3..600000\n"), -1;
             break;
         case 'C': O.ceilings = false; break;
         case 'P': O.plot = false; break;

@@ -112,7 +112,7 @@ int e2e_serve_main(int argc, char **argv)
     int port = 0, lfd = -1, rc = 1;
     char line[64];
 
-    if (argc != 2)
+    if (argc != 3)
         return 2;
     if (!getenv("KVPEER_LOG_LEVEL"))
         kvp_set_log_level(1); /* warnings and errors only: the bench owns stdout */
@@ -121,6 +121,7 @@ int e2e_serve_main(int argc, char **argv)
     cfg.block_size = (uint32_t)strtoul(argv[0], NULL, 10);
     cfg.num_blocks = (uint32_t)strtoul(argv[1], NULL, 10);
     cfg.compat = "kvpeer-e2e-bench";
+    e2e_config_keep(&cfg, (uint32_t)strtoul(argv[2], NULL, 10));
     kvp_status_t st = kvp_node_create(&cfg, &node);
     if (st != KVP_OK) {
         fprintf(stderr, "e2e producer: node create: %s\n", kvp_status_str(st));
