@@ -34,10 +34,12 @@ typedef struct e2e_opts {
     uint32_t tcp_req_max_mib;    /* tcp: larger requests are skipped (slow path) */
     int cks_mask;                /* bit 0: checksums off, bit 1: on */
     double secs;                 /* timed window of one cell */
+    double steady;               /* --steady: unrecorded K=4 load per consumer first (s) */
     int lookups;                 /* lookup latency samples */
     int smoke_fetches;           /* --smoke: exact number of fetches */
-    uint32_t keep_ms;            /* --keep-ms: abort_ack_timeout_ms + abort_resend_ms of
-                                    both nodes (0 = library defaults); diagnostic */
+    uint32_t keep_ms;            /* abort_ack_timeout_ms + abort_resend_ms of both nodes
+                                    (0 = library defaults) for the path being run */
+    uint32_t diag_keep_ms;       /* --diag-keep-ms: shm again with this keep (diagnostic) */
     char out[PATH_MAX];
     char self[PATH_MAX];
 } e2e_opts_t;
@@ -51,7 +53,8 @@ typedef struct e2e_row {
     bool cks;
     double gbps, fetches_s, p50_us, p99_us, cpu_s_per_gb, cons_cpu, prod_cpu;
     uint64_t bytes, fetches, errors;
-    double load1; /* 1-minute load average at the cell */
+    double load1;     /* 1-minute load average at the cell */
+    uint32_t keep_ms; /* 0 = library defaults; else the --diag-keep-ms run */
 } e2e_row_t;
 
 /* A ceiling figure (raw UCX put, ucx_perftest, memcpy) per (kind, path, bs). */
@@ -68,6 +71,7 @@ typedef struct e2e_lat {
     uint32_t nkeys, req_bytes, resp_bytes;
     double lookup_p50_us, lookup_p99_us, ping_p50_us, ping_p99_us;
     int n;
+    uint32_t keep_ms;
 } e2e_lat_t;
 
 typedef struct e2e_table {
@@ -75,7 +79,7 @@ typedef struct e2e_table {
     int nrows;
     e2e_ceil_t ceil[E2E_MAX_CEIL];
     int nceil;
-    e2e_lat_t lat[2];
+    e2e_lat_t lat[4];
     int nlat;
     char ceil_note[192];
     char load_start[96], load_end[96];

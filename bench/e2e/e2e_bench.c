@@ -433,6 +433,7 @@ static int run_cell(consumer_t *c, producer_t *p, const char *path, bool cks, ui
     r->depth = depth;
     r->req = (uint64_t)b * c->bs;
     r->cks = cks;
+    r->keep_ms = O.keep_ms;
     r->bytes = x.bytes;
     r->fetches = x.fetches;
     r->errors = x.errors;
@@ -444,9 +445,9 @@ static int run_cell(consumer_t *c, producer_t *p, const char *path, bool cks, ui
     r->p50_us = e2e_percentile(x.lat, x.nlat, 50);
     r->p99_us = e2e_percentile(x.lat, x.nlat, 99);
     e2e_loadavg(NULL, 0, &r->load1);
-    printf("  %-3s %-10s bs %5u KiB  req %6.2f MiB  K=%-2u cks %-3s  %7.3f GB/s  %8.1f f/s  "
+    printf("  %-3s %-10s %s bs %5u KiB  req %6.2f MiB  K=%-2u cks %-3s  %7.3f GB/s  %8.1f f/s  "
            "p50 %8.0f us  p99 %8.0f us  cpu %.3f s/GB  err %llu  load %.2f\n",
-           path, r->data_path, r->bs / 1024, (double)r->req / 1048576.0, depth, cks ? "on" : "off",
+           path, r->data_path, O.keep_ms ? "keep-diag" : "", r->bs / 1024, (double)r->req / 1048576.0, depth, cks ? "on" : "off",
            r->gbps, r->fetches_s, r->p50_us, r->p99_us, r->cpu_s_per_gb,
            (unsigned long long)r->errors, r->load1);
     fflush(stdout);
@@ -529,9 +530,12 @@ static int lookup_latency(consumer_t *c, producer_t *p, const char *path, int sa
             goto out;
         got++;
     }
+    if (T.nlat >= (int)(sizeof(T.lat) / sizeof(T.lat[0])))
+        goto out;
     e2e_lat_t *l = &T.lat[T.nlat++];
     snprintf(l->path, sizeof(l->path), "%s", path);
     l->nkeys = NK;
+    l->keep_ms = O.keep_ms;
     l->req_bytes = lookup_frame(NK);
     l->resp_bytes = lookup_resp_frame(NK);
     l->n = got;
@@ -652,9 +656,10 @@ static void usage(void)
             "usage: e2e_bench [--quick | --smoke] [--path shm|tcp|both] [--sizes KiB,..]\n"
             "                 [--depths K,..] [--req-mib M,..] [--region-mib N] [--secs S]\n"
             "                 [--cks off|on|both] [--lookups N] [--no-ceilings] [--no-plot]\n"
-            "                 [--out DIR] [--keep-ms MS]\n"
-            "  --keep-ms: diagnostic; abort_ack_timeout_ms + abort_resend_ms of both nodes\n"
-            "             (how long a source keeps finished rounds; default 12000)\n");
+            "                 [--out DIR] [--diag-keep-ms MS]\n"
+            "  --diag-keep-ms: diagnostic; after the matrix, shm again with\n"
+            "      abort_ack_timeout_ms + abort_resend_ms = MS on both nodes (how long a\n"
+            "      source keeps finished rounds; default 12000); rows marked keep-diag\n");
 }
 
 static void defaults(bool quick, bool smoke)
@@ -706,7 +711,7 @@ static int parse(int argc, char **argv)
         {"sizes", 1, 0, 'z'},   {"depths", 1, 0, 'd'},    {"req-mib", 1, 0, 'r'},
         {"region-mib", 1, 0, 'R'}, {"secs", 1, 0, 's'},   {"cks", 1, 0, 'c'},
         {"lookups", 1, 0, 'l'}, {"no-ceilings", 0, 0, 'C'}, {"no-plot", 0, 0, 'P'},
-        {"out", 1, 0, 'o'},     {"help", 0, 0, 'h'},      {"keep-ms", 1, 0, 'k'},
+        {"out", 1, 0, 'o'},     {"help", 0, 0, 'h'},      {"diag-keep-ms", 1, 0, 'k'},
         {0, 0, 0, 0}};
     uint64_t v[E2E_MAX_LIST];
     int ch, n;
@@ -773,9 +778,9 @@ static int parse(int argc, char **argv)
                 return fprintf(stderr, "e2e: bad --lookups\n"), -1;
             break;
         case 'k':
-            O.keep_ms = (uint32_t)strtoul(optarg, NULL, 10);
-            if (O.keep_ms < 3 || O.keep_ms > 600000)
-                return fprintf(stderr, "e2e: --keep-ms 3..600000\n"), -1;
+            O.diag_keep_ms = (uint32_t)strtoul(optarg, NULL, 10);
+            if (O.diag_keep_ms < 3 || O.diag_keep_ms > 600000)
+                return fprintf(stderr, "e2e: --diag-keep-ms 3..600000\n"), -1;
             break;
         case 'C': O.ceilings = false; break;
         case 'P': O.plot = false; break;
@@ -820,6 +825,14 @@ int main(int argc, char **argv)
         rc = 1;
     if (O.tcp && run_path("tcp") != 0)
         rc = 1;
+    if (O.diag_keep_ms) {
+        O.keep_ms = O.diag_keep_ms;
+        printf("diagnostic: shm again, finished rounds kept %u ms instead of 12000 ms\n",
+               O.keep_ms);
+        if (run_path("shm") != 0)
+            rc = 1;
+        O.keep_ms = 0;
+    }
     if (O.ceilings)
         e2e_ucx_ceiling(&O, &T);
     e2e_loadavg(T.load_end, sizeof(T.load_end), NULL);

@@ -225,23 +225,28 @@ double e2e_pp_round(int fd, uint32_t req, uint32_t resp)
 
 /* Best e2e GB/s at (path, bs, cks) with depth >= kmin. */
 static const e2e_row_t *best_row(const e2e_table_t *t, const char *path, uint32_t bs, bool cks,
-                                 uint32_t kmin)
+                                 uint32_t kmin, uint32_t keep)
 {
     const e2e_row_t *b = NULL;
     for (int i = 0; i < t->nrows; i++) {
         const e2e_row_t *r = &t->rows[i];
         if (!strcmp(r->path, path) && r->bs == bs && r->cks == cks && r->depth >= kmin &&
+            r->keep_ms == keep &&
             (!b || r->gbps > b->gbps))
             b = r;
     }
     return b;
 }
 
-static void ratio_rows(const e2e_opts_t *o, const e2e_table_t *t, FILE *f)
+static void ratio_rows(const e2e_opts_t *o, const e2e_table_t *t, FILE *f, uint32_t keep)
 {
     static const char *paths[2] = {"shm", "tcp"};
-    fprintf(f, "\nGoal ratios (best e2e cell with K >= 4 vs the ceiling at the same block size):\n");
-    for (int p = 0; p < 2; p++)
+    if (keep)
+        fprintf(f, "\nDiagnostic (not the product's defaults): finished rounds kept %u ms:\n", keep);
+    else
+        fprintf(f, "\nGoal ratios (best e2e cell with K >= 4 vs the ceiling at the same block "
+                   "size):\n");
+    for (int p = 0; p < (keep ? 1 : 2); p++)
         for (int si = 0; si < o->nsizes; si++) {
             uint32_t bs = o->sizes[si];
             if (bs < (256u << 10))
@@ -249,7 +254,7 @@ static void ratio_rows(const e2e_opts_t *o, const e2e_table_t *t, FILE *f)
             const e2e_ceil_t *raw = e2e_ceil_find(t, "raw", paths[p], bs);
             const e2e_ceil_t *pt = e2e_ceil_find(t, "perftest", paths[p], bs);
             for (int c = 0; c < 2; c++) {
-                const e2e_row_t *r = best_row(t, paths[p], bs, c == 1, 4);
+                const e2e_row_t *r = best_row(t, paths[p], bs, c == 1, 4, keep);
                 if (!r)
                     continue;
                 fprintf(f, "  %s %5u KiB cks %-3s e2e %6.3f GB/s (K=%u, %.0f MiB)", paths[p],
@@ -268,6 +273,8 @@ static void ratio_rows(const e2e_opts_t *o, const e2e_table_t *t, FILE *f)
         }
     for (int i = 0; i < t->nlat; i++) {
         const e2e_lat_t *l = &t->lat[i];
+        if ((l->keep_ms != 0) != (keep != 0))
+            continue;
         fprintf(f, "  %s lookup p50 of %u keys %.1f us vs raw TCP ping-pong (%u/%u B) p50 %.1f us"
                    " -> %.2fx (goal <= 1.5)\n",
                 l->path, l->nkeys, l->lookup_p50_us, l->req_bytes, l->resp_bytes, l->ping_p50_us,
@@ -277,24 +284,27 @@ static void ratio_rows(const e2e_opts_t *o, const e2e_table_t *t, FILE *f)
 
 void e2e_print_table(const e2e_opts_t *o, const e2e_table_t *t)
 {
-    printf("\n%-4s %-11s %7s %8s %3s %4s %8s %9s %9s %9s %8s %6s %6s %5s\n", "path", "data_path",
-           "bs_KiB", "req_MiB", "K", "cks", "GB/s", "fetch/s", "p50_us", "p99_us", "cpu_s/GB",
-           "x_raw", "x_mcpy", "load");
+    printf("\n%-4s %-11s %7s %8s %3s %4s %8s %9s %9s %9s %8s %6s %6s %5s %s\n", "path",
+           "data_path", "bs_KiB", "req_MiB", "K", "cks", "GB/s", "fetch/s", "p50_us", "p99_us",
+           "cpu_s/GB", "x_raw", "x_mcpy", "load", "keep_ms");
     for (int i = 0; i < t->nrows; i++) {
         const e2e_row_t *r = &t->rows[i];
         const e2e_ceil_t *raw = e2e_ceil_find(t, "raw", r->path, r->bs);
         const e2e_ceil_t *mc = e2e_ceil_find(t, "memcpy", "mem", r->bs);
-        printf("%-4s %-11s %7u %8.2f %3u %4s %8.3f %9.1f %9.0f %9.0f %8.3f %6.2f %6.2f %5.2f\n",
+        printf("%-4s %-11s %7u %8.2f %3u %4s %8.3f %9.1f %9.0f %9.0f %8.3f %6.2f %6.2f %5.2f %s\n",
                r->path, r->data_path, r->bs / 1024, (double)r->req / 1048576.0, r->depth,
                r->cks ? "on" : "off", r->gbps, r->fetches_s, r->p50_us, r->p99_us,
                r->cpu_s_per_gb, raw && raw->gbps > 0 ? r->gbps / raw->gbps : 0,
-               mc && mc->gbps > 0 ? r->gbps / mc->gbps : 0, r->load1);
+               mc && mc->gbps > 0 ? r->gbps / mc->gbps : 0, r->load1,
+               r->keep_ms ? "diag" : "dflt");
     }
     printf("\nCeilings measured in this run (%s):\n", t->ceil_note[0] ? t->ceil_note : "none");
     for (int i = 0; i < t->nceil; i++)
         printf("  %-8s %-4s %5u KiB %8.3f GB/s  %s\n", t->ceil[i].kind, t->ceil[i].path,
                t->ceil[i].bs / 1024, t->ceil[i].gbps, t->ceil[i].note);
-    ratio_rows(o, t, stdout);
+    ratio_rows(o, t, stdout, 0);
+    if (o->diag_keep_ms)
+        ratio_rows(o, t, stdout, o->diag_keep_ms);
     printf("\nmachine: %s at start, %s at end (2 cores shared with other builds)\n", t->load_start,
            t->load_end);
 }
@@ -305,23 +315,23 @@ static void write_csv(const char *path, const e2e_table_t *t)
     if (!f)
         return;
     fprintf(f, "kind,path,data_path,block_size,req_bytes,depth,checksums,gbps,fetches_s,p50_us,"
-               "p99_us,cpu_s_per_gb,bytes,errors,load1,note\n");
+               "p99_us,cpu_s_per_gb,bytes,errors,load1,note,keep_ms\n");
     for (int i = 0; i < t->nrows; i++) {
         const e2e_row_t *r = &t->rows[i];
-        fprintf(f, "e2e,%s,%s,%u,%llu,%u,%s,%.4f,%.1f,%.1f,%.1f,%.4f,%llu,%llu,%.2f,\n", r->path,
+        fprintf(f, "e2e,%s,%s,%u,%llu,%u,%s,%.4f,%.1f,%.1f,%.1f,%.4f,%llu,%llu,%.2f,,%u\n", r->path,
                 r->data_path, r->bs, (unsigned long long)r->req, r->depth, r->cks ? "on" : "off",
                 r->gbps, r->fetches_s, r->p50_us, r->p99_us, r->cpu_s_per_gb,
-                (unsigned long long)r->bytes, (unsigned long long)r->errors, r->load1);
+                (unsigned long long)r->bytes, (unsigned long long)r->errors, r->load1, r->keep_ms);
     }
     for (int i = 0; i < t->nceil; i++)
         fprintf(f, "%s,%s,,%u,,,,%.4f,,,,,,,,\"%s\"\n", t->ceil[i].kind, t->ceil[i].path,
                 t->ceil[i].bs, t->ceil[i].gbps, t->ceil[i].note);
     for (int i = 0; i < t->nlat; i++) {
         const e2e_lat_t *l = &t->lat[i];
-        fprintf(f, "lookup,%s,,,%u,1,,,,%.1f,%.1f,,,,,\"%u keys, %d samples\"\n", l->path,
-                l->req_bytes, l->lookup_p50_us, l->lookup_p99_us, l->nkeys, l->n);
-        fprintf(f, "tcp_pingpong,%s,,,%u,1,,,,%.1f,%.1f,,,,,\"response %u bytes\"\n", l->path,
-                l->req_bytes, l->ping_p50_us, l->ping_p99_us, l->resp_bytes);
+        fprintf(f, "lookup,%s,,,%u,1,,,,%.1f,%.1f,,,,,\"%u keys, %d samples\",%u\n", l->path,
+                l->req_bytes, l->lookup_p50_us, l->lookup_p99_us, l->nkeys, l->n, l->keep_ms);
+        fprintf(f, "tcp_pingpong,%s,,,%u,1,,,,%.1f,%.1f,,,,,\"response %u bytes\",%u\n", l->path,
+                l->req_bytes, l->ping_p50_us, l->ping_p99_us, l->resp_bytes, l->keep_ms);
     }
     fclose(f);
     printf("csv: %s\n", path);
@@ -337,7 +347,7 @@ static int write_plot_data(const e2e_opts_t *o, const e2e_table_t *t, FILE *f, c
         for (int c = 0; c < 2 && ns < cap; c++) {
             int pts = 0;
             for (int si = 0; si < o->nsizes; si++) {
-                const e2e_row_t *r = best_row(t, paths[p], o->sizes[si], c == 1, 1);
+                const e2e_row_t *r = best_row(t, paths[p], o->sizes[si], c == 1, 1, 0);
                 if (r && ++pts)
                     fprintf(f, "%u %.4f\n", o->sizes[si] / 1024, r->gbps);
             }
