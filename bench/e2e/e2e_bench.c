@@ -576,6 +576,10 @@ static int run_consumer(producer_t *p, const char *path, uint32_t bs, bool cks, 
     uint64_t wreq = bs >= (1u << 20) ? bs : 1u << 20;
     if (run_cell(&c, p, path, cks, 4, wreq, 0, O.region / wreq, false) != 0)
         goto out;
+    /* --steady: the source keeps finished rounds for abort replays (12 s by
+     * default); an engine that has run for a while sees that many */
+    if (O.steady > 0 && run_cell(&c, p, path, cks, 4, wreq, O.steady, 0, false) != 0)
+        goto out;
     if (do_lat && lookup_latency(&c, p, path, O.lookups) != 0)
         fprintf(stderr, "e2e: lookup latency on %s failed\n", path);
     rc = 0;
@@ -656,7 +660,8 @@ static void usage(void)
             "usage: e2e_bench [--quick | --smoke] [--path shm|tcp|both] [--sizes KiB,..]\n"
             "                 [--depths K,..] [--req-mib M,..] [--region-mib N] [--secs S]\n"
             "                 [--cks off|on|both] [--lookups N] [--no-ceilings] [--no-plot]\n"
-            "                 [--out DIR] [--diag-keep-ms MS]\n"
+            "                 [--out DIR] [--diag-keep-ms MS] [--steady S]\n"
+            "  --steady S: per consumer, S seconds of unrecorded K=4 fetches before the cells\n"
             "  --diag-keep-ms: diagnostic; after the matrix, shm again with\n"
             "      abort_ack_timeout_ms + abort_resend_ms = MS on both nodes (how long a\n"
             "      source keeps finished rounds; default 12000); rows marked keep-diag\n");
@@ -711,7 +716,7 @@ static int parse(int argc, char **argv)
         {"sizes", 1, 0, 'z'},   {"depths", 1, 0, 'd'},    {"req-mib", 1, 0, 'r'},
         {"region-mib", 1, 0, 'R'}, {"secs", 1, 0, 's'},   {"cks", 1, 0, 'c'},
         {"lookups", 1, 0, 'l'}, {"no-ceilings", 0, 0, 'C'}, {"no-plot", 0, 0, 'P'},
-        {"out", 1, 0, 'o'},     {"help", 0, 0, 'h'},      {"diag-keep-ms", 1, 0, 'k'},
+        {"out", 1, 0, 'o'},     {"help", 0, 0, 'h'},      {"diag-keep-ms", 1, 0, 'k'}, {"steady", 1, 0, 'y'},
         {0, 0, 0, 0}};
     uint64_t v[E2E_MAX_LIST];
     int ch, n;
@@ -782,6 +787,11 @@ static int parse(int argc, char **argv)
             if (O.diag_keep_ms < 3 || O.diag_keep_ms > 600000)
                 return fprintf(stderr, "e2e: --diag-keep-ms 3..600000\n"), -1;
             break;
+        case 'y':
+            O.steady = atof(optarg);
+            if (!(O.steady >= 0 && O.steady < 600))
+                return fprintf(stderr, "e2e: bad --steady\n"), -1;
+            break;
         case 'C': O.ceilings = false; break;
         case 'P': O.plot = false; break;
         case 'o': snprintf(O.out, sizeof(O.out), "%s", optarg); break;
@@ -815,9 +825,9 @@ int main(int argc, char **argv)
         kvp_set_log_level(1);
     e2e_loadavg(T.load_start, sizeof(T.load_start), NULL);
     printf("e2e_bench: consumer region %llu MiB, producer %llu MiB (L3 is typically 32 MiB), "
-           "%.2f s per cell; %s\n",
+           "%.2f s per cell, %.0f s steady-state load per consumer first; %s\n",
            (unsigned long long)(O.region >> 20), (unsigned long long)(O.region >> 19), O.secs,
-           T.load_start);
+           O.steady, T.load_start);
     int rc = 0;
     if (O.ceilings)
         e2e_memcpy(&O, &T);
