@@ -351,7 +351,16 @@ def initiator_one(a, kind):
                 for k in a.depths:
                     if k * max(req, bs) > src.nbytes // 2:
                         continue
-                    cursor, r = run_cell(eng, tgt, bs, req, k, a.secs, nb, cursor)
+                    try:
+                        cursor, r = run_cell(eng, tgt, bs, req, k, a.secs, nb, cursor)
+                    except RuntimeError as e:  # this cell failed: say so, go on
+                        cursor += 1 << 20
+                        r = {"error": f"{type(e).__name__}: {e}"}
+                        print(f"  {kind:13s} bs {bs >> 10:5d} KiB req {req / 2**20:6.2f} MiB "
+                              f"K={k:<2d} FAILED: {r['error']}", flush=True)
+                        r.update(engine=kind, bs=bs, req=max(req, bs) // bs * bs, depth=k)
+                        rows.append(r)
+                        continue
                     r.update(engine=kind, bs=bs, req=max(req, bs) // bs * bs, depth=k)
                     rows.append(r)
                     print(f"  {kind:13s} bs {bs >> 10:5d} KiB req {r['req'] / 2**20:6.2f} MiB "
@@ -408,20 +417,24 @@ def summary(a, rows):
     print("\nSide by side (same bytes per request, K outstanding; GB/s, p50 us):")
     engines = []
     for r in rows:
-        if r["engine"] not in engines and "error" not in r:
+        if r["engine"] not in engines and "bs" in r:
             engines.append(r["engine"])
-    cells = sorted({(r["bs"], r["req"], r["depth"]) for r in rows if "error" not in r})
+    cells = sorted({(r["bs"], r["req"], r["depth"]) for r in rows if "bs" in r})
     print(f"{'bs_KiB':>6} {'req_MiB':>7} {'K':>3} " + " ".join(f"{e:>22}" for e in engines))
     for bs, req, k in cells:
         line = f"{bs >> 10:6d} {req / 2**20:7.2f} {k:3d} "
         for e in engines:
-            m = [r for r in rows if r["engine"] == e and "error" not in r and
+            m = [r for r in rows if r["engine"] == e and "bs" in r and
                  (r["bs"], r["req"], r["depth"]) == (bs, req, k)]
-            cell = f"{m[0]['gbps']:.3f} / {m[0]['p50_us']:.0f}" if m else "-"
+            cell = ("FAILED" if m and "error" in m[0] else
+                    f"{m[0]['gbps']:.3f} / {m[0]['p50_us']:.0f}" if m else "-")
             line += f"{cell:>22} "
         print(line)
     for r in rows:
-        if "error" in r:
+        if "error" in r and "bs" in r:
+            print(f"  {r['engine']} bs {r['bs'] >> 10} KiB req {r['req'] / 2**20:.2f} MiB "
+                  f"K={r['depth']}: FAILED: {r['error']}")
+        elif "error" in r:
             print(f"  {r['engine']}: CANNOT RUN HERE: {r['error']}")
     os.makedirs(a.out, exist_ok=True)
     csv = os.path.join(a.out, "peers.csv")
