@@ -3,7 +3,8 @@
  * benchmark of the public C API (include/kvpeer.h) between two processes,
  * like nixlbench. Not library API.
  *
- *   e2e_bench.c   options, the matrix, the consumer's K-outstanding loop
+ *   e2e_bench.c   the matrix, the consumer's K-outstanding loop
+ *   e2e_opts.c    presets and command-line options
  *   e2e_serve.c   the producer child (exec'd with --serve) and the raw TCP
  *                 ping-pong it answers
  *   e2e_ceil.c    ceilings measured in the same run (cold memcpy, the raw
@@ -95,6 +96,9 @@ double e2e_percentile(double *v, int n, double p); /* sorts v */
  * abort_ack_timeout_ms + abort_resend_ms (src/session/server.c); 0 = defaults. */
 void e2e_config_keep(kvp_config_t *cfg, uint32_t keep_ms);
 void e2e_loadavg(char *buf, size_t cap, double *load1);
+
+/* ---- options (e2e_opts.c): presets, then the command line; 0 or -1 (said why) ---- */
+int e2e_parse(int argc, char **argv, e2e_opts_t *o);
 
 /* ---- producer child (e2e_serve.c) ---- */
 /* argv after "--serve": BLOCK_SIZE NUM_BLOCKS KEEP_MS; exits. */

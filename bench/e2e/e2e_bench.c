@@ -25,7 +25,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <getopt.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -636,178 +635,11 @@ static int run_path(const char *path)
     return rc;
 }
 
-/* ------------------------------------------------------------ options */
-
-static int parse_list(const char *s, uint64_t *out, int cap, uint64_t unit)
-{
-    int n = 0;
-    char *end;
-    while (*s && n < cap) {
-        unsigned long long v = strtoull(s, &end, 10);
-        if (end == s || v == 0)
-            return -1;
-        out[n++] = v * unit;
-        s = *end == ',' ? end + 1 : end;
-        if (*end && *end != ',')
-            return -1;
-    }
-    return *s ? -1 : n;
-}
-
-static void usage(void)
-{
-    fprintf(stderr,
-            "usage: e2e_bench [--quick | --smoke] [--path shm|tcp|both] [--sizes KiB,..]\n"
-            "                 [--depths K,..] [--req-mib M,..] [--region-mib N] [--secs S]\n"
-            "                 [--cks off|on|both] [--lookups N] [--no-ceilings] [--no-plot]\n"
-            "                 [--out DIR] [--diag-keep-ms MS] [--steady S]\n"
-            "  --steady S: per consumer, S seconds of unrecorded K=4 fetches before the cells\n"
-            "  --diag-keep-ms: diagnostic; after the matrix, shm again with\n"
-            "      abort_ack_timeout_ms + abort_resend_ms = MS on both nodes (how long a\n"
-            "      source keeps finished rounds; default 12000); rows marked keep-diag\n");
-}
-
-static void defaults(bool quick, bool smoke)
-{
-    static const uint32_t full_sizes[] = {16 << 10, 256 << 10, 2 << 20, 4 << 20};
-    static const uint32_t full_depths[] = {1, 4, 16, 64};
-    static const uint64_t full_reqs[] = {1 << 20, 16 << 20, 64 << 20};
-    O.shm = O.tcp = O.plot = O.ceilings = true;
-    O.cks_mask = 3;
-    O.tcp_req_max_mib = 16;
-    O.region = 256ull << 20;
-    O.secs = 0.6;
-    O.lookups = 300;
-    memcpy(O.sizes, full_sizes, sizeof(full_sizes));
-    O.nsizes = 4;
-    memcpy(O.depths, full_depths, sizeof(full_depths));
-    O.ndepths = 4;
-    memcpy(O.reqs, full_reqs, sizeof(full_reqs));
-    O.nreqs = 3;
-    if (quick) { /* ~2 minutes: 16 KiB / 256 KiB / 2 MiB, K 1/4/16 */
-        O.region = 64ull << 20;
-        O.secs = 0.25;
-        O.lookups = 100;
-        O.nsizes = 3;
-        O.depths[0] = 1, O.depths[1] = 4, O.depths[2] = 16;
-        O.ndepths = 3;
-        O.reqs[0] = 1 << 20, O.reqs[1] = 8 << 20;
-        O.nreqs = 2;
-        O.tcp_req_max_mib = 8;
-    }
-    if (smoke) { /* ctest: small, bounded, checks bytes, asserts no speed */
-        O.tcp = O.plot = O.ceilings = false;
-        O.region = 16ull << 20;
-        O.sizes[0] = 256 << 10;
-        O.nsizes = 1;
-        O.depths[0] = 4;
-        O.ndepths = 1;
-        O.reqs[0] = 1 << 20;
-        O.nreqs = 1;
-        O.cks_mask = 2;
-        O.smoke_fetches = 48;
-    }
-}
-
-static int parse(int argc, char **argv)
-{
-    static const struct option lo[] = {
-        {"quick", 0, 0, 'q'},   {"smoke", 0, 0, 'S'},     {"path", 1, 0, 'p'},
-        {"sizes", 1, 0, 'z'},   {"depths", 1, 0, 'd'},    {"req-mib", 1, 0, 'r'},
-        {"region-mib", 1, 0, 'R'}, {"secs", 1, 0, 's'},   {"cks", 1, 0, 'c'},
-        {"lookups", 1, 0, 'l'}, {"no-ceilings", 0, 0, 'C'}, {"no-plot", 0, 0, 'P'},
-        {"out", 1, 0, 'o'},     {"help", 0, 0, 'h'},      {"diag-keep-ms", 1, 0, 'k'}, {"steady", 1, 0, 'y'},
-        {0, 0, 0, 0}};
-    uint64_t v[E2E_MAX_LIST];
-    int ch, n;
-    bool quick = false, smoke = false;
-    for (int i = 1; i < argc; i++) { /* presets first, then overrides */
-        quick |= !strcmp(argv[i], "--quick");
-        smoke |= !strcmp(argv[i], "--smoke");
-    }
-    defaults(quick, smoke);
-    O.quick = quick;
-    O.smoke = smoke;
-    while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
-        switch (ch) {
-        case 'q': case 'S': break;
-        case 'p':
-            O.shm = !strcmp(optarg, "shm") || !strcmp(optarg, "both");
-            O.tcp = !strcmp(optarg, "tcp") || !strcmp(optarg, "both");
-            if (!O.shm && !O.tcp)
-                return fprintf(stderr, "e2e: bad --path '%s'\n", optarg), -1;
-            break;
-        case 'z':
-            if ((n = parse_list(optarg, v, E2E_MAX_LIST, 1024)) <= 0)
-                return fprintf(stderr, "e2e: bad --sizes '%s'\n", optarg), -1;
-            for (int i = 0; i < n; i++) {
-                if (v[i] % 4096 || v[i] > (64u << 20))
-                    return fprintf(stderr, "e2e: bad block size %llu KiB (4 KiB multiple, <= 64 MiB)\n",
-                                   (unsigned long long)v[i] / 1024), -1;
-                O.sizes[i] = (uint32_t)v[i];
-            }
-            O.nsizes = n;
-            break;
-        case 'd':
-            if ((n = parse_list(optarg, v, E2E_MAX_LIST, 1)) <= 0)
-                return fprintf(stderr, "e2e: bad --depths '%s'\n", optarg), -1;
-            for (int i = 0; i < n; i++)
-                if ((O.depths[i] = (uint32_t)v[i]) > 256)
-                    return fprintf(stderr, "e2e: --depths at most 256\n"), -1;
-            O.ndepths = n;
-            break;
-        case 'r':
-            if ((n = parse_list(optarg, O.reqs, E2E_MAX_LIST, 1u << 20)) <= 0)
-                return fprintf(stderr, "e2e: bad --req-mib '%s'\n", optarg), -1;
-            O.nreqs = n;
-            break;
-        case 'R':
-            O.region = strtoull(optarg, NULL, 10) << 20;
-            if (O.region < (8u << 20) || O.region > (8ull << 30))
-                return fprintf(stderr, "e2e: --region-mib 8..8192\n"), -1;
-            break;
-        case 's':
-            O.secs = atof(optarg);
-            if (!(O.secs > 0 && O.secs < 600))
-                return fprintf(stderr, "e2e: bad --secs\n"), -1;
-            break;
-        case 'c':
-            O.cks_mask = !strcmp(optarg, "off") ? 1 : !strcmp(optarg, "on") ? 2
-                         : !strcmp(optarg, "both") ? 3 : 0;
-            if (!O.cks_mask)
-                return fprintf(stderr, "e2e: bad --cks '%s'\n", optarg), -1;
-            break;
-        case 'l':
-            O.lookups = atoi(optarg);
-            if (O.lookups < 1 || O.lookups > 100000)
-                return fprintf(stderr, "e2e: bad --lookups\n"), -1;
-            break;
-        case 'k':
-            O.diag_keep_ms = (uint32_t)strtoul(optarg, NULL, 10);
-            if (O.diag_keep_ms < 3 || O.diag_keep_ms > 600000)
-                return fprintf(stderr, "e2e: --diag-keep-ms 3..600000\n"), -1;
-            break;
-        case 'y':
-            O.steady = atof(optarg);
-            if (!(O.steady >= 0 && O.steady < 600))
-                return fprintf(stderr, "e2e: bad --steady\n"), -1;
-            break;
-        case 'C': O.ceilings = false; break;
-        case 'P': O.plot = false; break;
-        case 'o': snprintf(O.out, sizeof(O.out), "%s", optarg); break;
-        default: usage(); return -1;
-        }
-    }
-    if (optind != argc)
-        return usage(), -1;
-    return 0;
-}
-
 int main(int argc, char **argv)
 {
     if (argc >= 2 && !strcmp(argv[1], "--serve"))
         return e2e_serve_main(argc - 2, argv + 2);
-    if (parse(argc, argv) != 0)
+    if (e2e_parse(argc, argv, &O) != 0)
         return 2;
     ssize_t sl = readlink("/proc/self/exe", O.self, sizeof(O.self) - 1);
     if (sl <= 0)
