@@ -229,7 +229,7 @@ static void node_force_release_quarantine(kvp_node_t *n, kvp_load_t *l, const ch
 static bool session_idle(const kvp_session_t *s)
 {
     return kvp_list_empty(&s->loads) && kvp_list_empty(&s->fetchq) &&
-           kvp_list_empty(&s->srounds) &&
+           kvp_list_empty(&s->srounds) && kvp_list_empty(&s->srounds_done) &&
            kvp_list_empty(&s->xfers) && kvp_list_empty(&s->lookups_queued) &&
            kvp_list_empty(&s->lookups_sent);
 }

@@ -145,7 +145,7 @@ typedef struct kvp_demand {
 } kvp_demand_t;
 
 struct kvp_sround {
-    kvp_list_t link; /* session->srounds */
+    kvp_list_t link; /* session->srounds, or session->srounds_done once FINISHED */
     kvp_list_t wait_link; /* node->waiting (pending lookups, parked demand) */
     kvp_session_t *sess;
     uint64_t request_id, round;
@@ -221,6 +221,11 @@ struct kvp_session {
     uint32_t n_fetchq;
     /* server role */
     kvp_list_t srounds, xfers;
+    /* FINISHED rounds kept to replay their answer (F5) until their timer
+     * frees them; apart so the live list stays short (kvp__server_*). */
+    kvp_list_t srounds_done;
+    uint64_t sround_max; /* the highest round token seen, if sround_seen */
+    bool sround_seen;
     uint32_t xfers_inflight;
     uint64_t last_work_ns;
     kvp_ratelimit_t rl;       /* repeated log lines of this peer */

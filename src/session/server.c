@@ -42,18 +42,35 @@ static void sround_set_phase(kvp_sround_t *r, kvp_sround_phase_t to)
     KVP_TRACE(r->sess->node->name, "peer %s round %llu: %s -> %s", r->sess->peer_id,
               (unsigned long long)r->round, sr_phase_names[r->phase], sr_phase_names[to]);
     r->phase = to;
+    if (to == KVP_SR_FINISHED) { /* kept only to replay its answer: off the live list */
+        kvp_list_remove(&r->link);
+        kvp_list_insert_tail(&r->sess->srounds_done, &r->link);
+    }
 }
 
-static kvp_sround_t *sround_find(kvp_session_t *s, uint64_t round)
+static kvp_sround_t *sround_find_in(kvp_list_t *head, uint64_t round)
 {
-    kvp_list_t *p, *t;
-    kvp_list_foreach_safe(p, t, &s->srounds)
-    {
+    for (kvp_list_t *p = head->prev; p != head; p = p->prev) { /* newest first */
         kvp_sround_t *r = KVP_CONTAINER_OF(p, kvp_sround_t, link);
         if (r->round == round)
             return r;
     }
     return NULL;
+}
+
+/* A source keeps FINISHED rounds for abort_ack_timeout + abort_resend (12 s
+ * by default) to replay ABORT_ACK / FETCH_DONE; at thousands of fetches per
+ * second a single list of them made every LOOKUP and FETCH walk tens of
+ * thousands of cold records (measured by bench/e2e). A token above every one
+ * seen needs no walk; live rounds are searched before finished ones. */
+static kvp_sround_t *sround_find(kvp_session_t *s, uint64_t round)
+{
+    kvp_sround_t *r;
+    if (!s->sround_seen || round > s->sround_max)
+        return NULL;
+    if ((r = sround_find_in(&s->srounds, round)) != NULL)
+        return r;
+    return sround_find_in(&s->srounds_done, round);
 }
 
 static bool key_eq(const kvp_key_buf_t *a, const uint8_t *data, uint32_t len)
@@ -88,6 +105,9 @@ static kvp_sround_t *sround_new(kvp_session_t *s, uint64_t request_id, uint64_t 
     kvp_list_init(&r->wait_link);
     kvp_timer_init(&r->timer, "round", sround_timer_cb, r);
     kvp_list_insert_tail(&s->srounds, &r->link);
+    if (!s->sround_seen || round > s->sround_max)
+        s->sround_max = round;
+    s->sround_seen = true;
     return r;
 }
 
@@ -728,4 +748,6 @@ void kvp__server_teardown(kvp_session_t *s)
     s->xfers_inflight = 0;
     while (!kvp_list_empty(&s->srounds))
         sround_free(KVP_CONTAINER_OF(s->srounds.next, kvp_sround_t, link));
+    while (!kvp_list_empty(&s->srounds_done))
+        sround_free(KVP_CONTAINER_OF(s->srounds_done.next, kvp_sround_t, link));
 }

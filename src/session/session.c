@@ -56,6 +56,7 @@ kvp_status_t kvp__session_create(kvp_node_t *n, kvp_link_t *link, const kvp_msg_
     kvp_list_init(&s->creqs);
     kvp_list_init(&s->fetchq);
     kvp_list_init(&s->srounds);
+    kvp_list_init(&s->srounds_done);
     kvp_list_init(&s->xfers);
     kvp_list_insert_tail(&n->sessions, &s->node_link);
     n->n_sessions++;
