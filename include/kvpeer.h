@@ -53,8 +53,16 @@ typedef enum kvp_status {
 KVP_EXPORT const char *kvp_status_str(kvp_status_t status);
 
 /* Library log level: 0 error, 1 warn, 2 info (default), 3 debug, 4 trace.
- * The environment variable KVPEER_LOG_LEVEL sets it at load time. */
+ * The environment variable KVPEER_LOG_LEVEL sets it at load time: a number
+ * 0..4 or a name (error, warn, info, debug, trace). */
 KVP_EXPORT void kvp_set_log_level(int32_t level);
+KVP_EXPORT int32_t kvp_get_log_level(void);
+
+/* Why the calling thread's last failed kvp_node_create() failed, naming the
+ * field or the limit ("block_size: 1000 is not a positive multiple of the
+ * page size (4096)"); "" if nothing was recorded. Thread-local, valid until
+ * the thread's next kvp_node_create(). */
+KVP_EXPORT const char *kvp_last_error(void);
 
 /* ================================================================== node */
 
@@ -121,6 +129,14 @@ KVP_EXPORT kvp_status_t kvp_node_progress(kvp_node_t *node, int32_t timeout_ms);
 
 /* Peers: want a session with a peer ("host:port"); redialled with backoff. */
 KVP_EXPORT kvp_status_t kvp_peer_add(kvp_node_t *node, const char *addr);
+/* Wait until the session with `addr` (added with kvp_peer_add) is ready for
+ * lookups and fetches, at most timeout_ms. KVP_OK once ready; on timeout
+ * the reason the peer is not ready: KVP_ERR_UNREACHABLE (dial failed or not
+ * yet answered), KVP_ERR_AUTH, KVP_ERR_INCOMPATIBLE, KVP_ERR_LIMIT, or
+ * KVP_ERR_TIMEOUT (still handshaking). KVP_ERR_NOT_FOUND if the peer was
+ * never added. Blocks the calling thread; in caller-driven mode it runs
+ * kvp_node_progress() itself (call it from the progress thread then). */
+KVP_EXPORT kvp_status_t kvp_peer_wait(kvp_node_t *node, const char *addr, int32_t timeout_ms);
 /* Close the session gracefully and stop redialling. */
 KVP_EXPORT kvp_status_t kvp_peer_remove(kvp_node_t *node, const char *addr);
 
@@ -170,6 +186,9 @@ typedef enum kvp_event_type {
     KVP_EV_LOAD = 2,      /* op_id, status (KVP_OK = every block verified and committed) */
     KVP_EV_PEER_UP = 3,   /* peer */
     KVP_EV_PEER_DOWN = 4, /* peer, status = reason (fault or not: `fault`) */
+    KVP_EV_OVERFLOW = 5,  /* the event ring was full: n_keys events were dropped
+                           * (status KVP_ERR_LIMIT); poll events more often or
+                           * track loads yourself -- dropped LOAD outcomes are lost */
 } kvp_event_type_t;
 
 typedef struct kvp_event {
@@ -182,6 +201,11 @@ typedef struct kvp_event {
     uint32_t reserved;
     char peer[256];
 } kvp_event_t;
+
+/* The event ring holds at most this many undelivered events; beyond it new
+ * events are dropped and counted, and one KVP_EV_OVERFLOW is delivered as the
+ * oldest pending event is taken. */
+enum { KVP_EVENT_RING_MAX = 16384 };
 
 /* Take up to cap events (non-blocking). */
 KVP_EXPORT kvp_status_t kvp_poll_events(kvp_node_t *node, kvp_event_t *out, uint32_t cap,

@@ -23,6 +23,10 @@ __attribute__((constructor)) static void log_init_from_env(void)
     const char *v = getenv("KVPEER_LOG_LEVEL");
     if (v == NULL)
         return;
+    if (v[0] >= '0' && v[0] <= '4' && v[1] == '\0') { /* numeric, as kvpeer.h documents */
+        kvp__log_level = v[0] - '0';
+        return;
+    }
     for (int i = 0; i <= KVP_LOG_TRACE; i++) {
         if (strcasecmp(v, level_names[i]) == 0)
             kvp__log_level = i;

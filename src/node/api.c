@@ -7,8 +7,13 @@
  */
 #include "node/node.h"
 
+#include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <time.h>
+#include <unistd.h>
 
 static kvp_status_t check_key(const void *key, uint32_t len)
 {
@@ -27,14 +32,42 @@ KVP_EXPORT void kvp_set_log_level(int32_t level)
         kvp_log_set_level((kvp_log_level_t)level);
 }
 
+KVP_EXPORT int32_t kvp_get_log_level(void)
+{
+    return kvp__log_level;
+}
+
 KVP_EXPORT const char *kvp_node_peer_id(const kvp_node_t *n)
 {
     return n ? n->peer_id : "";
 }
 
+/* Caller-driven mode: the node fd must also wake for incoming frames, the
+ * transport and timers (kvpeer.h), i.e. whenever kvp_node_progress() has
+ * work. One epoll set over the event fd and the loop's epoll fd (which holds
+ * the sockets, the transport fd and a timerfd armed at the nearest
+ * deadline) is readable exactly then. Closed by node_free. */
+kvp_status_t kvp__node_open_pollfd(kvp_node_t *n)
+{
+    int fds[2] = {n->evfd, kvp_loop_fd(n->loop)};
+    if ((n->pollfd = epoll_create1(EPOLL_CLOEXEC)) < 0)
+        goto fail;
+    for (int i = 0; i < 2; i++) {
+        struct epoll_event ev = {.events = EPOLLIN, .data.fd = fds[i]};
+        if (epoll_ctl(n->pollfd, EPOLL_CTL_ADD, fds[i], &ev) != 0)
+            goto fail;
+    }
+    return KVP_OK;
+fail:
+    KVP_ERROR(n->name, "node fd: epoll: %s", strerror(errno));
+    return KVP_ERR_IO;
+}
+
 KVP_EXPORT int kvp_node_fd(const kvp_node_t *n)
 {
-    return n ? n->evfd : -1;
+    if (n == NULL)
+        return -1;
+    return n->pollfd >= 0 ? n->pollfd : n->evfd;
 }
 
 KVP_EXPORT kvp_status_t kvp_node_progress(kvp_node_t *n, int32_t timeout_ms)
@@ -69,6 +102,40 @@ KVP_EXPORT kvp_status_t kvp_peer_add(kvp_node_t *n, const char *addr)
     if (n == NULL || check_peer(addr) != KVP_OK)
         return KVP_ERR_INVALID;
     return kvp__node_exec(n, do_peer_add, (void *)addr);
+}
+
+/* Ready for lookups and fetches: a live session that is not on probation. */
+static kvp_status_t do_peer_state(kvp_node_t *n, void *arg)
+{
+    kvp_session_t *s = kvp__node_find_session(n, arg);
+    if (s != NULL && s->link != NULL && !s->closing && !s->probation)
+        return KVP_OK;
+    if (s != NULL)
+        return KVP_ERR_UNREACHABLE; /* closing or on probation */
+    return kvp_ctl_link_pending(n->ctl, arg) != NULL ? KVP_ERR_TIMEOUT : KVP_ERR_UNREACHABLE;
+}
+
+KVP_EXPORT kvp_status_t kvp_peer_wait(kvp_node_t *n, const char *addr, int32_t timeout_ms)
+{
+    if (n == NULL || check_peer(addr) != KVP_OK || timeout_ms < 0)
+        return KVP_ERR_INVALID;
+    const kvp_clock_t *real = kvp_clock_real();
+    uint64_t deadline = kvp_clock_now(real) + (uint64_t)timeout_ms * KVP_NSEC_PER_MSEC;
+    for (;;) {
+        kvp_status_t st = kvp__node_exec(n, do_peer_state, (void *)addr);
+        if (st == KVP_OK)
+            return KVP_OK;
+        uint64_t now = kvp_clock_now(real);
+        if (now >= deadline)
+            return st;
+        int left = (int)KVP_MIN((deadline - now) / KVP_NSEC_PER_MSEC + 1, 5);
+        if (!n->thread_running) {
+            kvp__node_progress(n, left);
+        } else {
+            struct timespec ts = {0, (long)left * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+    }
 }
 
 KVP_EXPORT kvp_status_t kvp_peer_remove(kvp_node_t *n, const char *addr)
@@ -135,6 +202,12 @@ static kvp_status_t do_get(kvp_node_t *n, void *arg)
                    "local reader: acquire refused: max_pins reached");
     if (st != KVP_OK)
         return st;
+    if (n->engine_pins == NULL &&
+        (n->engine_pins = kvp__calloc(n->cfg.num_blocks, sizeof(*n->engine_pins))) == NULL) {
+        kvp_store_unpin(n->store, ref);
+        return KVP_ERR_NOMEM;
+    }
+    n->engine_pins[ref.slot]++; /* the engine's own pins, apart from transfers' (I2) */
     a->out->data = ptr;
     a->out->len = n->cfg.block_size;
     a->out->slot = ref.slot;
@@ -151,10 +224,24 @@ KVP_EXPORT kvp_status_t kvp_get(kvp_node_t *n, const void *key, uint32_t key_len
     return kvp__node_exec(n, do_get, &a);
 }
 
+/* Drop one pin the ENGINE took with kvp_get. A release without such a pin
+ * (double release, a forged block) is refused: it would otherwise drop a pin
+ * an outbound transfer holds, and the slot could be evicted and refilled
+ * while a WRITE still reads it (SPEC I2). */
 static kvp_status_t do_release(kvp_node_t *n, void *arg)
 {
     const kvp_block_t *b = arg;
-    return kvp_store_unpin(n->store, (kvp_slot_ref_t){b->slot, b->gen});
+    if (b->slot >= n->cfg.num_blocks || n->engine_pins == NULL || n->engine_pins[b->slot] == 0) {
+        KVP_LOG_RL(&n->rl_local, kvp__node_now(n), KVP_LOG_WARN, n->name,
+                   "kvp_release: slot %u gen %u holds no pin of the engine (double release?): "
+                   "refused",
+                   b->slot, b->gen);
+        return KVP_ERR_STATE;
+    }
+    kvp_status_t st = kvp_store_unpin(n->store, (kvp_slot_ref_t){b->slot, b->gen});
+    if (st == KVP_OK)
+        n->engine_pins[b->slot]--;
+    return st;
 }
 
 KVP_EXPORT kvp_status_t kvp_release(kvp_node_t *n, const kvp_block_t *b)
