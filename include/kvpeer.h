@@ -259,6 +259,40 @@ typedef struct kvp_peer_info {
 KVP_EXPORT kvp_status_t kvp_node_peers(kvp_node_t *node, kvp_peer_info_t *out, uint32_t cap,
                                        uint32_t *n_out);
 
+/* Every peer the node knows: wanted ones (kvp_peer_add, redialled) and
+ * those with a session (either direction), with a state and, for a peer
+ * that cannot be reached, why. `state` is one of
+ *   "ready"      session up, lookups and fetches go to it
+ *   "probation"  session up, but a transfer fault is being proven; not used
+ *   "dialing"    a connection or handshake in progress
+ *   "failed"     the last attempt failed (last_error), a redial is pending
+ *   "wanted"     wanted, waiting to (re)dial
+ *   "closing"    the session is going down */
+typedef struct kvp_peer_state {
+    char peer[256];
+    char state[16];
+    char last_error[128];
+    uint32_t wanted;   /* 1 = added with kvp_peer_add (redialled while not ready) */
+    uint32_t failures; /* failed attempts since it was last ready */
+} kvp_peer_state_t;
+
+KVP_EXPORT kvp_status_t kvp_node_peer_states(kvp_node_t *node, kvp_peer_state_t *out,
+                                             uint32_t cap, uint32_t *n_out);
+
+/* Why sessions did not come up, per reason (counters since creation). */
+typedef struct kvp_refusal_stats {
+    uint64_t dials;                /* outbound connection attempts */
+    uint64_t dial_failures;        /* could not start (address does not resolve, ...) */
+    uint64_t handshakes_timed_out; /* connected, never ready */
+    uint64_t refused_incompatible; /* block layout, compat fingerprint, hash seed, version */
+    uint64_t refused_auth;         /* PSK missing or different */
+    uint64_t refused_duplicate;    /* a second session with one peer */
+    uint64_t refused_limit;        /* max_sessions */
+    uint64_t peers_dead;           /* sessions ended: nothing heard for dead_after_ms */
+} kvp_refusal_stats_t;
+
+KVP_EXPORT kvp_status_t kvp_node_refusals(kvp_node_t *node, kvp_refusal_stats_t *out);
+
 /* Liveness of the node itself: milliseconds since its progress loop last
  * completed a round (own thread: it does at least every few hundred ms;
  * caller-driven: since the caller's last kvp_node_progress). A large value

@@ -94,20 +94,31 @@ static void fmt_age(uint64_t ms, char *out, size_t cap)
 
 static void print_peer_line(const char *line)
 {
-    char peer[256] = "?", inst[256] = "?", path[64] = "?";
+    char peer[256] = "?", inst[256] = "?", path[64] = "?", state[32] = "", err[160] = "";
     uint64_t ready = 0, prob = 0, rtt = 0;
     cli_kv(line, "peer", peer, sizeof(peer));
     cli_kv(line, "instance", inst, sizeof(inst));
     cli_kv(line, "path", path, sizeof(path));
+    cli_kv(line, "state", state, sizeof(state));
     cli_kv_u64(line, "ready", &ready);
     cli_kv_u64(line, "probation", &prob);
+    const char *le = strstr(line, "last_error=\"");
+    if (le != NULL) { /* quoted: may hold spaces */
+        le += strlen("last_error=\"");
+        const char *q = strchr(le, '"');
+        size_t len = q ? (size_t)(q - le) : strlen(le);
+        snprintf(err, sizeof(err), "%.*s", (int)len, le);
+    }
     bool has_rtt = cli_kv_u64(line, "rtt_us", &rtt) == 0;
     char rtts[32] = "-";
     if (has_rtt && rtt > 0)
         snprintf(rtts, sizeof(rtts), "%llu us", (unsigned long long)rtt);
-    printf("  %-22s %-12s %-9s %-10s %s%s\n", peer, path, rtts,
-           ready ? "ready" : "not-ready", prob ? "PROBATION " : "",
-           strcmp(inst, peer) ? inst : "");
+    if (state[0] == '\0')
+        snprintf(state, sizeof(state), "%s", ready ? "ready" : "not-ready");
+    printf("  %-22s %-12s %-9s %-10s %s%s%s%s\n", peer, path, rtts, state,
+           prob ? "PROBATION " : "", strcmp(inst, peer) && strcmp(inst, "?") ? inst : "",
+           err[0] && strcmp(state, "ready") ? "last error: " : "",
+           strcmp(state, "ready") ? err : "");
 }
 
 /* Print the /peers table; returns the number of peers or -1. */

@@ -56,6 +56,28 @@ static int get_healthz(kvpd_t *d, struct MHD_Connection *c, kvpd_buf_t *out)
                         (unsigned long long)stall);
         return MHD_HTTP_SERVICE_UNAVAILABLE;
     }
+    /* Up, but not everything it was told to reach is reachable: say so
+     * (200, so a supervisor does not restart us for a peer's fault). */
+    kvp_peer_state_t *ps = NULL;
+    uint32_t n = 0, bad = 0, wanted = 0;
+    if (kvpd_states_snapshot(d->node, &ps, &n) == KVP_OK) {
+        for (uint32_t i = 0; i < n; i++) {
+            if (!ps[i].wanted)
+                continue;
+            wanted++;
+            bad += strcmp(ps[i].state, "ready") != 0;
+        }
+        if (bad > 0) {
+            kvpd_buf_printf(out, "degraded: %u of %u wanted peers not ready\n", bad, wanted);
+            for (uint32_t i = 0; i < n; i++)
+                if (ps[i].wanted && strcmp(ps[i].state, "ready") != 0)
+                    kvpd_buf_printf(out, "peer=%s state=%s error=\"%s\"\n", ps[i].peer,
+                                    ps[i].state, ps[i].last_error);
+        }
+        free(ps);
+        if (bad > 0)
+            return MHD_HTTP_OK;
+    }
     kvpd_buf_printf(out, "ok\n");
     return MHD_HTTP_OK;
 }
@@ -94,21 +116,38 @@ static int get_held(kvpd_t *d, struct MHD_Connection *c, kvpd_buf_t *out)
     return MHD_HTTP_OK;
 }
 
+/* One line per known peer: wanted ones and those with a session, with the
+ * state, failed attempts and last error; session details when there is one. */
 static int get_peers(kvpd_t *d, struct MHD_Connection *c, kvpd_buf_t *out)
 {
     kvp_peer_info_t *p = NULL;
-    uint32_t n = 0;
+    kvp_peer_state_t *ps = NULL;
+    uint32_t n = 0, ns = 0;
     kvp_status_t st = kvpd_peers_snapshot(d->node, &p, &n);
+    if (st == KVP_OK && (st = kvpd_states_snapshot(d->node, &ps, &ns)) != KVP_OK)
+        free(p);
     if (st != KVP_OK) {
         kvpd_buf_printf(out, "peers unavailable: %s\n", kvp_status_str(st));
         return MHD_HTTP_INTERNAL_SERVER_ERROR;
     }
-    for (uint32_t i = 0; i < n; i++)
-        kvpd_buf_printf(out, "peer=%s instance=%s path=%s ready=%u probation=%u rtt_us=%llu\n",
-                        p[i].peer, p[i].instance[0] ? p[i].instance : "-",
-                        p[i].data_path[0] ? p[i].data_path : "-", p[i].ready ? 1u : 0u,
-                        p[i].probation ? 1u : 0u, (unsigned long long)(p[i].rtt_ns / 1000));
+    for (uint32_t k = 0; k < ns; k++) {
+        const kvp_peer_info_t *pi = NULL;
+        for (uint32_t i = 0; i < n && pi == NULL; i++)
+            if (strcmp(p[i].peer, ps[k].peer) == 0)
+                pi = &p[i];
+        kvpd_buf_printf(out, "peer=%s state=%s wanted=%u failures=%u", ps[k].peer, ps[k].state,
+                        ps[k].wanted, ps[k].failures);
+        if (pi != NULL)
+            kvpd_buf_printf(out, " instance=%s path=%s ready=%u probation=%u rtt_us=%llu",
+                            pi->instance[0] ? pi->instance : "-",
+                            pi->data_path[0] ? pi->data_path : "-", pi->ready ? 1u : 0u,
+                            pi->probation ? 1u : 0u, (unsigned long long)(pi->rtt_ns / 1000));
+        else
+            kvpd_buf_printf(out, " ready=0");
+        kvpd_buf_printf(out, " last_error=\"%s\"\n", ps[k].last_error);
+    }
     free(p);
+    free(ps);
     return MHD_HTTP_OK;
 }
 

@@ -555,3 +555,89 @@ KVP_EXPORT kvp_status_t kvp_node_peers(kvp_node_t *n, kvp_peer_info_t *out, uint
 {
     return exec_list(n, do_peers, out, cap, n_out);
 }
+
+/* ------------------------------------------------------------ peer states */
+
+typedef struct states_args {
+    list_args_t *a;
+    kvp_node_t *n;
+} states_args_t;
+
+static kvp_peer_state_t *state_find(list_args_t *a, const char *peer)
+{
+    for (uint32_t i = 0; i < a->n; i++) {
+        kvp_peer_state_t *ps = &((kvp_peer_state_t *)a->out)[i];
+        if (strcmp(ps->peer, peer) == 0)
+            return ps;
+    }
+    return NULL;
+}
+
+static void state_want_cb(void *arg, const kvp_ctl_want_info_t *wi)
+{
+    list_args_t *a = arg;
+    kvp_peer_state_t *ps = state_find(a, wi->addr);
+    if (ps == NULL) { /* no session: where its dialling stands */
+        if (a->n >= a->cap)
+            return;
+        ps = &((kvp_peer_state_t *)a->out)[a->n++];
+        memset(ps, 0, sizeof(*ps));
+        snprintf(ps->peer, sizeof(ps->peer), "%s", wi->addr);
+        snprintf(ps->state, sizeof(ps->state), "%s",
+                 wi->linked ? "dialing" : wi->failures > 0 ? "failed" : "wanted");
+    }
+    ps->wanted = 1;
+    ps->failures = wi->failures;
+    snprintf(ps->last_error, sizeof(ps->last_error), "%s", wi->last_error);
+}
+
+static kvp_status_t do_peer_states(kvp_node_t *n, void *arg)
+{
+    list_args_t *a = arg;
+    kvp_list_t *p, *t;
+    kvp_list_foreach_safe(p, t, &n->sessions)
+    {
+        kvp_session_t *s = KVP_CONTAINER_OF(p, kvp_session_t, node_link);
+        if (a->n >= a->cap)
+            break;
+        kvp_peer_state_t *ps = &((kvp_peer_state_t *)a->out)[a->n++];
+        memset(ps, 0, sizeof(*ps));
+        snprintf(ps->peer, sizeof(ps->peer), "%s", s->peer_id);
+        snprintf(ps->state, sizeof(ps->state), "%s",
+                 s->closing || s->link == NULL ? "closing"
+                 : s->probation                ? "probation"
+                                               : "ready");
+    }
+    kvp_ctl_wants_foreach(n->ctl, state_want_cb, a);
+    return KVP_OK;
+}
+
+KVP_EXPORT kvp_status_t kvp_node_peer_states(kvp_node_t *n, kvp_peer_state_t *out, uint32_t cap,
+                                             uint32_t *n_out)
+{
+    return exec_list(n, do_peer_states, out, cap, n_out);
+}
+
+static kvp_status_t do_refusals(kvp_node_t *n, void *arg)
+{
+    kvp_refusal_stats_t *o = arg;
+    kvp_ctl_stats_t cs;
+    kvp_ctl_get_stats(n->ctl, &cs);
+    memset(o, 0, sizeof(*o));
+    o->dials = cs.dials;
+    o->dial_failures = cs.dial_failures;
+    o->handshakes_timed_out = cs.handshakes_timed_out;
+    o->refused_incompatible = cs.refused_incompatible;
+    o->refused_auth = cs.refused_auth;
+    o->refused_duplicate = cs.refused_duplicate;
+    o->refused_limit = cs.refused_limit + n->st.sessions_refused;
+    o->peers_dead = cs.peers_dead;
+    return KVP_OK;
+}
+
+KVP_EXPORT kvp_status_t kvp_node_refusals(kvp_node_t *n, kvp_refusal_stats_t *out)
+{
+    if (n == NULL || out == NULL)
+        return KVP_ERR_INVALID;
+    return kvp__node_exec(n, do_refusals, out);
+}

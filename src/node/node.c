@@ -682,8 +682,9 @@ kvp_status_t kvp__node_create_ex(const kvp_config_t *cfg, const kvp_node_seams_t
         }
         n->thread_running = true;
     }
-    KVP_INFO(n->name, "node up: %u blocks x %u B, transport %s", n->cfg.num_blocks,
-             n->cfg.block_size, n->xport->ops->name);
+    KVP_INFO(n->name, "node up: %u blocks x %u B, transport %s, compat '%s' (fingerprint %016llx)",
+             n->cfg.num_blocks, n->cfg.block_size, n->xport->ops->name,
+             cfg->compat ? cfg->compat : "", (unsigned long long)n->fingerprint);
     *out = n;
     return KVP_OK;
 fail:

@@ -455,7 +455,66 @@ def case_install():
     print("install case took %.1f s" % (time.time() - t0))
 
 
-CASES = {"config": case_config, "bad_config": case_bad_config, "two_nodes": case_two_nodes,
+def peers_table(d):
+    """/peers as {peer: {field: value}}, last_error unquoted (it holds spaces)."""
+    out = {}
+    for line in d.req("/peers")[1].splitlines():
+        m = re.match(r'^(.*?) last_error="(.*)"$', line)
+        check(m is not None, "/peers line without last_error: %r" % line)
+        f = dict(kv.split("=", 1) for kv in m.group(1).split())
+        f["last_error"] = m.group(2)
+        out[f["peer"]] = f
+    return out
+
+
+def case_visibility():
+    """Peers that cannot be reached are visible: refused at once when not an
+    address, else listed in /peers with a state and the last error, logged,
+    counted per reason in /metrics, and /healthz says degraded."""
+    dead, nodns = "127.0.0.1:1", "no-such-host.invalid:7400"
+    a = Daemon("a", SMALL + ["--admin", "--peers", dead + "," + nodns,
+                             "--backoff_max_ms", "300"]).start()
+    code, body = a.req("/admin/peer?add=notanaddress", "POST")
+    check(code == 400 and "notanaddress" in body, "add=notanaddress: %d %r" % (code, body))
+    code, body = a.req("/admin/peer?add=10.0.0.1:99999", "POST")
+    check(code == 400, "add=port 99999: %d %r" % (code, body))
+    wait_for(lambda: all(p in peers_table(a) and peers_table(a)[p]["last_error"]
+                         for p in (dead, nodns)), "both peers listed with an error")
+    t = peers_table(a)
+    check("notanaddress" not in t, "a refused address is listed: %r" % t)
+    for p in (dead, nodns):
+        check(t[p]["wanted"] == "1" and t[p]["state"] in ("failed", "dialing", "wanted")
+              and int(t[p]["failures"]) >= 1 and t[p]["ready"] == "0", "%s: %r" % (p, t[p]))
+    check("refused" in t[dead]["last_error"], "127.0.0.1:1: %r" % t[dead])
+    check("resolve" in t[nodns]["last_error"], "unresolvable: %r" % t[nodns])
+    code, body = a.req("/healthz")
+    check(code == 200 and body.startswith("degraded: 2 of 2 wanted peers not ready"),
+          "/healthz: %d %r" % (code, body))
+    flat, _ = metrics(a)
+    check(flat['kvpeer_peers_wanted_not_ready'] == 2, "peers_wanted_not_ready")
+    check(flat['kvpeer_session_failures_total{reason="dial_failed"}'] >= 1, "dial_failed")
+    check(flat['kvpeer_peers{state="ready"}'] == 0, "ready peers")
+    log = a.logtext()
+    for p in (dead, nodns):
+        check(re.search(r"peer %s: not reachable: " % re.escape(p), log), "no log line for " + p)
+    # A peer with another PSK: refused, shown with the reason, counted.
+    b = Daemon("b", SMALL + ["--psk", "00112233445566778899aabbccddeeff"]).start()
+    code, body = a.req("/admin/peer?add=" + b.peer, "POST")
+    check(code == 200, "add b: %d %r" % (code, body))
+    wait_for(lambda: b.peer in peers_table(a) and peers_table(a)[b.peer]["last_error"],
+             "b listed with an error")
+    print("a's view of b: %r" % peers_table(a)[b.peer])
+    flat, _ = metrics(b)
+    check(flat['kvpeer_session_failures_total{reason="auth"}'] >= 1, "b counts the auth refusal")
+    code, body = a.req("/admin/peer?remove=" + dead, "POST")
+    code, body = a.req("/admin/peer?remove=" + nodns, "POST")
+    code, body = a.req("/admin/peer?remove=" + b.peer, "POST")
+    wait_for(lambda: a.req("/healthz")[1] == "ok\n", "healthz ok once nothing is wanted")
+    a.check_clean_exit(a.stop())
+    b.check_clean_exit(b.stop())
+
+
+CASES = {"visibility": case_visibility, "config": case_config, "bad_config": case_bad_config, "two_nodes": case_two_nodes,
          "sigterm_drain": case_sigterm_drain, "install": case_install}
 
 if __name__ == "__main__":
