@@ -52,11 +52,17 @@ typedef enum kvp_status {
 /* Static English text for a status; never NULL. */
 KVP_EXPORT const char *kvp_status_str(kvp_status_t status);
 
-/* Library log level: 0 error, 1 warn, 2 info (default), 3 debug, 4 trace.
- * The environment variable KVPEER_LOG_LEVEL sets it at load time: a number
- * 0..4 or a name (error, warn, info, debug, trace). */
+/* Library log level: 0 error, 1 warn (default: a library is quiet), 2 info,
+ * 3 debug, 4 trace. The environment variable KVPEER_LOG_LEVEL sets it at
+ * load time: a number 0..4 or a name (error, warn, info, debug, trace).
+ * Lines go to stderr as "2026-01-31T12:00:00.123Z WARN  [node] text". */
 KVP_EXPORT void kvp_set_log_level(int32_t level);
 KVP_EXPORT int32_t kvp_get_log_level(void);
+/* Send every library line that passes the level to `fn` instead of stderr
+ * (NULL: back to stderr). `component` is the node's name; `line` is valid
+ * for the call. Called from any kvpeer thread, one call at a time. */
+typedef void (*kvp_log_fn)(int32_t level, const char *component, const char *line, void *arg);
+KVP_EXPORT void kvp_set_log_callback(kvp_log_fn fn, void *arg);
 
 /* Why the calling thread's last failed kvp_node_create() failed, naming the
  * field or the limit ("block_size: 1000 is not a positive multiple of the

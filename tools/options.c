@@ -57,7 +57,7 @@ static const opt_t opts[] = {
     {"admin", OPT_BOOL, 0, S(admin), 0, 1, "false", "serve the /admin/ endpoints (tests, demo)"},
     {"ready_file", OPT_STR, 0, S(ready_file), 0, 0, "",
      "write 'peer=<id> http=<host:port>' here once up (empty = none)"},
-    {"log_level", OPT_LEVEL, 0, S(log_level), 0, 0, "info", "error|warn|info|debug|trace"},
+    {"log_level", OPT_LEVEL, 0, S(log_level), 0, 0, "info", "error|warn|info|debug|trace or 0..4 (daemon and library)"},
     {"transport", OPT_STR, 0, S(transport), 0, 0, "ucx", "data transport (only ucx)"},
     {"num_blocks", OPT_U32, 0, C(num_blocks), 1, 1u << 30, NULL, "slots in the region"},
     {"block_size", OPT_U32, F_SIZE, C(block_size), 1, 1u << 30, NULL,
@@ -225,6 +225,10 @@ static int opt_apply(kvpd_settings_t *s, const opt_t *o, const char *v, const ch
             *(uint8_t *)field(s, o) = b ? 1 : 0;
         return 0;
     case OPT_LEVEL:
+        if (v[0] >= '0' && v[0] <= '0' + KVPD_LOG_TRACE && v[1] == '\0') {
+            s->log_level = v[0] - '0'; /* numeric, as KVPEER_LOG_LEVEL in kvpeer.h */
+            return set_str(&s->log_level_s, level_names[s->log_level]);
+        }
         for (int i = 0; i <= KVPD_LOG_TRACE; i++) {
             if (strcasecmp(v, level_names[i]) == 0) {
                 s->log_level = i;

@@ -20,6 +20,7 @@ import ctypes
 import ctypes.util
 import os
 from ctypes import (
+    CFUNCTYPE,
     POINTER,
     Structure,
     c_char,
@@ -211,6 +212,10 @@ class kvp_refusal_stats_t(Structure):
     _fields_ = [(f, c_uint64) for f in REFUSAL_FIELDS]
 
 
+# void (*kvp_log_fn)(int32_t level, const char *component, const char *line, void *arg)
+LOG_FN = CFUNCTYPE(None, c_int32, c_char_p, c_char_p, c_void_p)
+
+
 # ------------------------------------------------------------------ loading
 def _package_build_candidates(build: Optional[Path] = None) -> Iterator[Path]:
     """libkvpeer.so files in <repo>/build/*/ when this package runs from the
@@ -331,6 +336,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "kvp_node_peers": (st, [node_p, POINTER(kvp_peer_info_t), c_uint32, u32p]),
         "kvp_last_error": (c_char_p, []),
         "kvp_get_log_level": (c_int32, []),
+        "kvp_set_log_callback": (None, [LOG_FN, c_void_p]),
         "kvp_peer_wait": (st, [node_p, c_char_p, c_int32]),
         "kvp_node_peer_states": (st, [node_p, POINTER(kvp_peer_state_t), c_uint32, u32p]),
         "kvp_node_refusals": (st, [node_p, POINTER(kvp_refusal_stats_t)]),

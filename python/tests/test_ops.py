@@ -97,3 +97,37 @@ def test_unreachable_peer_listed_with_its_error():
         assert st and st[0].wanted and st[0].state in ("failed", "dialing", "wanted"), st
         assert "refused" in st[0].last_error, st
         assert all(p.peer != "notanaddress" for p in n.peer_states())
+
+
+def test_ten_line_example_is_quiet():
+    """The README's 10-line example prints its result and nothing on stderr
+    at the default level (a library is quiet). Mutation: default level INFO
+    in log.c (it printed 17 INFO lines)."""
+    import re
+    readme = (HERE.parents[1] / "README.md").read_text()
+    block = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
+    env = _plain_env()
+    for k in ("KVPEER_LIB", "LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS", "KVPEER_LOG_LEVEL"):
+        if k in os.environ:
+            env[k] = os.environ[k]
+    env.pop("KVPEER_LOG_LEVEL", None)
+    env["UCX_NET_DEVICES"] = os.environ.get("UCX_NET_DEVICES", "lo")
+    r = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout == "[True] True b'hello kvpeer'\n"
+    assert r.stderr == "", r.stderr
+
+
+def test_numeric_log_level_from_the_environment():
+    """kvpeer.h documents KVPEER_LOG_LEVEL as a number. Mutation: the name-only
+    parser of log_init_from_env."""
+    env = {k: v for k, v in os.environ.items()}
+    env["PYTHONPATH"] = PKG
+    for val, want in (("3", 3), ("0", 0), ("debug", 3), ("warn", 1)):
+        env["KVPEER_LOG_LEVEL"] = val
+        r = subprocess.run([sys.executable, "-c",
+                            "from kvpeer import _lib as L; print(L.lib().kvp_get_log_level())"],
+                           capture_output=True, text=True, timeout=60, env=env)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == str(want), (val, r.stdout, r.stderr)

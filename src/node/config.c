@@ -154,7 +154,15 @@ kvp_status_t kvp__config_check(const kvp_config_t *c)
         BAD("hold_cap_ms: must be > 0");
     if (c->load_timeout_ms == 0)
         BAD("load_timeout_ms: must be > 0");
-    return check_region(c);
+    kvp_status_t st = check_region(c);
+    if (st == KVP_OK)
+        KVP_DEBUG(c->name,
+                  "config: %u blocks x %u B, transport %d, thread mode %d, psk %s, heartbeat %u "
+                  "ms, dead after %u ms, load timeout %u ms, hold cap %u ms, max sessions %u",
+                  c->num_blocks, c->block_size, c->transport, c->thread_mode,
+                  c->psk ? "set" : "none", c->heartbeat_ms, c->dead_after_ms,
+                  c->load_timeout_ms, c->hold_cap_ms, c->max_sessions);
+    return st;
 }
 
 void kvp__note_create_failure(kvp_status_t st)

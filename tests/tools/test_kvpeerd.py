@@ -514,7 +514,50 @@ def case_visibility():
     b.check_clean_exit(b.stop())
 
 
-CASES = {"visibility": case_visibility, "config": case_config, "bad_config": case_bad_config, "two_nodes": case_two_nodes,
+LINE = re.compile(r"^ts=\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z level=(error|warn|info|debug|trace) "
+                  r"comp=(kvpeerd|kvpeer) ")
+
+
+def case_logging():
+    """One format (dated) and one level for the daemon and the library:
+    --log_level and the numeric KVPEER_LOG_LEVEL reach the library; a normal
+    shutdown of two connected nodes logs no 'NOT a proof' at info."""
+    a = Daemon("a", SMALL + ["--admin"]).start()
+    b = Daemon("b", SMALL + ["--admin", "--peers", a.peer]).start()
+    wait_for(lambda: "ready=1" in b.req("/peers")[1], "b's session to a")
+    b.check_clean_exit(b.stop())
+    a.check_clean_exit(a.stop())
+    for d in (a, b):
+        lines = [l for l in d.logtext().splitlines() if l.strip()]
+        bad = [l for l in lines if not LINE.match(l)]
+        check(not bad, "%s: lines in another format: %r" % (d.name, bad[:5]))
+        check(any(" comp=kvpeer " in l and "node up" in l for l in lines),
+              "%s: the library's 'node up' (info) is not in the daemon's log" % d.name)
+        check(not any("NOT a proof" in l and "level=info" in l for l in lines),
+              "%s: fence line at info on a normal shutdown" % d.name)
+    # --log_level warn: the library's info lines go too.
+    c = Daemon("c", SMALL + ["--log_level", "warn"]).start()
+    c.check_clean_exit(c.stop())
+    check("node up" not in c.logtext(), "--log_level warn: library info lines remain:\n" +
+          c.logtext())
+    # Numeric KVPEER_LOG_LEVEL (kvpeer.h): 3 = debug, for the library as well.
+    env = dict(os.environ, KVPEER_LOG_LEVEL="3")
+    r = run([KVPEERD, "--print-config"], env=env)
+    check(r.returncode == 0 and "log_level = debug" in r.stdout,
+          "KVPEER_LOG_LEVEL=3: rc %d %r" % (r.returncode, r.stdout + r.stderr))
+    d = Daemon("d", SMALL)
+    d.proc = None
+    log = open(d.logpath, "w")
+    d.log = log
+    d.proc = subprocess.Popen(d.args, stdout=log, stderr=subprocess.STDOUT, env=env)
+    CHILDREN.append(d.proc)
+    wait_for(lambda: os.path.exists(d.ready), "d ready")
+    d.check_clean_exit(d.stop())
+    check(re.search(r"level=debug comp=kvpeer ", d.logtext()),
+          "KVPEER_LOG_LEVEL=3: no library debug line:\n" + d.logtext()[-3000:])
+
+
+CASES = {"logging": case_logging, "visibility": case_visibility, "config": case_config, "bad_config": case_bad_config, "two_nodes": case_two_nodes,
          "sigterm_drain": case_sigterm_drain, "install": case_install}
 
 if __name__ == "__main__":
