@@ -49,6 +49,9 @@ typedef enum kvp_status {
     KVP_ERR_TRUNCATED = -22,   /* input ended early (decoder: need more bytes) */
 } kvp_status_t;
 
+/* The library's version, "MAJOR.MINOR.PATCH". */
+KVP_EXPORT const char *kvp_version(void);
+
 /* Static English text for a status; never NULL. */
 KVP_EXPORT const char *kvp_status_str(kvp_status_t status);
 

@@ -171,3 +171,8 @@ void kvp__note_create_failure(kvp_status_t st)
         kvp__set_last_error("node creation failed: %s (the log has the cause)",
                             kvp_status_str(st));
 }
+
+KVP_EXPORT const char *kvp_version(void)
+{
+    return KVP_VERSION_STRING;
+}

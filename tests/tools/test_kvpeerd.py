@@ -557,7 +557,74 @@ def case_logging():
           "KVPEER_LOG_LEVEL=3: no library debug line:\n" + d.logtext()[-3000:])
 
 
-CASES = {"logging": case_logging, "visibility": case_visibility, "config": case_config, "bad_config": case_bad_config, "two_nodes": case_two_nodes,
+KVPEER_CLI = os.path.join(os.path.dirname(KVPEERD), "kvpeer")
+
+
+def case_operator():
+    """Daemon and CLI as an operator meets them: --version, --flag false,
+    --print-config fed back as --config, a directory or a short PSK refused,
+    hex in psk_file decoded, a busy HTTP port named, [::1] usable, an
+    unresolvable host exit 2, and the CLI verbs to add peers and fetch."""
+    for exe in (KVPEERD, KVPEER_CLI):
+        r = run([exe, "--version"])
+        check(r.returncode == 0 and re.match(r"^kvpeerd? \d+\.\d+\.\d+", r.stdout),
+              "%s --version: rc %d %r" % (exe, r.returncode, r.stdout + r.stderr))
+    r = run([KVPEERD, "--admin", "false", "--verify_checksums", "off", "--print-config"])
+    check(r.returncode == 0 and "admin = false" in r.stdout and
+          "verify_checksums = false" in r.stdout, "--admin false: %r" % (r.stdout + r.stderr))
+    pc = os.path.join(TMP, "printed.ini")
+    r = run([KVPEERD, "--num_blocks", "48", "--heartbeat_ms", "300", "--print-config"])
+    open(pc, "w").write(r.stdout)
+    r2 = run([KVPEERD, "--config", pc, "--print-config"])
+    check(r2.returncode == 0, "--print-config output as --config: %r" % r2.stderr)
+    strip = lambda t: [l for l in t.splitlines() if not l.startswith("; config")]
+    check(strip(r2.stdout) == strip(r.stdout), "round trip differs:\n%s\n%s" % (r.stdout, r2.stdout))
+    expect_refused(["--config", TMP], ["not a regular file", "directory"])
+    expect_refused(["--psk", "0011"], ["psk", "too short"])
+    hexf = os.path.join(TMP, "psk.hex")
+    open(hexf, "w").write("00112233445566778899aabbccddeeff0011223344556677\n")
+    r = run([KVPEERD, "--psk_file", hexf, "--print-config"])
+    check(r.returncode == 0, "hex psk_file refused: %r" % r.stderr)
+    short = os.path.join(TMP, "psk.short")
+    open(short, "w").write("abcd\n")
+    expect_refused(["--psk_file", short], ["psk_file", "too short"])
+    expect_refused(["--listen", "no-such-host.invalid:0"], ["listen", "does not resolve"])
+    expect_refused(["--http", "no-such-host.invalid:0"], ["http", "does not resolve"])
+    # A busy HTTP port: the message names it.
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+    port = s.getsockname()[1]
+    r = run([KVPEERD, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:%d" % port,
+             "--num_blocks", "16", "--block_size", "64K"])
+    s.close()
+    check(r.returncode == 1 and ("port %d" % port) in r.stderr and "in use" in r.stderr,
+          "busy port: rc %d %r" % (r.returncode, r.stderr[-1000:]))
+    # IPv6 loopback for both listeners; then the CLI verbs against it.
+    a = Daemon("a6", ["--listen", "[::1]:0", "--http", "[::1]:0", "--admin", "--num_blocks",
+                      "64", "--block_size", "64K"]).start()
+    check(a.peer.startswith("[::1]:") and a.http.startswith("[::1]:"), "v6: %s %s" % (a.peer, a.http))
+    b = Daemon("b", SMALL + ["--admin"]).start()
+    r = run([KVPEER_CLI, "put", b.http, "0", "4"])
+    check(r.returncode == 0 and "put 4 0" in r.stdout, "kvpeer put: %r" % (r.stdout + r.stderr))
+    r = run([KVPEER_CLI, "peer", "add", a.http, "notanaddress"])
+    check(r.returncode == 1 and "400" in r.stderr, "peer add bad: %r" % (r.stdout + r.stderr))
+    r = run([KVPEER_CLI, "peer", "add", a.http, b.peer])
+    check(r.returncode == 0, "kvpeer peer add: %r" % (r.stdout + r.stderr))
+    wait_for(lambda: "state=ready" in a.req("/peers")[1], "a's session to b")
+    r = run([KVPEER_CLI, "fetch", a.http, b.peer, "0", "6", "7"])
+    check(r.returncode == 0 and "hits=4" in r.stdout, "kvpeer fetch: %r" % (r.stdout + r.stderr))
+    r = run([KVPEER_CLI, "peers", a.http])
+    check(r.returncode == 0 and b.peer in r.stdout and "ready" in r.stdout,
+          "kvpeer peers: %r" % r.stdout)
+    r = run([KVPEER_CLI, "peer", "remove", a.http, b.peer])
+    check(r.returncode == 0, "kvpeer peer remove: %r" % (r.stdout + r.stderr))
+    a.check_clean_exit(a.stop())
+    b.check_clean_exit(b.stop())
+
+
+CASES = {"operator": case_operator, "logging": case_logging, "visibility": case_visibility, "config": case_config, "bad_config": case_bad_config, "two_nodes": case_two_nodes,
          "sigterm_drain": case_sigterm_drain, "install": case_install}
 
 if __name__ == "__main__":
