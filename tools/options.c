@@ -57,6 +57,8 @@ static const opt_t opts[] = {
     {"http", OPT_STR, 0, S(http), 0, 0, "",
      "HTTP address host:port for /metrics etc. (empty = off, port 0 = ephemeral)"},
     {"admin", OPT_BOOL, 0, S(admin), 0, 1, "false", "serve the /admin/ endpoints (tests, demo)"},
+    {"log_file", OPT_STR, 0, S(log_file), 0, 0, "",
+     "append log lines to this file instead of stderr; reopened on SIGHUP"},
     {"ready_file", OPT_STR, 0, S(ready_file), 0, 0, "",
      "write 'peer=<id> http=<host:port>' here once up (empty = none)"},
     {"log_level", OPT_LEVEL, 0, S(log_level), 0, 0, "info", "error|warn|info|debug|trace or 0..4 (daemon and library)"},

@@ -624,7 +624,39 @@ def case_operator():
     b.check_clean_exit(b.stop())
 
 
-CASES = {"operator": case_operator, "logging": case_logging, "visibility": case_visibility, "config": case_config, "bad_config": case_bad_config, "two_nodes": case_two_nodes,
+def case_sighup():
+    """SIGHUP reopens the log file (logrotate) and reloads the settings:
+    log_level and new peers apply at once, other changes are named as
+    needing a restart; a bad file keeps the running settings."""
+    b = Daemon("b", SMALL).start()
+    ini = os.path.join(TMP, "hup.ini")
+    logf = os.path.join(TMP, "hup.log")
+    open(ini, "w").write("num_blocks = 64\nblock_size = 64K\nlog_level = info\n")
+    a = Daemon("a", ["--config", ini, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
+                     "--log_file", logf]).start()
+    wait_for(lambda: os.path.exists(logf) and "event=node_up" in open(logf).read(), "log file")
+    os.rename(logf, logf + ".1")  # logrotate
+    open(ini, "w").write("num_blocks = 32\nblock_size = 64K\nlog_level = debug\npeers = %s\n"
+                         % b.peer)
+    a.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: os.path.exists(logf) and "event=reload" in open(logf).read(),
+             "reload logged in a new log file")
+    text = open(logf).read()
+    check('needs_restart="num_blocks"' in text, "num_blocks not named:\n" + text)
+    check("log_level=debug" in text, "level not reloaded:\n" + text)
+    wait_for(lambda: "state=ready" in a.req("/peers")[1], "the peer added by the reload")
+    check("event=reload" not in open(logf + ".1").read(), "old file still written")
+    open(ini, "w").write("num_blocks = lots\n")
+    a.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: "event=reload_failed" in open(logf).read(), "bad file refused")
+    code, body = a.req("/healthz")
+    check(code == 200, "a alive after a bad reload: %d" % code)
+    a.check_clean_exit(a.stop())
+    b.check_clean_exit(b.stop())
+    check(a.proc.returncode == 0, "exit code")
+
+
+CASES = {"sighup": case_sighup, "operator": case_operator, "logging": case_logging, "visibility": case_visibility, "config": case_config, "bad_config": case_bad_config, "two_nodes": case_two_nodes,
          "sigterm_drain": case_sigterm_drain, "install": case_install}
 
 if __name__ == "__main__":
