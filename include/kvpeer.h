@@ -131,7 +131,8 @@ KVP_EXPORT void kvp_node_destroy(kvp_node_t *node);
 /* The node's peer id ("host:port"); valid for the node's lifetime. */
 KVP_EXPORT const char *kvp_node_peer_id(const kvp_node_t *node);
 /* Readable when events are ready (both modes); in caller-driven mode also
- * when kvp_node_progress() has work. */
+ * when kvp_node_progress() has work: incoming frames and connections, the
+ * transport, a due timer (an epoll set over all of them). */
 KVP_EXPORT int kvp_node_fd(const kvp_node_t *node);
 /* Caller-driven mode: run one poll round, sleeping at most timeout_ms. */
 KVP_EXPORT kvp_status_t kvp_node_progress(kvp_node_t *node, int32_t timeout_ms);
