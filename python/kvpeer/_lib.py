@@ -335,6 +335,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "kvp_node_held": (st, [node_p, POINTER(kvp_held_item_t), c_uint32, u32p]),
         "kvp_node_peers": (st, [node_p, POINTER(kvp_peer_info_t), c_uint32, u32p]),
         "kvp_last_error": (c_char_p, []),
+        "kvp_version": (c_char_p, []),
         "kvp_get_log_level": (c_int32, []),
         "kvp_set_log_callback": (None, [LOG_FN, c_void_p]),
         "kvp_peer_wait": (st, [node_p, c_char_p, c_int32]),

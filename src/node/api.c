@@ -108,7 +108,7 @@ KVP_EXPORT kvp_status_t kvp_peer_add(kvp_node_t *n, const char *addr)
 static kvp_status_t do_peer_state(kvp_node_t *n, void *arg)
 {
     kvp_session_t *s = kvp__node_find_session(n, arg);
-    if (s != NULL && s->link != NULL && !s->closing && !s->probation)
+    if (s != NULL && s->state == KVP_SESS_READY && !s->probation)
         return KVP_OK;
     if (s != NULL)
         return KVP_ERR_UNREACHABLE; /* closing or on probation */
@@ -604,7 +604,7 @@ static kvp_status_t do_peer_states(kvp_node_t *n, void *arg)
         memset(ps, 0, sizeof(*ps));
         snprintf(ps->peer, sizeof(ps->peer), "%s", s->peer_id);
         snprintf(ps->state, sizeof(ps->state), "%s",
-                 s->closing || s->link == NULL ? "closing"
+                 s->state != KVP_SESS_READY ? "closing"
                  : s->probation                ? "probation"
                                                : "ready");
     }
