@@ -516,7 +516,10 @@ class Node:
                     return p
             left = deadline - time.monotonic()
             if left <= 0:
-                raise Error(L.KVP_ERR_TIMEOUT, f"no session with {addr}")
+                why = [f"{p.state}: {p.last_error}" if p.last_error else p.state
+                       for p in self.peer_states() if p.peer == addr]
+                raise Error(L.KVP_ERR_TIMEOUT, f"no session with {addr}" +
+                            (f" ({why[0]})" if why else ""))
             self._pump(min(left, 0.05), stash=True)
 
     # ---------------------------------------------------------- local

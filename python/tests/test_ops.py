@@ -131,3 +131,14 @@ def test_numeric_log_level_from_the_environment():
                            capture_output=True, text=True, timeout=60, env=env)
         assert r.returncode == 0, r.stderr
         assert r.stdout.strip() == str(want), (val, r.stdout, r.stderr)
+
+
+def test_wait_peer_timeout_says_why():
+    """wait_peer on a peer nobody listens on times out naming the reason.
+    Mutation: the bare 'no session with ADDR' message."""
+    with kvpeer.Node(num_blocks=4, block_size=65536, backoff_min_ms=20,
+                     backoff_max_ms=100) as n:
+        with pytest.raises(kvpeer.Error) as ei:
+            n.wait_peer("127.0.0.1:1", timeout=1.0)
+        assert ei.value.status == L.KVP_ERR_TIMEOUT
+        assert "refused" in str(ei.value), str(ei.value)
