@@ -49,12 +49,29 @@ typedef enum kvp_status {
     KVP_ERR_TRUNCATED = -22,   /* input ended early (decoder: need more bytes) */
 } kvp_status_t;
 
+/* The library's version, "MAJOR.MINOR.PATCH". */
+KVP_EXPORT const char *kvp_version(void);
+
 /* Static English text for a status; never NULL. */
 KVP_EXPORT const char *kvp_status_str(kvp_status_t status);
 
-/* Library log level: 0 error, 1 warn, 2 info (default), 3 debug, 4 trace.
- * The environment variable KVPEER_LOG_LEVEL sets it at load time. */
+/* Library log level: 0 error, 1 warn (default: a library is quiet), 2 info,
+ * 3 debug, 4 trace. The environment variable KVPEER_LOG_LEVEL sets it at
+ * load time: a number 0..4 or a name (error, warn, info, debug, trace).
+ * Lines go to stderr as "2026-01-31T12:00:00.123Z WARN  [node] text". */
 KVP_EXPORT void kvp_set_log_level(int32_t level);
+KVP_EXPORT int32_t kvp_get_log_level(void);
+/* Send every library line that passes the level to `fn` instead of stderr
+ * (NULL: back to stderr). `component` is the node's name; `line` is valid
+ * for the call. Called from any kvpeer thread, one call at a time. */
+typedef void (*kvp_log_fn)(int32_t level, const char *component, const char *line, void *arg);
+KVP_EXPORT void kvp_set_log_callback(kvp_log_fn fn, void *arg);
+
+/* Why the calling thread's last failed kvp_node_create() failed, naming the
+ * field or the limit ("block_size: 1000 is not a positive multiple of the
+ * page size (4096)"); "" if nothing was recorded. Thread-local, valid until
+ * the thread's next kvp_node_create(). */
+KVP_EXPORT const char *kvp_last_error(void);
 
 /* ================================================================== node */
 
@@ -114,13 +131,22 @@ KVP_EXPORT void kvp_node_destroy(kvp_node_t *node);
 /* The node's peer id ("host:port"); valid for the node's lifetime. */
 KVP_EXPORT const char *kvp_node_peer_id(const kvp_node_t *node);
 /* Readable when events are ready (both modes); in caller-driven mode also
- * when kvp_node_progress() has work. */
+ * when kvp_node_progress() has work: incoming frames and connections, the
+ * transport, a due timer (an epoll set over all of them). */
 KVP_EXPORT int kvp_node_fd(const kvp_node_t *node);
 /* Caller-driven mode: run one poll round, sleeping at most timeout_ms. */
 KVP_EXPORT kvp_status_t kvp_node_progress(kvp_node_t *node, int32_t timeout_ms);
 
 /* Peers: want a session with a peer ("host:port"); redialled with backoff. */
 KVP_EXPORT kvp_status_t kvp_peer_add(kvp_node_t *node, const char *addr);
+/* Wait until the session with `addr` (added with kvp_peer_add) is ready for
+ * lookups and fetches, at most timeout_ms. KVP_OK once ready; on timeout
+ * the reason the peer is not ready: KVP_ERR_UNREACHABLE (dial failed or not
+ * yet answered), KVP_ERR_AUTH, KVP_ERR_INCOMPATIBLE, KVP_ERR_LIMIT, or
+ * KVP_ERR_TIMEOUT (still handshaking). KVP_ERR_NOT_FOUND if the peer was
+ * never added. Blocks the calling thread; in caller-driven mode it runs
+ * kvp_node_progress() itself (call it from the progress thread then). */
+KVP_EXPORT kvp_status_t kvp_peer_wait(kvp_node_t *node, const char *addr, int32_t timeout_ms);
 /* Close the session gracefully and stop redialling. */
 KVP_EXPORT kvp_status_t kvp_peer_remove(kvp_node_t *node, const char *addr);
 
@@ -170,6 +196,9 @@ typedef enum kvp_event_type {
     KVP_EV_LOAD = 2,      /* op_id, status (KVP_OK = every block verified and committed) */
     KVP_EV_PEER_UP = 3,   /* peer */
     KVP_EV_PEER_DOWN = 4, /* peer, status = reason (fault or not: `fault`) */
+    KVP_EV_OVERFLOW = 5,  /* the event ring was full: n_keys events were dropped
+                           * (status KVP_ERR_LIMIT); poll events more often or
+                           * track loads yourself -- dropped LOAD outcomes are lost */
 } kvp_event_type_t;
 
 typedef struct kvp_event {
@@ -182,6 +211,11 @@ typedef struct kvp_event {
     uint32_t reserved;
     char peer[256];
 } kvp_event_t;
+
+/* The event ring holds at most this many undelivered events; beyond it new
+ * events are dropped and counted, and one KVP_EV_OVERFLOW is delivered as the
+ * oldest pending event is taken. */
+enum { KVP_EVENT_RING_MAX = 16384 };
 
 /* Take up to cap events (non-blocking). */
 KVP_EXPORT kvp_status_t kvp_poll_events(kvp_node_t *node, kvp_event_t *out, uint32_t cap,
@@ -234,6 +268,40 @@ typedef struct kvp_peer_info {
 
 KVP_EXPORT kvp_status_t kvp_node_peers(kvp_node_t *node, kvp_peer_info_t *out, uint32_t cap,
                                        uint32_t *n_out);
+
+/* Every peer the node knows: wanted ones (kvp_peer_add, redialled) and
+ * those with a session (either direction), with a state and, for a peer
+ * that cannot be reached, why. `state` is one of
+ *   "ready"      session up, lookups and fetches go to it
+ *   "probation"  session up, but a transfer fault is being proven; not used
+ *   "dialing"    a connection or handshake in progress
+ *   "failed"     the last attempt failed (last_error), a redial is pending
+ *   "wanted"     wanted, waiting to (re)dial
+ *   "closing"    the session is going down */
+typedef struct kvp_peer_state {
+    char peer[256];
+    char state[16];
+    char last_error[128];
+    uint32_t wanted;   /* 1 = added with kvp_peer_add (redialled while not ready) */
+    uint32_t failures; /* failed attempts since it was last ready */
+} kvp_peer_state_t;
+
+KVP_EXPORT kvp_status_t kvp_node_peer_states(kvp_node_t *node, kvp_peer_state_t *out,
+                                             uint32_t cap, uint32_t *n_out);
+
+/* Why sessions did not come up, per reason (counters since creation). */
+typedef struct kvp_refusal_stats {
+    uint64_t dials;                /* outbound connection attempts */
+    uint64_t dial_failures;        /* could not start (address does not resolve, ...) */
+    uint64_t handshakes_timed_out; /* connected, never ready */
+    uint64_t refused_incompatible; /* block layout, compat fingerprint, hash seed, version */
+    uint64_t refused_auth;         /* PSK missing or different */
+    uint64_t refused_duplicate;    /* a second session with one peer */
+    uint64_t refused_limit;        /* max_sessions */
+    uint64_t peers_dead;           /* sessions ended: nothing heard for dead_after_ms */
+} kvp_refusal_stats_t;
+
+KVP_EXPORT kvp_status_t kvp_node_refusals(kvp_node_t *node, kvp_refusal_stats_t *out);
 
 /* Liveness of the node itself: milliseconds since its progress loop last
  * completed a round (own thread: it does at least every few hundred ms;

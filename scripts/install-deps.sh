@@ -1,7 +1,7 @@
 #!/bin/sh
 # install-deps.sh -- idempotent install of exactly what kvpeer needs (Debian 12).
 set -eu
-PKGS="libucx-dev ucx-utils libxxhash-dev libcmocka-dev libsodium-dev libmicrohttpd-dev libinih-dev
+PKGS="libucx-dev ucx-utils libxxhash-dev libcmocka-dev libsodium-dev libmicrohttpd-dev libinih-dev libcurl4-openssl-dev
 pkg-config cmake make gcc clang libclang-rt-14-dev valgrind gnuplot-nox python3 python3-pytest python3-setuptools python3-pip
 iproute2 procps"
 missing=""

@@ -18,9 +18,15 @@ static const char *g_top_usage =
     "  bench           end-to-end fetch throughput vs. raw UCX / perftest / memcpy ceilings\n"
     "  stat HOST:PORT  one-screen summary of a node (slots, pins, sessions, held, errors, peers)\n"
     "  held HOST:PORT  retained transfers and quarantined slots with their ages\n"
-    "  peers HOST:PORT sessions: data path, RTT, readiness, probation\n"
+    "  peers HOST:PORT every peer: state (ready, dialing, failed, ...), last error,\n"
+    "                  data path, RTT\n"
+    "  peer add|remove HOST:PORT PEER   want / drop a session with PEER (--admin)\n"
+    "  put HOST:PORT FIRST COUNT        write synthetic blocks (--admin)\n"
+    "  fetch HOST:PORT PEER FIRST COUNT [REQUEST]  look up and fetch them from PEER\n"
+    "  version         print the version (also --version)\n"
     "\n"
-    "HOST:PORT is a kvpeerd --http address. `kvpeer <command> --help` for flags.\n"
+    "HOST:PORT is a kvpeerd --http address (docs/API.md). `kvpeer <command> --help`\n"
+    "for flags.\n"
     "exit status: 0 ok/PASS, 1 failure/FAIL, 2 usage error\n";
 
 static int usage_error(const char *cmd, const char *fmt, const char *arg)
@@ -94,20 +100,31 @@ static void fmt_age(uint64_t ms, char *out, size_t cap)
 
 static void print_peer_line(const char *line)
 {
-    char peer[256] = "?", inst[256] = "?", path[64] = "?";
+    char peer[256] = "?", inst[256] = "?", path[64] = "?", state[32] = "", err[160] = "";
     uint64_t ready = 0, prob = 0, rtt = 0;
     cli_kv(line, "peer", peer, sizeof(peer));
     cli_kv(line, "instance", inst, sizeof(inst));
     cli_kv(line, "path", path, sizeof(path));
+    cli_kv(line, "state", state, sizeof(state));
     cli_kv_u64(line, "ready", &ready);
     cli_kv_u64(line, "probation", &prob);
+    const char *le = strstr(line, "last_error=\"");
+    if (le != NULL) { /* quoted: may hold spaces */
+        le += strlen("last_error=\"");
+        const char *q = strchr(le, '"');
+        size_t len = q ? (size_t)(q - le) : strlen(le);
+        snprintf(err, sizeof(err), "%.*s", (int)len, le);
+    }
     bool has_rtt = cli_kv_u64(line, "rtt_us", &rtt) == 0;
     char rtts[32] = "-";
     if (has_rtt && rtt > 0)
         snprintf(rtts, sizeof(rtts), "%llu us", (unsigned long long)rtt);
-    printf("  %-22s %-12s %-9s %-10s %s%s\n", peer, path, rtts,
-           ready ? "ready" : "not-ready", prob ? "PROBATION " : "",
-           strcmp(inst, peer) ? inst : "");
+    if (state[0] == '\0')
+        snprintf(state, sizeof(state), "%s", ready ? "ready" : "not-ready");
+    printf("  %-22s %-12s %-9s %-10s %s%s%s%s\n", peer, path, rtts, state,
+           prob ? "PROBATION " : "", strcmp(inst, peer) && strcmp(inst, "?") ? inst : "",
+           err[0] && strcmp(state, "ready") ? "last error: " : "",
+           strcmp(state, "ready") ? err : "");
 }
 
 /* Print the /peers table; returns the number of peers or -1. */
@@ -348,6 +365,136 @@ static int cmd_stat(int argc, char **argv)
     return print_peers(addr, tmo) < 0 ? CLI_EXIT_FAIL : CLI_EXIT_OK;
 }
 
+/* ------------------------------------------------------- admin verbs */
+
+/* --timeout MS, then exactly `npos` positional arguments (argv[optind..]). */
+static int parse_verb_args(const char *cmd, const char *help, int argc, char **argv, int npos,
+                           int *timeout_ms)
+{
+    static const struct option opts[] = {{"help", no_argument, NULL, 'h'},
+                                         {"timeout", required_argument, NULL, 't'},
+                                         {0}};
+    int c;
+    *timeout_ms = 60000;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "+ht:", opts, NULL)) != -1) {
+        if (c == 'h') {
+            fputs(help, stdout);
+            return CLI_EXIT_OK;
+        } else if (c == 't') {
+            char *end = NULL;
+            long v = strtol(optarg, &end, 10);
+            if (*end != '\0' || v <= 0 || v > 3600000)
+                return usage_error(cmd, "bad --timeout '%s' (milliseconds, 1..3600000)", optarg);
+            *timeout_ms = (int)v;
+        } else {
+            return usage_error(cmd, "unknown or incomplete flag '%s'", argv[optind - 1]);
+        }
+    }
+    if (argc - optind != npos) {
+        fputs(help, stderr);
+        return CLI_EXIT_USAGE;
+    }
+    return -1;
+}
+
+static int check_http_addr(const char *cmd, const char *addr)
+{
+    if (strchr(addr, ':') == NULL)
+        return usage_error(cmd, "bad address '%s' (want HOST:PORT of kvpeerd --http)", addr);
+    return -1;
+}
+
+/* POST an /admin/ path, print the answer; 0 / 1 like every command. */
+static int admin_post_print(const char *addr, const char *path, int timeout_ms)
+{
+    char err[512], *body = NULL;
+    if (cli_http_call(addr, "POST", path, timeout_ms, &body, err, sizeof(err)) != 0) {
+        fprintf(stderr, "kvpeer: %s%s\n", err,
+                strstr(err, "HTTP 403") ? " (start kvpeerd with --admin)" : "");
+        return CLI_EXIT_FAIL;
+    }
+    fputs(body, stdout);
+    free(body);
+    return CLI_EXIT_OK;
+}
+
+static const char *g_peer_help =
+    "usage: kvpeer peer [--timeout MS] add|remove HOST:PORT PEER\n"
+    "Ask the node at HOST:PORT (kvpeerd --http, started with --admin) to want a\n"
+    "session with PEER (its control address, host:port or [v6]:port; redialled\n"
+    "with backoff) or to close it and stop redialling. `kvpeer peers` shows the\n"
+    "state and the last error of every peer.\n";
+
+static int cmd_peer(int argc, char **argv)
+{
+    int tmo, rc = parse_verb_args("peer", g_peer_help, argc, argv, 3, &tmo);
+    if (rc >= 0)
+        return rc;
+    const char *verb = argv[0 + optind], *addr = argv[1 + optind], *peer = argv[2 + optind];
+    if ((rc = check_http_addr("peer", addr)) >= 0)
+        return rc;
+    if (strcmp(verb, "add") != 0 && strcmp(verb, "remove") != 0)
+        return usage_error("peer", "unknown verb '%s' (add or remove)", verb);
+    char path[600];
+    snprintf(path, sizeof(path), "/admin/peer?%s=%s", verb, peer);
+    return admin_post_print(addr, path, tmo);
+}
+
+static const char *g_fetch_help =
+    "usage: kvpeer fetch [--timeout MS] HOST:PORT PEER FIRST COUNT [REQUEST]\n"
+    "Make the node at HOST:PORT (kvpeerd --http, started with --admin) look up\n"
+    "and fetch the synthetic blocks FIRST..FIRST+COUNT-1 (as `kvpeer put` or the\n"
+    "demo writes them) from PEER; prints hits, blocks loaded and timings.\n";
+
+static const char *g_put_help =
+    "usage: kvpeer put [--timeout MS] HOST:PORT FIRST COUNT\n"
+    "Write the synthetic blocks FIRST..FIRST+COUNT-1 into the node at HOST:PORT\n"
+    "(kvpeerd --http, started with --admin): test and demo data.\n";
+
+static bool all_digits(const char *s)
+{
+    return s[0] != '\0' && strspn(s, "0123456789") == strlen(s);
+}
+
+static int cmd_fetch(int argc, char **argv)
+{
+    int tmo, n = argc - 1, rc;
+    bool with_req = false;
+    for (int i = 1; i < argc; i++) /* positional count: 4, or 5 with REQUEST */
+        if (argv[i][0] == '-' && strcmp(argv[i], "--timeout") == 0)
+            n -= 2;
+    with_req = n == 5;
+    rc = parse_verb_args("fetch", g_fetch_help, argc, argv, with_req ? 5 : 4, &tmo);
+    if (rc >= 0)
+        return rc;
+    char **a = argv + optind;
+    if ((rc = check_http_addr("fetch", a[0])) >= 0)
+        return rc;
+    if (!all_digits(a[2]) || !all_digits(a[3]) || (with_req && !all_digits(a[4])))
+        return usage_error("fetch", "%s", "FIRST, COUNT and REQUEST are numbers");
+    char path[700];
+    snprintf(path, sizeof(path), "/admin/fetch?peer=%s&first=%s&count=%s&request=%s&timeout_ms=%d",
+             a[1], a[2], a[3], with_req ? a[4] : "1", tmo);
+    return admin_post_print(a[0], path, tmo + 5000);
+}
+
+static int cmd_put(int argc, char **argv)
+{
+    int tmo, rc = parse_verb_args("put", g_put_help, argc, argv, 3, &tmo);
+    if (rc >= 0)
+        return rc;
+    char **a = argv + optind;
+    if ((rc = check_http_addr("put", a[0])) >= 0)
+        return rc;
+    if (!all_digits(a[1]) || !all_digits(a[2]))
+        return usage_error("put", "%s", "FIRST and COUNT are numbers");
+    char path[300];
+    snprintf(path, sizeof(path), "/admin/put?first=%s&count=%s", a[1], a[2]);
+    return admin_post_print(a[0], path, tmo);
+}
+
 /* ------------------------------------------------------------------- main */
 
 typedef struct command {
@@ -357,7 +504,8 @@ typedef struct command {
 
 static const command_t g_commands[] = {
     {"demo", cli_cmd_demo}, {"bench", cli_cmd_bench}, {"stat", cmd_stat},
-    {"held", cmd_held},     {"peers", cmd_peers},
+    {"held", cmd_held},     {"peers", cmd_peers}, {"peer", cmd_peer},
+    {"fetch", cmd_fetch},   {"put", cmd_put},
 };
 
 int main(int argc, char **argv)
@@ -365,6 +513,11 @@ int main(int argc, char **argv)
     if (argc < 2) {
         fputs(g_top_usage, stderr);
         return CLI_EXIT_USAGE;
+    }
+    if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "-V") == 0 ||
+        strcmp(argv[1], "version") == 0) {
+        printf("kvpeer %s\n", KVP_VERSION_STRING);
+        return CLI_EXIT_OK;
     }
     if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
         strcmp(argv[1], "help") == 0) {

@@ -1,19 +1,16 @@
 /*
- * kvpeer_http.c -- a tiny blocking HTTP/1.1 client (one request per TCP
- * connection, "Connection: close") for kvpeerd's local endpoints, and a
- * Prometheus text-format parser. Only talks to addresses the operator names;
- * every read and write is bounded by one overall deadline.
+ * kvpeer_http.c -- the CLI's HTTP client for kvpeerd's endpoints (libcurl,
+ * one request per call, one overall deadline) and a Prometheus text-format
+ * parser. Only talks to addresses the operator names.
  */
 #include "kvpeer_cli.h"
 
+#include <curl/curl.h>
 #include <errno.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -69,204 +66,93 @@ int cli_parse_size(const char *s, uint64_t *out)
 
 /* ------------------------------------------------------------ transport */
 
-static int remaining_ms(uint64_t deadline)
-{
-    uint64_t now = cli_now_ns();
-    return now >= deadline ? 0 : (int)((deadline - now) / 1000000ull) + 1;
-}
+/* The HTTP client is libcurl (Debian libcurl4-openssl-dev): one easy handle
+ * per request, an overall deadline, the body collected into one buffer. */
 
-static int wait_fd(int fd, short ev, uint64_t deadline)
-{
-    for (;;) {
-        struct pollfd p = {.fd = fd, .events = ev};
-        int ms = remaining_ms(deadline);
-        if (ms == 0)
-            return -1;
-        int r = poll(&p, 1, ms);
-        if (r > 0)
-            return 0;
-        if (r < 0 && errno != EINTR)
-            return -1;
-    }
-}
+typedef struct body_buf {
+    char *p;
+    size_t len, cap;
+    bool too_big;
+} body_buf_t;
 
-static int split_hostport(const char *hp, char *host, size_t cap, char *port, size_t pcap)
+static size_t on_body(char *data, size_t size, size_t nmemb, void *arg)
 {
-    const char *c = strrchr(hp, ':');
-    if (c == NULL || c == hp || (size_t)(c - hp) >= cap || strlen(c + 1) >= pcap || !c[1])
-        return -1;
-    memcpy(host, hp, (size_t)(c - hp));
-    host[c - hp] = '\0';
-    strcpy(port, c + 1);
-    return 0;
-}
-
-static int connect_to(const char *hostport, uint64_t deadline, char *err, size_t errcap)
-{
-    char host[256], port[16];
-    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai = NULL;
-    if (split_hostport(hostport, host, sizeof(host), port, sizeof(port)) != 0) {
-        snprintf(err, errcap, "bad address '%s' (want HOST:PORT)", hostport);
-        return -1;
-    }
-    int rc = getaddrinfo(host, port, &hints, &ai);
-    if (rc != 0) {
-        snprintf(err, errcap, "%s: %s", hostport, gai_strerror(rc));
-        return -1;
-    }
-    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        goto fail_ai;
-    if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0 && errno != EINPROGRESS)
-        goto fail_fd;
-    int soerr = 0;
-    socklen_t sl = sizeof(soerr);
-    if (wait_fd(fd, POLLOUT, deadline) != 0) {
-        errno = ETIMEDOUT;
-        goto fail_fd;
-    }
-    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) != 0 || soerr != 0) {
-        errno = soerr ? soerr : errno;
-        goto fail_fd;
-    }
-    freeaddrinfo(ai);
-    return fd;
-fail_fd:
-    rc = errno;
-    close(fd);
-    errno = rc;
-fail_ai:
-    snprintf(err, errcap, "%s: connect: %s", hostport, strerror(errno));
-    freeaddrinfo(ai);
-    return -1;
-}
-
-static int send_all(int fd, const char *buf, size_t len, uint64_t deadline)
-{
-    while (len > 0) {
-        ssize_t n = send(fd, buf, len, MSG_NOSIGNAL);
-        if (n > 0) {
-            buf += n;
-            len -= (size_t)n;
-        } else if (n < 0 && errno == EINTR) {
-            continue;
-        } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            if (wait_fd(fd, POLLOUT, deadline) != 0)
-                return -1;
-        } else {
-            return -1;
-        }
-    }
-    return 0;
-}
-
-/* Read until EOF (the server closes: we asked for Connection: close). */
-static int recv_all(int fd, char **out, size_t *outlen, uint64_t deadline)
-{
-    size_t cap = 4096, len = 0;
-    char *buf = malloc(cap + 1);
-    if (buf == NULL)
-        return -1;
-    for (;;) {
-        if (len == cap) {
-            char *nb = cap >= HTTP_MAX_BODY ? NULL : realloc(buf, cap * 2 + 1);
-            if (nb == NULL)
-                goto fail;
-            buf = nb;
+    body_buf_t *b = arg;
+    size_t n = size * nmemb;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->len + n + 1)
             cap *= 2;
+        char *np = cap > HTTP_MAX_BODY + 1 ? NULL : realloc(b->p, cap);
+        if (np == NULL) {
+            b->too_big = true;
+            return 0; /* aborts the transfer */
         }
-        ssize_t n = recv(fd, buf + len, cap - len, 0);
-        if (n > 0) {
-            len += (size_t)n;
-        } else if (n == 0) {
-            break;
-        } else if (errno == EINTR) {
-            continue;
-        } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            if (wait_fd(fd, POLLIN, deadline) != 0)
-                goto fail;
-        } else {
-            goto fail;
-        }
+        b->p = np;
+        b->cap = cap;
     }
-    buf[len] = '\0';
-    *out = buf;
-    *outlen = len;
-    return 0;
-fail:
-    free(buf);
-    return -1;
+    memcpy(b->p + b->len, data, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+    return n;
 }
 
-/* Split a raw response into status and body (dechunks if needed). */
-static int parse_response(char *raw, size_t len, cli_http_resp_t *out)
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+
+static void curl_init_once(void)
 {
-    int status = 0;
-    if (sscanf(raw, "HTTP/1.%*d %d", &status) != 1)
-        return -1;
-    char *hdr_end = strstr(raw, "\r\n\r\n");
-    if (hdr_end == NULL)
-        return -1;
-    *hdr_end = '\0';
-    char *body = hdr_end + 4;
-    size_t blen = len - (size_t)(body - raw);
-    bool chunked = strcasestr(raw, "transfer-encoding: chunked") != NULL;
-    char *res = malloc(blen + 1);
-    if (res == NULL)
-        return -1;
-    size_t rlen = 0;
-    if (!chunked) {
-        memcpy(res, body, blen);
-        rlen = blen;
-    } else {
-        char *p = body, *end = body + blen;
-        while (p < end) {
-            char *e = NULL;
-            unsigned long n = strtoul(p, &e, 16);
-            char *nl = strstr(p, "\r\n");
-            if (e == p || nl == NULL || n == 0 || (size_t)(end - (nl + 2)) < n)
-                break;
-            memcpy(res + rlen, nl + 2, n);
-            rlen += n;
-            p = nl + 2 + n + 2;
-        }
-    }
-    res[rlen] = '\0';
-    out->status = status;
-    out->body = res;
-    out->len = rlen;
-    return 0;
+    curl_global_init(CURL_GLOBAL_DEFAULT);
 }
 
 int cli_http_request(const char *hostport, const char *method, const char *path,
                      int timeout_ms, cli_http_resp_t *out, char *err, size_t errcap)
 {
-    uint64_t deadline = cli_now_ns() + (uint64_t)timeout_ms * 1000000ull;
-    char req[2048], *raw = NULL;
-    size_t rawlen = 0;
-    int n = snprintf(req, sizeof(req),
-                     "%s %s HTTP/1.1\r\nHost: %s\r\nUser-Agent: kvpeer\r\n"
-                     "Content-Length: 0\r\nConnection: close\r\n\r\n",
-                     method, path, hostport);
-    if (n < 0 || (size_t)n >= sizeof(req)) {
+    char url[2048];
+    body_buf_t b = {0};
+    int n = snprintf(url, sizeof(url), "http://%s%s", hostport, path);
+    if (n < 0 || (size_t)n >= sizeof(url)) {
         snprintf(err, errcap, "request too long");
         return -1;
     }
-    int fd = connect_to(hostport, deadline, err, errcap);
-    if (fd < 0)
-        return -1;
-    if (send_all(fd, req, (size_t)n, deadline) != 0 || recv_all(fd, &raw, &rawlen, deadline) != 0) {
-        snprintf(err, errcap, "%s %s %s: %s", hostport, method, path,
-                 remaining_ms(deadline) == 0 ? "timed out" : strerror(errno));
-        close(fd);
+    pthread_once(&curl_once, curl_init_once);
+    CURL *c = curl_easy_init();
+    if (c == NULL) {
+        snprintf(err, errcap, "libcurl: cannot create a handle");
         return -1;
     }
-    close(fd);
-    int rc = parse_response(raw, rawlen, out);
-    free(raw);
-    if (rc != 0)
-        snprintf(err, errcap, "%s %s %s: malformed HTTP response", hostport, method, path);
-    return rc;
+    char cerr[CURL_ERROR_SIZE] = "";
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+    if (strcmp(method, "POST") == 0) { /* an empty body, Content-Length: 0 */
+        curl_easy_setopt(c, CURLOPT_POST, 1L);
+        curl_easy_setopt(c, CURLOPT_POSTFIELDS, "");
+        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, 0L);
+    }
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)(timeout_ms > 0 ? timeout_ms : 1));
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_USERAGENT, "kvpeer/" KVP_VERSION_STRING);
+    curl_easy_setopt(c, CURLOPT_NOPROXY, "*"); /* operator endpoints: never via a proxy */
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
+    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, cerr);
+    CURLcode rc = curl_easy_perform(c);
+    long status = 0;
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+    curl_easy_cleanup(c);
+    if (rc != CURLE_OK) {
+        snprintf(err, errcap, "%s %s %s: %s", hostport, method, path,
+                 b.too_big ? "response too large" : cerr[0] ? cerr : curl_easy_strerror(rc));
+        free(b.p);
+        return -1;
+    }
+    if (b.p == NULL && (b.p = calloc(1, 1)) == NULL) {
+        snprintf(err, errcap, "out of memory");
+        return -1;
+    }
+    out->status = (int)status;
+    out->body = b.p;
+    out->len = b.len;
+    return 0;
 }
 
 void cli_http_free(cli_http_resp_t *r)

@@ -5,7 +5,9 @@
  * peers from the config -> HTTP (kvpeerd_http.c) -> the main loop, which
  * polls a signalfd and kvp_node_fd() and dispatches events to waiting admin
  * requests. SIGINT/SIGTERM: waiters give up, HTTP stops, kvp_node_destroy()
- * runs the bounded drain (shutdown_drain_ms), exit 0.
+ * runs the bounded drain (shutdown_drain_ms), exit 0. SIGHUP: the log file
+ * is reopened and the settings reloaded (log_level, new peers; the rest is
+ * named as needing a restart).
  * Exit codes: 0 clean, 1 start-up failure, 2 bad configuration.
  */
 #include "kvpeerd.h"
@@ -27,6 +29,7 @@ static int signals_open(void)
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGHUP);
     if (pthread_sigmask(SIG_BLOCK, &set, NULL) != 0)
         return -1;
     signal(SIGPIPE, SIG_IGN); /* a client that hangs up is not a reason to die */
@@ -77,8 +80,85 @@ fail:
     return -1;
 }
 
+/* log_file: stderr (ours, the library's, UCX's) appended to the file;
+ * called at start and on SIGHUP, so a rotated file is let go. */
+static int log_reopen(const char *path)
+{
+    if (path[0] == '\0')
+        return 0;
+    if (freopen(path, "a", stderr) == NULL)
+        return -1;
+    setvbuf(stderr, NULL, _IOLBF, 0);
+    return 0;
+}
+
+/* The effective settings as text, one "name = value" per line. */
+static char *settings_text(const kvpd_settings_t *s)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (f == NULL)
+        return NULL;
+    kvpd_settings_print(s, f);
+    fclose(f);
+    return buf;
+}
+
+/* SIGHUP: reopen the log file, then load the settings again (file,
+ * environment, flags, as at start) and apply what can change while running
+ * -- log_level and new peers -- naming every other changed option as
+ * needing a restart. A bad file keeps the running settings. */
+static void daemon_reload(kvpd_t *d, int argc, char **argv)
+{
+    if (log_reopen(d->set.log_file) != 0)
+        kvpd_log(KVPD_LOG_ERROR, "log_reopen_failed", "path=%s error=\"%s\"", d->set.log_file,
+                 strerror(errno));
+    kvpd_settings_t n;
+    kvpd_settings_init(&n);
+    if (kvpd_settings_load(&n, argc, argv, stdout, stderr) != KVPD_LOAD_RUN) {
+        kvpd_log(KVPD_LOG_ERROR, "reload_failed",
+                 "note=\"bad configuration (see the line above); running settings kept\"");
+        kvpd_settings_free(&n);
+        return;
+    }
+    char *old = settings_text(&d->set), *neu = settings_text(&n), restart[512] = "";
+    for (char *save = NULL, *l = neu ? strtok_r(neu, "\n", &save) : NULL; l;
+         l = strtok_r(NULL, "\n", &save)) {
+        size_t k = strcspn(l, " ");
+        if (l[0] == ';' || (old && strstr(old, l) != NULL))
+            continue; /* unchanged (or a comment) */
+        if (strncmp(l, "log_level ", 10) == 0 || strncmp(l, "peers ", 6) == 0 ||
+            strncmp(l, "log_file ", 9) == 0)
+            continue;
+        snprintf(restart + strlen(restart), sizeof(restart) - strlen(restart), "%s%.*s",
+                 restart[0] ? "," : "", (int)k, l);
+    }
+    free(old);
+    free(neu);
+    kvpd_log_set_level(n.log_level);
+    char *peers_saved = d->set.peers;
+    d->set.peers = n.peers; /* add what is new (kvp_peer_add is idempotent) */
+    peers_connect(d);
+    d->set.peers = peers_saved;
+    kvpd_log(KVPD_LOG_INFO, "reload", "log_level=%s peers=\"%s\"%s%s%s", n.log_level_s,
+             n.peers, restart[0] ? " needs_restart=\"" : "", restart, restart[0] ? "\"" : "");
+    if (restart[0])
+        kvpd_log(KVPD_LOG_WARN, "reload_partial",
+                 "changed=\"%s\" note=\"these take effect at the next restart\"", restart);
+    /* keep the new level and the new peer list as the running ones */
+    d->set.log_level = n.log_level;
+    char *tmp = d->set.peers;
+    d->set.peers = n.peers;
+    n.peers = tmp;
+    tmp = d->set.log_level_s;
+    d->set.log_level_s = n.log_level_s;
+    n.log_level_s = tmp;
+    kvpd_settings_free(&n);
+}
+
 /* Returns the signal that ended the loop. */
-static int main_loop(kvpd_t *d, int sigfd)
+static int main_loop(kvpd_t *d, int sigfd, int argc, char **argv)
 {
     struct pollfd pfd[2] = {{sigfd, POLLIN, 0}, {kvp_node_fd(d->node), POLLIN, 0}};
     for (;;) {
@@ -89,8 +169,11 @@ static int main_loop(kvpd_t *d, int sigfd)
         }
         if (r > 0 && (pfd[0].revents & POLLIN)) {
             struct signalfd_siginfo si;
-            if (read(sigfd, &si, sizeof(si)) == (ssize_t)sizeof(si))
-                return (int)si.ssi_signo;
+            if (read(sigfd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
+                if (si.ssi_signo != SIGHUP)
+                    return (int)si.ssi_signo;
+                daemon_reload(d, argc, argv);
+            }
         }
         /* Events are also drained on the 1 s tick: a missed wakeup costs
          * at most that, never a hung admin request. */
@@ -143,6 +226,11 @@ int main(int argc, char **argv)
     case KVPD_LOAD_EXIT: kvpd_settings_free(&d.set); return 0;
     default: kvpd_settings_free(&d.set); return 2;
     }
+    if (log_reopen(d.set.log_file) != 0) {
+        fprintf(stderr, "kvpeerd: log_file %s: %s\n", d.set.log_file, strerror(errno));
+        kvpd_settings_free(&d.set);
+        return 2;
+    }
     kvpd_log_set_level(d.set.log_level);
     if ((sigfd = signals_open()) < 0) {
         kvpd_log(KVPD_LOG_ERROR, "signalfd_failed", "error=\"%s\"", strerror(errno));
@@ -152,7 +240,7 @@ int main(int argc, char **argv)
     pthread_mutex_init(&d.lock, NULL);
     pthread_cond_init(&d.cond, NULL);
     if (daemon_start(&d) == 0) {
-        int sig = main_loop(&d, sigfd);
+        int sig = main_loop(&d, sigfd, argc, argv);
         kvpd_log(KVPD_LOG_INFO, "shutdown", "signal=%s", sig ? strsignal(sig) : "none");
         rc = 0;
     }

@@ -8,7 +8,11 @@
 #include "metrics.h"
 
 #include <microhttpd.h>
+#include <arpa/inet.h>
+#include <errno.h>
 #include <netdb.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -56,6 +60,28 @@ static int get_healthz(kvpd_t *d, struct MHD_Connection *c, kvpd_buf_t *out)
                         (unsigned long long)stall);
         return MHD_HTTP_SERVICE_UNAVAILABLE;
     }
+    /* Up, but not everything it was told to reach is reachable: say so
+     * (200, so a supervisor does not restart us for a peer's fault). */
+    kvp_peer_state_t *ps = NULL;
+    uint32_t n = 0, bad = 0, wanted = 0;
+    if (kvpd_states_snapshot(d->node, &ps, &n) == KVP_OK) {
+        for (uint32_t i = 0; i < n; i++) {
+            if (!ps[i].wanted)
+                continue;
+            wanted++;
+            bad += strcmp(ps[i].state, "ready") != 0;
+        }
+        if (bad > 0) {
+            kvpd_buf_printf(out, "degraded: %u of %u wanted peers not ready\n", bad, wanted);
+            for (uint32_t i = 0; i < n; i++)
+                if (ps[i].wanted && strcmp(ps[i].state, "ready") != 0)
+                    kvpd_buf_printf(out, "peer=%s state=%s error=\"%s\"\n", ps[i].peer,
+                                    ps[i].state, ps[i].last_error);
+        }
+        free(ps);
+        if (bad > 0)
+            return MHD_HTTP_OK;
+    }
     kvpd_buf_printf(out, "ok\n");
     return MHD_HTTP_OK;
 }
@@ -94,21 +120,38 @@ static int get_held(kvpd_t *d, struct MHD_Connection *c, kvpd_buf_t *out)
     return MHD_HTTP_OK;
 }
 
+/* One line per known peer: wanted ones and those with a session, with the
+ * state, failed attempts and last error; session details when there is one. */
 static int get_peers(kvpd_t *d, struct MHD_Connection *c, kvpd_buf_t *out)
 {
     kvp_peer_info_t *p = NULL;
-    uint32_t n = 0;
+    kvp_peer_state_t *ps = NULL;
+    uint32_t n = 0, ns = 0;
     kvp_status_t st = kvpd_peers_snapshot(d->node, &p, &n);
+    if (st == KVP_OK && (st = kvpd_states_snapshot(d->node, &ps, &ns)) != KVP_OK)
+        free(p);
     if (st != KVP_OK) {
         kvpd_buf_printf(out, "peers unavailable: %s\n", kvp_status_str(st));
         return MHD_HTTP_INTERNAL_SERVER_ERROR;
     }
-    for (uint32_t i = 0; i < n; i++)
-        kvpd_buf_printf(out, "peer=%s instance=%s path=%s ready=%u probation=%u rtt_us=%llu\n",
-                        p[i].peer, p[i].instance[0] ? p[i].instance : "-",
-                        p[i].data_path[0] ? p[i].data_path : "-", p[i].ready ? 1u : 0u,
-                        p[i].probation ? 1u : 0u, (unsigned long long)(p[i].rtt_ns / 1000));
+    for (uint32_t k = 0; k < ns; k++) {
+        const kvp_peer_info_t *pi = NULL;
+        for (uint32_t i = 0; i < n && pi == NULL; i++)
+            if (strcmp(p[i].peer, ps[k].peer) == 0)
+                pi = &p[i];
+        kvpd_buf_printf(out, "peer=%s state=%s wanted=%u failures=%u", ps[k].peer, ps[k].state,
+                        ps[k].wanted, ps[k].failures);
+        if (pi != NULL)
+            kvpd_buf_printf(out, " instance=%s path=%s ready=%u probation=%u rtt_us=%llu",
+                            pi->instance[0] ? pi->instance : "-",
+                            pi->data_path[0] ? pi->data_path : "-", pi->ready ? 1u : 0u,
+                            pi->probation ? 1u : 0u, (unsigned long long)(pi->rtt_ns / 1000));
+        else
+            kvpd_buf_printf(out, " ready=0");
+        kvpd_buf_printf(out, " last_error=\"%s\"\n", ps[k].last_error);
+    }
     free(p);
+    free(ps);
     return MHD_HTTP_OK;
 }
 
@@ -198,50 +241,84 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     return ret;
 }
 
-static int resolve(const char *hostport, struct sockaddr_storage *ss, socklen_t *len)
+/* host:port or [v6]:port -> host (brackets removed) and port text. */
+static int split_hostport(const char *hp, char *host, size_t cap, const char **port)
+{
+    const char *colon = strrchr(hp, ':');
+    if (colon == NULL)
+        return -1;
+    bool v6 = hp[0] == '[';
+    size_t hl = (size_t)(colon - hp) - (v6 ? 2 : 0);
+    if (hl >= cap || (v6 && colon[-1] != ']'))
+        return -1;
+    memcpy(host, hp + (v6 ? 1 : 0), hl);
+    host[hl] = '\0';
+    *port = colon + 1;
+    return 0;
+}
+
+/* Our own listening socket (so a bind error names the address and the
+ * reason; IPv4 and IPv6 alike); handed to libmicrohttpd. -1 on error, logged. */
+static int http_listen(const char *hp, int *family)
 {
     char host[256];
-    const char *colon = strrchr(hostport, ':');
+    const char *port;
     struct addrinfo hints = {0}, *ai = NULL;
-    if (colon == NULL || (size_t)(colon - hostport) >= sizeof(host))
-        return -1;
-    snprintf(host, sizeof(host), "%.*s", (int)(colon - hostport), hostport);
-    hints.ai_family = AF_INET;
     hints.ai_socktype = SOCK_STREAM;
     hints.ai_flags = AI_PASSIVE;
-    if (getaddrinfo(host[0] ? host : NULL, colon + 1, &hints, &ai) != 0 || ai == NULL)
+    int rc = split_hostport(hp, host, sizeof(host), &port);
+    if (rc != 0 || (rc = getaddrinfo(host[0] ? host : NULL, port, &hints, &ai)) != 0) {
+        kvpd_log(KVPD_LOG_ERROR, "http_failed", "http=%s error=\"cannot resolve: %s\"", hp,
+                 rc ? gai_strerror(rc) : "not host:port");
         return -1;
-    memcpy(ss, ai->ai_addr, ai->ai_addrlen);
-    *len = ai->ai_addrlen;
+    }
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+    if (fd >= 0)
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (fd < 0 || bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 64) != 0) {
+        kvpd_log(KVPD_LOG_ERROR, "http_failed", "http=%s error=\"cannot listen on port %s: %s\"",
+                 hp, port, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        freeaddrinfo(ai);
+        return -1;
+    }
+    *family = ai->ai_family;
     freeaddrinfo(ai);
-    return 0;
+    return fd;
 }
 
 int kvpd_http_start(kvpd_t *d)
 {
-    struct sockaddr_storage ss;
-    socklen_t len;
     char host[240];
-    if (resolve(d->set.http, &ss, &len) != 0) {
-        kvpd_log(KVPD_LOG_ERROR, "http_failed", "http=%s error=\"cannot resolve\"", d->set.http);
+    const char *port;
+    int family = AF_INET, fd = http_listen(d->set.http, &family);
+    if (fd < 0)
         return -1;
-    }
     d->http = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
-                                   MHD_USE_ITC | MHD_USE_ERROR_LOG,
-                               0, NULL, NULL, on_request, d, MHD_OPTION_SOCK_ADDR,
-                               (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT,
-                               (unsigned int)64, MHD_OPTION_END);
+                                   MHD_USE_ITC | MHD_USE_ERROR_LOG |
+                                   (family == AF_INET6 ? MHD_USE_IPv6 : 0),
+                               0, NULL, NULL, on_request, d, MHD_OPTION_LISTEN_SOCKET, fd,
+                               MHD_OPTION_CONNECTION_LIMIT, (unsigned int)64, MHD_OPTION_END);
     if (d->http == NULL) {
-        kvpd_log(KVPD_LOG_ERROR, "http_failed", "http=%s error=\"cannot listen\"", d->set.http);
+        close(fd);
+        kvpd_log(KVPD_LOG_ERROR, "http_failed", "http=%s error=\"cannot start the HTTP server\"",
+                 d->set.http);
         return -1;
     }
-    const union MHD_DaemonInfo *info = MHD_get_daemon_info(d->http, MHD_DAEMON_INFO_BIND_PORT);
-    const char *colon = strrchr(d->set.http, ':');
-    snprintf(host, sizeof(host), "%.*s", (int)(colon - d->set.http), d->set.http);
-    snprintf(d->http_addr, sizeof(d->http_addr), "%s:%u", host[0] ? host : "0.0.0.0",
-             info ? (unsigned)info->port : 0u);
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    unsigned bound = 0;
+    if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0)
+        bound = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                               : ((struct sockaddr_in *)&ss)->sin_port);
+    split_hostport(d->set.http, host, sizeof(host), &port);
+    snprintf(d->http_addr, sizeof(d->http_addr), "%s%s%s:%u", family == AF_INET6 ? "[" : "",
+             host[0] ? host : (family == AF_INET6 ? "::" : "0.0.0.0"),
+             family == AF_INET6 ? "]" : "", bound);
     kvpd_log(KVPD_LOG_INFO, "http_up", "http=%s admin=%d", d->http_addr, d->set.admin ? 1 : 0);
-    if (d->set.admin && strncmp(host, "127.", 4) != 0 && strcmp(host, "localhost") != 0)
+    if (d->set.admin && strncmp(host, "127.", 4) != 0 && strcmp(host, "localhost") != 0 &&
+        strcmp(host, "::1") != 0)
         kvpd_log(KVPD_LOG_WARN, "admin_exposed",
                  "http=%s note=\"the admin API (put/corrupt/peer) is reachable off-host\"",
                  d->http_addr);

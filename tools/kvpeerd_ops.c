@@ -17,30 +17,59 @@ static int log_level = KVPD_LOG_INFO;
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static const char *const level_names[] = {"error", "warn", "info", "debug", "trace"};
 
+/* One line, one format for the daemon's events and the library's lines:
+ * ts=<ISO-8601 UTC> level=<name> comp=<kvpeerd|kvpeer> ... */
+static void log_line(int level, const char *comp, const char *rest)
+{
+    struct timespec ts;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    pthread_mutex_lock(&log_lock);
+    fprintf(stderr, "ts=%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ level=%s comp=%s %s\n",
+            tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+            ts.tv_nsec / 1000000, level_names[level], comp, rest);
+    fflush(stderr);
+    pthread_mutex_unlock(&log_lock);
+}
+
+/* The library's lines (kvp_set_log_callback): node=<name> msg="<text>". */
+static void lib_log_cb(int32_t level, const char *component, const char *line, void *arg)
+{
+    char text[1400];
+    size_t o = (size_t)snprintf(text, sizeof(text), "node=%s msg=\"", component);
+    for (const char *p = line; *p && o + 3 < sizeof(text); p++) {
+        if (*p == '"' || *p == '\\')
+            text[o++] = '\\';
+        text[o++] = *p == '\n' ? ' ' : *p;
+    }
+    text[o++] = '"';
+    text[o] = '\0';
+    (void)arg;
+    if (level < 0 || level > KVPD_LOG_TRACE)
+        level = KVPD_LOG_ERROR;
+    log_line(level, "kvpeer", text);
+}
+
+/* One level for the daemon and the library. */
 void kvpd_log_set_level(int level)
 {
     __atomic_store_n(&log_level, level, __ATOMIC_RELAXED);
+    kvp_set_log_level(level);
+    kvp_set_log_callback(lib_log_cb, NULL);
 }
 
 void kvpd_log(int level, const char *event, const char *kv, ...)
 {
-    char text[1024];
-    struct timespec ts;
-    struct tm tm;
+    char text[1024], rest[1100];
     va_list ap;
     if (level > __atomic_load_n(&log_level, __ATOMIC_RELAXED))
         return;
     va_start(ap, kv);
     vsnprintf(text, sizeof(text), kv, ap);
     va_end(ap);
-    clock_gettime(CLOCK_REALTIME, &ts);
-    gmtime_r(&ts.tv_sec, &tm);
-    pthread_mutex_lock(&log_lock);
-    fprintf(stderr, "ts=%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ level=%s comp=kvpeerd event=%s%s%s\n",
-            tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-            ts.tv_nsec / 1000000, level_names[level], event, text[0] ? " " : "", text);
-    fflush(stderr);
-    pthread_mutex_unlock(&log_lock);
+    snprintf(rest, sizeof(rest), "event=%s%s%s", event, text[0] ? " " : "", text);
+    log_line(level, "kvpeerd", rest);
 }
 
 uint64_t kvpd_now_ms(void)

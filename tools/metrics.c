@@ -90,6 +90,16 @@ kvp_status_t kvpd_peers_snapshot(kvp_node_t *node, kvp_peer_info_t **out, uint32
     return snapshot(node, snap_peers, sizeof(kvp_peer_info_t), (void **)out, n);
 }
 
+static kvp_status_t snap_states(kvp_node_t *node, void *out, uint32_t cap, uint32_t *n)
+{
+    return kvp_node_peer_states(node, out, cap, n);
+}
+
+kvp_status_t kvpd_states_snapshot(kvp_node_t *node, kvp_peer_state_t **out, uint32_t *n)
+{
+    return snapshot(node, snap_states, sizeof(kvp_peer_state_t), (void **)out, n);
+}
+
 kvp_status_t kvpd_held_snapshot(kvp_node_t *node, kvp_held_item_t **out, uint32_t *n)
 {
     return snapshot(node, snap_held, sizeof(kvp_held_item_t), (void **)out, n);
@@ -222,17 +232,56 @@ void kvpd_metrics_format(kvpd_buf_t *b, const kvp_stats_t *st, const kvp_peer_in
     format_peers(b, peers, npeers);
 }
 
+/* Peers by state (every state named, zeros included, so alerts can match
+ * on absence) and session refusals by reason. */
+void kvpd_metrics_format_states(kvpd_buf_t *b, const kvp_peer_state_t *ps, uint32_t n,
+                                const kvp_refusal_stats_t *r)
+{
+    static const char *const states[] = {"ready",  "probation", "dialing",
+                                         "failed", "wanted",    "closing"};
+    uint64_t cnt[6] = {0}, wanted_not_ready = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        for (int k = 0; k < 6; k++)
+            if (strcmp(ps[i].state, states[k]) == 0)
+                cnt[k]++;
+        if (ps[i].wanted && strcmp(ps[i].state, "ready") != 0)
+            wanted_not_ready++;
+    }
+    family(b, "peers", "gauge", "Known peers (wanted or with a session) by state.");
+    labelled(b, "peers", "state", states, cnt, 6);
+    one(b, "peers_wanted_not_ready", "gauge", "Wanted peers without a ready session.",
+        wanted_not_ready);
+    static const char *const reasons[] = {"dial_failed", "handshake_timeout", "incompatible",
+                                          "auth", "duplicate", "limit", "dead"};
+    uint64_t rv[] = {r->dial_failures, r->handshakes_timed_out, r->refused_incompatible,
+                     r->refused_auth, r->refused_duplicate, r->refused_limit, r->peers_dead};
+    family(b, "session_failures_total", "counter",
+           "Sessions that did not come up or ended, by reason.");
+    labelled(b, "session_failures_total", "reason", reasons, rv, 7);
+    one(b, "dials_total", "counter", "Outbound connection attempts.", r->dials);
+}
+
 kvp_status_t kvpd_metrics_render(kvp_node_t *node, kvpd_buf_t *b)
 {
     kvp_stats_t st;
+    kvp_refusal_stats_t rs;
     kvp_peer_info_t *peers = NULL;
-    uint32_t n = 0;
+    kvp_peer_state_t *states = NULL;
+    uint32_t n = 0, ns = 0;
     kvp_status_t s = kvp_node_stats(node, &st);
+    if (s == KVP_OK)
+        s = kvp_node_refusals(node, &rs);
     if (s != KVP_OK)
         return s;
     if ((s = kvpd_peers_snapshot(node, &peers, &n)) != KVP_OK)
         return s;
+    if ((s = kvpd_states_snapshot(node, &states, &ns)) != KVP_OK) {
+        free(peers);
+        return s;
+    }
     kvpd_metrics_format(b, &st, peers, n);
+    kvpd_metrics_format_states(b, states, ns, &rs);
     free(peers);
+    free(states);
     return b->oom ? KVP_ERR_NOMEM : KVP_OK;
 }

@@ -25,6 +25,9 @@ void kvpd_buf_free(kvpd_buf_t *b);
  * success *out is heap (caller frees with free()) and *n its length. */
 kvp_status_t kvpd_peers_snapshot(kvp_node_t *node, kvp_peer_info_t **out, uint32_t *n);
 kvp_status_t kvpd_held_snapshot(kvp_node_t *node, kvp_held_item_t **out, uint32_t *n);
+kvp_status_t kvpd_states_snapshot(kvp_node_t *node, kvp_peer_state_t **out, uint32_t *n);
+void kvpd_metrics_format_states(kvpd_buf_t *b, const kvp_peer_state_t *ps, uint32_t n,
+                                const kvp_refusal_stats_t *r);
 
 /* Render the exposition from snapshots (pure: unit-testable). */
 void kvpd_metrics_format(kvpd_buf_t *b, const kvp_stats_t *st, const kvp_peer_info_t *peers,

@@ -13,6 +13,8 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netdb.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 typedef enum opt_type {
@@ -55,9 +57,11 @@ static const opt_t opts[] = {
     {"http", OPT_STR, 0, S(http), 0, 0, "",
      "HTTP address host:port for /metrics etc. (empty = off, port 0 = ephemeral)"},
     {"admin", OPT_BOOL, 0, S(admin), 0, 1, "false", "serve the /admin/ endpoints (tests, demo)"},
+    {"log_file", OPT_STR, 0, S(log_file), 0, 0, "",
+     "append log lines to this file instead of stderr; reopened on SIGHUP"},
     {"ready_file", OPT_STR, 0, S(ready_file), 0, 0, "",
      "write 'peer=<id> http=<host:port>' here once up (empty = none)"},
-    {"log_level", OPT_LEVEL, 0, S(log_level), 0, 0, "info", "error|warn|info|debug|trace"},
+    {"log_level", OPT_LEVEL, 0, S(log_level), 0, 0, "info", "error|warn|info|debug|trace or 0..4 (daemon and library)"},
     {"transport", OPT_STR, 0, S(transport), 0, 0, "ucx", "data transport (only ucx)"},
     {"num_blocks", OPT_U32, 0, C(num_blocks), 1, 1u << 30, NULL, "slots in the region"},
     {"block_size", OPT_U32, F_SIZE, C(block_size), 1, 1u << 30, NULL,
@@ -225,6 +229,10 @@ static int opt_apply(kvpd_settings_t *s, const opt_t *o, const char *v, const ch
             *(uint8_t *)field(s, o) = b ? 1 : 0;
         return 0;
     case OPT_LEVEL:
+        if (v[0] >= '0' && v[0] <= '0' + KVPD_LOG_TRACE && v[1] == '\0') {
+            s->log_level = v[0] - '0'; /* numeric, as KVPEER_LOG_LEVEL in kvpeer.h */
+            return set_str(&s->log_level_s, level_names[s->log_level]);
+        }
         for (int i = 0; i <= KVPD_LOG_TRACE; i++) {
             if (strcasecmp(v, level_names[i]) == 0) {
                 s->log_level = i;
@@ -330,6 +338,12 @@ static int ini_on_value(void *user, const char *section, const char *name, const
 int kvpd_settings_load_file(kvpd_settings_t *s, const char *path, FILE *err)
 {
     ini_ctx_t c = {s, path, NULL, err, 0, 0};
+    struct stat sb;
+    if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode)) {
+        fprintf(err, "kvpeerd: config file %s: not a regular file%s\n", path,
+                S_ISDIR(sb.st_mode) ? " (a directory)" : "");
+        return -1;
+    }
     if ((c.fp = fopen(path, "r")) == NULL) {
         fprintf(err, "kvpeerd: config file %s: cannot open: %s\n", path, strerror(errno));
         return -1;
@@ -371,6 +385,15 @@ typedef struct flag_val {
     const char *value;
 } flag_val_t;
 
+static bool is_bool_word(const char *v)
+{
+    static const char *const w[] = {"true", "false", "yes", "no", "on", "off", "1", "0"};
+    for (size_t i = 0; i < sizeof(w) / sizeof(w[0]); i++)
+        if (strcasecmp(v, w[i]) == 0)
+            return true;
+    return false;
+}
+
 /* First pass: recognise every flag (unknown -> error), find --config,
  * --help, --print-config. Values are applied after file and environment. */
 static int scan_flags(int argc, char **argv, flag_val_t *fv, int *nfv, int *help, int *print,
@@ -379,7 +402,11 @@ static int scan_flags(int argc, char **argv, flag_val_t *fv, int *nfv, int *help
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            *help = 1;
+            *help = *help ? *help : 1;
+            continue;
+        }
+        if (strcmp(a, "--version") == 0 || strcmp(a, "-V") == 0) {
+            *help = 2;
             continue;
         }
         if (strcmp(a, "--print-config") == 0 || strcmp(a, "--print_config") == 0) {
@@ -398,10 +425,12 @@ static int scan_flags(int argc, char **argv, flag_val_t *fv, int *nfv, int *help
             return -1;
         }
         const char *v = eq ? eq + 1 : NULL;
-        if (v == NULL && o->type == OPT_BOOL)
-            v = "true"; /* bare --admin */
-        if (v == NULL && o->type == OPT_BOOL8)
+        if (v == NULL && (o->type == OPT_BOOL || o->type == OPT_BOOL8)) {
+            /* bare --admin is true; --admin false / --admin true also work */
             v = "true";
+            if (i + 1 < argc && is_bool_word(argv[i + 1]))
+                v = argv[++i];
+        }
         if (v == NULL) {
             if (i + 1 >= argc) {
                 fprintf(err, "kvpeerd: option '%s' needs a value\n", a);
@@ -437,6 +466,22 @@ static int hexval(char c)
     return (c >= 'a' && c <= 'f') ? c - 'a' + 10 : -1;
 }
 
+/* Hex digits (even count) into out; -1 if not hex. */
+static int hex_decode(const char *h, size_t n, uint8_t *out)
+{
+    if (n % 2 != 0)
+        return -1;
+    for (size_t i = 0; i < n / 2; i++) {
+        int hi = hexval(h[2 * i]), lo = hexval(h[2 * i + 1]);
+        if (hi < 0 || lo < 0)
+            return -1;
+        out[i] = (uint8_t)(hi << 4 | lo);
+    }
+    return 0;
+}
+
+enum { KVPD_PSK_MIN = 16 }; /* bytes of secret; shorter keys are brute-forced */
+
 static int load_psk(kvpd_settings_t *s, FILE *err)
 {
     if (s->psk_hex[0] && s->psk_file[0]) {
@@ -445,50 +490,85 @@ static int load_psk(kvpd_settings_t *s, FILE *err)
     }
     if (s->psk_hex[0]) {
         size_t n = strlen(s->psk_hex);
-        if (n % 2 != 0 || n / 2 > KVPD_PSK_MAX) {
+        if (n % 2 != 0 || n / 2 > KVPD_PSK_MAX || hex_decode(s->psk_hex, n, s->psk) != 0) {
             fprintf(err, "kvpeerd: psk: need an even number of hex digits (at most %d bytes)\n",
                     KVPD_PSK_MAX);
             return -1;
         }
-        for (size_t i = 0; i < n / 2; i++) {
-            int hi = hexval(s->psk_hex[2 * i]), lo = hexval(s->psk_hex[2 * i + 1]);
-            if (hi < 0 || lo < 0) {
-                fprintf(err, "kvpeerd: psk: not a hex string\n");
-                return -1;
-            }
-            s->psk[i] = (uint8_t)(hi << 4 | lo);
-        }
         s->psk_len = (uint32_t)(n / 2);
     } else if (s->psk_file[0]) {
-        FILE *f = fopen(s->psk_file, "rb");
+        struct stat sb;
+        uint8_t raw[2 * KVPD_PSK_MAX + 2];
+        FILE *f = stat(s->psk_file, &sb) == 0 && !S_ISREG(sb.st_mode) ? NULL
+                                                                     : fopen(s->psk_file, "rb");
         if (f == NULL) {
-            fprintf(err, "kvpeerd: psk_file %s: %s\n", s->psk_file, strerror(errno));
+            fprintf(err, "kvpeerd: psk_file %s: %s\n", s->psk_file,
+                    errno ? strerror(errno) : "not a regular file");
             return -1;
         }
-        size_t n = fread(s->psk, 1, sizeof(s->psk), f);
+        size_t n = fread(raw, 1, sizeof(raw), f);
         int more = fgetc(f) != EOF;
         fclose(f);
-        if (n == 0 || more) {
-            fprintf(err, "kvpeerd: psk_file %s: must hold 1..%d bytes\n", s->psk_file,
-                    KVPD_PSK_MAX);
+        /* A file of hex digits (what `openssl rand -hex 32 > psk` writes),
+         * with an optional trailing newline, is decoded; else raw bytes. */
+        size_t t = n;
+        while (t > 0 && (raw[t - 1] == '\n' || raw[t - 1] == '\r' || raw[t - 1] == ' '))
+            t--;
+        if (!more && t > 0 && t / 2 <= KVPD_PSK_MAX && hex_decode((char *)raw, t, s->psk) == 0) {
+            s->psk_len = (uint32_t)(t / 2);
+        } else if (n == 0 || more || n > KVPD_PSK_MAX) {
+            fprintf(err, "kvpeerd: psk_file %s: must hold 1..%d raw bytes or up to %d hex digits\n",
+                    s->psk_file, KVPD_PSK_MAX, 2 * KVPD_PSK_MAX);
             return -1;
+        } else {
+            memcpy(s->psk, raw, n);
+            s->psk_len = (uint32_t)n;
         }
-        s->psk_len = (uint32_t)n;
     }
+    if (s->psk_len > 0 && s->psk_len < KVPD_PSK_MIN) {
+        fprintf(err, "kvpeerd: %s: %u bytes of key is too short (at least %d bytes, e.g. "
+                     "`openssl rand -hex 32`)\n",
+                s->psk_hex[0] ? "psk" : "psk_file", s->psk_len, KVPD_PSK_MIN);
+        return -1;
+    }
+    return 0;
+}
+
+/* host:port or [v6]:port; `resolve`: the host must resolve now (addresses
+ * we bind: a typo is a configuration error, exit 2). */
+static int check_addr_ex(const char *what, const char *a, bool empty_ok, bool resolve, FILE *err)
+{
+    const char *colon = strrchr(a, ':');
+    if (a[0] == '\0' && empty_ok)
+        return 0;
+    bool v6 = a[0] == '[';
+    if (colon == NULL || colon == a || colon[1] == '\0' ||
+        strspn(colon + 1, "0123456789") != strlen(colon + 1) || atol(colon + 1) > 65535 ||
+        (v6 && (colon[-1] != ']' || colon - a < 3)) ||
+        (!v6 && memchr(a, ':', (size_t)(colon - a)) != NULL)) {
+        fprintf(err, "kvpeerd: %s: '%s' is not host:port (IPv6: [addr]:port)\n", what, a);
+        return -1;
+    }
+    if (!resolve)
+        return 0;
+    char host[256];
+    snprintf(host, sizeof(host), "%.*s", (int)(colon - a - (v6 ? 2 : 0)), a + (v6 ? 1 : 0));
+    struct addrinfo hints = {0}, *ai = NULL;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    int rc = getaddrinfo(host[0] ? host : NULL, colon + 1, &hints, &ai);
+    if (rc != 0) {
+        fprintf(err, "kvpeerd: %s: host '%s' does not resolve: %s\n", what, host,
+                gai_strerror(rc));
+        return -1;
+    }
+    freeaddrinfo(ai);
     return 0;
 }
 
 static int check_addr(const char *what, const char *a, bool empty_ok, FILE *err)
 {
-    const char *colon = strrchr(a, ':');
-    if (a[0] == '\0' && empty_ok)
-        return 0;
-    if (colon == NULL || colon == a || colon[1] == '\0' ||
-        strspn(colon + 1, "0123456789") != strlen(colon + 1) || atol(colon + 1) > 65535) {
-        fprintf(err, "kvpeerd: %s: '%s' is not host:port\n", what, a);
-        return -1;
-    }
-    return 0;
+    return check_addr_ex(what, a, empty_ok, false, err);
 }
 
 static int check_peers(const char *list, FILE *err)
@@ -531,7 +611,8 @@ static int settings_finish(kvpd_settings_t *s, FILE *err)
                 s->transport);
         return -1;
     }
-    if (check_addr("listen", s->listen, false, err) || check_addr("http", s->http, true, err) ||
+    if (check_addr_ex("listen", s->listen, false, true, err) ||
+        check_addr_ex("http", s->http, true, true, err) ||
         check_peers(s->peers, err) || load_psk(s, err))
         return -1;
     c->listen_addr = s->listen;
@@ -553,6 +634,11 @@ int kvpd_settings_load(kvpd_settings_t *s, int argc, char **argv, FILE *out, FIL
     int rc = KVPD_LOAD_ERROR;
     if (fv == NULL || scan_flags(argc, argv, fv, &nfv, &help, &print, err) != 0)
         goto out;
+    if (help == 2) {
+        fprintf(out, "kvpeerd %s (libkvpeer %s)\n", kvp_version(), kvp_version());
+        rc = KVPD_LOAD_EXIT;
+        goto out;
+    }
     if (help) {
         kvpd_settings_help(out);
         rc = KVPD_LOAD_EXIT;
@@ -605,6 +691,8 @@ void kvpd_settings_print(const kvpd_settings_t *s, FILE *out)
         opt_value_text(s, &opts[i], v, sizeof(v));
         if (opts[i].off == S(psk_hex) && v[0])
             fprintf(out, "; %s = (set, %u bytes, redacted)\n", opts[i].name, s->psk_len);
+        else if (opts[i].flags & F_NOFILE) /* --config itself: not a file key */
+            fprintf(out, "; %s = %s\n", opts[i].name, v);
         else
             fprintf(out, "%s = %s\n", opts[i].name, v);
     }
@@ -617,7 +705,7 @@ void kvpd_settings_help(FILE *out)
     kvpd_settings_init(&d);
     fprintf(out,
             "usage: kvpeerd [--config FILE] [--option value | --option=value]... [--help] "
-            "[--print-config]\n\n"
+            "[--version] [--print-config]\n\n"
             "A kvpeer node as a daemon. Every option can also be set in the INI config file\n"
             "(key = option name, sections optional) or as KVPEER_<NAME> in the environment.\n"
             "Precedence: defaults < config file < environment < flags. Durations in ms.\n"
@@ -630,6 +718,7 @@ void kvpd_settings_help(FILE *out)
                 v[0] ? v : "\"\"");
     }
     fprintf(out, "  --%-28s %s\n", "help", "this text");
+    fprintf(out, "  --%-28s %s\n", "version", "print the version, exit");
     fprintf(out, "  --%-28s %s\n", "print-config", "print every option's effective value, exit");
     kvpd_settings_free(&d);
 }

@@ -40,6 +40,7 @@ typedef struct kvpd_settings {
     char *peers;       /* comma list of host:port */
     char *http;        /* "" = no HTTP server */
     char *ready_file;  /* "" = none */
+    char *log_file;    /* "" = stderr; reopened on SIGHUP (logrotate) */
     char *transport;   /* only "ucx" */
     char *log_level_s;
     bool admin;

@@ -9,7 +9,9 @@ Library search order (first hit wins):
   2. $KVPEER_BUILD_DIR/libkvpeer.so   a CMake build directory
   3. the build tree next to this package (../../build/<dir>/libkvpeer.so),
      preferring build/release, then build/debug, then any other build dir
-     (newest first)
+     (newest first); a sanitizer build (ASan/TSan, e.g. build/debug after
+     `make test`) is skipped unless its runtime is already loaded into this
+     process (LD_PRELOAD), since dlopen'ing it into a plain python3 aborts
   4. ctypes.util.find_library("kvpeer") (an installed library)
 """
 from __future__ import annotations
@@ -18,6 +20,7 @@ import ctypes
 import ctypes.util
 import os
 from ctypes import (
+    CFUNCTYPE,
     POINTER,
     Structure,
     c_char,
@@ -73,6 +76,7 @@ KVP_EV_LOOKUP = 1
 KVP_EV_LOAD = 2
 KVP_EV_PEER_UP = 3
 KVP_EV_PEER_DOWN = 4
+KVP_EV_OVERFLOW = 5
 
 KEY_MAX = 64         # SPEC §1: keys are 1..64 bytes
 PEER_MAX = 255       # SPEC §4: strings <= 255 bytes
@@ -190,11 +194,34 @@ class kvp_peer_info_t(Structure):
     ]
 
 
+class kvp_peer_state_t(Structure):
+    _fields_ = [
+        ("peer", c_char * 256),
+        ("state", c_char * 16),
+        ("last_error", c_char * 128),
+        ("wanted", c_uint32),
+        ("failures", c_uint32),
+    ]
+
+
+REFUSAL_FIELDS = ("dials dial_failures handshakes_timed_out refused_incompatible "
+                  "refused_auth refused_duplicate refused_limit peers_dead").split()
+
+
+class kvp_refusal_stats_t(Structure):
+    _fields_ = [(f, c_uint64) for f in REFUSAL_FIELDS]
+
+
+# void (*kvp_log_fn)(int32_t level, const char *component, const char *line, void *arg)
+LOG_FN = CFUNCTYPE(None, c_int32, c_char_p, c_char_p, c_void_p)
+
+
 # ------------------------------------------------------------------ loading
-def _package_build_candidates() -> Iterator[Path]:
+def _package_build_candidates(build: Optional[Path] = None) -> Iterator[Path]:
     """libkvpeer.so files in <repo>/build/*/ when this package runs from the
     source tree (python/kvpeer/_lib.py -> <repo>/build)."""
-    build = Path(__file__).resolve().parent.parent.parent / "build"
+    if build is None:
+        build = Path(__file__).resolve().parent.parent.parent / "build"
     if not build.is_dir():
         return
     for pref in ("release", "debug"):
@@ -205,6 +232,43 @@ def _package_build_candidates() -> Iterator[Path]:
               if p.parent.name not in ("release", "debug")]
     others.sort(key=lambda p: p.stat().st_mtime, reverse=True)
     yield from others
+
+
+_SANITIZER_RUNTIMES = ((b"libasan.so", "libasan"), (b"libtsan.so", "libtsan"))
+
+
+def sanitizer_runtime(path: "os.PathLike[str] | str") -> Optional[str]:
+    """'libasan' / 'libtsan' if the library at ``path`` needs that sanitizer
+    runtime (its name appears among the ELF's needed libraries), else None."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    for needle, name in _SANITIZER_RUNTIMES:
+        if needle in data:
+            return name
+    return None
+
+
+def _runtime_loaded(name: str) -> bool:
+    """Is the sanitizer runtime ``name`` mapped into this process?"""
+    try:
+        with open("/proc/self/maps") as f:
+            return any(name + ".so" in line for line in f)
+    except OSError:
+        return False
+
+
+def _usable(path: "os.PathLike[str] | str") -> Optional[str]:
+    """None if the library can be loaded here; else why not."""
+    rt = sanitizer_runtime(path)
+    if rt is None or _runtime_loaded(rt):
+        return None
+    return (f"{path} is a sanitizer build (needs {rt}, which is not loaded in this "
+            f"process; loading it would abort python). Build a plain library "
+            f"(`make release`), point KVPEER_LIB at one, or preload the runtime: "
+            f"LD_PRELOAD=$(cc -print-file-name={rt}.so)")
 
 
 def find_library() -> str:
@@ -222,13 +286,19 @@ def find_library() -> str:
         if os.path.exists(p):
             return p
         tried.append(p)
+    skipped: List[str] = []
     for p in _package_build_candidates():
-        return str(p)
+        why = _usable(p)
+        if why is None:
+            return str(p)
+        skipped.append(why)
     tried.append("<repo>/build/*/libkvpeer.so")
     found = ctypes.util.find_library("kvpeer")
     if found:
         return found
     tried.append('ctypes.util.find_library("kvpeer")')
+    if skipped:
+        raise OSError("no loadable libkvpeer.so: " + "; ".join(skipped))
     raise OSError("libkvpeer.so not found; tried: " + ", ".join(tried) +
                   " (set KVPEER_LIB to its full path)")
 
@@ -264,6 +334,13 @@ def _declare(lib: ctypes.CDLL) -> None:
         "kvp_node_stall_ms": (c_uint64, [node_p]),
         "kvp_node_held": (st, [node_p, POINTER(kvp_held_item_t), c_uint32, u32p]),
         "kvp_node_peers": (st, [node_p, POINTER(kvp_peer_info_t), c_uint32, u32p]),
+        "kvp_last_error": (c_char_p, []),
+        "kvp_version": (c_char_p, []),
+        "kvp_get_log_level": (c_int32, []),
+        "kvp_set_log_callback": (None, [LOG_FN, c_void_p]),
+        "kvp_peer_wait": (st, [node_p, c_char_p, c_int32]),
+        "kvp_node_peer_states": (st, [node_p, POINTER(kvp_peer_state_t), c_uint32, u32p]),
+        "kvp_node_refusals": (st, [node_p, POINTER(kvp_refusal_stats_t)]),
     }
     for name, (res, args) in protos.items():
         fn = getattr(lib, name)
@@ -280,6 +357,9 @@ def lib() -> ctypes.CDLL:
     global _LIB, _LIB_PATH
     if _LIB is None:
         path = find_library()
+        why = _usable(path) if os.path.isabs(path) else None
+        if why is not None:  # an explicit KVPEER_LIB / KVPEER_BUILD_DIR choice
+            raise OSError("cannot load " + why)
         try:
             handle = ctypes.CDLL(path)
         except OSError as e:

@@ -158,6 +158,7 @@ class EventType(IntEnum):
     LOAD = L.KVP_EV_LOAD
     PEER_UP = L.KVP_EV_PEER_UP
     PEER_DOWN = L.KVP_EV_PEER_DOWN
+    OVERFLOW = L.KVP_EV_OVERFLOW
 
 
 @dataclass
@@ -217,6 +218,18 @@ class PeerInfo:
     rtt_ns: int
     loads_inflight: int
     bytes_inflight: int
+
+
+@dataclass
+class PeerState:
+    """One kvp_peer_state_t: a wanted peer or one with a session; state is
+    ready, probation, dialing, failed, wanted or closing."""
+
+    peer: str
+    state: str
+    last_error: str
+    wanted: bool
+    failures: int
 
 
 @dataclass
@@ -416,7 +429,10 @@ class Node:
         handle = c_void_p()
         st = L.lib().kvp_node_create(ctypes.byref(cfg), ctypes.byref(handle))
         del keep  # borrowed only for the duration of kvp_node_create
-        _check(st, "kvp_node_create")
+        if st != L.KVP_OK:  # name the field or limit (kvp_last_error)
+            why = L.lib().kvp_last_error()
+            raise Error(st, "kvp_node_create: " + why.decode(errors="replace")
+                        if why else "kvp_node_create")
         self._h = handle.value
         self._fd: int = L.lib().kvp_node_fd(self._h)
         self.peer_id = L.lib().kvp_node_peer_id(self._h).decode()
@@ -500,7 +516,10 @@ class Node:
                     return p
             left = deadline - time.monotonic()
             if left <= 0:
-                raise Error(L.KVP_ERR_TIMEOUT, f"no session with {addr}")
+                why = [f"{p.state}: {p.last_error}" if p.last_error else p.state
+                       for p in self.peer_states() if p.peer == addr]
+                raise Error(L.KVP_ERR_TIMEOUT, f"no session with {addr}" +
+                            (f" ({why[0]})" if why else ""))
             self._pump(min(left, 0.05), stash=True)
 
     # ---------------------------------------------------------- local
@@ -729,6 +748,17 @@ class Node:
         return [PeerInfo(p.peer.decode(errors="replace"), p.instance.decode(errors="replace"),
                          p.data_path.decode(errors="replace"), bool(p.ready), bool(p.probation),
                          p.rtt_ns, p.loads_inflight, p.bytes_inflight) for p in buf[:n.value]]
+
+    def peer_states(self, cap: int = 1024) -> List[PeerState]:
+        """Every peer the node knows (wanted or with a session), with its
+        state and, for one that cannot be reached, the last error."""
+        buf = (L.kvp_peer_state_t * cap)()
+        n = c_uint32()
+        _check(L.lib().kvp_node_peer_states(self._handle(), buf, cap, ctypes.byref(n)),
+               "kvp_node_peer_states")
+        return [PeerState(p.peer.decode(errors="replace"), p.state.decode(errors="replace"),
+                          p.last_error.decode(errors="replace"), bool(p.wanted), p.failures)
+                for p in buf[:n.value]]
 
 
 def _ms(timeout: float) -> int:

@@ -8,7 +8,9 @@
 #include <string.h>
 #include <time.h>
 
-int kvp__log_level = KVP_LOG_INFO;
+/* A library is quiet by default (warnings and errors only); the daemon and
+ * embeddings raise it with kvp_set_log_level / KVPEER_LOG_LEVEL. */
+int kvp__log_level = KVP_LOG_WARN;
 
 static kvp_log_sink_cb log_sink;
 static void *log_sink_arg;
@@ -23,6 +25,10 @@ __attribute__((constructor)) static void log_init_from_env(void)
     const char *v = getenv("KVPEER_LOG_LEVEL");
     if (v == NULL)
         return;
+    if (v[0] >= '0' && v[0] <= '4' && v[1] == '\0') { /* numeric, as kvpeer.h documents */
+        kvp__log_level = v[0] - '0';
+        return;
+    }
     for (int i = 0; i <= KVP_LOG_TRACE; i++) {
         if (strcasecmp(v, level_names[i]) == 0)
             kvp__log_level = i;
@@ -66,11 +72,13 @@ void kvp__log(kvp_log_level_t level, const char *prefix, const char *fmt, ...)
     if (log_sink != NULL) {
         log_sink(level, prefix, line, log_sink_arg);
     } else {
+        /* one format for every kvpeer line: ISO-8601 UTC date and time */
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         struct tm tm;
         gmtime_r(&ts.tv_sec, &tm);
-        fprintf(stderr, "%02d:%02d:%02d.%03ld %-5s [%s] %s\n", tm.tm_hour, tm.tm_min, tm.tm_sec,
+        fprintf(stderr, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %-5s [%s] %s\n", tm.tm_year + 1900,
+                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
                 ts.tv_nsec / 1000000, level_names[level], prefix ? prefix : "kvpeer", line);
     }
     pthread_mutex_unlock(&log_lock);
@@ -104,4 +112,21 @@ void kvp__assert_fail(const char *cond, const char *file, int line, const char *
 {
     fprintf(stderr, "kvpeer: assertion failed: %s (%s:%d %s)\n", cond, file, line, func);
     abort();
+}
+
+/* Public: route every library line to the embedding's logger. */
+static kvp_log_fn public_fn;
+
+static void public_sink(kvp_log_level_t level, const char *prefix, const char *line, void *arg)
+{
+    public_fn((int32_t)level, prefix ? prefix : "kvpeer", line, arg);
+}
+
+KVP_EXPORT void kvp_set_log_callback(kvp_log_fn fn, void *arg)
+{
+    pthread_mutex_lock(&log_lock);
+    public_fn = fn;
+    log_sink = fn ? public_sink : NULL;
+    log_sink_arg = arg;
+    pthread_mutex_unlock(&log_lock);
 }

@@ -5,6 +5,7 @@
 #include "ctl/ctl_int.h"
 
 #include <sodium.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -239,6 +240,18 @@ static kvp_status_t ctl_dial(kvp_ctl_t *ctl, const char *addr, kvp_link_t **out)
     return st;
 }
 
+/* A wanted peer's attempt failed: remember why, log it (the first failure
+ * and then at powers of two, so a dead peer does not flood the log). */
+static void ctl_want_failed(ctl_want_t *w, const char *why)
+{
+    kvp_ctl_t *ctl = w->ctl;
+    w->failures++;
+    snprintf(w->last_error, sizeof(w->last_error), "%s", why);
+    if ((w->failures & (w->failures - 1)) == 0)
+        KVP_WARN(ctl->prefix, "peer %s: not reachable: %s (attempt %u; redialling with backoff)",
+                 w->addr, why, w->failures);
+}
+
 static void ctl_want_dial(ctl_want_t *w)
 {
     kvp_ctl_t *ctl = w->ctl;
@@ -247,6 +260,8 @@ static void ctl_want_dial(ctl_want_t *w)
         return;
     kvp_status_t st = ctl_dial(ctl, w->addr, &l);
     if (st != KVP_OK) {
+        ctl_want_failed(w, st == KVP_ERR_INVALID ? "cannot resolve the host name"
+                                                 : kvp_status_str(st));
         ctl->st.dial_failures++;
         w->backoff_ns = KVP_MIN(w->backoff_ns * 2, ctl->cfg.backoff_max_ns);
         ctl_want_arm(w);
@@ -270,9 +285,12 @@ void ctl_want_link_ready(kvp_ctl_t *ctl, kvp_link_t *l)
     if (w) {
         w->backoff_ns = ctl->cfg.backoff_min_ns;
         kvp_timer_stop(ctl->loop, &w->t_redial);
+        w->failures = 0;
     }
-    if (l->want)
+    if (l->want) {
         l->want->backoff_ns = ctl->cfg.backoff_min_ns;
+        l->want->failures = 0;
+    }
 }
 
 static void ctl_want_link_gone(kvp_ctl_t *ctl, kvp_link_t *l)
@@ -282,18 +300,62 @@ static void ctl_want_link_gone(kvp_ctl_t *ctl, kvp_link_t *l)
         KVP_ASSERT(w->link == l);
         w->link = NULL;
         l->want = NULL;
-        if (!l->was_ready) /* a failed attempt: back off further */
+        if (!l->was_ready) { /* a failed attempt: back off further */
+            char why[128];
+            if (l->down_reason == KVP_DOWN_BYE)
+                snprintf(why, sizeof(why), "refused by the peer: %s",
+                         kvp_bye_reason_str(l->down_bye));
+            else if (l->down_reason == KVP_DOWN_EOF && l->have_peer)
+                snprintf(why, sizeof(why), "connection closed during the handshake (the "
+                                           "peer's log says why: PSK, compat, limit)");
+            else if (l->down_reason == KVP_DOWN_EOF)
+                snprintf(why, sizeof(why), "connection refused or reset");
+            else if (l->down_reason == KVP_DOWN_AUTH)
+                snprintf(why, sizeof(why), "authentication failed: the pre-shared keys "
+                                           "differ (or only one side has one)");
+            else if (l->down_reason == KVP_DOWN_INCOMPATIBLE)
+                snprintf(why, sizeof(why), "incompatible: block layout, compat string, hash "
+                                           "seed or wire version differ (see the log)");
+            else
+                snprintf(why, sizeof(why), "%s", kvp_down_reason_str(l->down_reason));
+            ctl_want_failed(w, why);
             w->backoff_ns = KVP_MIN(w->backoff_ns * 2, ctl->cfg.backoff_max_ns);
+        }
         ctl_want_arm(w);
     }
     if (l->have_peer && (w = ctl_want_find(ctl, l->peer_id)) != NULL)
         ctl_want_arm(w);
 }
 
+/* "host:port" or "[v6]:port" with a numeric port 1..65535 (not resolved:
+ * a name may resolve later, that is a runtime state of the want). */
+static bool ctl_addr_syntax_ok(const char *addr)
+{
+    const char *colon;
+    if (addr[0] == '[') {
+        const char *end = strchr(addr, ']');
+        if (end == NULL || end == addr + 1 || end[1] != ':')
+            return false;
+        colon = end + 1;
+    } else {
+        colon = strrchr(addr, ':');
+        if (colon == NULL || colon == addr || memchr(addr, ':', (size_t)(colon - addr)))
+            return false; /* no host, or a bare IPv6 address without brackets */
+    }
+    char *end = NULL;
+    unsigned long pn = strtoul(colon + 1, &end, 10);
+    return colon[1] >= '0' && colon[1] <= '9' && *end == '\0' && pn >= 1 && pn <= 65535;
+}
+
 kvp_status_t kvp_ctl_want(kvp_ctl_t *ctl, const char *addr)
 {
     if (!addr || !*addr || strlen(addr) > KVP_WIRE_STR_MAX || !strcmp(addr, ctl->peer_id))
         return KVP_ERR_INVALID;
+    if (!ctl->cfg.fake_net && !ctl_addr_syntax_ok(addr)) {
+        KVP_WARN(ctl->prefix, "peer %s: not an address (host:port or [v6]:port): refused",
+                 addr);
+        return KVP_ERR_INVALID;
+    }
     if (ctl_want_find(ctl, addr))
         return KVP_OK;
     ctl_want_t *w = kvp__calloc(1, sizeof(*w));
@@ -529,4 +591,15 @@ kvp_link_t *kvp_ctl_link_pending(const kvp_ctl_t *ctl, const char *peer_id)
             return l;
     }
     return NULL;
+}
+
+void kvp_ctl_wants_foreach(const kvp_ctl_t *ctl, kvp_ctl_want_cb cb, void *arg)
+{
+    const kvp_list_t *pos;
+    for (pos = ctl->wants.next; pos != &ctl->wants; pos = pos->next) {
+        const ctl_want_t *w = KVP_CONTAINER_OF(pos, ctl_want_t, node);
+        kvp_ctl_want_info_t wi = {w->addr, w->link != NULL || ctl_has_link_to(ctl, w->addr),
+                                  w->failures, w->last_error};
+        cb(arg, &wi);
+    }
 }

@@ -174,6 +174,17 @@ const char *kvp_ctl_peer_id(const kvp_ctl_t *ctl);
 kvp_status_t kvp_ctl_want(kvp_ctl_t *ctl, const char *addr);
 /* Stop wanting `addr` (links already up stay until closed). */
 void kvp_ctl_unwant(kvp_ctl_t *ctl, const char *addr);
+/* Every wanted address with its state: a link to it in progress or up,
+ * failed attempts since the last ready link, and why the last one failed
+ * ("" if none). Strings valid for the callback only. */
+typedef struct kvp_ctl_want_info {
+    const char *addr;
+    bool linked;
+    uint32_t failures;
+    const char *last_error;
+} kvp_ctl_want_info_t;
+typedef void (*kvp_ctl_want_cb)(void *arg, const kvp_ctl_want_info_t *wi);
+void kvp_ctl_wants_foreach(const kvp_ctl_t *ctl, kvp_ctl_want_cb cb, void *arg);
 
 /* Send a frame on a link; the ctl stamps the epochs. Before the link is ready
  * frames are queued and flushed in order after both acks. KVP_ERR_CLOSED if

@@ -81,6 +81,10 @@ struct ctl_want {
     kvp_link_t *link; /* our dial in progress (not yet ready), or NULL */
     uint64_t backoff_ns;
     kvp_timer_t t_redial;
+    /* visibility (kvp_ctl_wants_foreach): failed attempts since the last
+     * ready link, and why the last one failed */
+    uint32_t failures;
+    char last_error[128];
 };
 
 /* Ownership: created by kvp_ctl_create, freed by kvp_ctl_destroy; the config

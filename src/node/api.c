@@ -7,8 +7,13 @@
  */
 #include "node/node.h"
 
+#include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <time.h>
+#include <unistd.h>
 
 static kvp_status_t check_key(const void *key, uint32_t len)
 {
@@ -27,14 +32,42 @@ KVP_EXPORT void kvp_set_log_level(int32_t level)
         kvp_log_set_level((kvp_log_level_t)level);
 }
 
+KVP_EXPORT int32_t kvp_get_log_level(void)
+{
+    return kvp__log_level;
+}
+
 KVP_EXPORT const char *kvp_node_peer_id(const kvp_node_t *n)
 {
     return n ? n->peer_id : "";
 }
 
+/* Caller-driven mode: the node fd must also wake for incoming frames, the
+ * transport and timers (kvpeer.h), i.e. whenever kvp_node_progress() has
+ * work. One epoll set over the event fd and the loop's epoll fd (which holds
+ * the sockets, the transport fd and a timerfd armed at the nearest
+ * deadline) is readable exactly then. Closed by node_free. */
+kvp_status_t kvp__node_open_pollfd(kvp_node_t *n)
+{
+    int fds[2] = {n->evfd, kvp_loop_fd(n->loop)};
+    if ((n->pollfd = epoll_create1(EPOLL_CLOEXEC)) < 0)
+        goto fail;
+    for (int i = 0; i < 2; i++) {
+        struct epoll_event ev = {.events = EPOLLIN, .data.fd = fds[i]};
+        if (epoll_ctl(n->pollfd, EPOLL_CTL_ADD, fds[i], &ev) != 0)
+            goto fail;
+    }
+    return KVP_OK;
+fail:
+    KVP_ERROR(n->name, "node fd: epoll: %s", strerror(errno));
+    return KVP_ERR_IO;
+}
+
 KVP_EXPORT int kvp_node_fd(const kvp_node_t *n)
 {
-    return n ? n->evfd : -1;
+    if (n == NULL)
+        return -1;
+    return n->pollfd >= 0 ? n->pollfd : n->evfd;
 }
 
 KVP_EXPORT kvp_status_t kvp_node_progress(kvp_node_t *n, int32_t timeout_ms)
@@ -69,6 +102,40 @@ KVP_EXPORT kvp_status_t kvp_peer_add(kvp_node_t *n, const char *addr)
     if (n == NULL || check_peer(addr) != KVP_OK)
         return KVP_ERR_INVALID;
     return kvp__node_exec(n, do_peer_add, (void *)addr);
+}
+
+/* Ready for lookups and fetches: a live session that is not on probation. */
+static kvp_status_t do_peer_state(kvp_node_t *n, void *arg)
+{
+    kvp_session_t *s = kvp__node_find_session(n, arg);
+    if (s != NULL && s->state == KVP_SESS_READY && !s->probation)
+        return KVP_OK;
+    if (s != NULL)
+        return KVP_ERR_UNREACHABLE; /* closing or on probation */
+    return kvp_ctl_link_pending(n->ctl, arg) != NULL ? KVP_ERR_TIMEOUT : KVP_ERR_UNREACHABLE;
+}
+
+KVP_EXPORT kvp_status_t kvp_peer_wait(kvp_node_t *n, const char *addr, int32_t timeout_ms)
+{
+    if (n == NULL || check_peer(addr) != KVP_OK || timeout_ms < 0)
+        return KVP_ERR_INVALID;
+    const kvp_clock_t *real = kvp_clock_real();
+    uint64_t deadline = kvp_clock_now(real) + (uint64_t)timeout_ms * KVP_NSEC_PER_MSEC;
+    for (;;) {
+        kvp_status_t st = kvp__node_exec(n, do_peer_state, (void *)addr);
+        if (st == KVP_OK)
+            return KVP_OK;
+        uint64_t now = kvp_clock_now(real);
+        if (now >= deadline)
+            return st;
+        int left = (int)KVP_MIN((deadline - now) / KVP_NSEC_PER_MSEC + 1, 5);
+        if (!n->thread_running) {
+            kvp__node_progress(n, left);
+        } else {
+            struct timespec ts = {0, (long)left * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+    }
 }
 
 KVP_EXPORT kvp_status_t kvp_peer_remove(kvp_node_t *n, const char *addr)
@@ -135,6 +202,12 @@ static kvp_status_t do_get(kvp_node_t *n, void *arg)
                    "local reader: acquire refused: max_pins reached");
     if (st != KVP_OK)
         return st;
+    if (n->engine_pins == NULL &&
+        (n->engine_pins = kvp__calloc(n->cfg.num_blocks, sizeof(*n->engine_pins))) == NULL) {
+        kvp_store_unpin(n->store, ref);
+        return KVP_ERR_NOMEM;
+    }
+    n->engine_pins[ref.slot]++; /* the engine's own pins, apart from transfers' (I2) */
     a->out->data = ptr;
     a->out->len = n->cfg.block_size;
     a->out->slot = ref.slot;
@@ -151,10 +224,24 @@ KVP_EXPORT kvp_status_t kvp_get(kvp_node_t *n, const void *key, uint32_t key_len
     return kvp__node_exec(n, do_get, &a);
 }
 
+/* Drop one pin the ENGINE took with kvp_get. A release without such a pin
+ * (double release, a forged block) is refused: it would otherwise drop a pin
+ * an outbound transfer holds, and the slot could be evicted and refilled
+ * while a WRITE still reads it (SPEC I2). */
 static kvp_status_t do_release(kvp_node_t *n, void *arg)
 {
     const kvp_block_t *b = arg;
-    return kvp_store_unpin(n->store, (kvp_slot_ref_t){b->slot, b->gen});
+    if (b->slot >= n->cfg.num_blocks || n->engine_pins == NULL || n->engine_pins[b->slot] == 0) {
+        KVP_LOG_RL(&n->rl_local, kvp__node_now(n), KVP_LOG_WARN, n->name,
+                   "kvp_release: slot %u gen %u holds no pin of the engine (double release?): "
+                   "refused",
+                   b->slot, b->gen);
+        return KVP_ERR_STATE;
+    }
+    kvp_status_t st = kvp_store_unpin(n->store, (kvp_slot_ref_t){b->slot, b->gen});
+    if (st == KVP_OK)
+        n->engine_pins[b->slot]--;
+    return st;
 }
 
 KVP_EXPORT kvp_status_t kvp_release(kvp_node_t *n, const kvp_block_t *b)
@@ -467,4 +554,90 @@ KVP_EXPORT kvp_status_t kvp_node_peers(kvp_node_t *n, kvp_peer_info_t *out, uint
                                        uint32_t *n_out)
 {
     return exec_list(n, do_peers, out, cap, n_out);
+}
+
+/* ------------------------------------------------------------ peer states */
+
+typedef struct states_args {
+    list_args_t *a;
+    kvp_node_t *n;
+} states_args_t;
+
+static kvp_peer_state_t *state_find(list_args_t *a, const char *peer)
+{
+    for (uint32_t i = 0; i < a->n; i++) {
+        kvp_peer_state_t *ps = &((kvp_peer_state_t *)a->out)[i];
+        if (strcmp(ps->peer, peer) == 0)
+            return ps;
+    }
+    return NULL;
+}
+
+static void state_want_cb(void *arg, const kvp_ctl_want_info_t *wi)
+{
+    list_args_t *a = arg;
+    kvp_peer_state_t *ps = state_find(a, wi->addr);
+    if (ps == NULL) { /* no session: where its dialling stands */
+        if (a->n >= a->cap)
+            return;
+        ps = &((kvp_peer_state_t *)a->out)[a->n++];
+        memset(ps, 0, sizeof(*ps));
+        snprintf(ps->peer, sizeof(ps->peer), "%s", wi->addr);
+        snprintf(ps->state, sizeof(ps->state), "%s",
+                 wi->linked ? "dialing" : wi->failures > 0 ? "failed" : "wanted");
+    }
+    ps->wanted = 1;
+    ps->failures = wi->failures;
+    snprintf(ps->last_error, sizeof(ps->last_error), "%s", wi->last_error);
+}
+
+static kvp_status_t do_peer_states(kvp_node_t *n, void *arg)
+{
+    list_args_t *a = arg;
+    kvp_list_t *p, *t;
+    kvp_list_foreach_safe(p, t, &n->sessions)
+    {
+        kvp_session_t *s = KVP_CONTAINER_OF(p, kvp_session_t, node_link);
+        if (a->n >= a->cap)
+            break;
+        kvp_peer_state_t *ps = &((kvp_peer_state_t *)a->out)[a->n++];
+        memset(ps, 0, sizeof(*ps));
+        snprintf(ps->peer, sizeof(ps->peer), "%s", s->peer_id);
+        snprintf(ps->state, sizeof(ps->state), "%s",
+                 s->state != KVP_SESS_READY ? "closing"
+                 : s->probation                ? "probation"
+                                               : "ready");
+    }
+    kvp_ctl_wants_foreach(n->ctl, state_want_cb, a);
+    return KVP_OK;
+}
+
+KVP_EXPORT kvp_status_t kvp_node_peer_states(kvp_node_t *n, kvp_peer_state_t *out, uint32_t cap,
+                                             uint32_t *n_out)
+{
+    return exec_list(n, do_peer_states, out, cap, n_out);
+}
+
+static kvp_status_t do_refusals(kvp_node_t *n, void *arg)
+{
+    kvp_refusal_stats_t *o = arg;
+    kvp_ctl_stats_t cs;
+    kvp_ctl_get_stats(n->ctl, &cs);
+    memset(o, 0, sizeof(*o));
+    o->dials = cs.dials;
+    o->dial_failures = cs.dial_failures;
+    o->handshakes_timed_out = cs.handshakes_timed_out;
+    o->refused_incompatible = cs.refused_incompatible;
+    o->refused_auth = cs.refused_auth;
+    o->refused_duplicate = cs.refused_duplicate;
+    o->refused_limit = cs.refused_limit + n->st.sessions_refused;
+    o->peers_dead = cs.peers_dead;
+    return KVP_OK;
+}
+
+KVP_EXPORT kvp_status_t kvp_node_refusals(kvp_node_t *n, kvp_refusal_stats_t *out)
+{
+    if (n == NULL || out == NULL)
+        return KVP_ERR_INVALID;
+    return kvp__node_exec(n, do_refusals, out);
 }

@@ -46,8 +46,18 @@ uint64_t kvp__node_now(const kvp_node_t *n)
 void kvp__node_emit(kvp_node_t *n, const kvp_event_t *ev)
 {
     pthread_mutex_lock(&n->lock);
+    if (n->ev_count == KVP_EVENT_RING_MAX) { /* bounded: drop, counted, reported */
+        uint64_t dropped = ++n->events_dropped;
+        pthread_mutex_unlock(&n->lock);
+        if (dropped == 1 || (dropped & 1023) == 0)
+            KVP_ERROR(n->name,
+                      "event ring full (%u undelivered events): event type %d dropped "
+                      "(%llu so far); the embedding does not poll kvp_poll_events",
+                      (unsigned)KVP_EVENT_RING_MAX, ev->type, (unsigned long long)dropped);
+        return;
+    }
     if (n->ev_count == n->ev_cap) {
-        uint32_t cap = n->ev_cap ? n->ev_cap * 2 : 64;
+        uint32_t cap = n->ev_cap ? KVP_MIN(n->ev_cap * 2, (uint32_t)KVP_EVENT_RING_MAX) : 64;
         kvp_event_t *ne = kvp__malloc(cap * sizeof(*ne));
         if (ne == NULL) {
             n->events_dropped++;
@@ -74,12 +84,20 @@ kvp_status_t kvp__node_take_events(kvp_node_t *n, kvp_event_t *out, uint32_t cap
 {
     uint32_t k = 0;
     pthread_mutex_lock(&n->lock);
+    if (cap > 0 && n->events_dropped > 0) { /* the loss first: the caller must know */
+        memset(&out[0], 0, sizeof(out[0]));
+        out[0].type = KVP_EV_OVERFLOW;
+        out[0].status = KVP_ERR_LIMIT;
+        out[0].n_keys = (uint32_t)KVP_MIN(n->events_dropped, UINT32_MAX);
+        n->events_dropped = 0;
+        k = 1;
+    }
     while (k < cap && n->ev_count > 0) {
         out[k++] = n->events[n->ev_head];
         n->ev_head = (n->ev_head + 1) % n->ev_cap;
         n->ev_count--;
     }
-    if (n->ev_count == 0) {
+    if (n->ev_count == 0 && n->events_dropped == 0) {
         uint64_t v;
         ssize_t r = read(n->evfd, &v, sizeof(v));
         (void)r;
@@ -479,29 +497,6 @@ KVP_EXPORT void kvp_config_init(kvp_config_t *c)
     c->backoff_max_ms = 5000;
 }
 
-static kvp_status_t config_check(const kvp_config_t *c)
-{
-    long page = sysconf(_SC_PAGESIZE);
-    if (c->num_blocks == 0 || c->block_size == 0 || c->block_size % (uint32_t)page != 0)
-        return KVP_ERR_INVALID;
-    if (c->transport != KVP_TRANSPORT_UCX && c->transport != KVP_TRANSPORT_FAKE)
-        return KVP_ERR_INVALID;
-    if (c->thread_mode != KVP_THREAD_OWN && c->thread_mode != KVP_THREAD_CALLER)
-        return KVP_ERR_INVALID;
-    if ((c->psk == NULL) != (c->psk_len == 0))
-        return KVP_ERR_INVALID;
-    if ((c->peer_id && (strlen(c->peer_id) == 0 || strlen(c->peer_id) > KVP_WIRE_STR_MAX)) ||
-        (c->instance_id &&
-         (strlen(c->instance_id) == 0 || strlen(c->instance_id) > KVP_WIRE_STR_MAX)) ||
-        (c->name && strlen(c->name) > KVP_WIRE_STR_MAX))
-        return KVP_ERR_INVALID;
-    if (c->dead_after_ms == 0 || c->heartbeat_ms == 0 || c->heartbeat_ms >= c->dead_after_ms)
-        return KVP_ERR_INVALID;
-    if (c->max_sessions == 0 || c->hold_cap_ms == 0 || c->load_timeout_ms == 0)
-        return KVP_ERR_INVALID;
-    return KVP_OK;
-}
-
 static void store_config(const kvp_node_t *n, kvp_store_config_t *sc)
 {
     memset(sc, 0, sizeof(*sc));
@@ -618,13 +613,15 @@ kvp_status_t kvp__node_create_ex(const kvp_config_t *cfg, const kvp_node_seams_t
                                  kvp_node_t **out)
 {
     kvp_status_t st;
-    if (cfg == NULL || out == NULL || (st = config_check(cfg)) != KVP_OK)
+    kvp__clear_last_error();
+    if (out == NULL || (st = kvp__config_check(cfg)) != KVP_OK)
         return KVP_ERR_INVALID;
     kvp_node_t *n = kvp__calloc(1, sizeof(*n));
     if (n == NULL)
         return KVP_ERR_NOMEM;
     n->cfg = *cfg;
     n->evfd = -1;
+    n->pollfd = -1;
     snprintf(n->name, sizeof(n->name), "%s", cfg->name ? cfg->name : "kvpeer");
     if (n->cfg.suspect_period_ms == 0)
         n->cfg.suspect_period_ms = 10ull * n->cfg.hold_cap_ms;
@@ -675,6 +672,8 @@ kvp_status_t kvp__node_create_ex(const kvp_config_t *cfg, const kvp_node_seams_t
     if (xfd >= 0 && (st = kvp_io_start(n->loop, &n->xport_io, xfd, EPOLLIN, xport_io_cb, n)) != KVP_OK)
         goto fail;
     kvp_timer_start(n->loop, &n->hold_timer, kvp__node_now(n) + hold_period_ns(n));
+    if (cfg->thread_mode == KVP_THREAD_CALLER && (st = kvp__node_open_pollfd(n)) != KVP_OK)
+        goto fail;
     atomic_store_explicit(&n->round_ns, kvp_clock_now(kvp_clock_real()), memory_order_relaxed);
     if (cfg->thread_mode == KVP_THREAD_OWN) {
         if (pthread_create(&n->thread, NULL, node_thread_main, n) != 0) {
@@ -683,11 +682,13 @@ kvp_status_t kvp__node_create_ex(const kvp_config_t *cfg, const kvp_node_seams_t
         }
         n->thread_running = true;
     }
-    KVP_INFO(n->name, "node up: %u blocks x %u B, transport %s", n->cfg.num_blocks,
-             n->cfg.block_size, n->xport->ops->name);
+    KVP_INFO(n->name, "node up: %u blocks x %u B, transport %s, compat '%s' (fingerprint %016llx)",
+             n->cfg.num_blocks, n->cfg.block_size, n->xport->ops->name,
+             cfg->compat ? cfg->compat : "", (unsigned long long)n->fingerprint);
     *out = n;
     return KVP_OK;
 fail:
+    kvp__note_create_failure(st);
     node_free(n);
     return st;
 }
@@ -771,6 +772,9 @@ static void node_free(kvp_node_t *n)
         kvp_loop_destroy(n->loop);
     if (n->evfd >= 0)
         close(n->evfd);
+    if (n->pollfd >= 0)
+        close(n->pollfd);
+    kvp__free(n->engine_pins);
     pthread_mutex_destroy(&n->lock);
     pthread_cond_destroy(&n->cond);
     kvp__free(n->events);

@@ -275,6 +275,8 @@ struct kvp_node {
     pthread_t thread;
     bool thread_running, stopping;
     int evfd;
+    int pollfd; /* caller-driven mode: epoll over evfd + the loop (kvp_node_fd) */
+    uint32_t *engine_pins; /* per slot: pins taken by kvp_get, not yet released */
     kvp_event_t *events;
     uint32_t ev_head, ev_count, ev_cap;
     uint64_t events_dropped;
@@ -351,5 +353,16 @@ void kvp__server_finish_request(kvp_session_t *s, uint64_t request_id);
 /* Teardown: cancel in WAIT mode; running transfers move to node->retained. */
 void kvp__server_teardown(kvp_session_t *s);
 void kvp__xfer_release(kvp_node_t *n, kvp_xfer_t *x);
+
+/* config.c: validation naming the field (kvp_last_error), the region
+ * against the host's memory and /dev/shm. */
+kvp_status_t kvp__config_check(const kvp_config_t *cfg);
+void kvp__set_last_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void kvp__clear_last_error(void);
+/* kvp_node_create failed after validation: keep a last error if none is set. */
+void kvp__note_create_failure(kvp_status_t st);
+uint64_t kvp__mem_available(void);
+/* api.c: the caller-driven mode's node fd (events + loop fds + timers). */
+kvp_status_t kvp__node_open_pollfd(kvp_node_t *n);
 
 #endif /* KVP_NODE_H */

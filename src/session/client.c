@@ -665,7 +665,9 @@ void kvp__client_on_fetch_done(kvp_session_t *s, const kvp_msg_fetch_done_t *m)
         if (!b->reserved)
             continue;
         const kvp_fetch_block_t *fb = &m->blocks[k++];
-        kvp_status_t st = KVP_ERR_TRANSPORT;
+        /* Not ok in a successful FETCH_DONE: the source had no supply for
+         * that key (it missed), the others were sent (F9, partial). */
+        kvp_status_t st = m->status == KVP_OK ? KVP_ERR_NOT_FOUND : KVP_ERR_TRANSPORT;
         if (m->status == KVP_OK && fb->ok)
             st = n->cfg.verify_checksums && !KVP_MUTATED(KVP_MUT_SKIP_CHECKSUM)
                      ? kvp_store_commit_verify(n->store, b->dst, &fb->digest)

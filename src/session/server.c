@@ -440,8 +440,12 @@ void kvp__server_on_fetch(kvp_session_t *s, const kvp_msg_fetch_t *m)
         sround_finish(r, false, KVP_ERR_NOMEM);
         return;
     }
-    if (missing > 0 && !wait) {
+    if (missing > 0 && !wait && missing == r->n_demand) {
         sround_finish(r, false, KVP_ERR_NOT_FOUND); /* F9: at once, never a silent wait */
+        return;
+    }
+    if (missing > 0 && !wait) { /* F9, partly supplied: send what we have, at once; */
+        sround_post(r);         /* FETCH_DONE marks the rest not ok (NOT_FOUND there) */
         return;
     }
     if (missing > 0) {
@@ -485,6 +489,8 @@ static kvp_status_t xfer_take_pins(kvp_sround_t *r, kvp_xfer_t *x)
     kvp_store_t *st = r->sess->node->store;
     x->n = 0;
     for (uint32_t i = 0; i < r->n_demand; i++) {
+        if (r->demand[i].supply < 0)
+            continue; /* not supplied (F9): reported not ok in FETCH_DONE */
         kvp_supply_t *sp = &r->supply[r->demand[i].supply];
         if (sp->pinned) {
             sp->pinned = false;
@@ -515,14 +521,17 @@ static void sround_post(kvp_sround_t *r)
     kvp_xfer_block_t *blocks = kvp__calloc(r->n_demand, sizeof(*blocks));
     kvp_status_t st = x && blocks ? xfer_take_pins(r, x) : KVP_ERR_NOMEM;
     if (st == KVP_OK) {
-        for (uint32_t i = 0; i < r->n_demand; i++) {
+        for (uint32_t i = 0, k = 0; i < r->n_demand; i++) {
+            if (r->demand[i].supply < 0)
+                continue; /* x->src holds the supplied demands, in order */
             kvp_slot_info_t info;
-            kvp_store_slot_info(n->store, x->src[i].slot, &info);
+            kvp_store_slot_info(n->store, x->src[k].slot, &info);
             r->digests[i] = info.digest;
-            blocks[i] = (kvp_xfer_block_t){x->src[i].slot, x->src[i].gen, r->demand[i].dst_slot,
+            blocks[k] = (kvp_xfer_block_t){x->src[k].slot, x->src[k].gen, r->demand[i].dst_slot,
                                            r->demand[i].dst_gen};
+            k++;
         }
-        st = n->xport->ops->write(n->xport, s->xpeer, blocks, r->n_demand, &x->id);
+        st = n->xport->ops->write(n->xport, s->xpeer, blocks, x->n, &x->id);
         if (st != KVP_OK) /* nothing was posted: fail cleanly (F14) */
             KVP_WARN(n->name, "peer %s: transfer submit failed: %s", s->peer_id,
                      kvp_status_str(st));
@@ -568,7 +577,8 @@ void kvp__server_on_xfer_done(kvp_session_t *s, kvp_xfer_id_t id, kvp_status_t s
             n->st.bytes_out += (uint64_t)x->n * n->cfg.block_size;
             n->st.transfers_done++;
             n->st.transfer_latency_ns_sum += now - x->posted_ns;
-            memset(r->block_ok, 1, r->n_demand);
+            for (uint32_t i = 0; i < r->n_demand; i++)
+                r->block_ok[i] = r->demand[i].supply >= 0;
         }
         r->xfer = NULL;
         kvp__xfer_release(n, x); /* terminal: proof that frees the source pins */

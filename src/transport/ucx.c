@@ -715,7 +715,7 @@ static kvp_status_t ucx_fence_peer(kvp_xport_t *xp, kvp_xpeer_id_t peer, bool *p
      * proof. Direct shm (and RDMA) puts never involve us: no proof. */
     bool fenceable = p->inbound == KVP_PATH_TCP || p->inbound == KVP_PATH_EMULATED_SHM;
     *proof = fenceable && p->close_req == NULL; /* close completed */
-    KVP_INFO(PFX(x), "peer %llu fenced (its puts to us: %s): %s", (unsigned long long)peer,
+    KVP_DEBUG(PFX(x), "peer %llu fenced (its puts to us: %s): %s", (unsigned long long)peer,
              kvp_data_path_str(p->inbound), *proof ? "no later write can land" : "NOT a proof");
     return KVP_OK;
 }

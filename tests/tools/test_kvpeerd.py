@@ -236,10 +236,12 @@ def case_config():
                 for l in r.stdout.splitlines() if l and not l.startswith(";"))
     want = {"num_blocks": "48", "block_size": "8192", "heartbeat_ms": "300",
             "shutdown_drain_ms": "1500", "dead_after_ms": "2000", "admin": "false",
-            "transport": "ucx", "config": ini}
+            "transport": "ucx"}
     for k, v in want.items():
         check(conf.get(k) == v, "--print-config %s = %r, want %r" % (k, conf.get(k), v))
-    check(len(conf) >= 38, "--print-config lists only %d options" % len(conf))
+    # --config is shown as a comment: the output is itself a valid --config file
+    check(("; config = " + ini) in r.stdout.splitlines(), "--print-config: no '; config' line")
+    check(len(conf) >= 37, "--print-config lists only %d options" % len(conf))
 
 
 def expect_refused(args, needles, ini_text=None, env=None):
@@ -455,7 +457,208 @@ def case_install():
     print("install case took %.1f s" % (time.time() - t0))
 
 
-CASES = {"config": case_config, "bad_config": case_bad_config, "two_nodes": case_two_nodes,
+def peers_table(d):
+    """/peers as {peer: {field: value}}, last_error unquoted (it holds spaces)."""
+    out = {}
+    for line in d.req("/peers")[1].splitlines():
+        m = re.match(r'^(.*?) last_error="(.*)"$', line)
+        check(m is not None, "/peers line without last_error: %r" % line)
+        f = dict(kv.split("=", 1) for kv in m.group(1).split())
+        f["last_error"] = m.group(2)
+        out[f["peer"]] = f
+    return out
+
+
+def case_visibility():
+    """Peers that cannot be reached are visible: refused at once when not an
+    address, else listed in /peers with a state and the last error, logged,
+    counted per reason in /metrics, and /healthz says degraded."""
+    dead, nodns = "127.0.0.1:1", "no-such-host.invalid:7400"
+    a = Daemon("a", SMALL + ["--admin", "--peers", dead + "," + nodns,
+                             "--backoff_max_ms", "300"]).start()
+    code, body = a.req("/admin/peer?add=notanaddress", "POST")
+    check(code == 400 and "notanaddress" in body, "add=notanaddress: %d %r" % (code, body))
+    code, body = a.req("/admin/peer?add=10.0.0.1:99999", "POST")
+    check(code == 400, "add=port 99999: %d %r" % (code, body))
+    wait_for(lambda: all(p in peers_table(a) and peers_table(a)[p]["last_error"]
+                         for p in (dead, nodns)), "both peers listed with an error")
+    t = peers_table(a)
+    check("notanaddress" not in t, "a refused address is listed: %r" % t)
+    for p in (dead, nodns):
+        check(t[p]["wanted"] == "1" and t[p]["state"] in ("failed", "dialing", "wanted")
+              and int(t[p]["failures"]) >= 1 and t[p]["ready"] == "0", "%s: %r" % (p, t[p]))
+    check("refused" in t[dead]["last_error"], "127.0.0.1:1: %r" % t[dead])
+    check("resolve" in t[nodns]["last_error"], "unresolvable: %r" % t[nodns])
+    code, body = a.req("/healthz")
+    check(code == 200 and body.startswith("degraded: 2 of 2 wanted peers not ready"),
+          "/healthz: %d %r" % (code, body))
+    flat, _ = metrics(a)
+    check(flat['kvpeer_peers_wanted_not_ready'] == 2, "peers_wanted_not_ready")
+    check(flat['kvpeer_session_failures_total{reason="dial_failed"}'] >= 1, "dial_failed")
+    check(flat['kvpeer_peers{state="ready"}'] == 0, "ready peers")
+    log = a.logtext()
+    for p in (dead, nodns):
+        check(re.search(r"peer %s: not reachable: " % re.escape(p), log), "no log line for " + p)
+    # A peer with another PSK: refused, shown with the reason, counted.
+    b = Daemon("b", SMALL + ["--psk", "00112233445566778899aabbccddeeff"]).start()
+    code, body = a.req("/admin/peer?add=" + b.peer, "POST")
+    check(code == 200, "add b: %d %r" % (code, body))
+    wait_for(lambda: b.peer in peers_table(a) and peers_table(a)[b.peer]["last_error"],
+             "b listed with an error")
+    print("a's view of b: %r" % peers_table(a)[b.peer])
+    flat, _ = metrics(b)
+    check(flat['kvpeer_session_failures_total{reason="auth"}'] >= 1, "b counts the auth refusal")
+    code, body = a.req("/admin/peer?remove=" + dead, "POST")
+    code, body = a.req("/admin/peer?remove=" + nodns, "POST")
+    code, body = a.req("/admin/peer?remove=" + b.peer, "POST")
+    wait_for(lambda: a.req("/healthz")[1] == "ok\n", "healthz ok once nothing is wanted")
+    a.check_clean_exit(a.stop())
+    b.check_clean_exit(b.stop())
+
+
+LINE = re.compile(r"^ts=\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z level=(error|warn|info|debug|trace) "
+                  r"comp=(kvpeerd|kvpeer) ")
+
+
+def case_logging():
+    """One format (dated) and one level for the daemon and the library:
+    --log_level and the numeric KVPEER_LOG_LEVEL reach the library; a normal
+    shutdown of two connected nodes logs no 'NOT a proof' at info."""
+    a = Daemon("a", SMALL + ["--admin"]).start()
+    b = Daemon("b", SMALL + ["--admin", "--peers", a.peer]).start()
+    wait_for(lambda: "ready=1" in b.req("/peers")[1], "b's session to a")
+    b.check_clean_exit(b.stop())
+    a.check_clean_exit(a.stop())
+    for d in (a, b):
+        lines = [l for l in d.logtext().splitlines() if l.strip()]
+        bad = [l for l in lines if not LINE.match(l)]
+        check(not bad, "%s: lines in another format: %r" % (d.name, bad[:5]))
+        check(any(" comp=kvpeer " in l and "node up" in l for l in lines),
+              "%s: the library's 'node up' (info) is not in the daemon's log" % d.name)
+        check(not any("NOT a proof" in l and "level=info" in l for l in lines),
+              "%s: fence line at info on a normal shutdown" % d.name)
+    # --log_level warn: the library's info lines go too.
+    c = Daemon("c", SMALL + ["--log_level", "warn"]).start()
+    c.check_clean_exit(c.stop())
+    check("node up" not in c.logtext(), "--log_level warn: library info lines remain:\n" +
+          c.logtext())
+    # Numeric KVPEER_LOG_LEVEL (kvpeer.h): 3 = debug, for the library as well.
+    env = dict(os.environ, KVPEER_LOG_LEVEL="3")
+    r = run([KVPEERD, "--print-config"], env=env)
+    check(r.returncode == 0 and "log_level = debug" in r.stdout,
+          "KVPEER_LOG_LEVEL=3: rc %d %r" % (r.returncode, r.stdout + r.stderr))
+    d = Daemon("d", SMALL)
+    d.proc = None
+    log = open(d.logpath, "w")
+    d.log = log
+    d.proc = subprocess.Popen(d.args, stdout=log, stderr=subprocess.STDOUT, env=env)
+    CHILDREN.append(d.proc)
+    wait_for(lambda: os.path.exists(d.ready), "d ready")
+    d.check_clean_exit(d.stop())
+    check(re.search(r"level=debug comp=kvpeer ", d.logtext()),
+          "KVPEER_LOG_LEVEL=3: no library debug line:\n" + d.logtext()[-3000:])
+
+
+KVPEER_CLI = os.path.join(os.path.dirname(KVPEERD), "kvpeer")
+
+
+def case_operator():
+    """Daemon and CLI as an operator meets them: --version, --flag false,
+    --print-config fed back as --config, a directory or a short PSK refused,
+    hex in psk_file decoded, a busy HTTP port named, [::1] usable, an
+    unresolvable host exit 2, and the CLI verbs to add peers and fetch."""
+    for exe in (KVPEERD, KVPEER_CLI):
+        r = run([exe, "--version"])
+        check(r.returncode == 0 and re.match(r"^kvpeerd? \d+\.\d+\.\d+", r.stdout),
+              "%s --version: rc %d %r" % (exe, r.returncode, r.stdout + r.stderr))
+    r = run([KVPEERD, "--admin", "false", "--verify_checksums", "off", "--print-config"])
+    check(r.returncode == 0 and "admin = false" in r.stdout and
+          "verify_checksums = false" in r.stdout, "--admin false: %r" % (r.stdout + r.stderr))
+    pc = os.path.join(TMP, "printed.ini")
+    r = run([KVPEERD, "--num_blocks", "48", "--heartbeat_ms", "300", "--print-config"])
+    open(pc, "w").write(r.stdout)
+    r2 = run([KVPEERD, "--config", pc, "--print-config"])
+    check(r2.returncode == 0, "--print-config output as --config: %r" % r2.stderr)
+    strip = lambda t: [l for l in t.splitlines() if not l.startswith("; config")]
+    check(strip(r2.stdout) == strip(r.stdout), "round trip differs:\n%s\n%s" % (r.stdout, r2.stdout))
+    expect_refused(["--config", TMP], ["not a regular file", "directory"])
+    expect_refused(["--psk", "0011"], ["psk", "too short"])
+    hexf = os.path.join(TMP, "psk.hex")
+    open(hexf, "w").write("00112233445566778899aabbccddeeff0011223344556677\n")
+    r = run([KVPEERD, "--psk_file", hexf, "--print-config"])
+    check(r.returncode == 0, "hex psk_file refused: %r" % r.stderr)
+    short = os.path.join(TMP, "psk.short")
+    open(short, "w").write("abcd\n")
+    expect_refused(["--psk_file", short], ["psk_file", "too short"])
+    expect_refused(["--listen", "no-such-host.invalid:0"], ["listen", "does not resolve"])
+    expect_refused(["--http", "no-such-host.invalid:0"], ["http", "does not resolve"])
+    # A busy HTTP port: the message names it.
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+    port = s.getsockname()[1]
+    r = run([KVPEERD, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:%d" % port,
+             "--num_blocks", "16", "--block_size", "64K"])
+    s.close()
+    check(r.returncode == 1 and ("port %d" % port) in r.stderr and "in use" in r.stderr,
+          "busy port: rc %d %r" % (r.returncode, r.stderr[-1000:]))
+    # IPv6 loopback for both listeners; then the CLI verbs against it.
+    a = Daemon("a6", ["--listen", "[::1]:0", "--http", "[::1]:0", "--admin", "--num_blocks",
+                      "64", "--block_size", "64K"]).start()
+    check(a.peer.startswith("[::1]:") and a.http.startswith("[::1]:"), "v6: %s %s" % (a.peer, a.http))
+    b = Daemon("b", SMALL + ["--admin"]).start()
+    r = run([KVPEER_CLI, "put", b.http, "0", "4"])
+    check(r.returncode == 0 and "put 4 0" in r.stdout, "kvpeer put: %r" % (r.stdout + r.stderr))
+    r = run([KVPEER_CLI, "peer", "add", a.http, "notanaddress"])
+    check(r.returncode == 1 and "400" in r.stderr, "peer add bad: %r" % (r.stdout + r.stderr))
+    r = run([KVPEER_CLI, "peer", "add", a.http, b.peer])
+    check(r.returncode == 0, "kvpeer peer add: %r" % (r.stdout + r.stderr))
+    wait_for(lambda: "state=ready" in a.req("/peers")[1], "a's session to b")
+    r = run([KVPEER_CLI, "fetch", a.http, b.peer, "0", "6", "7"])
+    check(r.returncode == 0 and "hits=4" in r.stdout, "kvpeer fetch: %r" % (r.stdout + r.stderr))
+    r = run([KVPEER_CLI, "peers", a.http])
+    check(r.returncode == 0 and b.peer in r.stdout and "ready" in r.stdout,
+          "kvpeer peers: %r" % r.stdout)
+    r = run([KVPEER_CLI, "peer", "remove", a.http, b.peer])
+    check(r.returncode == 0, "kvpeer peer remove: %r" % (r.stdout + r.stderr))
+    a.check_clean_exit(a.stop())
+    b.check_clean_exit(b.stop())
+
+
+def case_sighup():
+    """SIGHUP reopens the log file (logrotate) and reloads the settings:
+    log_level and new peers apply at once, other changes are named as
+    needing a restart; a bad file keeps the running settings."""
+    b = Daemon("b", SMALL).start()
+    ini = os.path.join(TMP, "hup.ini")
+    logf = os.path.join(TMP, "hup.log")
+    open(ini, "w").write("num_blocks = 64\nblock_size = 64K\nlog_level = info\n")
+    a = Daemon("a", ["--config", ini, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
+                     "--log_file", logf]).start()
+    wait_for(lambda: os.path.exists(logf) and "event=node_up" in open(logf).read(), "log file")
+    os.rename(logf, logf + ".1")  # logrotate
+    open(ini, "w").write("num_blocks = 32\nblock_size = 64K\nlog_level = debug\npeers = %s\n"
+                         % b.peer)
+    a.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: os.path.exists(logf) and "event=reload" in open(logf).read(),
+             "reload logged in a new log file")
+    text = open(logf).read()
+    check('needs_restart="num_blocks"' in text, "num_blocks not named:\n" + text)
+    check("log_level=debug" in text, "level not reloaded:\n" + text)
+    wait_for(lambda: "state=ready" in a.req("/peers")[1], "the peer added by the reload")
+    check("event=reload" not in open(logf + ".1").read(), "old file still written")
+    open(ini, "w").write("num_blocks = lots\n")
+    a.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: "event=reload_failed" in open(logf).read(), "bad file refused")
+    code, body = a.req("/healthz")
+    check(code == 200, "a alive after a bad reload: %d" % code)
+    a.check_clean_exit(a.stop())
+    b.check_clean_exit(b.stop())
+    check(a.proc.returncode == 0, "exit code")
+
+
+CASES = {"sighup": case_sighup, "operator": case_operator, "logging": case_logging, "visibility": case_visibility, "config": case_config, "bad_config": case_bad_config, "two_nodes": case_two_nodes,
          "sigterm_drain": case_sigterm_drain, "install": case_install}
 
 if __name__ == "__main__":

@@ -151,13 +151,14 @@ static void test_psk_hex_and_redaction(void **state)
 {
     kvpd_settings_t s;
     cap_t c, o;
-    char *argv[] = {"kvpeerd", "--psk", "00ff10", "--print-config", NULL};
+    char *argv[] = {"kvpeerd", "--psk", "00ff10112233445566778899aabbccdd", "--print-config",
+                    NULL};
     kvpd_settings_init(&s);
     cap_open(&c), cap_open(&o);
     assert_int_equal(kvpd_settings_load(&s, 4, argv, o.f, c.f), KVPD_LOAD_EXIT);
-    assert_int_equal(s.psk_len, 3);
+    assert_int_equal(s.psk_len, 16);
     assert_int_equal(s.psk[1], 0xff);
-    assert_non_null(strstr(cap_text(&o), "; psk = (set, 3 bytes, redacted)"));
+    assert_non_null(strstr(cap_text(&o), "; psk = (set, 16 bytes, redacted)"));
     assert_null(strstr(cap_text(&o), "00ff10"));
     assert_non_null(strstr(cap_text(&o), "\nshutdown_drain_ms = 3000\n"));
     cap_close(&c), cap_close(&o);

@@ -1,0 +1,283 @@
+/*
+ * test_node_ops.c -- misuse by the embedding (issue 18): a region the host
+ * cannot hold, settings that name their field, a double kvp_release, an
+ * embedding that never polls events, and the node fd of the caller-driven
+ * mode. Each test names the mutation that makes it fail.
+ */
+#include "world.h"
+
+#include <dirent.h>
+#include <poll.h>
+
+/* Names in /dev/shm, as one sorted-free concatenation (for before/after). */
+static size_t shm_entries(char *buf, size_t cap)
+{
+    DIR *d = opendir("/dev/shm");
+    size_t n = 0, len = 0;
+    struct dirent *e;
+    buf[0] = '\0';
+    if (d == NULL)
+        return 0;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        n++;
+        len += (size_t)snprintf(buf + KVP_MIN(len, cap - 1), cap - KVP_MIN(len, cap - 1), "%s/",
+                                e->d_name);
+    }
+    closedir(d);
+    return n;
+}
+
+/* A region larger than the host's memory is refused before a byte of it is
+ * touched, naming the limit, and leaves nothing in /dev/shm. Mutation: skip
+ * the memory check (config.c check_region): with the FAKE transport the
+ * create then succeeds (overcommitted mapping), with UCX it pre-faults
+ * /dev/shm until the OOM killer runs (the original report). */
+static void test_region_over_memory_refused(void **state)
+{
+    (void)state;
+    static char before[65536], after[65536];
+    uint64_t avail = kvp__mem_available();
+    assert_true(avail > 0);
+    for (int transport = 0; transport < 2; transport++) {
+        kvp_config_t c;
+        kvp_config_init(&c);
+        c.transport = transport == 0 ? KVP_TRANSPORT_FAKE : KVP_TRANSPORT_UCX;
+        c.thread_mode = KVP_THREAD_CALLER;
+        c.block_size = 1u << 30;                                    /* 1 GiB */
+        c.num_blocks = (uint32_t)(avail / c.block_size) + 2;        /* > MemAvailable */
+        kvp_fake_fabric_t *fab = NULL;
+        assert_int_equal(kvp_fake_fabric_create(kvp_clock_real(), &fab), KVP_OK);
+        kvp_node_seams_t seams = {NULL, NULL, fab, KVP_PATH_FAKE_FENCEABLE, 0};
+        size_t nb = shm_entries(before, sizeof(before));
+        kvp_node_t *n = NULL;
+        uint64_t t0 = kvp_clock_now(kvp_clock_real());
+        kvp_status_t st = kvp__node_create_ex(&c, &seams, &n);
+        uint64_t took = kvp_clock_now(kvp_clock_real()) - t0;
+        if (st == KVP_OK)
+            kvp_node_destroy(n);
+        kvp_fake_fabric_destroy(fab);
+        assert_int_equal(st, KVP_ERR_INVALID);
+        assert_null(n);
+        assert_non_null(strstr(kvp_last_error(), "MemAvailable"));
+        assert_non_null(strstr(kvp_last_error(), "num_blocks"));
+        assert_true(took < 2 * KVP_NSEC_PER_SEC * kvp_test_time_scale()); /* nothing touched */
+        size_t na = shm_entries(after, sizeof(after));
+        assert_int_equal(na, nb);
+        assert_string_equal(after, before);
+    }
+}
+
+/* Every refused setting names its field in kvp_last_error(). Mutation:
+ * return KVP_ERR_INVALID without recording (the old config_check). */
+static void test_bad_settings_name_the_field(void **state)
+{
+    (void)state;
+    static const uint8_t short_psk[2] = {1, 2};
+    static char region[8192];
+    struct {
+        const char *field;
+        int which;
+    } cases[] = {{"block_size", 0}, {"num_blocks", 1}, {"psk", 2},
+                 {"dead_after_ms", 3}, {"region_len", 4}, {"thread_mode", 5}};
+    for (size_t i = 0; i < KVP_ARRAY_SIZE(cases); i++) {
+        kvp_config_t c;
+        kvp_config_init(&c);
+        c.transport = KVP_TRANSPORT_FAKE;
+        switch (cases[i].which) {
+        case 0: c.block_size = 1000; break;
+        case 1: c.num_blocks = 0; break;
+        case 2: c.psk = short_psk, c.psk_len = sizeof(short_psk); break;
+        case 3: c.dead_after_ms = c.heartbeat_ms; break;
+        case 4: c.region = region, c.region_len = sizeof(region), c.num_blocks = 4; break;
+        case 5: c.thread_mode = 7; break;
+        }
+        kvp_node_t *n = NULL;
+        assert_int_equal(kvp_node_create(&c, &n), KVP_ERR_INVALID);
+        assert_null(n);
+        if (strstr(kvp_last_error(), cases[i].field) != kvp_last_error()) {
+            fprintf(stderr, "case %s: last error '%s'\n", cases[i].field, kvp_last_error());
+            fail();
+        }
+    }
+}
+
+/* SPEC I2: the engine cannot drop a pin it does not hold. A double
+ * kvp_release used to drop the pin of an outbound transfer (here taken with
+ * kvp_store_pin, as server.c does), letting the slot be evicted while a
+ * WRITE reads it. Mutation: do_release calling kvp_store_unpin directly. */
+static void test_double_release_keeps_transfer_pin(void **state)
+{
+    world_t *w = *state = malloc(sizeof(world_t));
+    world_init(w, 1, NULL);
+    world_put(w, 0, 1, 0);
+    wkeys_t ks;
+    wkeys_make(&ks, 1, 1);
+    kvp_block_t b;
+    assert_int_equal(kvp_get(w->node[0], ks.buf, ks.len[0], &b), KVP_OK);
+    kvp_store_t *st = kvp__node_store(w->node[0]);
+    kvp_slot_ref_t ref = {b.slot, b.gen};
+    assert_int_equal(kvp_store_pin(st, ref), KVP_OK); /* the transfer's pin */
+    assert_int_equal(world_stats(w, 0).pins, 2);
+    assert_int_equal(kvp_release(w->node[0], &b), KVP_OK);
+    assert_int_equal(kvp_release(w->node[0], &b), KVP_ERR_STATE); /* the double release */
+    assert_int_equal(world_stats(w, 0).pins, 1);                  /* the transfer's, intact */
+    kvp_block_t forged = b;
+    forged.slot = 100000;
+    assert_int_equal(kvp_release(w->node[0], &forged), KVP_ERR_STATE);
+    /* Two gets, two releases: still fine; the third is refused. */
+    assert_int_equal(kvp_get(w->node[0], ks.buf, ks.len[0], &b), KVP_OK);
+    assert_int_equal(kvp_get(w->node[0], ks.buf, ks.len[0], &b), KVP_OK);
+    assert_int_equal(kvp_release(w->node[0], &b), KVP_OK);
+    assert_int_equal(kvp_release(w->node[0], &b), KVP_OK);
+    assert_int_equal(kvp_release(w->node[0], &b), KVP_ERR_STATE);
+    assert_int_equal(world_stats(w, 0).pins, 1);
+    assert_int_equal(kvp_store_unpin(st, ref), KVP_OK);
+    world_fini(w, false);
+    free(w);
+}
+
+/* An embedding that never takes its events cannot make the node grow
+ * without bound: the ring stops at KVP_EVENT_RING_MAX and the loss is
+ * reported as one KVP_EV_OVERFLOW event before the rest. Mutation: the
+ * unbounded doubling of kvp__node_emit. */
+static void test_event_ring_bounded_with_overflow(void **state)
+{
+    world_t *w = *state = malloc(sizeof(world_t));
+    world_init(w, 1, NULL);
+    kvp_event_t ev = {.type = KVP_EV_PEER_UP};
+    const uint32_t extra = 7;
+    for (uint32_t i = 0; i < KVP_EVENT_RING_MAX + extra; i++) {
+        ev.op_id = i;
+        kvp__node_emit(w->node[0], &ev);
+    }
+    kvp_event_t *out = calloc(KVP_EVENT_RING_MAX + 64, sizeof(*out));
+    uint32_t got = 0;
+    assert_int_equal(kvp_poll_events(w->node[0], out, KVP_EVENT_RING_MAX + 64, &got), KVP_OK);
+    assert_int_equal(got, KVP_EVENT_RING_MAX + 1);
+    assert_int_equal(out[0].type, KVP_EV_OVERFLOW);
+    assert_int_equal(out[0].status, KVP_ERR_LIMIT);
+    assert_int_equal(out[0].n_keys, extra);
+    assert_int_equal(out[1].op_id, 0); /* the oldest kept, in order */
+    assert_int_equal(out[got - 1].op_id, KVP_EVENT_RING_MAX - 1);
+    assert_int_equal(kvp_poll_events(w->node[0], out, 8, &got), KVP_OK);
+    assert_int_equal(got, 0);
+    struct pollfd p = {kvp_node_fd(w->node[0]), POLLIN, 0};
+    assert_int_equal(poll(&p, 1, 0), 0); /* nothing left: not readable */
+    free(out);
+    world_fini(w, false);
+    free(w);
+}
+
+/* kvpeer.h: in caller-driven mode the node fd is readable whenever
+ * kvp_node_progress() has work -- incoming frames and timers, not only
+ * events. Two caller-driven nodes over real TCP, each progressed ONLY when
+ * its fd is readable, must complete the handshake; and an idle node's fd
+ * wakes for its timers. Mutation: kvp_node_fd returning the event fd (the
+ * listener never accepts, nothing ever becomes ready). */
+static void test_caller_fd_wakes_for_frames_and_timers(void **state)
+{
+    (void)state;
+    kvp_fake_fabric_t *fab;
+    assert_int_equal(kvp_fake_fabric_create(kvp_clock_real(), &fab), KVP_OK);
+    kvp_node_t *nd[2];
+    for (int i = 0; i < 2; i++) {
+        kvp_config_t c;
+        kvp_config_init(&c);
+        c.transport = KVP_TRANSPORT_FAKE;
+        c.thread_mode = KVP_THREAD_CALLER;
+        c.num_blocks = 16;
+        c.block_size = 4096;
+        c.listen_addr = "127.0.0.1:0";
+        kvp_node_seams_t seams = {NULL, NULL, fab, KVP_PATH_FAKE_FENCEABLE, 0};
+        assert_int_equal(kvp__node_create_ex(&c, &seams, &nd[i]), KVP_OK);
+        assert_true(kvp_node_fd(nd[i]) >= 0);
+    }
+    /* Timers: an idle node wakes for its hold-cap timer (<= 250 ms). */
+    kvp_node_progress(nd[0], 0);
+    struct pollfd p = {kvp_node_fd(nd[0]), POLLIN, 0};
+    assert_int_equal(poll(&p, 1, (int)(2000 * kvp_test_time_scale())), 1);
+
+    assert_int_equal(kvp_peer_add(nd[0], kvp_node_peer_id(nd[1])), KVP_OK);
+    uint64_t end = kvp_clock_now(kvp_clock_real()) +
+                   (uint64_t)(10 * kvp_test_time_scale()) * KVP_NSEC_PER_SEC;
+    bool up[2] = {false, false};
+    while (!(up[0] && up[1]) && kvp_clock_now(kvp_clock_real()) < end) {
+        struct pollfd ps[2] = {{kvp_node_fd(nd[0]), POLLIN, 0}, {kvp_node_fd(nd[1]), POLLIN, 0}};
+        if (poll(ps, 2, 100) <= 0)
+            continue;
+        for (int i = 0; i < 2; i++) {
+            if (!(ps[i].revents & POLLIN))
+                continue;
+            kvp_node_progress(nd[i], 0);
+            kvp_event_t ev[8];
+            uint32_t got = 0;
+            kvp_poll_events(nd[i], ev, 8, &got);
+            for (uint32_t k = 0; k < got; k++)
+                up[i] |= ev[k].type == KVP_EV_PEER_UP;
+        }
+    }
+    assert_true(up[0]);
+    assert_true(up[1]);
+    for (int i = 0; i < 2; i++)
+        kvp_node_destroy(nd[i]);
+    kvp_fake_fabric_destroy(fab);
+}
+
+
+/* Fetching keys of which some missed in the lookup: the hits are sent and
+ * committed, the misses answer NOT_FOUND per block; the load's status says
+ * not everything came (NOT_FOUND) and n_ok counts the hits. It used to fail
+ * every block of the load. Mutation: the old `missing > 0 && !wait` that
+ * finishes the whole round NOT_FOUND in kvp__server_on_fetch. */
+static void test_fetch_with_missed_keys_delivers_the_hits(void **state)
+{
+    world_t *w = *state = malloc(sizeof(world_t));
+    world_init(w, 2, NULL);
+    world_connect(w, 1, 0);
+    world_put(w, 0, 1, 0);
+    world_put(w, 0, 3, 0);
+    wkeys_t ks;
+    wkeys_make(&ks, 1, 4); /* keys 1..4: 1 and 3 hit, 2 and 4 miss */
+    uint8_t res[4];
+    uint64_t op = 0;
+    assert_int_equal(kvp_lookup(w->node[1], w->addr[0], 5, ks.buf, ks.len, 4, res, &op), KVP_OK);
+    const kvp_event_t *e = world_wait(w, 1, KVP_EV_LOOKUP, op, 100 * KVP_NSEC_PER_MSEC);
+    assert_non_null(e);
+    assert_int_equal(e->n_ok, 2);
+    int32_t bs[4] = {99, 99, 99, 99};
+    assert_int_equal(kvp_fetch(w->node[1], w->addr[0], 5, ks.buf, ks.len, 4, 0, bs, &op), KVP_OK);
+    e = world_wait(w, 1, KVP_EV_LOAD, op, 100 * KVP_NSEC_PER_MSEC);
+    assert_non_null(e);
+    assert_int_equal(e->status, KVP_ERR_NOT_FOUND);
+    assert_int_equal(e->n_ok, 2);
+    assert_int_equal(bs[0], KVP_OK);
+    assert_int_equal(bs[1], KVP_ERR_NOT_FOUND);
+    assert_int_equal(bs[2], KVP_OK);
+    assert_int_equal(bs[3], KVP_ERR_NOT_FOUND);
+    assert_true(world_verify(w, 1, 1));
+    assert_true(world_verify(w, 1, 3));
+    assert_false(world_verify(w, 1, 2));
+    world_run(w, 10 * KVP_NSEC_PER_MSEC);
+    assert_int_equal(world_stats(w, 0).pins, 0);
+    assert_int_equal(world_stats(w, 1).slots_filling, 0);
+    assert_int_equal(world_stats(w, 1).slots_ready, 2);
+    world_fini(w, false);
+    free(w);
+}
+
+static __attribute__((unused)) void unused_helpers(world_t *w) { (void)world_wait(w, 0, 0, 0, 0); }
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_region_over_memory_refused),
+        cmocka_unit_test(test_bad_settings_name_the_field),
+        cmocka_unit_test(test_double_release_keeps_transfer_pin),
+        cmocka_unit_test(test_event_ring_bounded_with_overflow),
+        cmocka_unit_test(test_caller_fd_wakes_for_frames_and_timers),
+        cmocka_unit_test(test_fetch_with_missed_keys_delivers_the_hits),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
