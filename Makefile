@@ -17,6 +17,7 @@ all: deps
 deps:
 	@pkg-config --exists ucx libxxhash cmocka libsodium libmicrohttpd inih libcurl 2>/dev/null && \
 	  command -v cmake >/dev/null && command -v valgrind >/dev/null || ./scripts/install-deps.sh
+	@./scripts/install-py.sh
 
 test: all
 	cd build/debug && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)

@@ -1,0 +1,291 @@
+"""kvpeer.vllm: kvpeer as a secondary tier of vLLM's KV-offloading tiering
+framework (``vllm.v1.kv_offload.tiering``, vllm 0.34.0 tested).
+
+vLLM loads it without any patch, as an out-of-tree tier named in the
+TieringOffloadingSpec's ``secondary_tiers`` (SecondaryTierFactory.get_tier_class:
+``type`` is the class name, ``module_path`` the module)::
+
+    --kv-transfer-config '{"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+      "kv_connector_extra_config": {"spec_name": "TieringOffloadingSpec",
+        "cpu_bytes_to_use": 8589934592,
+        "secondary_tiers": [{"type": "KVPeerSecondaryTier", "module_path": "kvpeer.vllm",
+                             "peers": ["10.0.0.2:7000"], "listen": "0.0.0.0:7000",
+                             "psk_file": "/etc/kvpeer/psk"}]}}'
+
+Config keys (the tier's entry in ``secondary_tiers``):
+  peers          list of "host:port" of the other engines' kvpeer tiers
+  listen         this tier's listen address ("host:port"; default 127.0.0.1:0)
+  psk_file       file holding the pre-shared key (all peers share it)
+  block_size     bytes per kvpeer block; must equal vLLM's primary chunk size
+                 (default: that size, ``primary_kv_view.strides[0]``)
+  num_blocks     kvpeer store capacity in blocks (default 1024)
+  compat         compatibility string; peers with another one are refused
+                 (default "vllm-kv/<block_size>": same chunk layout)
+  dead_after_ms  a silent peer is dead after this long (kvpeer default 3000)
+  hold_cap_ms    bound on quarantined slots / retained transfers (default 30000)
+  node_options   any other kvp_config_t field, e.g. {"heartbeat_ms": 200}
+
+Data path and safety (docs/DESIGN.md, "vLLM tier"): the kvpeer node keeps its
+own store; loads land in kvpeer-owned slots (staging) and are copied into the
+primary-tier chunks vLLM named only after every block of the job verified;
+stores copy the primary chunks into the store. A WRITE whose outcome is
+unknown (dead or stalled source) can therefore only land in a kvpeer slot,
+which the node quarantines until proof or the hold cap -- never in a chunk
+vLLM has taken back -- so a failed load is reported at once and
+``JobResult.deferred_release`` is not needed.
+
+Lookup: HIT / MISS / RETRY (vLLM's secondary-tier contract). The first call
+for a (request, key) asks the peers and answers RETRY; a dead or unready peer
+counts as MISS at once. With a supplier named in ``kv_transfer_params``
+(``{"kvpeer_supplier": "host:port"}``, prefill -> decode) a key no peer holds
+yet answers HIT: the load is then a fetch-before-supply from that peer.
+``{"kvpeer_peers": [...]}`` narrows the peers asked for that request.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+from typing import Any, Dict, Iterable, List, Optional, Sequence
+
+from vllm.v1.kv_offload.base import (
+    Locality,
+    LookupResult,
+    Medium,
+    OffloadKey,
+    ReqContext,
+    RequestOffloadingContext,
+)
+from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+from . import _lib as L
+from .node import config_defaults
+from .tier import HIT, HIT_PENDING, MISS, RETRY, KVPeerTier, LoadJob, Request, StoreJob
+
+log = logging.getLogger("kvpeer.vllm")
+
+DEFAULT_NUM_BLOCKS = 1024
+_TRANSFER_PARAM_SUPPLIER = "kvpeer_supplier"
+_TRANSFER_PARAM_PEERS = "kvpeer_peers"
+
+
+def request_id_of(req_id: str) -> int:
+    """kvpeer's 64-bit request id for a vLLM request id: a hash, so the
+    prefill and decode engines of one request derive the same id."""
+    h = int.from_bytes(hashlib.blake2b(req_id.encode(), digest_size=8).digest(), "little")
+    return h or 1  # 0 means "no request" to kvpeer
+
+
+class _ReqParams:
+    """The kvpeer part of a request's kv_transfer_params, parsed once."""
+
+    __slots__ = ("request",)
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
+
+
+def _parse_params(req_context: ReqContext) -> Request:
+    rid = request_id_of(req_context.req_id)
+    params = req_context.kv_transfer_params or {}
+    supplier = params.get(_TRANSFER_PARAM_SUPPLIER)
+    peers = params.get(_TRANSFER_PARAM_PEERS)
+    if supplier is not None and not (isinstance(supplier, str) and supplier):
+        log.error("request %s: kv_transfer_params[%r] must be a 'host:port' string, "
+                  "got %r: ignored", req_context.req_id, _TRANSFER_PARAM_SUPPLIER, supplier)
+        supplier = None
+    if peers is not None and not (isinstance(peers, (list, tuple))
+                                  and all(isinstance(p, str) and p for p in peers)):
+        log.error("request %s: kv_transfer_params[%r] must be a list of 'host:port' "
+                  "strings, got %r: ignored", req_context.req_id, _TRANSFER_PARAM_PEERS, peers)
+        peers = None
+    if supplier is not None and peers is not None and supplier not in peers:
+        peers = list(peers) + [supplier]
+    return Request(rid, peers=list(peers) if peers is not None else None, supplier=supplier)
+
+
+class KVPeerSecondaryTier(SecondaryTierManager):
+    """A vLLM secondary tier backed by one kvpeer node (see the module doc).
+
+    Runs in vLLM's scheduler process; every method is called under the
+    tiering manager's lock. The kvpeer node's own progress thread serves the
+    peers meanwhile, so the tier does not ask for off-thread polling.
+    """
+
+    medium = Medium.CPU
+    cache_hit_source = CacheHitSource.P2P
+    tolerates_off_thread_polling = False
+
+    def __init__(self, offloading_spec: Any, primary_kv_view: memoryview, tier_type: str,
+                 backpressure_detector: Any = None, *, peers: Sequence[str] = (),
+                 listen: str = "127.0.0.1:0", psk_file: Optional[str] = None,
+                 block_size: Optional[int] = None, num_blocks: int = DEFAULT_NUM_BLOCKS,
+                 compat: Optional[str] = None, dead_after_ms: Optional[int] = None,
+                 hold_cap_ms: Optional[int] = None, locality: Any = None,
+                 node_options: Optional[Dict[str, Any]] = None) -> None:
+        super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
+        self.locality = Locality.REMOTE
+        if primary_kv_view.ndim != 2 or not primary_kv_view.c_contiguous:
+            raise ValueError("kvpeer: primary_kv_view must be a C-contiguous "
+                             "(num_chunks, chunk_bytes) view")
+        chunk = self.block_size_bytes
+        if block_size is None:
+            block_size = chunk
+        if not isinstance(block_size, int) or block_size != chunk:
+            raise ValueError(f"kvpeer: block_size={block_size!r} must equal vLLM's primary "
+                             f"chunk size ({chunk} B); leave it out to use that")
+        if isinstance(peers, str) or not all(isinstance(p, str) and p for p in peers):
+            raise ValueError(f"kvpeer: peers must be a list of 'host:port' strings, got {peers!r}")
+        opts: Dict[str, Any] = dict(node_options or {})
+        for k in ("listen_addr", "block_size", "num_blocks", "psk", "compat"):
+            if k in opts:
+                raise ValueError(f"kvpeer: give {k} as the tier key, not in node_options")
+        opts.update(listen_addr=listen, block_size=block_size, num_blocks=num_blocks,
+                    compat=compat if compat is not None else f"vllm-kv/{block_size}")
+        if dead_after_ms is not None:
+            opts["dead_after_ms"] = dead_after_ms
+        if hold_cap_ms is not None:
+            opts["hold_cap_ms"] = hold_cap_ms
+        if psk_file is not None:
+            opts["psk"] = _read_psk(psk_file)
+        self._load_timeout_ms = int(opts.get("load_timeout_ms",
+                                             config_defaults()["load_timeout_ms"]))
+        self._view = primary_kv_view
+        self._num_chunks = primary_kv_view.shape[0]
+        self._tier = KVPeerTier(peers=list(peers), **opts)
+        self.peer_id = self._tier.node.peer_id
+        self._submitted: Dict[int, float] = {}
+        self._results: List[JobResult] = []
+        log.info("kvpeer tier %s: %d blocks of %d B, peers %s", self.peer_id, num_blocks,
+                 block_size, list(peers))
+
+    # ------------------------------------------------------------ lookup
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        req = self._request(req_context)
+        r = self._tier.lookup(bytes(key), req)
+        if r is HIT:
+            return LookupResult.HIT
+        if r is MISS:
+            return LookupResult.MISS
+        if r is HIT_PENDING and req.supplier is not None and not self._tier.node.contains(bytes(key)):
+            # Nobody holds it yet and the supplier will: load with
+            # wait-for-supply (fetch before supply).
+            if not self._tier._inflight_keys.get(bytes(key)):
+                return LookupResult.HIT
+        return LookupResult.RETRY  # asked a peer, or a load of it is in flight
+
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        req_context.set_state(_ReqParams(_parse_params(req_context)))
+        return RequestOffloadingContext()
+
+    def _request(self, req_context: ReqContext) -> Request:
+        st = req_context.get_state(_ReqParams)
+        if st is None:  # a context this tier never saw on_new_request for
+            st = _ReqParams(_parse_params(req_context))
+            req_context.set_state(st)
+        return st.request
+
+    # ------------------------------------------------------------ jobs
+    def _chunk(self, chunk_id: int) -> memoryview:
+        c = int(chunk_id)
+        if not 0 <= c < self._num_chunks:
+            raise ValueError(f"kvpeer: chunk id {c} outside the primary tier "
+                             f"(0..{self._num_chunks - 1})")
+        return self._view[c]
+
+    def submit_store(self, job_metadata: TransferJob) -> None:
+        """Copy the pinned primary chunks into the kvpeer store (served to
+        peers from there); the outcome comes from get_finished_jobs()."""
+        keys = [bytes(k) for k in job_metadata.keys]
+        data = [self._chunk(c) for c in job_metadata.chunk_ids]
+        if len(data) != len(keys):
+            raise ValueError("kvpeer: a store job needs one chunk id per key")
+        self._submitted[job_metadata.job_id] = time.monotonic()
+        try:
+            self._tier.submit_store(StoreJob(job_metadata.job_id,
+                                             self._request(job_metadata.req_context),
+                                             keys, data))
+        finally:
+            for d in data:
+                d.release()
+
+    def submit_load(self, job_metadata: TransferJob) -> None:
+        """Fetch the keys into kvpeer's own slots; on success copy them into
+        the primary chunks ``chunk_ids`` (see the module doc for why)."""
+        keys = [bytes(k) for k in job_metadata.keys]
+        dst = [self._chunk(c) for c in job_metadata.chunk_ids]
+        if len(dst) != len(keys):
+            raise ValueError("kvpeer: a load job needs one chunk id per key")
+        self._submitted[job_metadata.job_id] = time.monotonic()
+        self._tier.submit_load(LoadJob(job_metadata.job_id,
+                                       self._request(job_metadata.req_context), keys, dst))
+
+    def get_finished_jobs(self) -> Iterable[JobResult]:
+        self._collect(self._tier.get_finished_jobs())
+        out, self._results = self._results, []
+        return out
+
+    def _collect(self, done: Iterable[Any]) -> None:
+        now = time.monotonic()
+        for f in done:
+            t0 = self._submitted.pop(f.job_id, now)
+            if not f.ok:
+                log.warning("kvpeer %s job %s failed: %s (%s)", f.kind, f.job_id,
+                            L.STATUS_NAMES.get(f.status, f.status), f.detail)
+            self._results.append(JobResult(
+                job_id=f.job_id, success=f.ok, transfer_time=now - t0,
+                transfer_bytes=(f.n_ok * self.block_size_bytes) if f.ok else None))
+
+    def has_pending_work(self) -> bool:
+        return bool(self._tier.pending_jobs())
+
+    def drain_jobs(self) -> None:
+        """Wait (bounded by the node's load timeout) for running loads; the
+        rest are cancelled. Loads only ever write kvpeer's own slots until
+        they finish, so after this nothing touches the primary view."""
+        deadline = time.monotonic() + self._load_bound_s()
+        while self._tier.pending_jobs() and time.monotonic() < deadline:
+            self._collect(self._tier.wait_jobs(0.05))
+        for job_id in self._tier.pending_jobs():
+            ld = self._tier._loads.get(job_id)
+            if ld is not None:
+                self._tier._fail_load(ld, L.KVP_ERR_CANCELED, "drained (vLLM cache reset)")
+        self._collect(self._tier.get_finished_jobs())
+
+    def _load_bound_s(self) -> float:
+        return 2.0 * self._load_timeout_ms / 1000.0
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        self._tier.on_request_finished(self._request(req_context))
+
+    def shutdown(self) -> None:
+        """Cancel running loads (their outcomes are dropped: vLLM is shutting
+        down), close the node."""
+        if getattr(self, "_tier", None) is None:
+            return
+        try:
+            self._collect(self._tier.shutdown())
+        finally:
+            self._tier = None  # type: ignore[assignment]
+            self._view = None  # type: ignore[assignment]
+
+    # ------------------------------------------------------------ info
+    @classmethod
+    def config_info_keys(cls, tier_config: Dict[str, Any]) -> tuple:
+        return ("kvpeer_peer_id",)
+
+    def config_info(self) -> Dict[str, Any]:
+        return {"kvpeer_peer_id": self.peer_id}
+
+
+def _read_psk(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            psk = f.read().strip()
+    except OSError as e:
+        raise ValueError(f"kvpeer: psk_file {path!r}: {e.strerror}") from None
+    if not psk:
+        raise ValueError(f"kvpeer: psk_file {path!r} is empty")
+    return psk

@@ -1,0 +1,326 @@
+"""kvpeer inside vLLM: vLLM's own TieringOffloadingManager (built by
+OffloadingSpecFactory from a kv_connector_extra_config, CPU primary tier in
+/dev/shm) with kvpeer.vllm.KVPeerSecondaryTier as its secondary tier, on two
+processes: A stores (vLLM cascades to kvpeer), B looks up and loads (vLLM
+promotes from kvpeer into its primary chunks), bytes compared.
+
+Run by the python_vllm ctest with the project venv (.venv, made by
+scripts/install-py.sh). Skipped, saying so, only when vllm cannot be imported
+(KVPEER_NO_VLLM=1 installs, or a python without the venv).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+
+pytest.importorskip("vllm.v1.kv_offload.tiering.spec",
+                    reason="vllm is not installed in this python (scripts/install-py.sh "
+                           "makes .venv; the python_vllm ctest runs this file with it)")
+
+from conftest import scaled  # noqa: E402
+import vllm  # noqa: E402
+from vllm.v1.kv_offload.base import LookupResult, ReqContext  # noqa: E402
+from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory  # noqa: E402
+
+import kvpeer  # noqa: E402
+from kvpeer.vllm import KVPeerSecondaryTier, request_id_of  # noqa: E402
+from vllm_engine import CHUNK, Engine, block_bytes, make_key  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+TESTED_VLLM = "0.34.0"
+NODE = {"heartbeat_ms": 200, "shutdown_drain_ms": 500, "backoff_min_ms": 50,
+        "backoff_max_ms": 300}
+
+
+def tier_cfg(**kw: Any) -> Dict[str, Any]:
+    cfg = {"num_blocks": 64, "dead_after_ms": 1000, "hold_cap_ms": 3000, "node_options": NODE}
+    cfg.update(kw)
+    return cfg
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Child:
+    """Engine A in its own process (python vllm_engine.py)."""
+
+    def __init__(self, cfg: Dict[str, Any]) -> None:
+        env = dict(os.environ)
+        self.p = subprocess.Popen([sys.executable, str(HERE / "vllm_engine.py"), json.dumps(cfg)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                  env=env)
+        hello = self._read(scaled(60))
+        self.peer_id = hello["peer_id"]
+
+    def _read(self, timeout: float) -> Dict[str, Any]:
+        import selectors
+        sel = selectors.DefaultSelector()
+        sel.register(self.p.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                if sel.select(0.2):
+                    line = self.p.stdout.readline()
+                    if not line:
+                        raise RuntimeError(f"engine A exited ({self.p.poll()})")
+                    if line.startswith("{"):
+                        return json.loads(line)
+            raise TimeoutError("engine A did not answer")
+        finally:
+            sel.close()
+
+    def store(self, keys: List[bytes], seed: int, req_id: str = "") -> List[bool]:
+        self.p.stdin.write(json.dumps({"op": "store", "keys": [k.hex() for k in keys],
+                                       "seed": seed, "timeout": scaled(10),
+                                       "req_id": req_id or None}) + "\n")
+        self.p.stdin.flush()
+        return self._read(scaled(30))["stored"]
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.p.poll() is None:
+            self.p.send_signal(sig)
+
+    def close(self) -> None:
+        if self.p.poll() is None:
+            try:
+                self.p.stdin.write(json.dumps({"op": "quit"}) + "\n")
+                self.p.stdin.flush()
+                self.p.wait(scaled(20))
+            except (OSError, subprocess.TimeoutExpired):
+                self.p.kill()
+        self.p.kill() if self.p.poll() is None else None
+        self.p.wait()
+
+
+@pytest.fixture
+def procs():
+    made: List[Child] = []
+    yield lambda cfg: made.append(Child(cfg)) or made[-1]
+    for c in made:
+        try:
+            os.kill(c.p.pid, signal.SIGCONT)
+        except OSError:
+            pass
+        c.close()
+    # A SIGKILLed engine leaves its /dev/shm region behind: remove it.
+    for f in Path("/dev/shm").glob("vllm_offload_kvpeer-test-*"):
+        pid = f.name.split("-")[2]
+        if not Path(f"/proc/{pid}").exists():
+            f.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def engines():
+    made: List[Engine] = []
+
+    def make(cfg: Dict[str, Any]) -> Engine:
+        e = Engine(cfg)
+        made.append(e)
+        return e
+
+    yield make
+    for e in made:
+        e.close()
+
+
+def test_vllm_version_and_registration():
+    """The vllm tested, and the registration path: the factory resolves the
+    out-of-tree tier from type + module_path, no register_tier() call."""
+    assert vllm.__version__ == TESTED_VLLM, f"tested with vllm {TESTED_VLLM}, got {vllm.__version__}"
+    cls = SecondaryTierFactory.get_tier_class({"type": "KVPeerSecondaryTier",
+                                               "module_path": "kvpeer.vllm"})
+    assert cls is KVPeerSecondaryTier
+    with pytest.raises(ValueError, match="Unknown secondary tier type"):
+        SecondaryTierFactory.get_tier_class({"type": "KVPeerSecondaryTier"})
+
+
+def test_vllm_two_processes_store_lookup_load(procs, engines):
+    """A stores 8 blocks through vLLM's manager; B's vLLM manager looks them
+    up (RETRY, then promotion), loads them into its primary chunks; the bytes
+    B's vLLM reads are A's."""
+    a = procs(tier_cfg())
+    b = engines(tier_cfg(peers=[a.peer_id]))
+    b.tier._tier.node.wait_peer(a.peer_id, scaled(10))
+    keys = [make_key(i) for i in range(8)]
+    assert a.store(keys, seed=1) == [True] * 8
+    c = b.ctx()
+    first = b.lookup_all(keys, c, timeout=0)
+    assert first == [LookupResult.RETRY] * 8  # asked the peer, answer not in yet
+    res = b.lookup_all(keys, c, timeout=scaled(10))
+    assert res == [LookupResult.HIT] * 8, res
+    assert b.read(keys, c) == [block_bytes(k, 1) for k in keys]
+    st = b.tier._tier.node.stats()
+    assert st["fetches_ok"] >= 1 and st["blocks_in"] == 8
+    # An unknown key: MISS (not RETRY forever) once the peer answered.
+    assert b.lookup_all([make_key(99)], c, timeout=scaled(10)) == [LookupResult.MISS]
+    b.finish(c)
+
+
+def test_vllm_sigkill_mid_load_then_reconnect(procs, engines):
+    """A answers the lookup, is stopped, B's promotion is submitted, A is
+    SIGKILLed: the job fails exactly once, the keys answer MISS at once, the
+    primary chunks B reserved go back to the free pool untouched. A new A on
+    the same address: B reconnects and the load succeeds."""
+    port = free_port()
+    a = procs(tier_cfg(listen=f"127.0.0.1:{port}"))
+    b = engines(tier_cfg(peers=[a.peer_id]))
+    b.tier._tier.node.wait_peer(a.peer_id, scaled(10))
+    keys = [make_key(i) for i in range(4)]
+    assert a.store(keys, seed=2) == [True] * 4
+    c = b.ctx()
+    until(lambda: b.tier.lookup(keys[0], c) is LookupResult.HIT, scaled(10))
+    for k in keys[1:]:
+        until(lambda: b.tier.lookup(k, c) is LookupResult.HIT, scaled(10))
+    a.kill(signal.SIGSTOP)
+    finished: List[Any] = []
+    orig = b.tier.get_finished_jobs
+
+    def spy():
+        out = list(orig())
+        finished.extend(out)
+        return out
+
+    b.tier.get_finished_jobs = spy  # type: ignore[method-assign]
+    with b.manager.lock:  # the scheduler's lookups: HIT -> promotion queued
+        assert [b.manager.lookup(k, c) for k in keys] == [LookupResult.HIT_PENDING] * 4
+    b.step()  # on_schedule_end: submit_load
+    assert b.tier.has_pending_work()
+    a.kill(signal.SIGKILL)
+    t0 = time.monotonic()
+    assert until(lambda: (b.step(), bool(finished))[1], scaled(10))
+    took = time.monotonic() - t0
+    time.sleep(0.3)
+    b.step()
+    assert len(finished) == 1 and not finished[0].success, finished  # failed, once
+    assert took < scaled(5), f"load failure took {took:.2f}s"
+    assert b.manager.primary_tier.num_deferred_release_chunks == 0
+    # MISS at once now: the dead peer is not waited for.
+    with b.manager.lock:
+        assert [b.manager.lookup(k, c) for k in keys] == [LookupResult.MISS] * 4
+    b.finish(c)
+    # Reconnect: a new engine A on the same address.
+    a2 = procs(tier_cfg(listen=f"127.0.0.1:{port}"))
+    b.tier._tier.node.wait_peer(a2.peer_id, scaled(10))
+    assert a2.store(keys, seed=3) == [True] * 4
+    c2 = b.ctx()
+    res = b.lookup_all(keys, c2, timeout=scaled(15))
+    assert res == [LookupResult.HIT] * 4, res
+    assert b.read(keys, c2) == [block_bytes(k, 3) for k in keys]
+    b.finish(c2)
+
+
+def test_vllm_failed_load_never_writes_primary(procs, engines):
+    """Late landings: A is stopped while B's load is in flight; B declares it
+    dead (dead_after), the job fails; then A resumes and may still WRITE. The
+    primary chunks vLLM had reserved for that promotion (returned to the free
+    pool at the failure) never change: kvpeer only writes its own (then
+    quarantined) slots and copies into vLLM's chunks after a verified load."""
+    a = procs(tier_cfg())
+    b = engines(tier_cfg(peers=[a.peer_id]))
+    b.tier._tier.node.wait_peer(a.peer_id, scaled(10))
+    keys = [make_key(i) for i in range(4)]
+    assert a.store(keys, seed=4) == [True] * 4
+    sentinel = b"\xab" * CHUNK
+    for i in range(b.view.shape[0]):
+        b.view[i] = sentinel
+    c = b.ctx()
+    for k in keys:
+        until(lambda: b.tier.lookup(k, c) is LookupResult.HIT, scaled(10))
+    loads: List[Any] = []
+    orig_load = b.tier.submit_load
+
+    def spy_load(job):
+        loads.append([int(x) for x in job.chunk_ids])
+        return orig_load(job)
+
+    b.tier.submit_load = spy_load  # type: ignore[method-assign]
+    a.kill(signal.SIGSTOP)
+    with b.manager.lock:
+        assert [b.manager.lookup(k, c) for k in keys] == [LookupResult.HIT_PENDING] * 4
+    b.step()
+    assert len(loads) == 1
+    assert until(lambda: (b.step(), not b.tier.has_pending_work())[1], scaled(10))
+    with b.manager.lock:
+        assert [b.manager.lookup(k, c) for k in keys] == [LookupResult.MISS] * 4
+    a.kill(signal.SIGCONT)  # A's late WRITEs, if any, may land now
+    time.sleep(scaled(1.5))
+    b.step()
+    for chunk in loads[0]:
+        assert bytes(b.view[chunk]) == sentinel, f"primary chunk {chunk} was written"
+    b.finish(c)
+
+
+def test_vllm_supplier_fetch_before_supply(procs, engines):
+    """kv_transfer_params names the supplier (prefill -> decode): B's lookup
+    answers HIT before A has the blocks; B's load waits for A's store."""
+    a = procs(tier_cfg())
+    b = engines(tier_cfg(peers=[a.peer_id], node_options={**NODE, "parked_demand_ms": 20000}))
+    b.tier._tier.node.wait_peer(a.peer_id, scaled(10))
+    keys = [make_key(100 + i) for i in range(2)]
+    c = b.ctx({"kvpeer_supplier": a.peer_id}, req_id="pd-request-1")  # one id, both engines
+    until(lambda: b.tier.lookup(keys[0], c) is LookupResult.HIT, scaled(10))
+    with b.manager.lock:
+        assert [b.manager.lookup(k, c) for k in keys] == [LookupResult.HIT_PENDING] * 2
+    b.step()  # the fetch (wait-for-supply) is on its way
+    assert a.store(keys, seed=5, req_id="pd-request-1") == [True, True]
+    res = b.lookup_all(keys, c, timeout=scaled(10))
+    assert res == [LookupResult.HIT] * 2, res
+    assert b.read(keys, c) == [block_bytes(k, 5) for k in keys]
+    b.finish(c)
+
+
+def test_vllm_tier_config_errors(tmp_path, engines):
+    """Bad tier config: a clear error from vLLM's spec, nothing left behind."""
+    before = set(Path("/dev/shm").glob("vllm_offload_kvpeer-test-*"))
+    with pytest.raises(ValueError, match="block_size"):
+        Engine(tier_cfg(block_size=4096))
+    with pytest.raises(ValueError, match="psk_file"):
+        Engine(tier_cfg(psk_file=str(tmp_path / "nope")))
+    (tmp_path / "empty").write_bytes(b"\n")
+    with pytest.raises(ValueError, match="empty"):
+        Engine(tier_cfg(psk_file=str(tmp_path / "empty")))
+    with pytest.raises(ValueError, match="peers"):
+        Engine(tier_cfg(peers="127.0.0.1:1"))
+    with pytest.raises(kvpeer.Error):
+        Engine(tier_cfg(listen="not-an-address"))
+    assert set(Path("/dev/shm").glob("vllm_offload_kvpeer-test-*")) == before
+    # Bad kv_transfer_params are logged and ignored, not raised into the scheduler.
+    e = engines(tier_cfg())
+    c = e.ctx({"kvpeer_supplier": 7, "kvpeer_peers": "x"})
+    assert e.tier._request(c).supplier is None and e.tier._request(c).peers is None
+    assert e.tier._request(c).request_id == request_id_of(c.req_id)
+    e.finish(c)
+
+
+def test_vllm_psk_mismatch_is_a_miss(tmp_path, procs, engines):
+    """Peers with different PSKs never get a session: lookups MISS."""
+    (tmp_path / "k1").write_bytes(b"secret-one\n")
+    (tmp_path / "k2").write_bytes(b"secret-two\n")
+    a = procs(tier_cfg(psk_file=str(tmp_path / "k1")))
+    b = engines(tier_cfg(peers=[a.peer_id], psk_file=str(tmp_path / "k2")))
+    keys = [make_key(200)]
+    a.store(keys, seed=6)
+    c = b.ctx()
+    assert b.lookup_all(keys, c, timeout=scaled(5)) == [LookupResult.MISS]
+    b.finish(c)
+
+
+def until(cond, timeout: float, step: float = 0.02) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(step)
+    return bool(cond())
