@@ -152,7 +152,9 @@ class KVPeerSecondaryTier(SecondaryTierManager):
             opts["psk"] = _read_psk(psk_file)
         self._load_timeout_ms = int(opts.get("load_timeout_ms",
                                              config_defaults()["load_timeout_ms"]))
-        self._view = primary_kv_view
+        # vLLM's view is (num_chunks, chunk_bytes); a 2-D memoryview has no
+        # row indexing, so chunks are addressed in a flat byte view of it.
+        self._view = primary_kv_view.cast("B")
         self._num_chunks = primary_kv_view.shape[0]
         self._tier = KVPeerTier(peers=list(peers), **opts)
         self.peer_id = self._tier.node.peer_id
@@ -193,7 +195,8 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         if not 0 <= c < self._num_chunks:
             raise ValueError(f"kvpeer: chunk id {c} outside the primary tier "
                              f"(0..{self._num_chunks - 1})")
-        return self._view[c]
+        n = self.block_size_bytes
+        return self._view[c * n:(c + 1) * n]
 
     def submit_store(self, job_metadata: TransferJob) -> None:
         """Copy the pinned primary chunks into the kvpeer store (served to
@@ -269,7 +272,7 @@ class KVPeerSecondaryTier(SecondaryTierManager):
             self._collect(self._tier.shutdown())
         finally:
             self._tier = None  # type: ignore[assignment]
-            self._view = None  # type: ignore[assignment]
+            self._view.release()
 
     # ------------------------------------------------------------ info
     @classmethod

@@ -104,10 +104,7 @@ class Child:
         self.p.wait()
 
 
-@pytest.fixture
-def procs():
-    made: List[Child] = []
-    yield lambda cfg: made.append(Child(cfg)) or made[-1]
+def _reap(made: List[Child]) -> None:
     for c in made:
         try:
             os.kill(c.p.pid, signal.SIGCONT)
@@ -119,6 +116,29 @@ def procs():
         pid = f.name.split("-")[2]
         if not Path(f"/proc/{pid}").exists():
             f.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def procs():
+    made: List[Child] = []
+    yield lambda cfg: made.append(Child(cfg)) or made[-1]
+    _reap(made)
+
+
+@pytest.fixture(scope="module")
+def psk(tmp_path_factory) -> str:
+    p = tmp_path_factory.mktemp("psk") / "psk"
+    p.write_bytes(b"kvpeer-vllm-test-key\n")
+    return str(p)
+
+
+@pytest.fixture(scope="module")
+def engine_a(psk):
+    """Engine A, shared by the tests that do not kill it (starting an engine
+    process imports torch and vllm: tens of seconds under ASan)."""
+    made: List[Child] = [Child(tier_cfg(psk_file=psk))]
+    yield made[0]
+    _reap(made)
 
 
 @pytest.fixture
@@ -146,12 +166,12 @@ def test_vllm_version_and_registration():
         SecondaryTierFactory.get_tier_class({"type": "KVPeerSecondaryTier"})
 
 
-def test_vllm_two_processes_store_lookup_load(procs, engines):
+def test_vllm_two_processes_store_lookup_load(engine_a, psk, engines):
     """A stores 8 blocks through vLLM's manager; B's vLLM manager looks them
     up (RETRY, then promotion), loads them into its primary chunks; the bytes
     B's vLLM reads are A's."""
-    a = procs(tier_cfg())
-    b = engines(tier_cfg(peers=[a.peer_id]))
+    a = engine_a
+    b = engines(tier_cfg(peers=[a.peer_id], psk_file=psk))
     b.tier._tier.node.wait_peer(a.peer_id, scaled(10))
     keys = [make_key(i) for i in range(8)]
     assert a.store(keys, seed=1) == [True] * 8
@@ -221,20 +241,19 @@ def test_vllm_sigkill_mid_load_then_reconnect(procs, engines):
     b.finish(c2)
 
 
-def test_vllm_failed_load_never_writes_primary(procs, engines):
+def test_vllm_failed_load_never_writes_primary(engine_a, psk, engines):
     """Late landings: A is stopped while B's load is in flight; B declares it
     dead (dead_after), the job fails; then A resumes and may still WRITE. The
     primary chunks vLLM had reserved for that promotion (returned to the free
     pool at the failure) never change: kvpeer only writes its own (then
     quarantined) slots and copies into vLLM's chunks after a verified load."""
-    a = procs(tier_cfg())
-    b = engines(tier_cfg(peers=[a.peer_id]))
+    a = engine_a
+    b = engines(tier_cfg(peers=[a.peer_id], psk_file=psk))
     b.tier._tier.node.wait_peer(a.peer_id, scaled(10))
-    keys = [make_key(i) for i in range(4)]
+    keys = [make_key(300 + i) for i in range(4)]
     assert a.store(keys, seed=4) == [True] * 4
     sentinel = b"\xab" * CHUNK
-    for i in range(b.view.shape[0]):
-        b.view[i] = sentinel
+    b.view[:] = sentinel * b.num_chunks
     c = b.ctx()
     for k in keys:
         until(lambda: b.tier.lookup(k, c) is LookupResult.HIT, scaled(10))
@@ -247,30 +266,34 @@ def test_vllm_failed_load_never_writes_primary(procs, engines):
 
     b.tier.submit_load = spy_load  # type: ignore[method-assign]
     a.kill(signal.SIGSTOP)
-    with b.manager.lock:
-        assert [b.manager.lookup(k, c) for k in keys] == [LookupResult.HIT_PENDING] * 4
-    b.step()
-    assert len(loads) == 1
-    assert until(lambda: (b.step(), not b.tier.has_pending_work())[1], scaled(10))
-    with b.manager.lock:
-        assert [b.manager.lookup(k, c) for k in keys] == [LookupResult.MISS] * 4
-    a.kill(signal.SIGCONT)  # A's late WRITEs, if any, may land now
+    try:
+        with b.manager.lock:
+            assert [b.manager.lookup(k, c) for k in keys] == [LookupResult.HIT_PENDING] * 4
+        b.step()
+        assert len(loads) == 1
+        assert until(lambda: (b.step(), not b.tier.has_pending_work())[1], scaled(10))
+        with b.manager.lock:
+            assert [b.manager.lookup(k, c) for k in keys] == [LookupResult.MISS] * 4
+    finally:
+        a.kill(signal.SIGCONT)  # A's late WRITEs, if any, may land now
     time.sleep(scaled(1.5))
     b.step()
     for chunk in loads[0]:
-        assert bytes(b.view[chunk]) == sentinel, f"primary chunk {chunk} was written"
+        assert b.chunk(chunk) == sentinel, f"primary chunk {chunk} was written"
     b.finish(c)
 
 
-def test_vllm_supplier_fetch_before_supply(procs, engines):
+def test_vllm_supplier_fetch_before_supply(engine_a, psk, engines):
     """kv_transfer_params names the supplier (prefill -> decode): B's lookup
     answers HIT before A has the blocks; B's load waits for A's store."""
-    a = procs(tier_cfg())
-    b = engines(tier_cfg(peers=[a.peer_id], node_options={**NODE, "parked_demand_ms": 20000}))
+    a = engine_a
+    b = engines(tier_cfg(peers=[a.peer_id], psk_file=psk,
+                         node_options={**NODE, "parked_demand_ms": 20000}))
     b.tier._tier.node.wait_peer(a.peer_id, scaled(10))
     keys = [make_key(100 + i) for i in range(2)]
     c = b.ctx({"kvpeer_supplier": a.peer_id}, req_id="pd-request-1")  # one id, both engines
-    until(lambda: b.tier.lookup(keys[0], c) is LookupResult.HIT, scaled(10))
+    for k in keys:  # A answered MISS; the supplier will put them: HIT
+        until(lambda: b.tier.lookup(k, c) is LookupResult.HIT, scaled(10))
     with b.manager.lock:
         assert [b.manager.lookup(k, c) for k in keys] == [LookupResult.HIT_PENDING] * 2
     b.step()  # the fetch (wait-for-supply) is on its way
@@ -304,11 +327,10 @@ def test_vllm_tier_config_errors(tmp_path, engines):
     e.finish(c)
 
 
-def test_vllm_psk_mismatch_is_a_miss(tmp_path, procs, engines):
+def test_vllm_psk_mismatch_is_a_miss(tmp_path, engine_a, engines):
     """Peers with different PSKs never get a session: lookups MISS."""
-    (tmp_path / "k1").write_bytes(b"secret-one\n")
-    (tmp_path / "k2").write_bytes(b"secret-two\n")
-    a = procs(tier_cfg(psk_file=str(tmp_path / "k1")))
+    (tmp_path / "k2").write_bytes(b"another-key\n")
+    a = engine_a
     b = engines(tier_cfg(peers=[a.peer_id], psk_file=str(tmp_path / "k2")))
     keys = [make_key(200)]
     a.store(keys, seed=6)
@@ -324,3 +346,28 @@ def until(cond, timeout: float, step: float = 0.02) -> bool:
             return True
         time.sleep(step)
     return bool(cond())
+
+
+def test_vllm_readme_kv_transfer_config(tmp_path, engines):
+    """python/README.md's --kv-transfer-config is valid JSON that vLLM's own
+    factories accept: the connector is registered, the spec is the tiering
+    spec, and the tier entry builds a working KVPeerSecondaryTier (peers,
+    listen and psk_file pointed at this machine)."""
+    import re
+
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+    from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
+
+    text = (HERE.parent / "README.md").read_text()
+    cfg = json.loads(re.search(r"--kv-transfer-config '(\{.*?\})'", text, re.S).group(1))
+    assert cfg["kv_connector"] in KVConnectorFactory._registry
+    extra = cfg["kv_connector_extra_config"]
+    assert OffloadingSpecFactory.get_spec_cls(extra) is TieringOffloadingSpec
+    (tier,) = extra["secondary_tiers"]
+    assert SecondaryTierFactory.get_tier_class(tier) is KVPeerSecondaryTier
+    (tmp_path / "psk").write_bytes(b"readme-psk\n")
+    local = {k: v for k, v in tier.items() if k not in ("type", "module_path")}
+    local.update(peers=[], listen="127.0.0.1:0", psk_file=str(tmp_path / "psk"), num_blocks=16)
+    e = engines(local)
+    assert e.tier.peer_id.startswith("127.0.0.1:")

@@ -78,7 +78,8 @@ class Engine:
         self.spec = OffloadingSpecFactory.create_spec(cfg)
         self.manager = self.spec.get_manager()
         self.tier = self.manager.secondary_tiers[0]
-        self.view = self.manager.primary_tier.get_kv_memoryview()
+        self.view = self.manager.primary_tier.get_kv_memoryview().cast("B")  # flat bytes
+        self.num_chunks = self.view.nbytes // CHUNK
         self._n = 0
 
     @property
@@ -107,7 +108,7 @@ class Engine:
             out = self.manager.prepare_store(keys, c)
             assert out is not None, "primary tier full"
             for k, chunk in zip(out.keys_to_store, out.store_spec.chunk_ids):
-                self.view[int(chunk)] = block_bytes(k, seed)
+                self.view[int(chunk) * CHUNK:(int(chunk) + 1) * CHUNK] = block_bytes(k, seed)
             self.manager.complete_store(out.keys_to_store, c, True)
         self.wait_idle(timeout)
         with self.manager.lock:
@@ -143,16 +144,19 @@ class Engine:
         """primary -> GPU load (prepare_load, read the chunks, complete_load)."""
         with self.manager.lock:
             spec = self.manager.prepare_load(keys, c)
-            data = [bytes(self.view[int(b)]) for b in spec.chunk_ids]
+            data = [self.chunk(int(b)) for b in spec.chunk_ids]
             self.manager.complete_load(keys, c)
         return data
+
+    def chunk(self, i: int) -> bytes:
+        return bytes(self.view[i * CHUNK:(i + 1) * CHUNK])
 
     def finish(self, c: ReqContext) -> None:
         with self.manager.lock:
             self.manager.on_request_finished(c)
 
     def close(self) -> None:
-        self.view = None
+        self.view.release()
         self.manager.shutdown()
 
 

@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sodium.h>
 #include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/eventfd.h>
@@ -645,6 +646,14 @@ kvp_status_t kvp__node_create_ex(const kvp_config_t *cfg, const kvp_node_seams_t
     pthread_mutex_init(&n->lock, NULL);
     pthread_cond_init(&n->cond, NULL);
     n->xport_io.fd = -1;
+    if (cfg->psk_len) { /* kvp_config_t buffers are borrowed for this call only */
+        if ((n->psk_copy = kvp__malloc(cfg->psk_len)) == NULL) {
+            st = KVP_ERR_NOMEM;
+            goto fail;
+        }
+        memcpy(n->psk_copy, cfg->psk, cfg->psk_len);
+        n->cfg.psk = n->psk_copy;
+    }
     if ((n->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0) {
         st = KVP_ERR_IO;
         goto fail;
@@ -779,6 +788,9 @@ static void node_free(kvp_node_t *n)
     pthread_cond_destroy(&n->cond);
     kvp__free(n->events);
     kvp__free(n->txbuf);
+    if (n->psk_copy)
+        sodium_memzero(n->psk_copy, n->cfg.psk_len);
+    kvp__free(n->psk_copy);
     kvp__free(n);
 }
 

@@ -237,6 +237,7 @@ struct kvp_session {
 typedef struct kvp_cmd kvp_cmd_t;
 
 struct kvp_node {
+    uint8_t *psk_copy; /* owned copy of cfg.psk (the caller's is borrowed for create only) */
     kvp_config_t cfg; /* strings below are owned copies */
     char name[KVP_WIRE_STR_MAX + 1];
     char peer_id[KVP_WIRE_STR_MAX + 1];
