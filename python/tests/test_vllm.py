@@ -329,7 +329,7 @@ def test_vllm_tier_config_errors(tmp_path, engines):
 
 def test_vllm_psk_mismatch_is_a_miss(tmp_path, engine_a, engines):
     """Peers with different PSKs never get a session: lookups MISS."""
-    (tmp_path / "k2").write_bytes(b"another-key\n")
+    (tmp_path / "k2").write_bytes(b"another-key-of-24-bytes\n")
     a = engine_a
     b = engines(tier_cfg(peers=[a.peer_id], psk_file=str(tmp_path / "k2")))
     keys = [make_key(200)]
@@ -366,7 +366,7 @@ def test_vllm_readme_kv_transfer_config(tmp_path, engines):
     assert OffloadingSpecFactory.get_spec_cls(extra) is TieringOffloadingSpec
     (tier,) = extra["secondary_tiers"]
     assert SecondaryTierFactory.get_tier_class(tier) is KVPeerSecondaryTier
-    (tmp_path / "psk").write_bytes(b"readme-psk\n")
+    (tmp_path / "psk").write_bytes(b"readme-psk-of-20-bytes\n")
     local = {k: v for k, v in tier.items() if k not in ("type", "module_path")}
     local.update(peers=[], listen="127.0.0.1:0", psk_file=str(tmp_path / "psk"), num_blocks=16)
     e = engines(local)
