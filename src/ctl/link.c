@@ -281,6 +281,7 @@ static uint16_t link_refusal_bye(kvp_status_t st)
     case KVP_ERR_AUTH: return KVP_BYE_AUTH;
     case KVP_ERR_LIMIT: return KVP_BYE_LIMIT;
     case KVP_ERR_TRANSPORT: return KVP_BYE_TRANSPORT;
+    case KVP_ERR_CLOSED: return KVP_BYE_SHUTDOWN; /* we are shutting down */
     default: return KVP_BYE_PROTOCOL;
     }
 }

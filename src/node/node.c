@@ -154,6 +154,8 @@ static kvp_status_t ctl_on_ready(void *arg, kvp_link_t *link, const kvp_msg_hell
 {
     kvp_node_t *n = arg;
     kvp_session_t *s;
+    if (n->draining)
+        return KVP_ERR_CLOSED; /* a peer (re)connecting while we shut down: BYE shutdown */
     kvp_status_t st = kvp__session_create(n, link, peer, blob, blob_len, &s);
     if (st != KVP_OK)
         return st;
@@ -733,6 +735,7 @@ static void node_drain(kvp_node_t *n)
     bool real = n->clock == kvp_clock_real();
     int rounds = 0;
     kvp_list_t *p, *t;
+    n->draining = true; /* sessions are torn down below; none may start after */
     kvp_list_foreach_safe(p, t, &n->sessions) /* fetches waiting for budget never start */
         kvp__client_fail_queued(KVP_CONTAINER_OF(p, kvp_session_t, node_link), KVP_ERR_CLOSED);
     while (node_busy(n) && kvp__node_now(n) < deadline && (real || rounds++ < 100))

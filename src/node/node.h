@@ -275,6 +275,7 @@ struct kvp_node {
     kvp_list_t cmds;
     pthread_t thread;
     bool thread_running, stopping;
+    bool draining; /* node_drain began: no new session (it would outlive the drain) */
     int evfd;
     int pollfd; /* caller-driven mode: epoll over evfd + the loop (kvp_node_fd) */
     uint32_t *engine_pins; /* per slot: pins taken by kvp_get, not yet released */
