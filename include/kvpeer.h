@@ -123,6 +123,18 @@ typedef struct kvp_config {
      * supply-pin timeout. Expiries are counted (kvp_stats_t.leases_expired). */
     uint32_t pin_lease_ms;
     uint32_t reserved1;
+    /* KV events for routers (vLLM's format: ZMQ PUB, msgpack KVEventBatch;
+     * see docs/DESIGN.md "KV events"): the PUB bind address, e.g.
+     * "tcp://127.0.0.1:5557" or "tcp://127.0.0.1:*" (ephemeral; read it back
+     * with kvp_node_kv_events_endpoint); NULL = no events. The replay ROUTER
+     * bind address, or NULL = no replay. Publishing never blocks the node:
+     * batches over the high-water mark (kv_events_hwm batches, 0 = 10000)
+     * are dropped and counted, and stay replayable (the last
+     * kv_events_replay_batches, 0 = 1000). */
+    const char *kv_events_endpoint;
+    const char *kv_events_replay_endpoint;
+    uint32_t kv_events_hwm;
+    uint32_t kv_events_replay_batches;
 } kvp_config_t;
 
 KVP_EXPORT void kvp_config_init(kvp_config_t *cfg);
@@ -272,6 +284,11 @@ typedef struct kvp_stats {
     uint64_t leases_expired;     /* lookup rounds whose lease ran out unfetched */
     uint64_t lease_pins_expired; /* pins those expiries released */
     uint64_t fetch_hints_stale;  /* hinted fetches answered NOT_FOUND (stale hint) */
+    /* KV events (when kv_events_endpoint is set). */
+    uint64_t kv_event_batches;         /* batches published */
+    uint64_t kv_event_batches_dropped; /* not sent: subscriber queue full (replayable) */
+    uint64_t kv_events;                /* stored/removed/cleared events in batches */
+    uint64_t kv_event_replays;         /* replay requests answered */
 } kvp_stats_t;
 
 KVP_EXPORT kvp_status_t kvp_node_stats(kvp_node_t *node, kvp_stats_t *out);
@@ -334,6 +351,11 @@ typedef struct kvp_refusal_stats {
 } kvp_refusal_stats_t;
 
 KVP_EXPORT kvp_status_t kvp_node_refusals(kvp_node_t *node, kvp_refusal_stats_t *out);
+
+/* The bound KV-event endpoint (replay = 0: the PUB socket; 1: the replay
+ * ROUTER), wildcard ports resolved, e.g. "tcp://127.0.0.1:40123"; NULL when
+ * the node publishes no events (or no replay). Valid for the node's life. */
+KVP_EXPORT const char *kvp_node_kv_events_endpoint(const kvp_node_t *node, int32_t replay);
 
 /* Liveness of the node itself: milliseconds since its progress loop last
  * completed a round (own thread: it does at least every few hundred ms;

@@ -129,6 +129,10 @@ class kvp_config_t(Structure):
         ("backoff_max_ms", c_uint32),
         ("pin_lease_ms", c_uint32),
         ("reserved1", c_uint32),
+        ("kv_events_endpoint", c_char_p),
+        ("kv_events_replay_endpoint", c_char_p),
+        ("kv_events_hwm", c_uint32),
+        ("kv_events_replay_batches", c_uint32),
     ]
 
 
@@ -167,7 +171,8 @@ STATS_FIELDS = (
     "probations evictions loads_inflight "
     "sessions_refused pins_refused fetches_queued fetches_refused_inflight "
     "fetches_refused_quarantine fetches_refused_retained "
-    "leases_renewed leases_expired lease_pins_expired fetch_hints_stale"
+    "leases_renewed leases_expired lease_pins_expired fetch_hints_stale "
+    "kv_event_batches kv_event_batches_dropped kv_events kv_event_replays"
 ).split()
 
 
@@ -332,6 +337,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "kvp_lookup_prefix": (st, [node_p, c_char_p, c_uint64, u8p, u32p, c_uint32, u8p,
                                    POINTER(c_uint64)]),
         "kvp_lease_renew": (st, [node_p, c_char_p, c_uint64]),
+        "kvp_node_kv_events_endpoint": (ctypes.c_char_p, [node_p, ctypes.c_int32]),
         "kvp_fetch": (st, [node_p, c_char_p, c_uint64, u8p, u32p, c_uint32, c_uint32,
                            POINTER(c_int32), POINTER(c_uint64)]),
         "kvp_cancel": (st, [node_p, c_uint64]),

@@ -6,6 +6,7 @@
  * never produces an event.
  */
 #include "node/node.h"
+#include "node/events.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -472,6 +473,14 @@ static kvp_status_t do_stats(kvp_node_t *n, void *arg)
     o->quarantined_slots = ss.slots[KVP_SLOT_QUARANTINED];
     o->sessions_refused += cs.refused_limit; /* ctl (HELLO) + session layer */
     o->pins_refused = ss.pin_limit_refusals;
+    if (n->kvevents != NULL) {
+        kvp_kvevents_stats_t es;
+        kvp__kvevents_get_stats(n->kvevents, &es);
+        o->kv_event_batches = es.batches_published;
+        o->kv_event_batches_dropped = es.batches_dropped;
+        o->kv_events = es.events;
+        o->kv_event_replays = es.replays_served;
+    }
     uint64_t inflight = 0;
     kvp_list_t *p, *t;
     kvp_list_foreach_safe(p, t, &n->sessions)
@@ -482,6 +491,15 @@ static kvp_status_t do_stats(kvp_node_t *n, void *arg)
     }
     o->loads_inflight = inflight;
     return KVP_OK;
+}
+
+KVP_EXPORT const char *kvp_node_kv_events_endpoint(const kvp_node_t *n, int32_t replay)
+{
+    if (n == NULL || n->kvevents == NULL)
+        return NULL;
+    const char *ep = replay ? kvp__kvevents_replay_endpoint(n->kvevents)
+                            : kvp__kvevents_endpoint(n->kvevents);
+    return ep[0] ? ep : NULL;
 }
 
 KVP_EXPORT uint64_t kvp_node_stall_ms(kvp_node_t *n)

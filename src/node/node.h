@@ -285,6 +285,7 @@ struct kvp_node {
     uint32_t ev_head, ev_count, ev_cap;
     uint64_t events_dropped;
 
+    struct kvp_kvevents *kvevents; /* KV-event publisher (events.h), or NULL */
     kvp_stats_t st; /* counters owned by the node (store/ctl stats merged on read) */
     kvp_ratelimit_t rl_proto, rl_cap, rl_local; /* rl_local: refusals of local readers */
 };
