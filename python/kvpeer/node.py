@@ -337,12 +337,13 @@ class Block:
 
 
 # ------------------------------------------------------------------ config
-_STR_FIELDS = ("name", "listen_addr", "peer_id", "instance_id", "compat")
+_STR_FIELDS = ("name", "listen_addr", "peer_id", "instance_id", "compat",
+               "kv_events_endpoint", "kv_events_replay_endpoint")
 _ENUMS = {
     "transport": {"ucx": L.KVP_TRANSPORT_UCX, "fake": L.KVP_TRANSPORT_FAKE},
     "thread_mode": {"own": L.KVP_THREAD_OWN, "caller": L.KVP_THREAD_CALLER},
 }
-_NOT_KWARGS = ("psk_len", "region", "region_len", "reserved0")
+_NOT_KWARGS = ("psk_len", "region", "region_len", "reserved0", "reserved1")
 CONFIG_FIELDS = tuple(f for f, _ in L.kvp_config_t._fields_ if f not in _NOT_KWARGS)
 
 
@@ -760,6 +761,17 @@ class Node:
         s = L.kvp_stats_t()
         _check(L.lib().kvp_node_stats(self._handle(), ctypes.byref(s)), "kvp_node_stats")
         return {f: int(getattr(s, f)) for f in L.STATS_FIELDS}
+
+    def kv_events_endpoints(self) -> Tuple[Optional[str], Optional[str]]:
+        """The bound KV-event endpoints (PUB, replay), wildcard ports
+        resolved; None where the node publishes none. Subscribe with
+        kvpeer.router.ClusterMap."""
+        h = self._handle()
+        out = []
+        for replay in (0, 1):
+            v = L.lib().kvp_node_kv_events_endpoint(h, replay)
+            out.append(v.decode() if v else None)
+        return out[0], out[1]
 
     def held(self, cap: int = 4096) -> List[HeldItem]:
         """Retained transfers and quarantined/suspect slots, with their ages."""

@@ -20,6 +20,11 @@
 #define KVP_KVEV_BATCH_MAX 256u /* events per batch; a full batch is published at once */
 #define KVP_KVEV_REPLAY_PER_FLUSH 16 /* replay requests answered per flush (bounded work) */
 #define KVP_KVEV_ENDPOINT_MAX 256
+/* A batch without events goes out when nothing was published for this long:
+ * PUB drops what is sent before a subscriber's (re)connection completes, so
+ * without it a subscriber would not learn of a gap or of a restarted node's
+ * new incarnation until the node's store next changes. */
+#define KVP_KVEV_IDLE_NS (1000ull * KVP_NSEC_PER_MSEC)
 
 enum { KVEV_STORED = 1, KVEV_REMOVED = 2, KVEV_CLEARED = 3 };
 
@@ -43,6 +48,7 @@ struct kvp_kvevents {
     char log_prefix[64];
     uint64_t incarnation;
     uint64_t next_seq;
+    uint64_t last_pub_ns; /* real clock: the idle batch */
     /* the open batch */
     kvev_item_t items[KVP_KVEV_BATCH_MAX];
     uint32_t n_items;
@@ -161,8 +167,10 @@ static void ring_keep(kvp_kvevents_t *e, uint64_t seq)
 
 static void publish_open_batch(kvp_kvevents_t *e)
 {
-    if (e->n_items == 0)
+    uint64_t now = kvp_clock_now(kvp_clock_real());
+    if (e->n_items == 0 && now - e->last_pub_ns < KVP_KVEV_IDLE_NS)
         return;
+    e->last_pub_ns = now;
     uint64_t seq = e->next_seq++;
     uint8_t sb[8];
     seq_bytes(seq, sb);

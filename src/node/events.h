@@ -22,6 +22,11 @@
  * elements. Each incarnation's stream starts with seq 0 = [AllBlocksCleared],
  * so a subscriber drops what it knew of the node's previous life.
  *
+ * A batch without events is published after a second without any, so that
+ * a subscriber that (re)connected after a batch went out (PUB drops what it
+ * sends before the subscription arrives) sees the gap, or the new
+ * incarnation, within a second and replays.
+ *
  * Replay (as vLLM): a ROUTER socket; a subscriber sends [empty, start seq
  * (8 bytes big-endian)] from a DEALER (or REQ) and receives [empty, seq,
  * payload] for every buffered batch with seq >= start, then [empty, -1 as 8
