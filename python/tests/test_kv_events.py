@@ -132,3 +132,16 @@ def test_bad_events_endpoint_is_a_clean_error():
     n = kvpeer.Node()
     assert n.kv_events_endpoints() == (None, None)
     n.close()
+
+
+def test_route_demo(capsys):
+    """python/examples/kv_route_demo.py routes by the map, confirms with one
+    prefix lookup, fetches byte-exact, and sees a stale hint miss."""
+    import pathlib
+    import runpy
+
+    demo = pathlib.Path(__file__).resolve().parents[1] / "examples" / "kv_route_demo.py"
+    assert runpy.run_path(str(demo))["main"]() == 0
+    out = capsys.readouterr().out
+    assert "route: request of 12 blocks -> node A" in out
+    assert "hinted fetch of a stale entry on B: KVP_ERR_NOT_FOUND" in out
