@@ -183,8 +183,8 @@ static void sub_replay(sub_t *sb, sub_node_t *s, uint64_t start)
             return; /* END_SEQ */
         msgpack_unpacked up;
         msgpack_unpacked_init(&up);
-        uint64_t inc;
-        const msgpack_object *evs;
+        uint64_t inc = 0;
+        const msgpack_object *evs = NULL;
         assert_true(batch_decode(g_bufs[2], lens[2], &up, &inc, &evs));
         if (inc == s->incarnation && seq >= s->next_seq) {
             sb->lost += seq - s->next_seq;
@@ -208,8 +208,8 @@ static void sub_on_batch(sub_t *sb, const char *topic, size_t topic_len, uint64_
     assert_non_null(s);
     msgpack_unpacked up;
     msgpack_unpacked_init(&up);
-    uint64_t inc;
-    const msgpack_object *evs;
+    uint64_t inc = 0;
+    const msgpack_object *evs = NULL;
     assert_true(batch_decode(payload, len, &up, &inc, &evs));
     if (!s->known || inc != s->incarnation) { /* a new stream (first seen or restarted) */
         s->known = true;
