@@ -15,7 +15,7 @@ all: deps
 	@cmake --build build/debug -j $(JOBS)
 
 deps:
-	@pkg-config --exists ucx libxxhash cmocka libsodium libmicrohttpd inih libcurl 2>/dev/null && \
+	@pkg-config --exists ucx libxxhash cmocka libsodium libmicrohttpd inih libcurl libzmq msgpack 2>/dev/null && \
 	  command -v cmake >/dev/null && command -v valgrind >/dev/null || ./scripts/install-deps.sh
 	@./scripts/install-py.sh
 

@@ -117,6 +117,24 @@ typedef struct kvp_config {
     uint32_t max_sessions, max_pins, max_retained, max_quarantined;
     uint64_t max_inflight_bytes_per_peer;
     uint32_t backoff_min_ms, backoff_max_ms;
+    /* Lease of the pins a lookup takes on the source (the source's setting):
+     * released pin_lease_ms after the lookup unless the requester renews it
+     * (kvp_lease_renew, or any fetch/lookup of the same request); 0 = the
+     * supply-pin timeout. Expiries are counted (kvp_stats_t.leases_expired). */
+    uint32_t pin_lease_ms;
+    uint32_t reserved1;
+    /* KV events for routers (vLLM's format: ZMQ PUB, msgpack KVEventBatch;
+     * see docs/DESIGN.md "KV events"): the PUB bind address, e.g.
+     * "tcp://127.0.0.1:5557" or "tcp://127.0.0.1:*" (ephemeral; read it back
+     * with kvp_node_kv_events_endpoint); NULL = no events. The replay ROUTER
+     * bind address, or NULL = no replay. Publishing never blocks the node:
+     * batches over the high-water mark (kv_events_hwm batches, 0 = 10000)
+     * are dropped and counted, and stay replayable (the last
+     * kv_events_replay_batches, 0 = 1000). */
+    const char *kv_events_endpoint;
+    const char *kv_events_replay_endpoint;
+    uint32_t kv_events_hwm;
+    uint32_t kv_events_replay_batches;
 } kvp_config_t;
 
 KVP_EXPORT void kvp_config_init(kvp_config_t *cfg);
@@ -172,6 +190,11 @@ KVP_EXPORT kvp_status_t kvp_release(kvp_node_t *node, const kvp_block_t *block);
  * given as one buffer of concatenated keys with a length array. */
 enum {
     KVP_FETCH_FLAG_WAIT_FOR_SUPPLY = 1, /* the source parks demand until supplied */
+    /* Router hint: fetch without a lookup because a router's block map says
+     * `peer` holds the keys. The source looks them up at fetch time; if any
+     * is gone (a stale hint) the load fails at once with KVP_ERR_NOT_FOUND.
+     * Never parks, never waits for a timeout. Not with WAIT_FOR_SUPPLY. */
+    KVP_FETCH_FLAG_HINT = 2,
 };
 
 /* Ask `peer` which keys it holds. `results` (n bytes, 1 = HIT, 0 = MISS) is
@@ -179,6 +202,22 @@ enum {
 KVP_EXPORT kvp_status_t kvp_lookup(kvp_node_t *node, const char *peer, uint64_t request_id,
                                    const uint8_t *keys, const uint32_t *key_lens, uint32_t n,
                                    uint8_t *results, uint64_t *op_id);
+/* Prefix lookup, as engines ask: `keys` are one request's blocks in order;
+ * the KVP_EV_LOOKUP event's n_ok is the length of the longest prefix `peer`
+ * holds, and exactly those blocks are pinned there for this request under
+ * the source's pin lease (see kvp_config_t.pin_lease_ms). `results` (n
+ * bytes, may be NULL) gets HIT for the prefix and MISS after it; if given it
+ * is caller-owned like kvp_lookup's. A prefix lookup is one LOOKUP of its
+ * own (never merged with other lookups of the request). */
+KVP_EXPORT kvp_status_t kvp_lookup_prefix(kvp_node_t *node, const char *peer,
+                                          uint64_t request_id, const uint8_t *keys,
+                                          const uint32_t *key_lens, uint32_t n,
+                                          uint8_t *results, uint64_t *op_id);
+/* Lease heartbeat: renew, on `peer`, the pin lease of every lookup of
+ * `request_id` not fetched yet. One small frame; no event. A fetch or a
+ * lookup of the request renews too. KVP_ERR_UNREACHABLE if no session. */
+KVP_EXPORT kvp_status_t kvp_lease_renew(kvp_node_t *node, const char *peer,
+                                        uint64_t request_id);
 /* Fetch keys from `peer` into our store (after a lookup of the same request,
  * or with KVP_FETCH_FLAG_WAIT_FOR_SUPPLY). Exactly one KVP_EV_LOAD event per
  * load. `block_status` (n int32, may be NULL) is caller-owned like `results`. */
@@ -240,6 +279,16 @@ typedef struct kvp_stats {
     uint64_t fetches_refused_inflight;   /* refused or timed out in the queue: bytes in flight */
     uint64_t fetches_refused_quarantine; /* refused: faulty peer, quarantine limit reached */
     uint64_t fetches_refused_retained;   /* FETCHes of peers refused: max_retained reached */
+    /* Pin leases of lookups served by this node (source side). */
+    uint64_t leases_renewed;     /* lease renewals (heartbeats, fetches, lookups) */
+    uint64_t leases_expired;     /* lookup rounds whose lease ran out unfetched */
+    uint64_t lease_pins_expired; /* pins those expiries released */
+    uint64_t fetch_hints_stale;  /* hinted fetches answered NOT_FOUND (stale hint) */
+    /* KV events (when kv_events_endpoint is set). */
+    uint64_t kv_event_batches;         /* batches published */
+    uint64_t kv_event_batches_dropped; /* not sent: subscriber queue full (replayable) */
+    uint64_t kv_events;                /* stored/removed/cleared events in batches */
+    uint64_t kv_event_replays;         /* replay requests answered */
 } kvp_stats_t;
 
 KVP_EXPORT kvp_status_t kvp_node_stats(kvp_node_t *node, kvp_stats_t *out);
@@ -302,6 +351,11 @@ typedef struct kvp_refusal_stats {
 } kvp_refusal_stats_t;
 
 KVP_EXPORT kvp_status_t kvp_node_refusals(kvp_node_t *node, kvp_refusal_stats_t *out);
+
+/* The bound KV-event endpoint (replay = 0: the PUB socket; 1: the replay
+ * ROUTER), wildcard ports resolved, e.g. "tcp://127.0.0.1:40123"; NULL when
+ * the node publishes no events (or no replay). Valid for the node's life. */
+KVP_EXPORT const char *kvp_node_kv_events_endpoint(const kvp_node_t *node, int32_t replay);
 
 /* Liveness of the node itself: milliseconds since its progress loop last
  * completed a round (own thread: it does at least every few hundred ms;

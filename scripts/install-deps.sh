@@ -2,6 +2,7 @@
 # install-deps.sh -- idempotent install of exactly what kvpeer needs (Debian 12).
 set -eu
 PKGS="libucx-dev ucx-utils libxxhash-dev libcmocka-dev libsodium-dev libmicrohttpd-dev libinih-dev libcurl4-openssl-dev
+libzmq3-dev libmsgpack-dev python3-zmq python3-msgpack
 pkg-config cmake make gcc clang libclang-rt-14-dev valgrind gnuplot-nox python3 python3-pytest python3-setuptools python3-pip python3-venv
 iproute2 procps"
 missing=""

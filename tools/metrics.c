@@ -200,6 +200,14 @@ static void format_safety(kvpd_buf_t *b, const kvp_stats_t *st)
     labelled(b, "limit_refusals_total", "limit", lim, limv, 5);
     one(b, "fetches_queued_total", "counter", "Fetches that waited for the bytes-in-flight budget.",
         st->fetches_queued);
+    one(b, "pin_leases_renewed_total", "counter", "Lookup pin leases renewed by requesters.",
+        st->leases_renewed);
+    one(b, "pin_leases_expired_total", "counter", "Lookup rounds whose pin lease ran out.",
+        st->leases_expired);
+    one(b, "pin_lease_pins_expired_total", "counter", "Pins released by expired leases.",
+        st->lease_pins_expired);
+    one(b, "fetch_hints_stale_total", "counter", "Hinted fetches answered miss (stale hint).",
+        st->fetch_hints_stale);
 }
 
 static void format_peers(kvpd_buf_t *b, const kvp_peer_info_t *p, uint32_t n)

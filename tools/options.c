@@ -77,6 +77,7 @@ static const opt_t opts[] = {
     MS(handshake_timeout_ms, 1, "connected but not ready"),
     MS(lookup_pending_ms, 1, "FILLING keys answered MISS after this"),
     MS(supply_pin_ms, 1, "lookup-pinned supply never fetched is unpinned"),
+    MS(pin_lease_ms, 0, "lease of lookup pins, renewed by the requester (0 = supply_pin_ms)"),
     MS(load_timeout_ms, 1, "abort a fetch"),
     MS(abort_resend_ms, 1, "ABORT re-sent this often"),
     MS(abort_ack_timeout_ms, 1, "then escalate"),

@@ -71,6 +71,7 @@ KVP_TRANSPORT_FAKE = 1
 KVP_THREAD_OWN = 0
 KVP_THREAD_CALLER = 1
 KVP_FETCH_FLAG_WAIT_FOR_SUPPLY = 1
+KVP_FETCH_FLAG_HINT = 2
 
 KVP_EV_LOOKUP = 1
 KVP_EV_LOAD = 2
@@ -126,6 +127,12 @@ class kvp_config_t(Structure):
         ("max_inflight_bytes_per_peer", c_uint64),
         ("backoff_min_ms", c_uint32),
         ("backoff_max_ms", c_uint32),
+        ("pin_lease_ms", c_uint32),
+        ("reserved1", c_uint32),
+        ("kv_events_endpoint", c_char_p),
+        ("kv_events_replay_endpoint", c_char_p),
+        ("kv_events_hwm", c_uint32),
+        ("kv_events_replay_batches", c_uint32),
     ]
 
 
@@ -163,7 +170,9 @@ STATS_FIELDS = (
     "checksum_mismatches stale_frames protocol_errors peers_down "
     "probations evictions loads_inflight "
     "sessions_refused pins_refused fetches_queued fetches_refused_inflight "
-    "fetches_refused_quarantine fetches_refused_retained"
+    "fetches_refused_quarantine fetches_refused_retained "
+    "leases_renewed leases_expired lease_pins_expired fetch_hints_stale "
+    "kv_event_batches kv_event_batches_dropped kv_events kv_event_replays"
 ).split()
 
 
@@ -325,6 +334,10 @@ def _declare(lib: ctypes.CDLL) -> None:
         "kvp_release": (st, [node_p, POINTER(kvp_block_t)]),
         "kvp_lookup": (st, [node_p, c_char_p, c_uint64, u8p, u32p, c_uint32, u8p,
                             POINTER(c_uint64)]),
+        "kvp_lookup_prefix": (st, [node_p, c_char_p, c_uint64, u8p, u32p, c_uint32, u8p,
+                                   POINTER(c_uint64)]),
+        "kvp_lease_renew": (st, [node_p, c_char_p, c_uint64]),
+        "kvp_node_kv_events_endpoint": (ctypes.c_char_p, [node_p, ctypes.c_int32]),
         "kvp_fetch": (st, [node_p, c_char_p, c_uint64, u8p, u32p, c_uint32, c_uint32,
                            POINTER(c_int32), POINTER(c_uint64)]),
         "kvp_cancel": (st, [node_p, c_uint64]),

@@ -337,12 +337,13 @@ class Block:
 
 
 # ------------------------------------------------------------------ config
-_STR_FIELDS = ("name", "listen_addr", "peer_id", "instance_id", "compat")
+_STR_FIELDS = ("name", "listen_addr", "peer_id", "instance_id", "compat",
+               "kv_events_endpoint", "kv_events_replay_endpoint")
 _ENUMS = {
     "transport": {"ucx": L.KVP_TRANSPORT_UCX, "fake": L.KVP_TRANSPORT_FAKE},
     "thread_mode": {"own": L.KVP_THREAD_OWN, "caller": L.KVP_THREAD_CALLER},
 }
-_NOT_KWARGS = ("psk_len", "region", "region_len", "reserved0")
+_NOT_KWARGS = ("psk_len", "region", "region_len", "reserved0", "reserved1")
 CONFIG_FIELDS = tuple(f for f, _ in L.kvp_config_t._fields_ if f not in _NOT_KWARGS)
 
 
@@ -588,17 +589,47 @@ class Node:
             self._ops[op.value] = _Op(EventType.LOOKUP, peer, rid, ks, results=results)
         return op.value
 
+    def lookup_prefix(self, peer: str, keys: Sequence[bytes], request_id: int) -> int:
+        """Ask ``peer`` for the longest prefix of ``keys`` (one request's
+        blocks, in order) it holds. Returns the op id; the LOOKUP event's
+        ``n_ok`` is the prefix length and ``results`` is True for exactly the
+        prefix. The prefix is pinned there for this request under the source's
+        pin lease (``pin_lease_ms``): renew it with lease_renew(), a fetch or
+        another lookup of the request, or it is released."""
+        pb = _peer_bytes(peer)
+        rid = _u64(request_id, "request_id")
+        ks, kbuf, lens = _keys_arrays(keys)
+        results = (c_uint8 * len(ks))()
+        op = c_uint64()
+        with self._lock:
+            st = L.lib().kvp_lookup_prefix(self._handle(), pb, rid, kbuf, lens, len(ks),
+                                           results, ctypes.byref(op))
+            _check(st, "kvp_lookup_prefix")
+            self._ops[op.value] = _Op(EventType.LOOKUP, peer, rid, ks, results=results)
+        return op.value
+
+    def lease_renew(self, peer: str, request_id: int) -> None:
+        """Lease heartbeat: renew on ``peer`` the pins of every unfetched
+        lookup of ``request_id`` (one small frame, no event)."""
+        pb = _peer_bytes(peer)
+        rid = _u64(request_id, "request_id")
+        _check(L.lib().kvp_lease_renew(self._handle(), pb, rid), "kvp_lease_renew")
+
     def fetch(self, peer: str, keys: Sequence[bytes], request_id: int,
-              wait_for_supply: bool = False) -> int:
+              wait_for_supply: bool = False, hint: bool = False) -> int:
         """Load ``keys`` from ``peer`` into this node's store (after a lookup
         of the same request, or with ``wait_for_supply``: the source parks the
         demand until the keys are put there). Returns the op id; exactly one
-        LOAD event follows, with ``block_status`` per key."""
+        LOAD event follows, with ``block_status`` per key. ``hint``: fetch
+        without a lookup because a router's map says ``peer`` holds the keys;
+        a stale hint fails at once with KVP_ERR_NOT_FOUND."""
         pb = _peer_bytes(peer)
         rid = _u64(request_id, "request_id")
         ks, kbuf, lens = _keys_arrays(keys)
         bst = (c_int32 * len(ks))(*([L.KVP_ERR_STATE] * len(ks)))
         flags = L.KVP_FETCH_FLAG_WAIT_FOR_SUPPLY if wait_for_supply else 0
+        if hint:
+            flags |= L.KVP_FETCH_FLAG_HINT
         op = c_uint64()
         with self._lock:
             st = L.lib().kvp_fetch(self._handle(), pb, rid, kbuf, lens, len(ks), flags, bst,
@@ -730,6 +761,17 @@ class Node:
         s = L.kvp_stats_t()
         _check(L.lib().kvp_node_stats(self._handle(), ctypes.byref(s)), "kvp_node_stats")
         return {f: int(getattr(s, f)) for f in L.STATS_FIELDS}
+
+    def kv_events_endpoints(self) -> Tuple[Optional[str], Optional[str]]:
+        """The bound KV-event endpoints (PUB, replay), wildcard ports
+        resolved; None where the node publishes none. Subscribe with
+        kvpeer.router.ClusterMap."""
+        h = self._handle()
+        out = []
+        for replay in (0, 1):
+            v = L.lib().kvp_node_kv_events_endpoint(h, replay)
+            out.append(v.decode() if v else None)
+        return out[0], out[1]
 
     def held(self, cap: int = 4096) -> List[HeldItem]:
         """Retained transfers and quarantined/suspect slots, with their ages."""

@@ -6,6 +6,7 @@
  * never produces an event.
  */
 #include "node/node.h"
+#include "node/events.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -296,6 +297,33 @@ static kvp_status_t do_lookup(kvp_node_t *n, void *arg)
     return KVP_OK;
 }
 
+static kvp_status_t do_lookup_prefix(kvp_node_t *n, void *arg)
+{
+    remote_args_t *a = arg;
+    kvp_session_t *s;
+    kvp_status_t st = remote_session(n, a->peer, &s);
+    if (st != KVP_OK)
+        return st;
+    uint64_t id = n->next_op_id++;
+    st = kvp__client_lookup_prefix(s, id, a->request_id, a->keys, a->lens, a->n, a->results);
+    if (st != KVP_OK)
+        return st;
+    if (!kvp_list_linked(&s->flush_link))
+        kvp_list_insert_tail(&n->flushq, &s->flush_link);
+    a->op_id = id;
+    return KVP_OK;
+}
+
+static kvp_status_t do_lease_renew(kvp_node_t *n, void *arg)
+{
+    remote_args_t *a = arg;
+    kvp_session_t *s;
+    kvp_status_t st = remote_session(n, a->peer, &s);
+    if (st != KVP_OK)
+        return st;
+    return kvp__client_lease_renew(s, a->request_id);
+}
+
 static kvp_status_t do_fetch(kvp_node_t *n, void *arg)
 {
     remote_args_t *a = arg;
@@ -336,12 +364,34 @@ KVP_EXPORT kvp_status_t kvp_lookup(kvp_node_t *n, const char *peer, uint64_t req
     return st;
 }
 
+KVP_EXPORT kvp_status_t kvp_lookup_prefix(kvp_node_t *n, const char *peer, uint64_t request_id,
+                                          const uint8_t *keys, const uint32_t *key_lens,
+                                          uint32_t cnt, uint8_t *results, uint64_t *op_id)
+{
+    if (check_remote(n, peer, keys, key_lens, cnt, op_id) != KVP_OK)
+        return KVP_ERR_INVALID;
+    remote_args_t a = {peer, request_id, keys, key_lens, cnt, 0, results, NULL, 0};
+    kvp_status_t st = kvp__node_exec(n, do_lookup_prefix, &a);
+    if (st == KVP_OK)
+        *op_id = a.op_id;
+    return st;
+}
+
+KVP_EXPORT kvp_status_t kvp_lease_renew(kvp_node_t *n, const char *peer, uint64_t request_id)
+{
+    if (n == NULL || check_peer(peer) != KVP_OK)
+        return KVP_ERR_INVALID;
+    remote_args_t a = {peer, request_id, NULL, NULL, 0, 0, NULL, NULL, 0};
+    return kvp__node_exec(n, do_lease_renew, &a);
+}
+
 KVP_EXPORT kvp_status_t kvp_fetch(kvp_node_t *n, const char *peer, uint64_t request_id,
                                   const uint8_t *keys, const uint32_t *key_lens, uint32_t cnt,
                                   uint32_t flags, int32_t *block_status, uint64_t *op_id)
 {
-    if (check_remote(n, peer, keys, key_lens, cnt, op_id) != KVP_OK ||
-        (flags & ~(uint32_t)KVP_FETCH_FLAG_WAIT_FOR_SUPPLY))
+    uint32_t known = KVP_FETCH_FLAG_WAIT_FOR_SUPPLY | KVP_FETCH_FLAG_HINT;
+    if (check_remote(n, peer, keys, key_lens, cnt, op_id) != KVP_OK || (flags & ~known) ||
+        flags == known)
         return KVP_ERR_INVALID;
     remote_args_t a = {peer, request_id, keys, key_lens, cnt, flags, NULL, block_status, 0};
     kvp_status_t st = kvp__node_exec(n, do_fetch, &a);
@@ -423,6 +473,14 @@ static kvp_status_t do_stats(kvp_node_t *n, void *arg)
     o->quarantined_slots = ss.slots[KVP_SLOT_QUARANTINED];
     o->sessions_refused += cs.refused_limit; /* ctl (HELLO) + session layer */
     o->pins_refused = ss.pin_limit_refusals;
+    if (n->kvevents != NULL) {
+        kvp_kvevents_stats_t es;
+        kvp__kvevents_get_stats(n->kvevents, &es);
+        o->kv_event_batches = es.batches_published;
+        o->kv_event_batches_dropped = es.batches_dropped;
+        o->kv_events = es.events;
+        o->kv_event_replays = es.replays_served;
+    }
     uint64_t inflight = 0;
     kvp_list_t *p, *t;
     kvp_list_foreach_safe(p, t, &n->sessions)
@@ -433,6 +491,15 @@ static kvp_status_t do_stats(kvp_node_t *n, void *arg)
     }
     o->loads_inflight = inflight;
     return KVP_OK;
+}
+
+KVP_EXPORT const char *kvp_node_kv_events_endpoint(const kvp_node_t *n, int32_t replay)
+{
+    if (n == NULL || n->kvevents == NULL)
+        return NULL;
+    const char *ep = replay ? kvp__kvevents_replay_endpoint(n->kvevents)
+                            : kvp__kvevents_endpoint(n->kvevents);
+    return ep[0] ? ep : NULL;
 }
 
 KVP_EXPORT uint64_t kvp_node_stall_ms(kvp_node_t *n)

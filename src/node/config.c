@@ -154,6 +154,11 @@ kvp_status_t kvp__config_check(const kvp_config_t *c)
         BAD("hold_cap_ms: must be > 0");
     if (c->load_timeout_ms == 0)
         BAD("load_timeout_ms: must be > 0");
+    if (bad_str(c->kv_events_endpoint))
+        BAD("kv_events_endpoint: empty or longer than %d bytes", KVP_WIRE_STR_MAX);
+    if (bad_str(c->kv_events_replay_endpoint) ||
+        (c->kv_events_replay_endpoint != NULL && c->kv_events_endpoint == NULL))
+        BAD("kv_events_replay_endpoint: empty, too long, or set without kv_events_endpoint");
     kvp_status_t st = check_region(c);
     if (st == KVP_OK)
         KVP_DEBUG(c->name,

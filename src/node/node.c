@@ -14,6 +14,7 @@
  * named deadline.
  */
 #include "node/node.h"
+#include "node/events.h"
 #ifdef KVP_TESTING
 #include "transport/fake.h"
 #endif
@@ -408,6 +409,8 @@ static void node_round(kvp_node_t *n, int timeout_ms)
     }
     kvp_loop_run_once(n->loop, timeout_ms);
     node_settle(n);
+    if (n->kvevents != NULL)
+        kvp__kvevents_flush(n->kvevents); /* this round's stored/removed, replays */
     atomic_store_explicit(&n->round_ns, kvp_clock_now(kvp_clock_real()), memory_order_relaxed);
 }
 
@@ -500,6 +503,38 @@ KVP_EXPORT void kvp_config_init(kvp_config_t *c)
     c->backoff_max_ms = 5000;
 }
 
+/* Store callbacks: what the store holds, told to routers (KV events). */
+static void node_store_commit_cb(void *arg, const void *key, uint32_t key_len,
+                                 kvp_slot_ref_t ref)
+{
+    kvp_node_t *n = arg;
+    (void)ref;
+    if (n->kvevents != NULL)
+        kvp__kvevents_stored(n->kvevents, key, key_len);
+}
+
+static void node_store_remove_cb(void *arg, const void *key, uint32_t key_len)
+{
+    kvp_node_t *n = arg;
+    if (n->kvevents != NULL)
+        kvp__kvevents_removed(n->kvevents, key, key_len);
+}
+
+static kvp_status_t node_make_kvevents(kvp_node_t *n, const kvp_config_t *cfg)
+{
+    if (cfg->kv_events_endpoint == NULL)
+        return KVP_OK;
+    kvp_kvevents_config_t ec = {0};
+    ec.endpoint = cfg->kv_events_endpoint;
+    ec.replay_endpoint = cfg->kv_events_replay_endpoint;
+    ec.node_id = n->peer_id;
+    ec.model = cfg->compat;
+    ec.hwm = cfg->kv_events_hwm;
+    ec.replay_batches = cfg->kv_events_replay_batches;
+    ec.log_prefix = n->name;
+    return kvp__kvevents_create(&ec, &n->kvevents);
+}
+
 static void store_config(const kvp_node_t *n, kvp_store_config_t *sc)
 {
     memset(sc, 0, sizeof(*sc));
@@ -511,6 +546,9 @@ static void store_config(const kvp_node_t *n, kvp_store_config_t *sc)
     sc->hash_seed = n->cfg.hash_seed;
     sc->clock = n->clock;
     sc->log_prefix = n->name;
+    sc->commit_cb = node_store_commit_cb;
+    sc->remove_cb = node_store_remove_cb;
+    sc->commit_cb_arg = (void *)n; /* the callbacks run on the owner thread */
 }
 
 #ifdef KVP_TESTING
@@ -679,6 +717,8 @@ kvp_status_t kvp__node_create_ex(const kvp_config_t *cfg, const kvp_node_seams_t
     snprintf(n->peer_id, sizeof(n->peer_id), "%s", kvp_ctl_peer_id(n->ctl));
     if (cfg->name == NULL)
         snprintf(n->name, sizeof(n->name), "%s", n->peer_id);
+    if ((st = node_make_kvevents(n, cfg)) != KVP_OK)
+        goto fail;
     int xfd = n->xport->ops->event_fd(n->xport);
     if (xfd >= 0 && (st = kvp_io_start(n->loop, &n->xport_io, xfd, EPOLLIN, xport_io_cb, n)) != KVP_OK)
         goto fail;
@@ -767,6 +807,8 @@ static void node_drain(kvp_node_t *n)
 
 static void node_free(kvp_node_t *n)
 {
+    kvp__kvevents_destroy(n->kvevents); /* last batch: AllBlocksCleared */
+    n->kvevents = NULL;
     if (n->ctl)
         kvp_ctl_destroy(n->ctl);
     if (n->loop) {

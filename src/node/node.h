@@ -155,6 +155,7 @@ struct kvp_sround {
     uint32_t n_demand;
     kvp_demand_t *demand;
     uint32_t flags;
+    uint16_t lookup_flags;  /* KVP_LOOKUP_F_PREFIX: only the held prefix is supplied */
     kvp_xfer_t *xfer;       /* in flight, or NULL */
     int32_t final_status;   /* what FETCH_DONE said / will say */
     bool sent_done, sent_ack;
@@ -169,7 +170,9 @@ struct kvp_lookup_op {
     uint64_t op_id, request_id, round;
     uint32_t n;
     kvp_key_buf_t *keys;
-    uint8_t *results; /* caller-owned */
+    uint8_t *results; /* caller-owned, or owned by the op when owns_results */
+    bool owns_results; /* kvp_lookup_prefix() without a results array */
+    uint16_t mode;     /* LOOKUP header flags (KVP_LOOKUP_F_PREFIX); such ops are never merged */
     kvp_timer_t timer; /* answer deadline */
     kvp_session_t *sess;
 };
@@ -283,6 +286,7 @@ struct kvp_node {
     uint32_t ev_head, ev_count, ev_cap;
     uint64_t events_dropped;
 
+    struct kvp_kvevents *kvevents; /* KV-event publisher (events.h), or NULL */
     kvp_stats_t st; /* counters owned by the node (store/ctl stats merged on read) */
     kvp_ratelimit_t rl_proto, rl_cap, rl_local; /* rl_local: refusals of local readers */
 };
@@ -320,6 +324,13 @@ void kvp__session_probation(kvp_session_t *s, bool on);
 kvp_status_t kvp__client_lookup(kvp_session_t *s, uint64_t op_id, uint64_t request_id,
                                 const uint8_t *keys, const uint32_t *lens, uint32_t n,
                                 uint8_t *results);
+/* Prefix mode (KVP_LOOKUP_F_PREFIX): one LOOKUP of its own; the event's
+ * n_ok is the held prefix length. results may be NULL. */
+kvp_status_t kvp__client_lookup_prefix(kvp_session_t *s, uint64_t op_id, uint64_t request_id,
+                                       const uint8_t *keys, const uint32_t *lens, uint32_t n,
+                                       uint8_t *results);
+/* Lease heartbeat: a LOOKUP with KVP_LOOKUP_F_RENEW and no keys, sent now. */
+kvp_status_t kvp__client_lease_renew(kvp_session_t *s, uint64_t request_id);
 void kvp__client_flush_lookups(kvp_session_t *s);
 /* Start queued fetches (FIFO) while the session's byte budget allows. */
 void kvp__client_start_queued(kvp_session_t *s);
@@ -344,7 +355,7 @@ void kvp__load_release_quarantine(kvp_load_t *l, bool by_cap);
 void kvp__load_free(kvp_load_t *l);
 
 /* server.c: the source role */
-void kvp__server_on_lookup(kvp_session_t *s, const kvp_msg_lookup_t *m);
+void kvp__server_on_lookup(kvp_session_t *s, const kvp_msg_lookup_t *m, uint16_t flags);
 void kvp__server_on_fetch(kvp_session_t *s, const kvp_msg_fetch_t *m);
 void kvp__server_on_abort(kvp_session_t *s, const kvp_msg_abort_t *m);
 /* A key was committed locally: serve pending lookups and parked demand. */

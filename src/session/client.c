@@ -123,6 +123,35 @@ kvp_status_t kvp__client_lookup(kvp_session_t *s, uint64_t op_id, uint64_t reque
     return KVP_OK;
 }
 
+kvp_status_t kvp__client_lookup_prefix(kvp_session_t *s, uint64_t op_id, uint64_t request_id,
+                                       const uint8_t *keys, const uint32_t *lens, uint32_t n,
+                                       uint8_t *results)
+{
+    uint8_t *own = NULL;
+    if (check_keys(keys, lens, n) != KVP_OK)
+        return KVP_ERR_INVALID;
+    if (results == NULL && (results = own = kvp__malloc(n)) == NULL)
+        return KVP_ERR_NOMEM;
+    kvp_status_t st = kvp__client_lookup(s, op_id, request_id, keys, lens, n, results);
+    if (st != KVP_OK) {
+        kvp__free(own);
+        return st;
+    }
+    /* kvp__client_lookup queued it last. */
+    kvp_lookup_op_t *op = KVP_CONTAINER_OF(s->lookups_queued.prev, kvp_lookup_op_t, link);
+    op->mode = KVP_LOOKUP_F_PREFIX;
+    op->owns_results = own != NULL;
+    return KVP_OK;
+}
+
+kvp_status_t kvp__client_lease_renew(kvp_session_t *s, uint64_t request_id)
+{
+    kvp_msg_t m = {.type = KVP_MSG_LOOKUP, .flags = KVP_LOOKUP_F_RENEW};
+    m.u.lookup = (kvp_msg_lookup_t){request_id, s->node->next_round++, 0, NULL};
+    /* Its empty LOOKUP_RESP matches no op and is ignored (on_lookup_resp). */
+    return kvp__session_send(s, &m);
+}
+
 static void lookup_op_finish(kvp_lookup_op_t *op, kvp_status_t st, uint32_t hits)
 {
     kvp_node_t *n = op->sess->node;
@@ -135,6 +164,8 @@ static void lookup_op_finish(kvp_lookup_op_t *op, kvp_status_t st, uint32_t hits
         memset(op->results, KVP_LOOKUP_MISS, op->n);
     kvp_list_remove(&op->link);
     kvp_timer_stop(n->loop, &op->timer);
+    if (op->owns_results)
+        kvp__free(op->results);
     kvp__free(op->keys);
     kvp__free(op);
     kvp__node_emit(n, &ev);
@@ -147,6 +178,16 @@ static void lookup_timer_cb(kvp_timer_t *t)
     kvp__session_fault(op->sess, KVP_BYE_PROTOCOL, "LOOKUP not answered in time");
 }
 
+/* Whether op goes into the same LOOKUP as `first`: general-mode lookups of
+ * one request merge; a prefix lookup is a LOOKUP of its own (its key order
+ * is the request's block order). */
+static bool lookup_batch_with(const kvp_lookup_op_t *first, const kvp_lookup_op_t *op)
+{
+    if (op == first)
+        return true;
+    return op->request_id == first->request_id && op->mode == 0 && first->mode == 0;
+}
+
 /* One LOOKUP per request per poll round with the union of the queued keys of
  * that request (a key asked twice in the same round is sent once). */
 void kvp__client_flush_lookups(kvp_session_t *s)
@@ -155,12 +196,13 @@ void kvp__client_flush_lookups(kvp_session_t *s)
     while (!kvp_list_empty(&s->lookups_queued)) {
         kvp_lookup_op_t *first = KVP_CONTAINER_OF(s->lookups_queued.next, kvp_lookup_op_t, link);
         uint64_t req = first->request_id, round = n->next_round++;
+        uint16_t mode = first->mode;
         uint32_t total = 0, nops = 0;
         kvp_list_t *p, *t;
         kvp_list_foreach_safe(p, t, &s->lookups_queued)
         {
             kvp_lookup_op_t *op = KVP_CONTAINER_OF(p, kvp_lookup_op_t, link);
-            if (op->request_id == req) {
+            if (lookup_batch_with(first, op)) {
                 total += op->n;
                 nops++;
             }
@@ -170,7 +212,7 @@ void kvp__client_flush_lookups(kvp_session_t *s)
         kvp_list_foreach_safe(p, t, &s->lookups_queued)
         {
             kvp_lookup_op_t *op = KVP_CONTAINER_OF(p, kvp_lookup_op_t, link);
-            if (op->request_id != req)
+            if (!lookup_batch_with(first, op))
                 continue;
             op->round = round;
             for (uint32_t i = 0; keys && i < op->n; i++) {
@@ -192,7 +234,7 @@ void kvp__client_flush_lookups(kvp_session_t *s)
             kvp__session_fault(s, KVP_BYE_PROTOCOL, "out of memory sending LOOKUP");
             return;
         }
-        kvp_msg_t m = {.type = KVP_MSG_LOOKUP};
+        kvp_msg_t m = {.type = KVP_MSG_LOOKUP, .flags = mode};
         m.u.lookup = (kvp_msg_lookup_t){req, round, nk, keys};
         kvp__session_send(s, &m);
         kvp__free(keys);
@@ -253,6 +295,15 @@ void kvp__client_on_lookup_resp(kvp_session_t *s, const kvp_msg_lookup_resp_t *m
         uint32_t hits = 0;
         for (uint32_t i = 0; i < op->n; i++)
             hits += op->results[i] == KVP_LOOKUP_HIT;
+        if (op->mode & KVP_LOOKUP_F_PREFIX) {
+            /* The held prefix. A source that predates prefix mode answers
+             * every key (and pins every hit until the lease or the request
+             * ends): what follows the first miss is not part of the prefix. */
+            hits = 0;
+            while (hits < op->n && op->results[hits] == KVP_LOOKUP_HIT)
+                hits++;
+            memset(op->results + hits, KVP_LOOKUP_MISS, op->n - hits);
+        }
         lookup_op_finish(op, KVP_OK, hits);
     }
 }
@@ -427,7 +478,7 @@ static kvp_load_t *load_new(kvp_session_t *s, uint64_t op_id, uint64_t request_i
     l->xpeer = s->xpeer;
     l->op_id = op_id;
     l->request_id = request_id;
-    l->flags = flags & KVP_FETCH_WAIT_FOR_SUPPLY;
+    l->flags = flags & (KVP_FETCH_WAIT_FOR_SUPPLY | KVP_FETCH_HINT);
     l->n = n;
     l->block_status = block_status;
     size_t off = 0;
@@ -448,7 +499,8 @@ static void load_bind_round(kvp_load_t *l)
 {
     kvp_session_t *s = l->sess;
     kvp_creq_t *c = creq_get(s, l->request_id, true);
-    if (c != NULL && !c->fetched && !(l->flags & KVP_FETCH_WAIT_FOR_SUPPLY)) {
+    if (c != NULL && !c->fetched &&
+        !(l->flags & (KVP_FETCH_WAIT_FOR_SUPPLY | KVP_FETCH_HINT))) {
         l->round = c->round;
         c->fetched = true;
     } else {

@@ -153,7 +153,7 @@ static void send_lookup_resp(kvp_sround_t *r)
     }
     for (uint32_t i = 0; i < r->n_supply; i++)
         res[i] = r->supply[i].pinned ? KVP_LOOKUP_HIT : KVP_LOOKUP_MISS;
-    kvp_msg_t m = {.type = KVP_MSG_LOOKUP_RESP};
+    kvp_msg_t m = {.type = KVP_MSG_LOOKUP_RESP, .flags = r->lookup_flags};
     m.u.lookup_resp.request_id = r->request_id;
     m.u.lookup_resp.round = r->round;
     m.u.lookup_resp.n = r->n_supply;
@@ -212,24 +212,76 @@ static void sround_finish(kvp_sround_t *r, bool ack, kvp_status_t status)
                             KVP_NSEC_PER_MSEC);
 }
 
+/* ---------------------------------------------------------- pin leases */
+
+/* Supply pinned by a LOOKUP is held under a lease: pin_lease_ms (0 = the
+ * supply-pin timeout) after the lookup or the requester's latest renewal --
+ * a FETCH or LOOKUP of the same request on this session, or a lease
+ * heartbeat (LOOKUP with KVP_LOOKUP_F_RENEW). When the lease runs out the
+ * round's pins are released and counted (sround_timer_cb). */
+static uint64_t lease_deadline(const kvp_node_t *n)
+{
+    uint32_t ms = n->cfg.pin_lease_ms ? n->cfg.pin_lease_ms : n->cfg.supply_pin_ms;
+    return kvp__node_now(n) + (uint64_t)ms * KVP_NSEC_PER_MSEC;
+}
+
+static void lease_renew(kvp_session_t *s, uint64_t request_id)
+{
+    kvp_node_t *n = s->node;
+    kvp_list_t *p, *t;
+    kvp_list_foreach_safe(p, t, &s->srounds)
+    {
+        kvp_sround_t *r = KVP_CONTAINER_OF(p, kvp_sround_t, link);
+        if (r->request_id == request_id && r->phase == KVP_SR_SUPPLIED) {
+            kvp_timer_start(n->loop, &r->timer, lease_deadline(n));
+            n->st.leases_renewed++;
+        }
+    }
+}
+
+/* Prefix mode: everything after the first key that is neither held nor
+ * pending is not part of the prefix; drop its pins. Returns the number of
+ * keys still pinned. */
+static uint32_t prefix_trim(kvp_sround_t *r)
+{
+    kvp_store_t *st = r->sess->node->store;
+    uint32_t held = 0;
+    bool cut = false;
+    for (uint32_t i = 0; i < r->n_supply; i++) {
+        kvp_supply_t *sp = &r->supply[i];
+        if (cut && sp->pinned && (r->lookup_flags & KVP_LOOKUP_F_PREFIX)) {
+            KVP_ASSERT(kvp_store_unpin(st, sp->ref) == KVP_OK);
+            sp->pinned = false;
+        }
+        cut |= !sp->pinned && !sp->pending;
+        held += sp->pinned;
+    }
+    return held;
+}
+
 /* --------------------------------------------------------------- LOOKUP */
 
-void kvp__server_on_lookup(kvp_session_t *s, const kvp_msg_lookup_t *m)
+void kvp__server_on_lookup(kvp_session_t *s, const kvp_msg_lookup_t *m, uint16_t flags)
 {
     kvp_node_t *n = s->node;
     if (sround_find(s, m->round) != NULL) {
         kvp__session_fault(s, KVP_BYE_PROTOCOL, "LOOKUP reuses a round token");
         return;
     }
+    lease_renew(s, m->request_id); /* any lookup of the request is a heartbeat for it */
     kvp_sround_t *r = sround_new(s, m->request_id, m->round, m->n);
     if (r == NULL) {
         kvp__session_fault(s, KVP_BYE_PROTOCOL, "out of memory on LOOKUP");
         return;
     }
+    r->lookup_flags = flags & (KVP_LOOKUP_F_PREFIX | KVP_LOOKUP_F_RENEW);
+    bool prefix = (flags & KVP_LOOKUP_F_PREFIX) != 0, missed = false;
     uint32_t pending = 0, hits = 0, refused = 0;
     for (uint32_t i = 0; i < m->n; i++) {
         kvp_supply_t *sp = &r->supply[r->n_supply++];
         key_copy(&sp->key, m->keys[i].data, m->keys[i].len);
+        if (missed)
+            continue; /* prefix mode: past the first miss, not looked up */
         kvp_status_t st = kvp_store_lookup(n->store, m->keys[i].data, m->keys[i].len, &sp->ref,
                                            NULL, NULL);
         if (st == KVP_OK && kvp__session_open(s)) {
@@ -243,6 +295,7 @@ void kvp__server_on_lookup(kvp_session_t *s, const kvp_msg_lookup_t *m)
         } else if (st == KVP_ERR_LIMIT) {
             refused++; /* counted by the store (pins_refused) */
         }
+        missed = prefix && !sp->pinned && !sp->pending;
     }
     if (refused > 0)
         KVP_LOG_RL(&s->rl_limit, kvp__node_now(n), KVP_LOG_WARN, n->name,
@@ -255,13 +308,13 @@ void kvp__server_on_lookup(kvp_session_t *s, const kvp_msg_lookup_t *m)
                         kvp__node_now(n) + (uint64_t)n->cfg.lookup_pending_ms * KVP_NSEC_PER_MSEC);
         return;
     }
+    hits = prefix_trim(r);
     send_lookup_resp(r);
     if (hits == 0) {
         sround_free(r);
         return;
     }
-    kvp_timer_start(n->loop, &r->timer,
-                    kvp__node_now(n) + (uint64_t)n->cfg.supply_pin_ms * KVP_NSEC_PER_MSEC);
+    kvp_timer_start(n->loop, &r->timer, lease_deadline(n));
 }
 
 /* Pending keys that did not commit in time answer MISS; the rest HIT. */
@@ -276,13 +329,13 @@ static void lookup_pending_resolve(kvp_sround_t *r)
     if (kvp_list_linked(&r->wait_link))
         kvp_list_remove(&r->wait_link);
     sround_set_phase(r, KVP_SR_SUPPLIED);
+    any = prefix_trim(r) > 0;
     send_lookup_resp(r);
     if (!any) {
         sround_free(r);
         return;
     }
-    kvp_timer_start(n->loop, &r->timer,
-                    kvp__node_now(n) + (uint64_t)n->cfg.supply_pin_ms * KVP_NSEC_PER_MSEC);
+    kvp_timer_start(n->loop, &r->timer, lease_deadline(n));
 }
 
 /* ---------------------------------------------------------------- FETCH */
@@ -342,7 +395,8 @@ static kvp_status_t sround_take_demand(kvp_sround_t *r, const kvp_msg_fetch_t *m
     r->demand = kvp__calloc(m->n, sizeof(*r->demand));
     if (r->demand == NULL)
         return KVP_ERR_NOMEM;
-    if (r->flags & KVP_FETCH_WAIT_FOR_SUPPLY && r->cap_supply < r->n_supply + m->n) {
+    bool from_store = (r->flags & (KVP_FETCH_WAIT_FOR_SUPPLY | KVP_FETCH_HINT)) != 0;
+    if (from_store && r->cap_supply < r->n_supply + m->n) {
         kvp_supply_t *ns = kvp__realloc(r->supply, (r->n_supply + m->n) * sizeof(*ns));
         if (ns == NULL)
             return KVP_ERR_NOMEM;
@@ -362,7 +416,7 @@ static kvp_status_t sround_take_demand(kvp_sround_t *r, const kvp_msg_fetch_t *m
             /* Claim it: the same supply entry cannot feed two demands. */
             continue;
         }
-        if ((r->flags & KVP_FETCH_WAIT_FOR_SUPPLY) && supply_from_store(r, d))
+        if (from_store && supply_from_store(r, d)) /* parked demand, or a router's hint */
             continue;
         (*missing)++;
     }
@@ -403,6 +457,7 @@ void kvp__server_on_fetch(kvp_session_t *s, const kvp_msg_fetch_t *m)
         kvp__server_finish_request(s, m->request_id);
         return;
     }
+    lease_renew(s, m->request_id); /* the requester still works on it: other rounds live on */
     kvp_status_t dst = fetch_dsts_distinct(m);
     if (dst != KVP_OK) {
         kvp__session_fault(s, KVP_BYE_PROTOCOL, dst == KVP_ERR_NOMEM
@@ -426,7 +481,8 @@ void kvp__server_on_fetch(kvp_session_t *s, const kvp_msg_fetch_t *m)
         return;
     }
     bool wait = (m->flags & KVP_FETCH_WAIT_FOR_SUPPLY) != 0;
-    if (r == NULL && !wait) { /* no supply: never looked up, or expired (F9, F10) */
+    bool hint = (m->flags & KVP_FETCH_HINT) != 0 && !wait;
+    if (r == NULL && !wait && !hint) { /* no supply: never looked up, or expired (F9, F10) */
         fetch_fail_now(s, m, KVP_ERR_NOT_FOUND);
         return;
     }
@@ -440,6 +496,8 @@ void kvp__server_on_fetch(kvp_session_t *s, const kvp_msg_fetch_t *m)
         sround_finish(r, false, KVP_ERR_NOMEM);
         return;
     }
+    if (missing > 0 && hint)
+        n->st.fetch_hints_stale++; /* the router's map was (partly) out of date: quick misses */
     if (missing > 0 && !wait && missing == r->n_demand) {
         sround_finish(r, false, KVP_ERR_NOT_FOUND); /* F9: at once, never a silent wait */
         return;
@@ -642,9 +700,19 @@ static void sround_timer_cb(kvp_timer_t *t)
     case KVP_SR_LOOKUP_PENDING:
         lookup_pending_resolve(r);
         return;
-    case KVP_SR_SUPPLIED: /* supply-pin timeout: never fetched */
+    case KVP_SR_SUPPLIED: { /* the pin lease ran out: never fetched, never renewed */
+        kvp_node_t *n = r->sess->node;
+        uint32_t pinned = 0;
+        for (uint32_t i = 0; i < r->n_supply; i++)
+            pinned += r->supply[i].pinned;
+        n->st.leases_expired++;
+        n->st.lease_pins_expired += pinned;
+        KVP_DEBUG(n->name, "peer %s request %llu round %llu: pin lease expired, %u pins released",
+                  r->sess->peer_id, (unsigned long long)r->request_id,
+                  (unsigned long long)r->round, pinned);
         sround_free(r);
         return;
+    }
     case KVP_SR_PARKED: /* parked-demand timeout (F11) */
         sround_finish(r, false, KVP_ERR_TIMEOUT);
         return;

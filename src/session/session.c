@@ -88,7 +88,7 @@ void kvp__session_on_frame(kvp_session_t *s, const kvp_msg_t *m)
     s->last_work_ns = kvp__node_now(s->node);
     switch (m->type) {
     case KVP_MSG_LOOKUP:
-        kvp__server_on_lookup(s, &m->u.lookup);
+        kvp__server_on_lookup(s, &m->u.lookup, m->flags);
         break;
     case KVP_MSG_FETCH:
         kvp__server_on_fetch(s, &m->u.fetch);

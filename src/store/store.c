@@ -259,6 +259,7 @@ kvp_status_t kvp_store_create(const kvp_store_config_t *cfg, kvp_store_t **out)
     s->clock = cfg->clock ? cfg->clock : kvp_clock_real();
     s->commit_cb = cfg->commit_cb;
     s->commit_cb_arg = cfg->commit_cb_arg;
+    s->remove_cb = cfg->remove_cb;
     s->log_prefix = cfg->log_prefix;
     if ((rc = arrays_alloc(s)) != KVP_OK)
         goto undo_arrays;
@@ -366,6 +367,8 @@ static bool key_ok(const void *key, size_t len)
 static void ready_to_free(kvp_store_t *s, uint32_t slot)
 {
     KVP_ASSERT(s->meta[slot].pins == 0 && link_linked(s, slot));
+    if (s->remove_cb)
+        s->remove_cb(s->commit_cb_arg, kvp__store_key(s, slot), s->meta[slot].key_len);
     list_remove(s, slot);
     kvp__store_index_remove(s, slot);
     set_state(s, slot, KVP_SLOT_FREE);

@@ -55,6 +55,10 @@ typedef struct kvp_slot_ref {
  * into the store's mutating API synchronously except pin/unpin. */
 typedef void (*kvp_store_commit_cb)(void *arg, const void *key, uint32_t key_len,
                                     kvp_slot_ref_t ref);
+/* Called when a READY block leaves the cache (evicted, or a suspect block
+ * dropped), with its key, before the slot is reused (KV events for routers).
+ * Same rules as the commit callback; gets commit_cb_arg. */
+typedef void (*kvp_store_remove_cb)(void *arg, const void *key, uint32_t key_len);
 
 typedef struct kvp_store_config {
     uint32_t num_blocks; /* > 0 */
@@ -73,6 +77,7 @@ typedef struct kvp_store_config {
     const kvp_clock_t *clock;   /* NULL = real clock */
     kvp_store_commit_cb commit_cb;
     void *commit_cb_arg;
+    kvp_store_remove_cb remove_cb; /* may be NULL */
     const char *log_prefix; /* borrowed for the store's lifetime; may be NULL */
 } kvp_store_config_t;
 

@@ -74,6 +74,7 @@ struct kvp_store {
     const kvp_clock_t *clock;
     kvp_store_commit_cb commit_cb;
     void *commit_cb_arg;
+    kvp_store_remove_cb remove_cb;
     const char *log_prefix;
 
     void *arrays_raw; /* the one allocation the arrays below are carved from */

@@ -95,8 +95,22 @@ bool kvp_bye_reason_is_fault(uint16_t reason);
 
 /* LOOKUP_RESP result per key. */
 enum { KVP_LOOKUP_MISS = 0, KVP_LOOKUP_HIT = 1 };
-/* FETCH flags. */
-enum { KVP_FETCH_WAIT_FOR_SUPPLY = 1u << 0 };
+/* LOOKUP modes, carried in the frame header's `flags` (LOOKUP and, echoed by
+ * a source that honoured them, LOOKUP_RESP). Unknown header flags are
+ * ignored, so a source that predates them answers in the general mode: the
+ * consumer then reads the prefix off the per-key results itself.
+ *   PREFIX  the keys are one request's blocks in order; the source answers
+ *           HIT for the longest held prefix only and pins just that prefix
+ *           (keys after the first miss are not looked up).
+ *   RENEW   n = 0: a lease heartbeat -- extends the pin lease of every
+ *           unfetched lookup round of request_id on this session. */
+enum { KVP_LOOKUP_F_PREFIX = 1u << 0, KVP_LOOKUP_F_RENEW = 1u << 1 };
+/* FETCH flags. HINT: the consumer was told (by a router's map) that the
+ * source holds these keys and fetches without a lookup; the source looks
+ * them up at fetch time and answers NOT_FOUND at once if any is gone (a
+ * stale hint), never parks. A source that predates the flag answers the
+ * same way (no supply for the round). */
+enum { KVP_FETCH_WAIT_FOR_SUPPLY = 1u << 0, KVP_FETCH_HINT = 1u << 1 };
 /* HELLO flags. */
 enum { KVP_HELLO_AUTH_REQUIRED = 1u << 0 };
 

@@ -248,6 +248,41 @@ static void test_roundtrip_edges(void **state)
     roundtrip_one(*state, &s.m);
 }
 
+/* Issue 19: the LOOKUP modes travel in the header flags (PREFIX on LOOKUP
+ * and echoed on LOOKUP_RESP; RENEW with no keys), the router hint in the
+ * FETCH flags; each survives encode -> decode bit for bit, at the header
+ * bytes 6..7 (little-endian) where older peers ignore it. */
+static void test_roundtrip_lookup_modes_and_hint(void **state)
+{
+    uint16_t modes[] = {KVP_LOOKUP_F_PREFIX, KVP_LOOKUP_F_RENEW,
+                        KVP_LOOKUP_F_PREFIX | KVP_LOOKUP_F_RENEW};
+    for (size_t i = 0; i < KVP_ARRAY_SIZE(modes); i++) {
+        wt_sample_t s;
+        uint8_t buf[2048];
+        size_t len = 0;
+        wt_sample(&s, KVP_MSG_LOOKUP);
+        s.m.flags = modes[i];
+        if (modes[i] & KVP_LOOKUP_F_RENEW)
+            s.m.u.lookup.n = 0; /* a lease heartbeat carries no keys */
+        roundtrip_one(*state, &s.m);
+        assert_int_equal(kvp_wire_encode(&s.m, buf, sizeof(buf), &len), KVP_OK);
+        assert_int_equal(buf[6] | buf[7] << 8, modes[i]);
+        wt_sample(&s, KVP_MSG_LOOKUP_RESP);
+        s.m.flags = modes[i];
+        roundtrip_one(*state, &s.m);
+    }
+    wt_sample_t f;
+    kvp_msg_t out;
+    uint8_t buf[2048];
+    size_t len = 0;
+    wt_sample(&f, KVP_MSG_FETCH);
+    f.m.u.fetch.flags = KVP_FETCH_HINT;
+    roundtrip_one(*state, &f.m);
+    assert_int_equal(kvp_wire_encode(&f.m, buf, sizeof(buf), &len), KVP_OK);
+    assert_int_equal(kvp_wire_decode(&ctx_post, buf, len, *state, &out, NULL, 0), KVP_OK);
+    assert_int_equal(out.u.fetch.flags, KVP_FETCH_HINT);
+}
+
 /* The largest lists: LIST_MAX keys of KEY_MAX bytes. */
 static void test_roundtrip_list_max(void **state)
 {
@@ -505,6 +540,7 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_roundtrip_edges, setup, teardown),
         cmocka_unit_test_setup_teardown(test_roundtrip_list_max, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_roundtrip_lookup_modes_and_hint, setup, teardown),
         cmocka_unit_test(test_encode_rejects_bad_keys),
         cmocka_unit_test(test_encode_rejects_long_lists),
         cmocka_unit_test(test_encode_rejects_bad_strings),
