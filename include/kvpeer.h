@@ -289,6 +289,13 @@ typedef struct kvp_stats {
     uint64_t kv_event_batches_dropped; /* not sent: subscriber queue full (replayable) */
     uint64_t kv_events;                /* stored/removed/cleared events in batches */
     uint64_t kv_event_replays;         /* replay requests answered */
+    /* Active-message data path (peers whose writes are not native RMA, e.g.
+     * tcp): destination slots of failed loads released at once because our
+     * handler refuses them (proof=am-refuse, no quarantine); bytes that
+     * arrived for a slot not expecting them (dropped); bytes landed. */
+    uint64_t am_refuse_releases;
+    uint64_t late_bytes_dropped;
+    uint64_t am_bytes_landed;
 } kvp_stats_t;
 
 KVP_EXPORT kvp_status_t kvp_node_stats(kvp_node_t *node, kvp_stats_t *out);

@@ -172,7 +172,8 @@ STATS_FIELDS = (
     "sessions_refused pins_refused fetches_queued fetches_refused_inflight "
     "fetches_refused_quarantine fetches_refused_retained "
     "leases_renewed leases_expired lease_pins_expired fetch_hints_stale "
-    "kv_event_batches kv_event_batches_dropped kv_events kv_event_replays"
+    "kv_event_batches kv_event_batches_dropped kv_events kv_event_replays "
+    "am_refuse_releases late_bytes_dropped am_bytes_landed"
 ).split()
 
 

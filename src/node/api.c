@@ -481,6 +481,10 @@ static kvp_status_t do_stats(kvp_node_t *n, void *arg)
         o->kv_events = es.events;
         o->kv_event_replays = es.replays_served;
     }
+    kvp_xport_stats_t xs;
+    n->xport->ops->get_stats(n->xport, &xs);
+    o->late_bytes_dropped = xs.late_bytes_dropped;
+    o->am_bytes_landed = xs.am_bytes_landed;
     uint64_t inflight = 0;
     kvp_list_t *p, *t;
     kvp_list_foreach_safe(p, t, &n->sessions)

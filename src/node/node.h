@@ -67,6 +67,19 @@ kvp_store_t *kvp__node_store(kvp_node_t *n);
 kvp_status_t kvp__node_create_ex(const kvp_config_t *cfg, const kvp_node_seams_t *seams,
                                  kvp_node_t **out);
 
+/* Which proof releases memory a WRITE may touch (STYLE §5). Named at every
+ * release; a later issue routes all of them through one helper. */
+typedef enum kvp_proof {
+    KVP_PROOF_TERMINAL = 0,   /* the transport handed the transfer back as terminal */
+    KVP_PROOF_FETCH_DONE = 1, /* the source finished writing (control channel) */
+    KVP_PROOF_ABORT_ACK = 2,  /* the source stopped writing (control channel) */
+    KVP_PROOF_FENCE = 3,      /* our endpoint to the source FORCE-closed on a fenceable path */
+    KVP_PROOF_AM_REFUSE = 4,  /* AM path: our handler refuses the slots; nothing else writes them */
+    KVP_PROOF_HOLD_CAP = 5,   /* no proof: the hold cap expired (slots marked suspect) */
+} kvp_proof_t;
+
+const char *kvp__proof_str(kvp_proof_t p);
+
 /* ------------------------------------------------------------- records */
 
 typedef struct kvp_key_buf {
@@ -102,6 +115,7 @@ struct kvp_load {
     kvp_load_phase_t phase;
     bool published;   /* the single outcome was published */
     bool quarantined; /* slots are QUARANTINED awaiting proof or the cap */
+    bool am_refused;  /* AM path: refused by our handler, slots released (KVP_PROOF_AM_REFUSE) */
     uint32_t n;
     kvp_load_block_t *blocks;
     int32_t *block_status; /* caller-owned, may be NULL */

@@ -381,10 +381,43 @@ static kvp_status_t load_reserve(kvp_load_t *l, uint32_t *to_fetch)
     return KVP_OK;
 }
 
+const char *kvp__proof_str(kvp_proof_t p)
+{
+    static const char *const names[] = {"terminal", "fetch-done", "abort-ack",
+                                        "fence",    "am-refuse",  "hold-cap"};
+    return (unsigned)p < KVP_ARRAY_SIZE(names) ? names[p] : "invalid";
+}
+
+/* AM paths (transport.h): our handler lands the source's blocks only into
+ * slots expected at their generation. Expect before the FETCH leaves, so
+ * nothing can arrive unexpected; refuse before a slot leaves FILLING, so
+ * nothing lands after. Per block: O(1) each, no allocation. */
+static void load_expect(kvp_load_t *l)
+{
+    kvp_xport_t *x = l->node->xport;
+    if (x->ops->expect == NULL)
+        return;
+    for (uint32_t i = 0; i < l->n; i++) {
+        kvp_load_block_t *b = &l->blocks[i];
+        kvp_xslot_t xs = {b->dst.slot, b->dst.gen};
+        if (b->reserved)
+            KVP_ASSERT(x->ops->expect(x, l->xpeer, &xs, 1) == KVP_OK);
+    }
+}
+
+static void block_refuse(kvp_load_t *l, const kvp_load_block_t *b)
+{
+    kvp_xport_t *x = l->node->xport;
+    kvp_xslot_t xs = {b->dst.slot, b->dst.gen};
+    if (x->ops->refuse != NULL)
+        x->ops->refuse(x, &xs, 1);
+}
+
 static void load_abandon_all(kvp_load_t *l)
 {
     for (uint32_t i = 0; i < l->n; i++) {
         if (l->blocks[i].reserved) {
+            block_refuse(l, &l->blocks[i]);
             KVP_ASSERT(kvp_store_abandon(l->node->store, l->blocks[i].dst) == KVP_OK);
             l->blocks[i].reserved = false;
         }
@@ -402,6 +435,7 @@ static kvp_status_t load_send_fetch(kvp_load_t *l, uint32_t to_fetch)
         if (b->reserved)
             items[k++] = (kvp_fetch_item_t){{b->key.data, b->key.len}, b->dst.slot, b->dst.gen};
     }
+    load_expect(l);
     kvp_msg_t m = {.type = KVP_MSG_FETCH};
     m.u.fetch = (kvp_msg_fetch_t){l->request_id, l->round, l->flags, k, items};
     kvp_status_t st = kvp__session_send(l->sess, &m);
@@ -693,12 +727,61 @@ void kvp__load_release_quarantine(kvp_load_t *l, bool by_cap)
     kvp__load_free(l);
 }
 
+/* AM path: FETCH_DONE is sent once the source's sends and flush completed,
+ * i.e. once the blocks left its memory; on the control connection it can
+ * overtake their tail on the data connection. Wait (progressing the
+ * transport, which is what lands them) until our handler saw every block,
+ * bounded; the connection failing ends the wait. Returns landed[] per
+ * reserved block (caller frees), or NULL when every block counts as here
+ * (not an AM path, or no memory: then the checksum still guards). */
+#define KVP_AM_LAND_WAIT_NS (2 * KVP_NSEC_PER_SEC)
+static bool *fetch_done_await(kvp_session_t *s, kvp_load_t *l, const kvp_msg_fetch_done_t *m)
+{
+    kvp_xport_t *x = s->node->xport;
+    if (x->ops->await_landed == NULL || !x->ops->inbound_refusable(x, s->xpeer) || m->n == 0)
+        return NULL;
+    kvp_xslot_t *xs = kvp__calloc(m->n, sizeof(*xs));
+    bool *landed = kvp__calloc(m->n, sizeof(*landed));
+    if (xs == NULL || landed == NULL) {
+        kvp__free(xs);
+        kvp__free(landed);
+        return NULL;
+    }
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < l->n; i++)
+        if (l->blocks[i].reserved)
+            xs[k++] = (kvp_xslot_t){l->blocks[i].dst.slot, l->blocks[i].dst.gen};
+    uint64_t waited = 0, step = 10 * KVP_NSEC_PER_MSEC, bound = KVP_AM_LAND_WAIT_NS;
+    for (;;) {
+        x->ops->await_landed(x, xs, k, waited == 0 ? 0 : step, landed);
+        bool all = true;
+        for (uint32_t i = 0; i < k; i++)
+            all &= landed[i];
+        if (all || waited >= bound || x->ops->peer_status(x, s->xpeer) != KVP_OK)
+            break;
+        waited += step;
+    }
+    uint32_t missing = 0;
+    for (uint32_t i = 0; i < k; i++)
+        missing += !landed[i] && m->blocks[i].ok;
+    if (missing)
+        KVP_WARN(s->node->name, "peer %s: %u of %u blocks of round %llu never reached us "
+                 "after FETCH_DONE: failed", s->peer_id, missing, k, (unsigned long long)m->round);
+    kvp__free(xs);
+    return landed;
+}
+
 void kvp__client_on_fetch_done(kvp_session_t *s, const kvp_msg_fetch_done_t *m)
 {
     kvp_node_t *n = s->node;
     kvp_load_t *l = load_find(s, m->round, m->request_id);
     if (l == NULL)
         return; /* duplicate of an answer already applied: idempotent */
+    if (l->am_refused) { /* failed and released earlier (AM_REFUSE): nothing left */
+        load_set_phase(l, KVP_LOAD_SETTLED);
+        kvp__load_free(l);
+        return;
+    }
     uint32_t want = 0;
     for (uint32_t i = 0; i < l->n; i++)
         want += l->blocks[i].reserved;
@@ -710,17 +793,22 @@ void kvp__client_on_fetch_done(kvp_session_t *s, const kvp_msg_fetch_done_t *m)
         kvp__load_release_quarantine(l, false);
         return;
     }
+    bool *landed = m->status == KVP_OK ? fetch_done_await(s, l, m) : NULL;
     uint32_t ok = 0, k = 0;
     kvp_status_t first_err = m->status != KVP_OK ? (kvp_status_t)m->status : KVP_OK;
     for (uint32_t i = 0; i < l->n; i++) {
         kvp_load_block_t *b = &l->blocks[i];
         if (!b->reserved)
             continue;
+        bool here = landed == NULL || landed[k];
         const kvp_fetch_block_t *fb = &m->blocks[k++];
         /* Not ok in a successful FETCH_DONE: the source had no supply for
          * that key (it missed), the others were sent (F9, partial). */
         kvp_status_t st = m->status == KVP_OK ? KVP_ERR_NOT_FOUND : KVP_ERR_TRANSPORT;
-        if (m->status == KVP_OK && fb->ok)
+        block_refuse(l, b); /* leaves FILLING below: nothing may land after */
+        if (m->status == KVP_OK && fb->ok && !here)
+            st = KVP_ERR_TRANSPORT; /* sent, but never reached us (AM path) */
+        else if (m->status == KVP_OK && fb->ok)
             st = n->cfg.verify_checksums && !KVP_MUTATED(KVP_MUT_SKIP_CHECKSUM)
                      ? kvp_store_commit_verify(n->store, b->dst, &fb->digest)
                      : kvp_store_commit(n->store, b->dst);
@@ -739,6 +827,7 @@ void kvp__client_on_fetch_done(kvp_session_t *s, const kvp_msg_fetch_done_t *m)
         if (l->block_status)
             l->block_status[i] = st;
     }
+    kvp__free(landed);
     n->st.blocks_in += ok;
     n->st.bytes_in += (uint64_t)ok * n->cfg.block_size;
     if (!l->published)
@@ -760,6 +849,11 @@ void kvp__client_on_abort_ack(kvp_session_t *s, const kvp_msg_abort_t *m)
     }
     if (l->quarantined) {
         kvp__load_release_quarantine(l, false);
+        return;
+    }
+    if (l->am_refused) { /* released at once earlier (AM_REFUSE) */
+        load_set_phase(l, KVP_LOAD_SETTLED);
+        kvp__load_free(l);
         return;
     }
     load_abandon_all(l);
@@ -833,15 +927,33 @@ void kvp__client_fail_unknown(kvp_load_t *l, kvp_status_t why)
     kvp_node_t *n = l->node;
     if (!l->published)
         kvp__load_publish(l, why, 0);
-    if (l->quarantined)
+    if (l->quarantined || l->am_refused)
         return;
     if (KVP_MUTATED(KVP_MUT_RELEASE_QUARANTINE_AT_ONCE)) { /* test-only: the bug */
         load_abandon_all(l);
         return;
     }
+    kvp_xport_t *x = n->xport;
+    if (x->ops->inbound_refusable != NULL && x->ops->inbound_refusable(x, l->xpeer)) {
+        /* AM path: once our handler refuses the slots nothing can land in
+         * them (no UCX-owned write into the region exists on this path):
+         * released at once, no quarantine. */
+        uint32_t k = 0;
+        for (uint32_t i = 0; i < l->n; i++)
+            k += l->blocks[i].reserved;
+        load_abandon_all(l); /* refuse, then FILLING -> FREE */
+        l->am_refused = true;
+        n->st.am_refuse_releases += k;
+        KVP_INFO(n->name, "peer %s: load %llu failed (%s): %u slots released at once (proof=%s)",
+                 l->peer, (unsigned long long)l->op_id, kvp_status_str(why), k,
+                 kvp__proof_str(KVP_PROOF_AM_REFUSE));
+        return;
+    }
     for (uint32_t i = 0; i < l->n; i++)
-        if (l->blocks[i].reserved)
+        if (l->blocks[i].reserved) {
+            block_refuse(l, &l->blocks[i]);
             KVP_ASSERT(kvp_store_quarantine(n->store, l->blocks[i].dst) == KVP_OK);
+        }
     l->quarantined = true;
     l->quarantined_ns = kvp__node_now(n);
 }
@@ -901,6 +1013,10 @@ void kvp__client_teardown(kvp_session_t *s, bool fault)
         l->bytes = 0;
         l->sess = NULL;
         load_set_phase(l, KVP_LOAD_SETTLED);
+        if (l->am_refused) { /* nothing held: no proof to wait for */
+            kvp__load_free(l);
+            continue;
+        }
         kvp_list_insert_tail(&n->quarantined, &l->link);
     }
     while (!kvp_list_empty(&s->creqs)) {

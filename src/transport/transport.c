@@ -8,10 +8,10 @@ const char *kvp_data_path_str(kvp_data_path_t p)
         return "unknown";
     case KVP_PATH_DIRECT_SHM:
         return "direct-shm";
-    case KVP_PATH_EMULATED_SHM:
-        return "emulated-shm";
-    case KVP_PATH_TCP:
-        return "tcp";
+    case KVP_PATH_AM_SHM:
+        return "am-shm";
+    case KVP_PATH_AM_TCP:
+        return "am-tcp";
     case KVP_PATH_RDMA:
         return "rdma";
     case KVP_PATH_FAKE_FENCEABLE:

@@ -37,8 +37,11 @@ typedef enum kvp_cancel_mode {
 typedef enum kvp_data_path {
     KVP_PATH_UNKNOWN = 0,
     KVP_PATH_DIRECT_SHM = 1,   /* one-sided shared-memory put; cannot be fenced */
-    KVP_PATH_EMULATED_SHM = 2, /* UCX software RMA over shm AM; fenceable */
-    KVP_PATH_TCP = 3,          /* software RMA over tcp; fenceable */
+    /* kvpeer's own active-message path (every peer whose put would not be
+     * native RMA): the consumer's handler lands each block only into a slot
+     * it expects (expect()/refuse() below), so refusal is proof. */
+    KVP_PATH_AM_SHM = 2, /* AM over UCX shared memory */
+    KVP_PATH_AM_TCP = 3, /* AM over tcp */
     KVP_PATH_RDMA = 4,
     KVP_PATH_FAKE_FENCEABLE = 5,
     KVP_PATH_FAKE_UNFENCEABLE = 6,
@@ -51,7 +54,13 @@ enum {
     KVP_XPORT_CAP_ALLOCATES_REGION = 1u << 0, /* register_region(NULL) allocates */
     KVP_XPORT_CAP_FENCE = 1u << 1,            /* fence_peer() can be proof on some paths */
     KVP_XPORT_CAP_EVENT_FD = 1u << 2,         /* event_fd() is meaningful */
+    KVP_XPORT_CAP_AM_LANDING = 1u << 3,       /* expect/refuse/landed are implemented */
 };
+
+/* A destination slot of OUR region named with its generation (consumer side). */
+typedef struct kvp_xslot {
+    uint32_t slot, gen;
+} kvp_xslot_t;
 
 /* One block of a write: read src_slot of our region, write dst_slot of the
  * peer's. Generations travel so the fake's landing checker can tell a stale
@@ -81,6 +90,10 @@ typedef struct kvp_xport_stats {
     uint64_t writes, blocks_written, bytes_written;
     uint64_t done, failed, force_released;
     uint64_t probe_timeouts; /* new endpoints whose data path never came up */
+    /* consumer side of AM paths */
+    uint64_t am_blocks_landed, am_bytes_landed;
+    uint64_t late_bytes_dropped; /* AM data for a slot not expecting it (refused, stale gen, foreign) */
+    uint64_t am_refused_slots;   /* slots refused while still expected */
 } kvp_xport_stats_t;
 
 typedef struct kvp_xport_ops {
@@ -126,6 +139,28 @@ typedef struct kvp_xport_ops {
      * every load from it is unknown). */
     kvp_status_t (*peer_status)(kvp_xport_t *x, kvp_xpeer_id_t peer);
     kvp_data_path_t (*peer_path)(kvp_xport_t *x, kvp_xpeer_id_t peer);
+
+    /* ---- consumer side of AM paths (CAP_AM_LANDING; NULL otherwise) ----
+     * On an AM path the source's blocks arrive as active messages that OUR
+     * handler lands (inside progress(), on the owner thread) only into a slot
+     * expected at that very generation from that peer; everything else is
+     * dropped and counted (late_bytes_dropped). Nothing in UCX writes into
+     * the region on that path, so once refuse() returned, no byte can land in
+     * those slots any more: that is the AM_REFUSE proof. */
+    /* True when the peer's writes to us can only arrive through the AM
+     * handler (refusal is proof for its loads); false for direct shm/RDMA. */
+    bool (*inbound_refusable)(kvp_xport_t *x, kvp_xpeer_id_t peer);
+    /* Accept blocks from `peer` into these slots at these generations (peer 0:
+     * from any source -- transport tests only). Clears their landed flag. */
+    kvp_status_t (*expect)(kvp_xport_t *x, kvp_xpeer_id_t peer, const kvp_xslot_t *slots,
+                           size_t n);
+    /* Stop accepting into these slots (no-op for slots not expected at that
+     * generation). After it returns nothing lands in them. */
+    void (*refuse)(kvp_xport_t *x, const kvp_xslot_t *slots, size_t n);
+    /* Progress until every slot expected at its generation has landed in
+     * full, or timeout_ns (real clock) passed; landed[i] says which did. */
+    void (*await_landed)(kvp_xport_t *x, const kvp_xslot_t *slots, size_t n, uint64_t timeout_ns,
+                         bool *landed);
     /* Drive the backend (UCX: worker progress until idle). Returns whether
      * anything happened. */
     bool (*progress)(kvp_xport_t *x);

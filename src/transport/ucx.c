@@ -35,7 +35,7 @@
 
 /* ---------------------------------------------------------------- helpers */
 
-static ucx_peer_t *ucx_peer_find(ucx_xport_t *x, kvp_xpeer_id_t id)
+ucx_peer_t *kvp__ucx_peer_find(ucx_xport_t *x, kvp_xpeer_id_t id)
 {
     kvp_list_t *pos, *tmp;
 
@@ -413,6 +413,7 @@ static kvp_status_t ucx_add_peer(kvp_xport_t *xp, const void *blob, size_t len,
     p->rbase = v.base;
     p->layout = v.layout;
     p->same_host = v.host_len == strlen(x->host_id) && !memcmp(v.host, x->host_id, v.host_len);
+    p->token = p->dst_token = kvp__ucx_token(v.addr, v.addr_len);
     st = ucx_peer_connect(x, p, &v);
     if (st != KVP_OK) {
         kvp__free(p);
@@ -487,7 +488,7 @@ static kvp_status_t ucx_write(kvp_xport_t *xp, kvp_xpeer_id_t peer, const kvp_xf
                               size_t n, kvp_xfer_id_t *out)
 {
     ucx_xport_t *x = ucx_of(xp);
-    ucx_peer_t *p = ucx_peer_find(x, peer);
+    ucx_peer_t *p = kvp__ucx_peer_find(x, peer);
 
     if (!blocks || n == 0 || !out)
         return KVP_ERR_INVALID;
@@ -496,9 +497,14 @@ static kvp_status_t ucx_write(kvp_xport_t *xp, kvp_xpeer_id_t peer, const kvp_xf
     kvp_status_t st = ucx_write_check(x, p, blocks, n); /* every index, before any put */
     if (st != KVP_OK)
         return st;
+    bool am = p->use_am && !x->legacy_put;
     ucx_xfer_t *r = ucx_xfer_get(x, p);
     if (!r)
         return KVP_ERR_LIMIT;
+    if (am && !kvp__ucx_am_reserve_hdrs(r, n)) {
+        ucx_xfer_put(x, r);
+        return KVP_ERR_NOMEM;
+    }
     /* Linked and biased by one while posting, so a completion UCX might
      * deliver from inside a later post can never see pending reach 0. */
     kvp_list_insert_tail(&p->running, &r->link);
@@ -507,7 +513,8 @@ static kvp_status_t ucx_write(kvp_xport_t *xp, kvp_xpeer_id_t peer, const kvp_xf
                                    UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
                                .cb.send = ucx_req_cb,
                                .user_data = r};
-    size_t posted = ucx_post_puts(x, p, r, blocks, n, &prm);
+    size_t posted = am ? kvp__ucx_am_post(x, p, r, blocks, n, &prm)
+                       : ucx_post_puts(x, p, r, blocks, n, &prm);
     if (posted > 0) /* the transfer exists; a later refusal makes it FAILED */
         ucx_post_done(r, ucp_ep_flush_nbx(p->ep, &prm));
     if (--r->pending == 0 && posted > 0) {
@@ -533,7 +540,7 @@ static kvp_status_t ucx_poll(kvp_xport_t *xp, kvp_xpeer_id_t peer, kvp_xfer_resu
                              size_t cap, size_t *n_out)
 {
     ucx_xport_t *x = ucx_of(xp);
-    ucx_peer_t *p = ucx_peer_find(x, peer);
+    ucx_peer_t *p = kvp__ucx_peer_find(x, peer);
     kvp_list_t *pos, *tmp;
     size_t n = 0;
 
@@ -627,7 +634,7 @@ static void ucx_peer_force_ep(ucx_xport_t *x, ucx_peer_t *p)
 static kvp_status_t ucx_remove_peer(kvp_xport_t *xp, kvp_xpeer_id_t peer)
 {
     ucx_xport_t *x = ucx_of(xp);
-    ucx_peer_t *p = ucx_peer_find(x, peer);
+    ucx_peer_t *p = kvp__ucx_peer_find(x, peer);
 
     if (!p)
         return KVP_ERR_NOT_FOUND;
@@ -701,7 +708,7 @@ static kvp_status_t ucx_force_release_retired(kvp_xport_t *xp, const kvp_xfer_id
 static kvp_status_t ucx_fence_peer(kvp_xport_t *xp, kvp_xpeer_id_t peer, bool *proof)
 {
     ucx_xport_t *x = ucx_of(xp);
-    ucx_peer_t *p = ucx_peer_find(x, peer);
+    ucx_peer_t *p = kvp__ucx_peer_find(x, peer);
 
     if (!proof)
         return KVP_ERR_INVALID;
@@ -710,11 +717,11 @@ static kvp_status_t ucx_fence_peer(kvp_xport_t *xp, kvp_xpeer_id_t peer, bool *p
     ucx_peer_force_ep(x, p);
     if (p->status == KVP_OK)
         p->status = KVP_ERR_CLOSED;
-    /* Emulated puts INTO us are landed by OUR progress and dropped once our
-     * PEER endpoint id is gone (UCX-NOTES §5): a completed FORCE close is
-     * proof. Direct shm (and RDMA) puts never involve us: no proof. */
-    bool fenceable = p->inbound == KVP_PATH_TCP || p->inbound == KVP_PATH_EMULATED_SHM;
-    *proof = fenceable && p->close_req == NULL; /* close completed */
+    /* On an AM path the peer's blocks land only through our handler, into
+     * slots we expect from it: refusing them all is proof (AM_REFUSE), at
+     * once. Direct shm (and RDMA) puts never involve us: no proof. */
+    kvp__ucx_acc_refuse_peer(x, p->id);
+    *proof = p->inbound == KVP_PATH_AM_TCP || p->inbound == KVP_PATH_AM_SHM;
     KVP_DEBUG(PFX(x), "peer %llu fenced (its puts to us: %s): %s", (unsigned long long)peer,
              kvp_data_path_str(p->inbound), *proof ? "no later write can land" : "NOT a proof");
     return KVP_OK;
@@ -722,14 +729,14 @@ static kvp_status_t ucx_fence_peer(kvp_xport_t *xp, kvp_xpeer_id_t peer, bool *p
 
 static kvp_status_t ucx_peer_status(kvp_xport_t *xp, kvp_xpeer_id_t peer)
 {
-    ucx_peer_t *p = ucx_peer_find(ucx_of(xp), peer);
+    ucx_peer_t *p = kvp__ucx_peer_find(ucx_of(xp), peer);
 
     return p ? p->status : KVP_ERR_NOT_FOUND;
 }
 
 static kvp_data_path_t ucx_peer_path(kvp_xport_t *xp, kvp_xpeer_id_t peer)
 {
-    ucx_peer_t *p = ucx_peer_find(ucx_of(xp), peer);
+    ucx_peer_t *p = kvp__ucx_peer_find(ucx_of(xp), peer);
 
     return p ? p->path : KVP_PATH_UNKNOWN;
 }
@@ -896,7 +903,10 @@ static void ucx_destroy(ucx_xport_t *x)
         ucp_worker_destroy(x->worker);
     if (x->ctx)
         ucp_cleanup(x->ctx);
+    for (uint32_t i = 0; x->pool && i < x->pool_cap; i++)
+        kvp__free(x->pool[i].hdrs);
     kvp__free(x->pool); /* after the worker: no callback can name a record now */
+    kvp__free(x->acc);
     kvp__free(x);
 }
 
@@ -938,6 +948,7 @@ kvp_status_t kvp_ucx_xport_create(const kvp_ucx_config_t *cfg, kvp_xport_t **out
     x->connect_timeout_ns =
         (uint64_t)(cfg->connect_timeout_ms ? cfg->connect_timeout_ms : 2000) * KVP_NSEC_PER_MSEC;
     x->efd = -1;
+    x->legacy_put = cfg->legacy_put;
     kvp_ratelimit_init(&x->rl_blob, KVP_NSEC_PER_SEC, 50);
     if (cfg->host_id)
         snprintf(x->host_id, sizeof(x->host_id), "%s", cfg->host_id);
@@ -972,14 +983,14 @@ kvp_status_t kvp_ucx_xport_create(const kvp_ucx_config_t *cfg, kvp_xport_t **out
 
 bool kvp_ucx_peer_same_host(kvp_xport_t *xp, kvp_xpeer_id_t peer)
 {
-    ucx_peer_t *p = ucx_peer_find(ucx_of(xp), peer);
+    ucx_peer_t *p = kvp__ucx_peer_find(ucx_of(xp), peer);
 
     return p && p->same_host;
 }
 
 kvp_status_t kvp_ucx_peer_lanes(kvp_xport_t *xp, kvp_xpeer_id_t peer, char *buf, size_t cap)
 {
-    ucx_peer_t *p = ucx_peer_find(ucx_of(xp), peer);
+    ucx_peer_t *p = kvp__ucx_peer_find(ucx_of(xp), peer);
 
     if (!p)
         return KVP_ERR_NOT_FOUND;
@@ -990,7 +1001,7 @@ kvp_status_t kvp_ucx_peer_lanes(kvp_xport_t *xp, kvp_xpeer_id_t peer, char *buf,
 
 kvp_data_path_t kvp_ucx_peer_inbound_path(kvp_xport_t *xp, kvp_xpeer_id_t peer)
 {
-    ucx_peer_t *p = ucx_peer_find(ucx_of(xp), peer);
+    ucx_peer_t *p = kvp__ucx_peer_find(ucx_of(xp), peer);
 
     return p ? p->inbound : KVP_PATH_UNKNOWN;
 }
@@ -1002,7 +1013,8 @@ bool kvp_ucx_region_ucx_allocated(kvp_xport_t *xp)
 
 const kvp_xport_ops_t kvp_ucx_xport_ops = {
     .name = "ucx",
-    .caps = KVP_XPORT_CAP_ALLOCATES_REGION | KVP_XPORT_CAP_FENCE | KVP_XPORT_CAP_EVENT_FD,
+    .caps = KVP_XPORT_CAP_ALLOCATES_REGION | KVP_XPORT_CAP_FENCE | KVP_XPORT_CAP_EVENT_FD |
+            KVP_XPORT_CAP_AM_LANDING,
     .register_region = kvp__ucx_register_region,
     .local_blob = kvp__ucx_local_blob,
     .add_peer = ucx_add_peer,
@@ -1015,6 +1027,10 @@ const kvp_xport_ops_t kvp_ucx_xport_ops = {
     .fence_peer = ucx_fence_peer,
     .peer_status = ucx_peer_status,
     .peer_path = ucx_peer_path,
+    .inbound_refusable = kvp__ucx_inbound_refusable,
+    .expect = kvp__ucx_expect,
+    .refuse = kvp__ucx_refuse,
+    .await_landed = kvp__ucx_await_landed,
     .progress = ucx_progress,
     .event_fd = ucx_event_fd,
     .arm = ucx_arm,

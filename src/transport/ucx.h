@@ -65,6 +65,11 @@ typedef struct kvp_ucx_config {
      * endpoint is treated as failed (peer_status() = KVP_ERR_TRANSPORT,
      * FORCE-closed, its transfers FAILED). 0: 2000 ms. Real clock. */
     uint32_t connect_timeout_ms;
+    /* Benchmarks only: send with ucp_put_nbx on every path, as before issue
+     * 14 (UCX emulates it over active messages where RMA is not native, and
+     * the TARGET then aborts when its completion send fails because the
+     * source died). Never set by the node. */
+    bool legacy_put;
 } kvp_ucx_config_t;
 
 /* Fill `cfg` with the defaults (all zero/NULL). */

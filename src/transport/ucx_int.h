@@ -33,6 +33,34 @@
  * (connection reset) still arrive. */
 #define UCX_DEFAULT_KEEPALIVE "inf"
 
+/* Active-message data path (ucx_am.c). One AM per block, always eager
+ * (UCP_AM_SEND_FLAG_EAGER): the consumer's UCX reassembles it and calls our
+ * handler once with the whole block, which copies it into the slot or drops
+ * it. Rendezvous is never used: its receiver would send RTR/ATS messages
+ * back (the consumer must never send on the data path: a send that fails
+ * because the source died is what made UCX abort the process) and its
+ * receive would be a UCX-owned write into the region that refusal could not
+ * stop at once. */
+#define UCX_AM_ID_DATA 0x4b56u /* "KV" */
+#define UCX_AM_MAGIC 0x4d41564bu /* "KVAM" */
+typedef struct ucx_am_hdr {
+    uint32_t magic;
+    uint32_t slot, gen; /* destination slot in the consumer's region and its generation */
+    uint32_t len;       /* block bytes (the whole block; offset 0) */
+    uint64_t src_token; /* the source transport's token (hash of its worker address) */
+    uint64_t dst_token; /* the consumer transport's token: a mis-addressed block is dropped */
+} ucx_am_hdr_t;
+
+/* Consumer side: one entry per slot of our region. */
+enum { ACC_IDLE = 0, ACC_EXPECT = 1 };
+typedef struct ucx_acc {
+    uint64_t token;  /* source token expected (0: any source) */
+    uint64_t peer;   /* kvp_xpeer_id_t that expect() named (0: any) */
+    uint32_t gen;
+    uint8_t state;   /* ACC_* */
+    uint8_t landed;  /* a whole block landed since expect() */
+} ucx_acc_t;
+
 enum { XF_FREE = 0, XF_LIVE, XF_RETIRED, XF_DETACHED };
 enum { REGION_NONE = 0, REGION_UCX, REGION_MMAP, REGION_CALLER };
 
@@ -47,6 +75,11 @@ typedef struct ucx_xfer {
     uint8_t where;
     ucs_status_t first_err; /* first failed put/flush (or post) */
     uint64_t err_seq;       /* peer->err_seq when posted */
+    /* AM path: one header per block, owned by the record (UCX 1.13 has no
+     * COPY_HEADER flag: a header must live until its send completed, i.e.
+     * until pending == 0). Grown on demand, kept across reuse. */
+    ucx_am_hdr_t *hdrs;
+    uint32_t hdr_cap;
 } ucx_xfer_t;
 
 struct ucx_peer {
@@ -67,6 +100,9 @@ struct ucx_peer {
     kvp_data_path_t path;    /* how OUR puts reach the peer */
     kvp_data_path_t inbound; /* how the peer's puts reach US: decides fence proof */
     bool same_host, removed, rkey_ptr_ok;
+    bool use_am;           /* our writes to it go as AM (path != direct shm) */
+    uint64_t token;        /* its transport token (hash of its worker address) */
+    uint64_t dst_token;    /* = token: the consumer token we put in our headers */
     char lanes[192];
     struct ucx_probe *probe;    /* data-path probe still owned by UCX, or NULL */
     uint64_t probe_deadline_ns; /* real clock */
@@ -109,6 +145,11 @@ typedef struct ucx_xport {
     uint64_t connect_timeout_ns;
     kvp_ratelimit_t rl_blob; /* refused blobs (50 lines/s): a hostile peer can send one per connection */
     uint32_t probes; /* probes still owned by UCX (teardown waits for them) */
+    /* AM path */
+    bool shm_enabled;  /* our config keeps UCX shm transports (with error handling) */
+    bool legacy_put;   /* bench only: ucp_put_nbx on every path (the old emulated put) */
+    uint64_t token;    /* ours: hash of our worker address */
+    ucx_acc_t *acc;    /* consumer side: layout.num_blocks entries, from register_region */
 } ucx_xport_t;
 
 #define PFX(x) ((x)->base.log_prefix)
@@ -136,8 +177,25 @@ kvp_status_t kvp__ucx_local_blob(kvp_xport_t *xp, const void **blob, size_t *len
 void kvp__ucx_region_release(ucx_xport_t *x);
 kvp_status_t kvp__ucx_ucp_open(ucx_xport_t *x, const kvp_ucx_config_t *cfg);
 
-/* ucx_path.c: which lanes UCX selected; sets p->path, p->inbound, p->lanes
- * and logs once (loudly for a same-host peer on tcp). */
+/* ucx_path.c: which data path each direction of a peer takes; sets p->path,
+ * p->inbound, p->use_am, p->lanes and logs once. */
 void kvp__ucx_peer_classify(ucx_xport_t *x, ucx_peer_t *p);
+uint64_t kvp__ucx_token(const void *worker_addr, size_t len);
+
+/* ucx_am.c */
+kvp_status_t kvp__ucx_am_init(ucx_xport_t *x);
+kvp_status_t kvp__ucx_acc_alloc(ucx_xport_t *x);
+void kvp__ucx_acc_refuse_peer(ucx_xport_t *x, kvp_xpeer_id_t peer);
+/* Post one eager AM per block of `blocks` for transfer r (headers in r). */
+size_t kvp__ucx_am_post(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r,
+                        const kvp_xfer_block_t *blocks, size_t n, const ucp_request_param_t *prm);
+bool kvp__ucx_am_reserve_hdrs(ucx_xfer_t *r, size_t n);
+bool kvp__ucx_inbound_refusable(kvp_xport_t *xp, kvp_xpeer_id_t peer);
+kvp_status_t kvp__ucx_expect(kvp_xport_t *xp, kvp_xpeer_id_t peer, const kvp_xslot_t *slots,
+                             size_t n);
+void kvp__ucx_refuse(kvp_xport_t *xp, const kvp_xslot_t *slots, size_t n);
+void kvp__ucx_await_landed(kvp_xport_t *xp, const kvp_xslot_t *slots, size_t n,
+                           uint64_t timeout_ns, bool *landed);
+ucx_peer_t *kvp__ucx_peer_find(ucx_xport_t *x, kvp_xpeer_id_t id);
 
 #endif

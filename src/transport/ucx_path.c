@@ -1,9 +1,24 @@
 /*
- * ucx_path.c -- which data path did UCX select for an endpoint? Parsed from
- * ucp_ep_print_info() (lane lines and put[] RMA lanes) plus whether
- * ucp_rkey_ptr() works on the peer's rkey (the region is UCX-allocated shm we
- * can map). UCX-NOTES §2: a direct put needs both a shm RMA lane AND a
- * UCX-allocated shm region; everything else is software RMA over the AM lane.
+ * ucx_path.c -- which data path each direction of a peer takes, decided from
+ * facts kvpeer controls, never from ucp_ep_print_info() text (its put[] lines
+ * are gone under UCX >= 1.16's protocol selection, and 1.13's ucp_ep_query
+ * reports no transports).
+ *
+ * UCX-NOTES §2: a put is direct (one-sided, no target CPU) only into a
+ * UCX-allocated shm region over an endpoint with a shm lane; every other put
+ * is emulated with active messages, and an emulated put is what aborts the
+ * target when the source dies (issue 14). So:
+ *   outbound (our writes): direct shm  iff  ucp_rkey_ptr() maps the peer's
+ *       region here (it is UCX shm on this host) AND our configuration keeps
+ *       the shm transports with error handling (so the PEER endpoint has the
+ *       shm lane); else kvpeer's AM path (am-shm on the same host with shm
+ *       transports, am-tcp otherwise). RDMA is not detected: on an RDMA host
+ *       peers go by AM (safe, slower) until it is.
+ *   inbound (its writes to us): direct iff OUR region is UCX-allocated and
+ *       the peer is on this host. This is a superset of the cases in which
+ *       the peer's rule can pick direct (its rkey_ptr needs exactly that), so
+ *       calling a peer's inbound path AM -- and treating refusal as proof --
+ *       can never be wrong about a peer that puts directly.
  */
 #include "transport/ucx_int.h"
 
@@ -13,88 +28,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ------------------------------------------------------- data-path check */
-
-static bool ucx_tl_is_shm(const char *tl)
-{
-    return !strncmp(tl, "posix", 5) || !strncmp(tl, "sysv", 4) || !strncmp(tl, "xpmem", 5) ||
-           !strncmp(tl, "knem", 4) || !strncmp(tl, "cma", 3);
-}
-
-static bool ucx_tl_is_rdma(const char *tl)
-{
-    return !strncmp(tl, "rc", 2) || !strncmp(tl, "dc", 2) || !strncmp(tl, "ud", 2);
-}
-
-typedef struct ucx_lane_info {
-    char tl[8][40]; /* "posix/memory" per lane index */
-    bool am[8], rma[8], ka[8];
-} ucx_lane_info_t;
-
-/* Parse ucp_ep_print_info(): "lane[i]: n:tl/dev.k md[..] -> ... am ... keepalive"
- * and "put[i]: ..." (lane i is an RMA lane). */
-static void ucx_lanes_parse(char *text, ucx_lane_info_t *li)
-{
-    char *save = NULL;
-
-    memset(li, 0, sizeof(*li));
-    for (char *ln = strtok_r(text, "\n", &save); ln; ln = strtok_r(NULL, "\n", &save)) {
-        unsigned i;
-        char *s = strstr(ln, "lane[");
-        if (s && sscanf(s, "lane[%u]:", &i) == 1 && i < 8) {
-            char *c = strchr(s, ':');
-            c = c ? strchr(c + 1, ':') : NULL; /* after "n:" */
-            if (c && sscanf(c + 1, "%39[^. ]", li->tl[i]) != 1)
-                li->tl[i][0] = '\0';
-            char *arrow = strstr(s, "->");
-            li->am[i] = arrow && strstr(arrow, " am") != NULL;
-            li->ka[i] = arrow && strstr(arrow, "keepalive") != NULL;
-            continue;
-        }
-        s = strstr(ln, "put[");
-        if (s && sscanf(s, "put[%u]:", &i) == 1 && i < 8)
-            li->rma[i] = true;
-    }
-}
-
-static kvp_data_path_t ucx_path_classify(const ucx_lane_info_t *li, bool rkey_ptr_ok, char *sum,
-                                         size_t cap)
-{
-    kvp_data_path_t path = KVP_PATH_UNKNOWN, am_path = KVP_PATH_UNKNOWN;
-    size_t off = 0;
-
-    for (int i = 0; i < 8 && off < cap; i++) {
-        if (!li->tl[i][0])
-            continue;
-        off += (size_t)snprintf(
-            sum + off, cap - off, "%s%s%s%s(%s)", off ? " " : "", li->rma[i] ? "rma" : "",
-            li->am[i] ? (li->rma[i] ? "+am" : "am") : "", li->ka[i] ? "+ka" : "", li->tl[i]);
-        if (li->rma[i] && ucx_tl_is_rdma(li->tl[i]))
-            path = KVP_PATH_RDMA;
-        else if (li->rma[i] && ucx_tl_is_shm(li->tl[i]) && rkey_ptr_ok && path == KVP_PATH_UNKNOWN)
-            path = KVP_PATH_DIRECT_SHM;
-        if (li->am[i] && am_path == KVP_PATH_UNKNOWN)
-            am_path = !strncmp(li->tl[i], "tcp", 3) ? KVP_PATH_TCP
-                      : ucx_tl_is_shm(li->tl[i])    ? KVP_PATH_EMULATED_SHM
-                      : ucx_tl_is_rdma(li->tl[i])   ? KVP_PATH_RDMA
-                                                    : KVP_PATH_UNKNOWN;
-    }
-    if (off < cap)
-        snprintf(sum + off, cap - off, " rkey_ptr=%s", rkey_ptr_ok ? "ok" : "no");
-    return path != KVP_PATH_UNKNOWN ? path : am_path; /* else: rma_am over the AM lane */
-}
-
-/* Which lanes did UCX select for this endpoint? Logged once per peer. */
+/* Decide the paths of a new peer; logged once. */
 void kvp__ucx_peer_classify(ucx_xport_t *x, ucx_peer_t *p)
 {
-    char *text = NULL;
-    size_t tlen = 0;
     void *ptr = NULL;
-    ucx_lane_info_t li;
-    FILE *f = open_memstream(&text, &tlen);
 
     p->rkey_ptr_ok = ucp_rkey_ptr(p->rkey, p->rbase, &ptr) == UCS_OK;
-    if (p->rkey_ptr_ok) {
+    bool direct = p->rkey_ptr_ok && x->shm_enabled;
+    kvp_data_path_t am = p->same_host && x->shm_enabled ? KVP_PATH_AM_SHM : KVP_PATH_AM_TCP;
+    p->path = direct ? KVP_PATH_DIRECT_SHM : am;
+    p->use_am = !direct;
+    p->inbound = x->region_kind == REGION_UCX && p->same_host ? KVP_PATH_DIRECT_SHM : am;
+    if (direct) {
         /* Direct shm: our puts are memcpys into the peer's segment mapped
          * here. Fault that mapping in now, in one batched call, instead of one
          * page fault per 4 KiB inside the first put into each slot (30-60 us
@@ -106,31 +51,21 @@ void kvp__ucx_peer_classify(ucx_xport_t *x, ucx_peer_t *p)
             KVP_DEBUG(PFX(x), "peer %llu: pre-fault of its segment failed",
                       (unsigned long long)p->id);
     }
-    if (!f) {
-        p->path = p->inbound = KVP_PATH_UNKNOWN;
-        snprintf(p->lanes, sizeof(p->lanes), "unknown (open_memstream failed)");
-    } else {
-        ucp_ep_print_info(p->ep, f);
-        fclose(f);
-        ucx_lanes_parse(text ? text : (char *)"", &li);
-        free(text); /* open_memstream's buffer comes from libc malloc */
-        p->path = ucx_path_classify(&li, p->rkey_ptr_ok, p->lanes, sizeof(p->lanes));
-        /* The peer's lanes to us mirror ours; whether its puts can be direct
-         * depends on OUR region being UCX (shm) allocated. */
-        char scratch[sizeof(p->lanes)];
-        p->inbound = ucx_path_classify(&li, x->region_kind == REGION_UCX, scratch, sizeof(scratch));
-    }
+    snprintf(p->lanes, sizeof(p->lanes), "out=%s in=%s rkey_ptr=%s shm=%s%s",
+             kvp_data_path_str(p->path), kvp_data_path_str(p->inbound),
+             p->rkey_ptr_ok ? "ok" : "no", x->shm_enabled ? "on" : "off",
+             x->legacy_put && p->use_am ? " legacy-put(bench)" : "");
     KVP_INFO(PFX(x), "peer %llu: data path %s [%s]%s", (unsigned long long)p->id,
              kvp_data_path_str(p->path), p->lanes, p->same_host ? " (same host)" : "");
-    if (p->same_host && p->path == KVP_PATH_TCP)
+    if (p->same_host && p->path == KVP_PATH_AM_TCP)
         KVP_WARN(PFX(x),
                  "peer %llu is on THIS host but its data path is tcp (%s): shared "
                  "memory unavailable (UCX_TLS, shm error handling or /dev/shm size); "
                  "expect ~20-40x lower bandwidth",
                  (unsigned long long)p->id, p->lanes);
-    else if (p->same_host && p->path == KVP_PATH_EMULATED_SHM)
+    else if (p->same_host && p->path == KVP_PATH_AM_SHM)
         KVP_WARN(PFX(x),
-                 "peer %llu: same-host puts are emulated over shm active messages "
-                 "(region not UCX-allocated?) [%s]",
+                 "peer %llu: same-host writes go by active messages over shm "
+                 "(its region is not UCX-allocated shared memory?) [%s]",
                  (unsigned long long)p->id, p->lanes);
 }

@@ -199,7 +199,9 @@ static kvp_status_t ucx_region_acquire(ucx_xport_t *x, void *base, size_t len)
         x->region_kind = REGION_CALLER;
         return ucx_mem_map(x, base, len, false);
     }
-    if (ucx_mem_map(x, NULL, len, true) == KVP_OK) {
+    /* UCX-allocated (shm) memory only serves direct shm puts, which need shm
+     * transports: without them, plain memory (peers reach it by AM). */
+    if (x->shm_enabled && ucx_mem_map(x, NULL, len, true) == KVP_OK) {
         x->region_kind = REGION_UCX;
         return KVP_OK;
     }
@@ -213,11 +215,12 @@ static kvp_status_t ucx_region_acquire(ucx_xport_t *x, void *base, size_t len)
         return KVP_ERR_TRANSPORT;
     }
     x->region_kind = REGION_MMAP;
-    KVP_WARN(PFX(x),
-             "UCX could not allocate the %zu B region (posix/sysv shm, e.g. /dev/shm "
-             "too small): using anonymous memory; same-host puts INTO this node will be "
-             "EMULATED (consumer CPU, ~2x slower, and no direct shared memory)",
-             len);
+    if (x->shm_enabled)
+        KVP_WARN(PFX(x),
+                 "UCX could not allocate the %zu B region (posix/sysv shm, e.g. /dev/shm "
+                 "too small): using anonymous memory; same-host writes INTO this node go "
+                 "by active messages (consumer CPU, ~2x slower, no direct shared memory)",
+                 len);
     return KVP_OK;
 }
 
@@ -252,6 +255,9 @@ kvp_status_t kvp__ucx_register_region(kvp_xport_t *xp, void *base, size_t len,
         return st;
     x->region_len = len;
     x->layout = *layout;
+    st = kvp__ucx_acc_alloc(x);
+    if (st != KVP_OK)
+        goto err_release;
     if (ucp_rkey_pack(x->ctx, x->memh, &rkey, &rkey_len) != UCS_OK ||
         ucp_worker_get_address(x->worker, &addr, &addr_len) != UCS_OK) {
         KVP_ERROR(PFX(x), "ucp_rkey_pack/ucp_worker_get_address failed");
@@ -276,6 +282,8 @@ err_release:
         ucp_worker_release_address(x->worker, addr);
     if (rkey)
         ucp_rkey_buffer_release(rkey);
+    kvp__free(x->acc);
+    x->acc = NULL;
     kvp__ucx_region_release(x);
     return st;
 }
@@ -343,6 +351,7 @@ static kvp_status_t ucx_config_apply(ucx_xport_t *x, ucp_config_t *c, const kvp_
     ucx_kv_t kv[4];
     const char *tls = ucx_config_keys(cfg, kv);
 
+    x->shm_enabled = kv[1].v != NULL;
     for (size_t i = 0; i < KVP_ARRAY_SIZE(kv); i++) {
         if (!kv[i].v)
             continue;
@@ -372,22 +381,37 @@ kvp_status_t kvp__ucx_ucp_open(ucx_xport_t *x, const kvp_ucx_config_t *cfg)
     if (st != KVP_OK)
         goto out_config;
     ucp_params_t prm = {.field_mask = UCP_PARAM_FIELD_FEATURES,
-                        .features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP};
+                        .features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP};
     s = ucp_init(&prm, c, &x->ctx);
     if (s != UCS_OK) {
         KVP_ERROR(PFX(x), "ucp_init: %s", ucs_status_string(s));
         st = KVP_ERR_TRANSPORT;
         goto out_config;
     }
+    /* SERIALIZED, not SINGLE: the worker is created on the caller's thread
+     * and progressed on the node thread; UCX >= 1.18 asserts the owner
+     * thread of a SINGLE worker (ucs_async_check_owner_thread) and aborts.
+     * Every call still comes from one thread at a time. */
     ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
-                              .thread_mode = UCS_THREAD_MODE_SINGLE};
+                              .thread_mode = UCS_THREAD_MODE_SERIALIZED};
     s = ucp_worker_create(x->ctx, &wp, &x->worker);
     if (s == UCS_OK)
         s = ucp_worker_get_efd(x->worker, &x->efd);
     if (s != UCS_OK) {
         KVP_ERROR(PFX(x), "ucp_worker_create/get_efd: %s", ucs_status_string(s));
         st = KVP_ERR_TRANSPORT;
+        goto out_config;
     }
+    ucp_address_t *addr = NULL;
+    size_t addr_len = 0;
+    if (ucp_worker_get_address(x->worker, &addr, &addr_len) != UCS_OK) {
+        KVP_ERROR(PFX(x), "ucp_worker_get_address failed");
+        st = KVP_ERR_TRANSPORT;
+        goto out_config;
+    }
+    x->token = kvp__ucx_token(addr, addr_len);
+    ucp_worker_release_address(x->worker, addr);
+    st = kvp__ucx_am_init(x);
 out_config:
     ucp_config_release(c);
     return st;

@@ -180,7 +180,7 @@ static void test_peer_error_and_path(void **state)
     assert_int_equal(OPS(1)->peer_path(X(1), p), KVP_PATH_FAKE_UNFENCEABLE);
     assert_int_equal(kvp_fake_peer_set_path(X(1), p, KVP_PATH_FAKE_FENCEABLE), KVP_OK);
     assert_int_equal(OPS(1)->peer_path(X(1), p), KVP_PATH_FAKE_FENCEABLE);
-    assert_int_equal(kvp_fake_peer_set_path(X(1), p, KVP_PATH_TCP), KVP_ERR_INVALID);
+    assert_int_equal(kvp_fake_peer_set_path(X(1), p, KVP_PATH_AM_TCP), KVP_ERR_INVALID);
     assert_int_equal(OPS(1)->peer_path(X(1), 999), KVP_PATH_UNKNOWN);
     assert_int_equal(OPS(1)->peer_status(X(1), 999), KVP_ERR_NOT_FOUND);
     assert_int_equal(kvp_fake_peer_set_error(X(1), p, KVP_ERR_TRANSPORT), KVP_OK);
@@ -642,7 +642,7 @@ static void test_write_bad_input(void **state)
     assert_int_equal(OPS(0)->register_region(X(0), kvp_store_base(f->n[0].s), NB * BS, &lay, &out),
                      KVP_ERR_STATE);
     assert_int_equal(OPS(0)->register_region(X(0), NULL, NB * BS, &lay, &out), KVP_ERR_UNSUPPORTED);
-    kvp_fake_config_t bad = {.fabric = f->fab, .default_path = KVP_PATH_TCP};
+    kvp_fake_config_t bad = {.fabric = f->fab, .default_path = KVP_PATH_AM_TCP};
     kvp_xport_t *y = NULL;
     assert_int_equal(kvp_fake_create(&bad, &y), KVP_ERR_INVALID);
     bad.default_path = KVP_PATH_UNKNOWN;

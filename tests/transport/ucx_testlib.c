@@ -197,6 +197,30 @@ static void ut_reply(int sock, int64_t status, int64_t v1, int64_t v2, const voi
         _exit(3);
 }
 
+/* AM paths land only into expected slots: the tests write generation 0. */
+static void ut_target_expect_all(ut_target_t *t, kvp_xpeer_id_t peer)
+{
+    for (uint32_t i = 0; i < t->layout.num_blocks; i++) {
+        kvp_xslot_t xs = {i, 0};
+        if (t->x->ops->expect(t->x, peer, &xs, 1) != KVP_OK)
+            _exit(10);
+    }
+}
+
+/* A transfer the source saw complete on an AM path has left its memory but
+ * may still be on its way here: progress until nothing arrived for a while
+ * before reading the region. */
+static void ut_target_settle(ut_target_t *t)
+{
+    uint64_t quiet = kvp_test_scaled_ns(30 * KVP_NSEC_PER_MSEC), last = ut_now_ns();
+    while (ut_now_ns() - last < quiet) {
+        if (t->x->ops->progress(t->x))
+            last = ut_now_ns();
+        else
+            ut_wait_events(t->x, -1, 1);
+    }
+}
+
 static void ut_target_setup(ut_target_t *t, const ut_cmd_t *c, const char *tls)
 {
     void *base = NULL;
@@ -227,6 +251,8 @@ static void ut_target_setup(ut_target_t *t, const ut_cmd_t *c, const char *tls)
     t->region = base;
     if (st == KVP_OK)
         memset(t->region, 0, len);
+    if (st == KVP_OK)
+        ut_target_expect_all(t, 0); /* AM paths: accept every slot (gen 0) from any source */
     ut_reply(t->sock, st, kvp_ucx_region_ucx_allocated(t->x), 0, blob,
              st == KVP_OK ? (uint32_t)blen : 0);
 }
@@ -258,19 +284,24 @@ static void ut_target_cmd(ut_target_t *t, const ut_cmd_t *c, uint8_t *pl)
     case UT_ADD_PEER: {
         kvp_layout_t exp = {(uint32_t)c->a, (uint32_t)c->b};
         st = t->x->ops->add_peer(t->x, pl, c->len, &exp, &t->peer);
+        if (st == KVP_OK)
+            ut_target_expect_all(t, t->peer); /* from that peer: fence_peer refuses them */
         ut_reply(t->sock, st, st == KVP_OK ? t->x->ops->peer_path(t->x, t->peer) : 0, 0, NULL, 0);
         break;
     }
     case UT_VERIFY:
+        ut_target_settle(t);
         ut_reply(t->sock, KVP_OK, ut_target_verify(t, (const uint32_t *)pl, c->len / 8, c->b), 0,
                  NULL, 0);
         break;
     case UT_FILL:
+        ut_target_settle(t); /* what was on its way lands first */
         memset(t->region, (int)c->a, rlen);
         ut_reply(t->sock, KVP_OK, 0, 0, NULL, 0);
         break;
     case UT_COUNT_NOT: {
         int64_t n = 0;
+        ut_target_settle(t);
         for (size_t i = 0; i < rlen; i++)
             n += t->region[i] != (uint8_t)c->a;
         ut_reply(t->sock, KVP_OK, n, 0, NULL, 0);

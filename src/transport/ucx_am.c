@@ -1,0 +1,238 @@
+/*
+ * ucx_am.c -- kvpeer's own active-message data path (issue 14).
+ *
+ * Why: on a path without native RMA (tcp, and shm into memory UCX did not
+ * allocate) UCX 1.13 emulates ucp_put_nbx with active messages and the
+ * TARGET's UCX answers every put with a completion message. When the source
+ * died, that send fails and ucp_request_try_send() calls ucs_fatal(): the
+ * consumer process aborts (UCX-NOTES, addendum 2; the same code is in 1.22).
+ * Here the consumer never sends anything on the data path, so no such send
+ * exists.
+ *
+ * Source side: each block is one ucp_am_send_nbx(UCX_AM_ID_DATA, header,
+ * block) with UCP_AM_SEND_FLAG_EAGER; the header names the destination slot,
+ * its generation and both transport tokens. The transfer is terminal when
+ * every send and the endpoint flush completed (the source pins may go: the
+ * data left our memory). That is only LOCAL completion: the consumer does
+ * not trust FETCH_DONE before its own handler saw the blocks (await_landed).
+ *
+ * Consumer side: ucx_acc_t per slot of our region. ucx_am_data_cb (inside
+ * ucp_worker_progress, owner thread) copies a block into its slot only if
+ * that slot is expected (ACC_EXPECT) at that generation from that source and
+ * the length is a whole block; else it drops the bytes and counts them
+ * (late_bytes_dropped). Constant time, no allocation: a bounds check and an
+ * array index. Because UCX never writes into the region on this path (eager
+ * data arrives in UCX's own buffers; rendezvous is never accepted), refuse()
+ * returning is proof that nothing lands in those slots afterwards
+ * (KVP_PROOF_AM_REFUSE in the node).
+ */
+#include "transport/ucx_int.h"
+
+#include <string.h>
+
+uint64_t kvp__ucx_token(const void *worker_addr, size_t len)
+{
+    uint64_t t = kvp_hash64(worker_addr, len, UCX_AM_MAGIC);
+    return t ? t : 1; /* 0 means "any source" in the accept table */
+}
+
+/* ------------------------------------------------------------- consumer */
+
+static ucs_status_t ucx_am_data_cb(void *arg, const void *header, size_t header_length,
+                                   void *data, size_t length, const ucp_am_recv_param_t *param)
+{
+    ucx_xport_t *x = arg;
+    ucx_am_hdr_t h;
+
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+        /* Never sent by kvpeer (EAGER only). Dropped without receiving:
+         * UCX releases the descriptor. */
+        x->st.late_bytes_dropped += length;
+        return UCS_OK;
+    }
+    if (header_length != sizeof(h) || x->acc == NULL) {
+        x->st.late_bytes_dropped += length;
+        return UCS_OK;
+    }
+    memcpy(&h, header, sizeof(h));
+    const size_t bs = x->layout.block_size;
+    if (h.magic != UCX_AM_MAGIC || h.dst_token != x->token || h.slot >= x->layout.num_blocks ||
+        h.len != bs || length != bs) {
+        x->st.late_bytes_dropped += length;
+        return UCS_OK;
+    }
+    ucx_acc_t *e = &x->acc[h.slot];
+    if (e->state != ACC_EXPECT || e->gen != h.gen || (e->token != 0 && e->token != h.src_token)) {
+        x->st.late_bytes_dropped += length; /* refused, stale generation or foreign */
+        return UCS_OK;
+    }
+    memcpy((uint8_t *)x->region + (size_t)h.slot * bs, data, bs);
+    e->landed = 1;
+    x->st.am_blocks_landed++;
+    x->st.am_bytes_landed += bs;
+    return UCS_OK; /* UCX releases its buffer */
+}
+
+kvp_status_t kvp__ucx_am_init(ucx_xport_t *x)
+{
+    ucp_am_handler_param_t hp = {
+        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                      UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG,
+        .id = UCX_AM_ID_DATA,
+        .flags = UCP_AM_FLAG_WHOLE_MSG,
+        .cb = ucx_am_data_cb,
+        .arg = x,
+    };
+    ucs_status_t s = ucp_worker_set_am_recv_handler(x->worker, &hp);
+    if (s != UCS_OK) {
+        KVP_ERROR(PFX(x), "ucp_worker_set_am_recv_handler: %s", ucs_status_string(s));
+        return KVP_ERR_TRANSPORT;
+    }
+    return KVP_OK;
+}
+
+kvp_status_t kvp__ucx_acc_alloc(ucx_xport_t *x)
+{
+    x->acc = kvp__calloc(x->layout.num_blocks, sizeof(*x->acc));
+    return x->acc ? KVP_OK : KVP_ERR_NOMEM;
+}
+
+bool kvp__ucx_inbound_refusable(kvp_xport_t *xp, kvp_xpeer_id_t peer)
+{
+    ucx_peer_t *p = kvp__ucx_peer_find(ucx_of(xp), peer);
+
+    return p && (p->inbound == KVP_PATH_AM_TCP || p->inbound == KVP_PATH_AM_SHM);
+}
+
+kvp_status_t kvp__ucx_expect(kvp_xport_t *xp, kvp_xpeer_id_t peer, const kvp_xslot_t *slots,
+                             size_t n)
+{
+    ucx_xport_t *x = ucx_of(xp);
+    uint64_t token = 0;
+
+    if (n && !slots)
+        return KVP_ERR_INVALID;
+    if (!x->acc)
+        return KVP_ERR_STATE;
+    if (peer != 0) {
+        ucx_peer_t *p = kvp__ucx_peer_find(x, peer);
+        if (!p)
+            return KVP_ERR_NOT_FOUND;
+        token = p->token;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (slots[i].slot >= x->layout.num_blocks)
+            return KVP_ERR_INVALID;
+    for (size_t i = 0; i < n; i++)
+        x->acc[slots[i].slot] = (ucx_acc_t){token, peer, slots[i].gen, ACC_EXPECT, 0};
+    return KVP_OK;
+}
+
+void kvp__ucx_refuse(kvp_xport_t *xp, const kvp_xslot_t *slots, size_t n)
+{
+    ucx_xport_t *x = ucx_of(xp);
+
+    if (!x->acc)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        if (slots[i].slot >= x->layout.num_blocks)
+            continue;
+        ucx_acc_t *e = &x->acc[slots[i].slot];
+        if (e->state == ACC_EXPECT && e->gen == slots[i].gen) {
+            e->state = ACC_IDLE;
+            x->st.am_refused_slots++;
+        }
+    }
+}
+
+/* Every slot expected from this peer handle stops accepting (fence_peer).
+ * By handle, not token: a new session of the same source (same token) may
+ * already expect other slots. O(num_blocks): teardown only. */
+void kvp__ucx_acc_refuse_peer(ucx_xport_t *x, kvp_xpeer_id_t peer)
+{
+    if (!x->acc || peer == 0)
+        return;
+    for (uint32_t i = 0; i < x->layout.num_blocks; i++)
+        if (x->acc[i].state == ACC_EXPECT && x->acc[i].peer == peer) {
+            x->acc[i].state = ACC_IDLE;
+            x->st.am_refused_slots++;
+        }
+}
+
+static bool ucx_all_landed(ucx_xport_t *x, const kvp_xslot_t *slots, size_t n, bool *landed)
+{
+    bool all = true;
+
+    for (size_t i = 0; i < n; i++) {
+        const ucx_acc_t *e = slots[i].slot < x->layout.num_blocks ? &x->acc[slots[i].slot] : NULL;
+        landed[i] = e && e->state == ACC_EXPECT && e->gen == slots[i].gen && e->landed;
+        all &= landed[i];
+    }
+    return all;
+}
+
+/* The source's flush completing means its blocks left its memory, not that
+ * they reached us: FETCH_DONE on the control connection can overtake the
+ * tail of the data connection. Progress (which is exactly what lands them)
+ * until they are here or the bound passes. */
+void kvp__ucx_await_landed(kvp_xport_t *xp, const kvp_xslot_t *slots, size_t n,
+                           uint64_t timeout_ns, bool *landed)
+{
+    ucx_xport_t *x = ucx_of(xp);
+    const kvp_clock_t *rc = kvp_clock_real();
+    uint64_t end = 0;
+
+    if (!x->acc) {
+        memset(landed, 0, n * sizeof(*landed));
+        return;
+    }
+    while (!ucx_all_landed(x, slots, n, landed)) {
+        uint64_t now = kvp_clock_now(rc);
+        if (end == 0)
+            end = now + timeout_ns;
+        else if (now >= end)
+            return;
+        x->base.ops->progress(&x->base);
+    }
+}
+
+/* --------------------------------------------------------------- source */
+
+bool kvp__ucx_am_reserve_hdrs(ucx_xfer_t *r, size_t n)
+{
+    if (n <= r->hdr_cap)
+        return true;
+    ucx_am_hdr_t *h = kvp__realloc(r->hdrs, n * sizeof(*h));
+    if (!h)
+        return false;
+    r->hdrs = h;
+    r->hdr_cap = (uint32_t)n;
+    return true;
+}
+
+size_t kvp__ucx_am_post(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r,
+                        const kvp_xfer_block_t *blocks, size_t n, const ucp_request_param_t *prm)
+{
+    const size_t bs = x->layout.block_size;
+    ucp_request_param_t ap = *prm;
+    size_t posted = 0;
+
+    ap.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+    ap.flags = UCP_AM_SEND_FLAG_EAGER; /* never rendezvous; never REPLY */
+    for (size_t i = 0; i < n; i++) {
+        ucx_am_hdr_t *h = &r->hdrs[i];
+        *h = (ucx_am_hdr_t){UCX_AM_MAGIC, blocks[i].dst_slot, blocks[i].dst_gen, (uint32_t)bs,
+                            x->token, p->dst_token};
+        const uint8_t *src = (const uint8_t *)x->region + (size_t)blocks[i].src_slot * bs;
+        ucs_status_ptr_t sp = ucp_am_send_nbx(p->ep, UCX_AM_ID_DATA, h, sizeof(*h), src, bs, &ap);
+        if (UCS_PTR_IS_PTR(sp)) {
+            r->pending++;
+        } else if (UCS_PTR_IS_ERR(sp)) {
+            if (r->first_err == UCS_OK)
+                r->first_err = UCS_PTR_STATUS(sp);
+            break;
+        }
+        posted++;
+    }
+    return posted;
+}
