@@ -13,7 +13,8 @@
  *   verify FIRST COUNT               -> "verify <present> <bad>" (byte-exact re-read)
  *   busy MS                          -> the main (engine) thread is busy; "ok"
  *   stats                            -> "stats <ready> <filling> <quarantined> <suspect>
- *                                       <pins> <retained> <force_releases> <mismatches>"
+ *                                       <pins> <retained> <force_releases> <mismatches>
+ *                                       <am_refuse_releases> <late_bytes_dropped>"
  *   path PEER                        -> "path <data-path>"
  *   quit                             -> destroys the node (drain), exits 0
  *
@@ -182,9 +183,10 @@ static void cmd_stats(void)
     kvp_stats_t s;
     kvp_node_stats(node, &s);
     printf("stats %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64
-           " %" PRIu64 " %" PRIu64 "\n",
+           " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n",
            s.slots_ready, s.slots_filling, s.slots_quarantined, s.slots_suspect, s.pins,
-           s.retained_transfers, s.force_releases, s.checksum_mismatches);
+           s.retained_transfers, s.force_releases, s.checksum_mismatches, s.am_refuse_releases,
+           s.late_bytes_dropped);
 }
 
 static void cmd_path(const char *peer)

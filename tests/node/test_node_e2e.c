@@ -207,7 +207,7 @@ static void test_e2e_three_nodes_shm(void **state)
 static void test_e2e_three_nodes_tcp(void **state)
 {
     (void)state;
-    run_three("tcp", "tcp");
+    run_three("tcp", "am-tcp");
 }
 
 /* F24: SIGKILL the source mid-fetch: the consumer fails fast (TCP EOF), never
