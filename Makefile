@@ -8,7 +8,7 @@ JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
 CMAKE_FLAGS ?=
 
-.PHONY: all deps test test-tsan test-valgrind release bench fuzz sim soak demo bench-e2e bench-e2e-api bench-peers install clean format bench-hostile
+.PHONY: all deps test test-tsan test-valgrind release bench fuzz sim soak demo bench-e2e bench-e2e-api bench-peers install clean format bench-hostile death-loop death-loop-asan
 
 all: deps
 	@cmake -S . -B build/debug -DCMAKE_BUILD_TYPE=Debug -DKVP_SANITIZE=address,undefined $(CMAKE_FLAGS) >/dev/null
@@ -86,6 +86,17 @@ soak: release
 # windows, longer than the ctest run's; prints "goal >= 0.80: met / NOT met".
 bench-hostile: release
 	/usr/bin/python3 tests/reliability/hostile.py build/release/tools/kvpeerd --bench $(HOSTILE_ARGS)
+
+# A peer's death never takes the process down (issue 14): RUNS SIGKILLs of the
+# source and of the consumer mid-fetch, on tcp (kvpeer's AM path) and on shm;
+# release build (death-loop) or the ASan+UBSan build (death-loop-asan).
+RUNS ?= 100
+death-loop: release
+	UCX_NET_DEVICES=lo /usr/bin/python3 tests/reliability/death_loop.py build/release/tests/node/e2e_node --runs $(RUNS) $(DEATH_ARGS)
+death-loop-asan: all
+	UCX_NET_DEVICES=lo KVPEER_TEST_TIME_SCALE=3 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitizer/lsan.supp UBSAN_OPTIONS=halt_on_error=1 \
+	  /usr/bin/python3 tests/reliability/death_loop.py build/debug/tests/node/e2e_node --runs $(RUNS) $(DEATH_ARGS)
 
 # The deterministic simulator: `make sim` runs SEEDS seeds (default 40),
 # `make sim SEED=x` replays one seed verbosely, `make sim SOAK=60` soaks.

@@ -12,7 +12,7 @@
 #include <ucp/api/ucp.h>
 
 #define UCX_BLOB_MAGIC 0x5550564Bu /* "KVPU" little-endian */
-#define UCX_BLOB_VERSION 2u /* 2: digest trailer (v1 had none; refused as incompatible) */
+#define UCX_BLOB_VERSION 3u /* 2: digest trailer; 3: AM data path (older peers would put: refused) */
 #define UCX_BLOB_HDR 44u
 #define UCX_BLOB_DIGEST 8u /* trailer: xxh3-64 of every byte before it */
 #define UCX_HOST_MAX 256u

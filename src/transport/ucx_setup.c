@@ -5,7 +5,7 @@
  *
  * Blob layout (little-endian; strict: every length checked, no trailing
  * bytes):
- *   0 magic u32 "KVPU" | 4 version u16 (2) | 6 flags u16 (bit0: UCX-allocated)
+ *   0 magic u32 "KVPU" | 4 version u16 (3) | 6 flags u16 (bit0: UCX-allocated)
  *   8 num_blocks u32 | 12 block_size u32 | 16 region base u64 | 24 region len u64
  *   32 pid u32 | 36 host_len u16 | 38 addr_len u16 | 40 rkey_len u16 | 42 zero u16
  *   44 host id | worker address | packed rkey | digest u64

@@ -22,6 +22,7 @@
  * Blocks: key "blk-%08u", content from a seeded PRNG (as tests/node/world.h).
  */
 #include "kvpeer.h"
+#include "common/common.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -210,6 +211,11 @@ int main(int argc, char **argv)
         return 2;
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
+    /* Test seam: KVPEER_E2E_MUTATION=<n> breaks one rule (common.h), so a
+     * harness can show it catches the bug it guards against. */
+    const char *mut = getenv("KVPEER_E2E_MUTATION");
+    if (mut != NULL)
+        kvp__mutation = atoi(mut);
     kvp_config_t c;
     kvp_config_init(&c);
     c.listen_addr = argv[1];
