@@ -14,7 +14,14 @@
  * process costs ~30 us (shadow paging), which would otherwise dominate.
  *   ours  : kvpeer's UCX backend, write(D blocks) -> poll until DONE
  *   raw   : the same puts on the same regions with bare ucp_put_nbx + one
- *           ucp_ep_flush_nbx, none of our bookkeeping (the ceiling)
+ *           ucp_ep_flush_nbx, none of our bookkeeping (the ceiling on shm;
+ *           on tcp this is UCX's emulated put)
+ *   old   : (tcp) ours with legacy_put, i.e. the backend before issue 14
+ *           (emulated put + our bookkeeping). On tcp ours is kvpeer's AM
+ *           path, registered with slots of the block size (one AM per block,
+ *           as a node does); "done" there is local completion (the consumer
+ *           lands the blocks in its own progress, which keeps pace through
+ *           socket back-pressure).
  * interleaved batch by batch, alternating who goes first, each timed on its
  * own (wall clock and producer-thread CPU time), so both see the same load
  * on this shared VM; --reps times; medians and ours/raw are printed. Then
@@ -101,7 +108,8 @@ typedef struct cmd {
     char tls[16];
 } cmd_t;
 
-static kvp_xport_t *make_xport(const char *tls, uint32_t bs, void **region, const char *name)
+static kvp_xport_t *make_xport(const char *tls, uint32_t bs, void **region, const char *name,
+                               bool legacy_put)
 {
     kvp_ucx_config_t cfg;
     kvp_xport_t *x;
@@ -111,6 +119,8 @@ static kvp_xport_t *make_xport(const char *tls, uint32_t bs, void **region, cons
     kvp_ucx_config_default(&cfg);
     cfg.tls = tls[0] ? tls : NULL;
     cfg.log_prefix = name;
+    cfg.legacy_put = legacy_put;
+    cfg.connect_timeout_ms = 60000; /* the target is busy with the other sides' traffic */
     if (kvp_ucx_xport_create(&cfg, &x) != KVP_OK)
         die("transport create");
     if (x->ops->register_region(x, NULL, O.region, &lay, region) != KVP_OK)
@@ -140,8 +150,13 @@ static void target_main(int sock)
         if (c.op == 1) {
             const void *blob;
             size_t len;
-            x = make_xport(c.tls, c.block_size, &region, "target");
+            x = make_xport(c.tls, c.block_size, &region, "target", false);
             x->ops->local_blob(x, &blob, &len);
+            /* AM path: land every slot (generation 0) from any source */
+            for (uint32_t i = 0; i < (uint32_t)(O.region / c.block_size); i++) {
+                kvp_xslot_t xs = {i, 0};
+                x->ops->expect(x, 0, &xs, 1);
+            }
             uint32_t l32 = (uint32_t)len;
             if (!io_all(sock, &l32, 4, true) || !io_all(sock, (void *)blob, len, true))
                 break;
@@ -251,11 +266,12 @@ static inline uint32_t blk_dst(uint64_t k, uint32_t nbb)
 }
 
 static kvp_xfer_block_t g_blocks[64 * (4u << 20) / SLOT];
+static uint32_t g_slot = SLOT; /* slot size the regions of the current path are registered with */
 
 /* One batch of ours: blocks k..k+d-1 in one write, wait until DONE. */
 static void batch_ours(kvp_xport_t *x, kvp_xpeer_id_t peer, uint32_t bs, uint32_t d, uint64_t k)
 {
-    uint32_t nbb = (uint32_t)(O.region / bs), per = bs / SLOT;
+    uint32_t nbb = (uint32_t)(O.region / bs), per = bs / g_slot;
     kvp_xfer_id_t id;
     kvp_xfer_result_t res;
     size_t n = 0, nblk = 0;
@@ -294,39 +310,47 @@ static void batch_raw(raw_t *r, const uint8_t *src, uint32_t bs, uint32_t d, uin
  * region apart so neither reads what the other just left in cache.
  * secs == 0: exactly one pass over the region each (warm-up). */
 typedef struct pair_res {
-    double ours, raw;         /* GB/s on the wall clock */
-    double ours_cpu, raw_cpu; /* GB/s per second of producer-thread CPU */
+    double ours, raw, legacy;             /* GB/s on the wall clock */
+    double ours_cpu, raw_cpu, legacy_cpu; /* GB/s per second of producer-thread CPU */
 } pair_res_t;
 
-static void run_pair(kvp_xport_t *x, kvp_xpeer_id_t peer, raw_t *r, const uint8_t *src, uint32_t bs,
-                     uint32_t d, double secs, pair_res_t *res)
+/* xl (may be NULL): ours with legacy_put, i.e. the pre-issue-14 backend
+ * (ucp_put_nbx everywhere; UCX emulates it over AM on tcp). */
+static void run_pair(kvp_xport_t *x, kvp_xpeer_id_t peer, kvp_xport_t *xl, kvp_xpeer_id_t lpeer,
+                     raw_t *r, const uint8_t *src, uint32_t bs, uint32_t d, double secs,
+                     pair_res_t *res)
 {
     uint32_t nbb = (uint32_t)(O.region / bs);
-    uint64_t ko = 0, kr = nbb / 2, bytes = 0;
-    double to = 0, tr = 0, co = 0, cr = 0, t0 = now_s();
+    int nside = xl ? 3 : 2;
+    uint64_t k[3] = {0, nbb / 2, nbb / 4}, bytes = 0;
+    double t[3] = {0}, c[3] = {0}, t0 = now_s();
 
     for (uint64_t it = 0;; it++) {
-        /* alternate who goes first: no systematic order bias */
-        for (int side = 0; side < 2; side++) {
-            bool ours = (side == 0) == (it % 2 == 0);
+        /* rotate who goes first: no systematic order bias */
+        for (int j = 0; j < nside; j++) {
+            int side = (int)((it + (uint64_t)j) % (uint64_t)nside);
             double a = now_s(), ca = cpu_s();
-            if (ours)
-                batch_ours(x, peer, bs, d, ko);
+            if (side == 0)
+                batch_ours(x, peer, bs, d, k[0]);
+            else if (side == 1)
+                batch_raw(r, src, bs, d, k[1]);
             else
-                batch_raw(r, src, bs, d, kr);
-            *(ours ? &to : &tr) += now_s() - a;
-            *(ours ? &co : &cr) += cpu_s() - ca;
+                batch_ours(xl, lpeer, bs, d, k[2]);
+            t[side] += now_s() - a;
+            c[side] += cpu_s() - ca;
         }
-        ko += d;
-        kr += d;
+        for (int j = 0; j < 3; j++)
+            k[j] += d;
         bytes += (uint64_t)d * bs;
-        if (secs > 0 ? now_s() - t0 >= 2 * secs : ko >= nbb)
+        if (secs > 0 ? now_s() - t0 >= 2 * secs : k[0] >= nbb)
             break;
     }
-    res->ours = (double)bytes / to / 1e9;
-    res->raw = (double)bytes / tr / 1e9;
-    res->ours_cpu = (double)bytes / co / 1e9;
-    res->raw_cpu = (double)bytes / cr / 1e9;
+    res->ours = (double)bytes / t[0] / 1e9;
+    res->raw = (double)bytes / t[1] / 1e9;
+    res->ours_cpu = (double)bytes / c[0] / 1e9;
+    res->raw_cpu = (double)bytes / c[1] / 1e9;
+    res->legacy = xl ? (double)bytes / t[2] / 1e9 : 0;
+    res->legacy_cpu = xl ? (double)bytes / c[2] / 1e9 : 0;
 }
 
 static int cmp_d(const void *a, const void *b)
@@ -418,39 +442,48 @@ static void cold_memcpy_all(const uint32_t *sizes, int ns)
 /* ------------------------------------------------------------ driver */
 
 static void bench_path(int sock, const char *path, const char *tls, const uint32_t *sizes, int ns,
-                       const uint32_t *depths, int nd)
+                       const uint32_t *depths, int nd, uint32_t slot)
 {
-    cmd_t c = {.op = 1, .block_size = SLOT};
+    cmd_t c = {.op = 1, .block_size = slot};
     uint8_t blob[KVP_UCX_BLOB_MAX];
     uint32_t len = 0;
-    void *src;
-    kvp_xpeer_id_t peer;
+    void *src, *lsrc;
+    kvp_xpeer_id_t peer, lpeer = 0;
     raw_t raw;
-    kvp_layout_t lay = {(uint32_t)(O.region / SLOT), SLOT};
+    kvp_layout_t lay = {(uint32_t)(O.region / slot), slot};
+
+    g_slot = slot;
 
     snprintf(c.tls, sizeof(c.tls), "%s", tls);
     if (!io_all(sock, &c, sizeof(c), true) || !io_all(sock, &len, 4, false) || len > sizeof(blob) ||
         !io_all(sock, blob, len, false))
         die("target setup");
-    kvp_xport_t *x = make_xport(tls, SLOT, &src, "producer");
+    kvp_xport_t *x = make_xport(tls, slot, &src, "producer", false);
     if (x->ops->add_peer(x, blob, len, &lay, &peer) != KVP_OK)
         die("add_peer");
+    kvp_xport_t *xl = NULL; /* the old emulated put, only where ours is not a put */
+    if (x->ops->peer_path(x, peer) != KVP_PATH_DIRECT_SHM) {
+        xl = make_xport(tls, slot, &lsrc, "legacy", true);
+        if (xl->ops->add_peer(xl, blob, len, &lay, &lpeer) != KVP_OK)
+            die("add_peer (legacy)");
+    }
     char lanes[192];
     kvp_ucx_peer_lanes(x, peer, lanes, sizeof(lanes));
     raw_open(&raw, tls, blob, len);
     double t0 = now_s(); /* one pass each: our mapping and raw's mapping of the target */
     pair_res_t w;
-    run_pair(x, peer, &raw, src, 2u << 20, 64, 0, &w);
+    run_pair(x, peer, xl, lpeer, &raw, src, KVP_MAX(2u << 20, slot), 64, 0, &w);
     fprintf(stderr, "  [%s: warm-up passes %.1f s (first touch: ours %.2f GB/s, raw %.2f GB/s)]\n",
             path, now_s() - t0, w.ours, w.raw);
     for (int si = 0; si < ns; si++)
         for (int di = 0; di < nd; di++) {
-            double o[16], rw[16], oc[16], rc[16];
+            double o[16], rw[16], oc[16], rc[16], lg[16], lgc[16];
             uint32_t bs = sizes[si], d = depths[di];
             for (int r = 0; r < O.reps; r++) {
                 pair_res_t pr;
-                run_pair(x, peer, &raw, src, bs, d, O.secs, &pr);
+                run_pair(x, peer, xl, lpeer, &raw, src, bs, d, O.secs, &pr);
                 o[r] = pr.ours, rw[r] = pr.raw, oc[r] = pr.ours_cpu, rc[r] = pr.raw_cpu;
+                lg[r] = pr.legacy, lgc[r] = pr.legacy_cpu;
             }
             double mo = median(o, O.reps), mr = median(rw, O.reps);
             double moc = median(oc, O.reps), mrc = median(rc, O.reps);
@@ -458,12 +491,22 @@ static void bench_path(int sock, const char *path, const char *tls, const uint32
                    "per CPU-s: ours %6.2f raw %6.2f ratio %.3f  [%s]\n",
                    path, bs / 1024, d, mo, mr, mo / mr, moc, mrc, moc / mrc,
                    kvp_data_path_str(x->ops->peer_path(x, peer)));
+            if (xl) {
+                double ml = median(lg, O.reps), mlc = median(lgc, O.reps);
+                printf("%-4s %5u KiB  D=%-3u  old emulated put (ours, legacy_put) %6.2f GB/s  "
+                       "ours(am)/old %.3f  |  per CPU-s: old %6.2f ours/old %.3f\n",
+                       path, bs / 1024, d, ml, mo / ml, mlc, moc / mlc);
+            }
             fflush(stdout);
         }
     printf("%-4s lanes: %s\n", path, lanes);
     raw_close(&raw);
     x->ops->remove_peer(x, peer);
     x->ops->close(x, true);
+    if (xl) {
+        xl->ops->remove_peer(xl, lpeer);
+        xl->ops->close(xl, true);
+    }
     c.op = 2;
     if (!io_all(sock, &c, sizeof(c), true) || !io_all(sock, &len, 4, false))
         die("target teardown");
@@ -556,7 +599,15 @@ int main(int argc, char **argv)
     for (int pi = 0; pi < 2; pi++) {
         if (!paths[pi].on)
             continue;
-        bench_path(sv[0], paths[pi].name, paths[pi].tls, O.sizes, O.nsizes, depths, nd);
+        if (pi == 0) { /* shm: 16 KiB slots, bigger blocks are coalesced runs */
+            bench_path(sv[0], paths[pi].name, paths[pi].tls, O.sizes, O.nsizes, depths, nd, SLOT);
+            continue;
+        }
+        /* tcp (AM path, one message per slot): slots of the block size, as a
+         * node registers them */
+        for (int si = 0; si < O.nsizes; si++)
+            bench_path(sv[0], paths[pi].name, paths[pi].tls, &O.sizes[si], 1, depths, nd,
+                       O.sizes[si]);
     }
     cmd_t c = {.op = 3};
     io_all(sv[0], &c, sizeof(c), true);
