@@ -178,24 +178,14 @@ static void ucx_ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
     if (p->status == KVP_OK)
         p->status = KVP_ERR_TRANSPORT;
     p->x->base.ep_failures++;
-    /* FORCE-close here, inside the callback (allowed: UCX has purged the
-     * endpoint's requests before calling us; progress must not be called
-     * from here). Waiting for the end of this progress call is too late:
-     * UCX 1.13 aborts the process ("ucp_request.inl: unexpected error") when
-     * a peer's emulated put arrives, later in the same progress call, for
-     * an endpoint that failed but is not closed yet -- seen after a
-     * partition healed. A closed PEER endpoint's id is invalid, so such
-     * puts are dropped instead (UCX-NOTES §5). */
-    if (ep != NULL && ep == p->ep) {
-        ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-                                   .flags = UCP_EP_CLOSE_FLAG_FORCE};
-        void *req = ucp_ep_close_nbx(ep, &prm);
-        p->ep = NULL;
-        if (UCS_PTR_IS_PTR(req))
-            p->close_req = req; /* reaped with the peer */
-    } else {
-        p->x->errored++; /* FORCE-closed right after this progress call */
-    }
+    /* FORCE-closed right after the ucp_worker_progress() call that brought
+     * us here (ucx_force_errored), not inside this callback, which libuct's
+     * tcp event handler calls while it still holds the failing endpoint.
+     * The in-callback close existed for UCX's emulated puts (a late one for
+     * a failed, open endpoint aborted 1.13); kvpeer no longer lets UCX
+     * emulate puts. */
+    (void)ep;
+    p->x->errored++;
 }
 
 /* Start closing the endpoint (FORCE when the peer errored or `force`).

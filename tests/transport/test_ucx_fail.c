@@ -287,6 +287,46 @@ static void test_ucx_fence_emulated_shm_control(void **state)
     fence_case(false, true);
 }
 
+/* AM_REFUSE (issue 14): with the endpoints left up, blocks written into
+ * refused slots are dropped by the consumer's handler and counted, while
+ * expected slots still land -- refusal alone, not a closed connection, is
+ * what keeps the bytes out. */
+static void am_refuse_case(const char *tls, kvp_data_path_t path, bool caller_mem)
+{
+    ut_pair_t p;
+    ut_reply_t r;
+    kvp_status_t st;
+    kvp_test_logcap_start(&cap);
+    ut_pair_open_ex(&p, tls, path, caller_mem);
+    assert_true(ut_call(&p.child, UT_FILL, 0xAA, 0, NULL, 0, &r, NULL, 0));
+    assert_true(ut_call(&p.child, UT_REFUSE, 0, 8, NULL, 0, &r, NULL, 0)); /* slots 0..7 */
+    kvp_xfer_id_t a = post_one(&p, 0), b = post_one(&p, 1); /* slots 0..3, 4..7: refused */
+    kvp_xfer_id_t c = post_one(&p, 2);                       /* slots 8..11: expected */
+    assert_true(ut_wait_xfer(p.x, p.peer, a, kvp_test_scaled_ns(5 * SEC), &st));
+    assert_true(ut_wait_xfer(p.x, p.peer, b, kvp_test_scaled_ns(5 * SEC), &st));
+    assert_true(ut_wait_xfer(p.x, p.peer, c, kvp_test_scaled_ns(5 * SEC), &st));
+    assert_int_equal(st, KVP_OK);
+    assert_true(ut_call(&p.child, UT_DROPPED, 0, 0, NULL, 0, &r, NULL, 0));
+    int64_t landed = child_count_not(&p, 0xAA);
+    print_message("  %s: %lld bytes in refused+expected slots, %lld dropped\n", tls[0] ? tls : "shm",
+                  (long long)landed, (long long)r.v1);
+    assert_int_equal(landed, 4 * (int64_t)UT_BS);     /* only the expected slots */
+    assert_int_equal(r.v1, 8 * (int64_t)UT_BS);       /* the refused ones, counted */
+    ut_pair_close(&p);
+    kvp_test_logcap_stop();
+    KVP_TEST_ASSERT_NO_LEAKS();
+}
+
+static void test_ucx_am_refuse_tcp(void **state)
+{
+    am_refuse_case("tcp", KVP_PATH_AM_TCP, false);
+}
+
+static void test_ucx_am_refuse_shm(void **state)
+{
+    am_refuse_case("", KVP_PATH_AM_SHM, true);
+}
+
 /* Direct shm cannot be fenced: proof is false and late writes land. */
 static void test_ucx_fence_shm_no_proof(void **state)
 {
@@ -496,6 +536,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_ucx_fence_emulated_shm),
         cmocka_unit_test(test_ucx_fence_emulated_shm_control),
         cmocka_unit_test(test_ucx_fence_shm_no_proof),
+        cmocka_unit_test(test_ucx_am_refuse_tcp),
+        cmocka_unit_test(test_ucx_am_refuse_shm),
         cmocka_unit_test(test_ucx_remove_defers_release),
         cmocka_unit_test(test_ucx_cancel_modes),
         cmocka_unit_test(test_ucx_probe_stuck_wireup),

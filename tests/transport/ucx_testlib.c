@@ -311,6 +311,21 @@ static void ut_target_cmd(ut_target_t *t, const ut_cmd_t *c, uint8_t *pl)
         st = t->x->ops->fence_peer(t->x, t->peer, &proof);
         ut_reply(t->sock, st, proof, 0, NULL, 0);
         break;
+    case UT_REFUSE:
+        for (uint64_t i = c->a; i < c->a + c->b; i++) {
+            kvp_xslot_t xs = {(uint32_t)i, 0};
+            t->x->ops->refuse(t->x, &xs, 1);
+        }
+        ut_reply(t->sock, KVP_OK, 0, 0, NULL, 0);
+        break;
+    case UT_DROPPED: {
+        kvp_xport_stats_t xs;
+        ut_target_settle(t);
+        t->x->ops->get_stats(t->x, &xs);
+        ut_reply(t->sock, KVP_OK, (int64_t)xs.late_bytes_dropped, (int64_t)xs.am_bytes_landed,
+                 NULL, 0);
+        break;
+    }
     case UT_PEER_STATUS:
         ut_reply(t->sock, t->x->ops->peer_status(t->x, t->peer), 0, 0, NULL, 0);
         break;

@@ -30,6 +30,8 @@ enum ut_op {
     UT_FENCE,       /* -> status, proof */
     UT_PEER_STATUS, /* -> status */
     UT_PAUSE,       /* a = ms: no progress for that long, reply afterwards */
+    UT_REFUSE,      /* a = first slot, b = count: refuse() them (generation 0) -> 0 */
+    UT_DROPPED,     /* -> late_bytes_dropped, am_bytes_landed */
     UT_EXIT,        /* close transport, exit(0) */
 };
 
