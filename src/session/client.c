@@ -739,7 +739,7 @@ static bool *fetch_done_await(kvp_session_t *s, kvp_load_t *l, const kvp_msg_fet
 {
     kvp_xport_t *x = s->node->xport;
     if (x->ops->await_landed == NULL || !x->ops->inbound_refusable(x, s->xpeer) || m->n == 0 ||
-        kvp__mutation == KVP_MUT_AM_SKIP_AWAIT)
+        KVP_MUTATED(KVP_MUT_AM_SKIP_AWAIT))
         return NULL;
     kvp_xslot_t *xs = kvp__calloc(m->n, sizeof(*xs));
     bool *landed = kvp__calloc(m->n, sizeof(*landed));

@@ -487,7 +487,7 @@ static kvp_status_t ucx_write(kvp_xport_t *xp, kvp_xpeer_id_t peer, const kvp_xf
     kvp_status_t st = ucx_write_check(x, p, blocks, n); /* every index, before any put */
     if (st != KVP_OK)
         return st;
-    bool am = p->use_am && !x->legacy_put && kvp__mutation != KVP_MUT_UCX_EMULATED_PUT;
+    bool am = p->use_am && !x->legacy_put && !KVP_MUTATED(KVP_MUT_UCX_EMULATED_PUT);
     ucx_xfer_t *r = ucx_xfer_get(x, p);
     if (!r)
         return KVP_ERR_LIMIT;

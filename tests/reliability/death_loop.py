@@ -84,6 +84,8 @@ class Node:
                 line = self.p.stdout.readline()
                 if not line:
                     raise Dead("stdout closed (exit %s)" % self.p.poll())
+                if " UCX " in line and line.startswith("["):
+                    continue  # UCX logs to stdout (e.g. a reconnect refused by the dead peer)
                 return line
 
     def cmd(self, text, timeout=30):
