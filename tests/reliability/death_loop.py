@@ -201,7 +201,7 @@ def one_run(a, exe, case, victim, blocks, bs, kill_ms, dead_ms, mutation, rng):
                 status, parts[2], v[1], st["quarantined"], st["am_refuse"], st["late_dropped"])
         else:
             fail_ms = None
-            time.sleep(2 * dead_ms * scale() / 1000.0)  # past dead-after: teardown ran
+            time.sleep(1.5 * dead_ms * scale() / 1000.0)  # past dead-after: teardown ran
             st = stats(src)
             note = "retained %d pins %d" % (st["retained"], st["pins"])
         rc = survivor.quit()
