@@ -3,22 +3,28 @@
  * table of transport.h.
  *
  * What it does (UCX 1.13.1, see UCX-NOTES.md for the measurements):
- *   - one ucp context + worker (UCS_THREAD_MODE_SINGLE, features RMA+WAKEUP);
- *     UCX settings come from ucp_config_read (so UCX_* environment variables
- *     still apply, e.g. UCX_TLS=tcp) and ucp_config_modify for what kvpeer
- *     needs: MM_ERROR_HANDLING=y, KEEPALIVE_INTERVAL, ALLOC_PRIO (posix first);
+ *   - one ucp context + worker (UCS_THREAD_MODE_SERIALIZED: created on one
+ *     thread, progressed on another; features RMA+AM+WAKEUP); UCX settings
+ *     come from ucp_config_read (so UCX_* environment variables still apply,
+ *     e.g. UCX_TLS=tcp) and ucp_config_modify for what kvpeer needs:
+ *     MM_ERROR_HANDLING=y, KEEPALIVE_INTERVAL, ALLOC_PRIO (posix first),
+ *     ZCOPY_THRESH=inf (see ucx_setup.c);
  *   - register_region(NULL) allocates the region with UCP_MEM_MAP_ALLOCATE so
  *     that same-host puts are direct shared-memory writes; it falls back to an
  *     anonymous mmap (loud warning: same-host puts will be emulated);
  *   - every endpoint is UCP_ERR_HANDLING_MODE_PEER; an error on it is kept as
  *     that peer's status ("outcome unknown" for everything it carried);
- *   - write() bounds-checks every index against both layouts before posting,
- *     coalesces adjacent (src,dst) runs into one ucp_put_nbx each and ends
- *     with ucp_ep_flush_nbx. DONE = all puts and the flush completed OK and no
- *     endpoint error was reported since the transfer was posted;
- *   - the data path of every peer is classified from the endpoint's lanes
- *     (direct shm / emulated shm / tcp / rdma), logged once per peer, with a
- *     loud warning when a same-host peer ended up on tcp (F28).
+ *   - write() bounds-checks every index against both layouts before posting.
+ *     Direct shm: adjacent (src,dst) runs coalesced into one ucp_put_nbx
+ *     each. Every other path (tcp, shm into memory UCX did not allocate):
+ *     kvpeer's own active messages, one eager ucp_am_send_nbx per block
+ *     (ucx_am.c; UCX never emulates a put). Then ucp_ep_flush_nbx. DONE = all
+ *     sends and the flush completed OK and no endpoint error was reported
+ *     since the transfer was posted (on the AM path that is local: the
+ *     consumer's own handler decides what lands, see expect/refuse);
+ *   - the data path of every peer (direct-shm / am-shm / am-tcp) is decided
+ *     from rkey_ptr and our own configuration (ucx_path.c), logged once per
+ *     peer, with a loud warning when a same-host peer ended up on tcp (F28).
  *
  * Threading: the transport is driven by one owner thread. UCX itself starts
  * an internal `async` thread; all kvpeer callbacks run inside progress() on
@@ -81,7 +87,7 @@ void kvp_ucx_config_default(kvp_ucx_config_t *cfg);
  * (UCX refused; the reason is logged). */
 kvp_status_t kvp_ucx_xport_create(const kvp_ucx_config_t *cfg, kvp_xport_t **out);
 
-/* The ops table (name "ucx", caps ALLOCATES_REGION|FENCE|EVENT_FD). */
+/* The ops table (name "ucx", caps ALLOCATES_REGION|FENCE|EVENT_FD|AM_LANDING). */
 extern const kvp_xport_ops_t kvp_ucx_xport_ops;
 
 /* ---- introspection (diagnostics, stats and tests; not on the data path) */
@@ -90,10 +96,8 @@ extern const kvp_xport_ops_t kvp_ucx_xport_ops;
  * unknown peer. */
 bool kvp_ucx_peer_same_host(kvp_xport_t *x, kvp_xpeer_id_t peer);
 
-/* The endpoint's lane summary as parsed at add_peer (e.g.
- * "rma+am+ka(sysv/memory) rma(posix/memory) rkey_ptr=ok": per lane its uses
- * -- rma, am, ka = keepalive -- and transport; rkey_ptr=ok means the peer's
- * region is UCX shm we can map, i.e. puts are direct), copied into buf
+/* The facts the peer's data paths were decided from at add_peer (e.g.
+ * "out=direct-shm in=direct-shm rkey_ptr=ok shm=on"), copied into buf
  * (always NUL-terminated when cap > 0). KVP_ERR_NOT_FOUND for an unknown
  * peer. */
 kvp_status_t kvp_ucx_peer_lanes(kvp_xport_t *x, kvp_xpeer_id_t peer, char *buf, size_t cap);
