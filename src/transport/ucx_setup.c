@@ -314,10 +314,11 @@ typedef struct ucx_kv {
  * transport crashes under network partitions (a jump through a stale
  * endpoint in uct_tcp_iface_progress's event handler) far more often with
  * zero-copy sends in flight: tests/reliability/partition.py with kvpeer's
- * AM path, release build, 2026-12-03: 8 of 13, 10 of 15 and 8 of 12 runs
- * crashed the source daemon with zero-copy, 1 of 9 with bcopy only (main
- * with emulated puts, which use bcopy: 2 of 10). Direct shm puts never use
- * zero-copy; on tcp bcopy costs one more copy into UCX's send buffer. */
+ * AM path, release build, loaded VM, 2026-12-03: 26 of 40 runs crashed the
+ * source daemon with zero-copy, 9 of 50 with bcopy only (main, emulated
+ * puts, which use bcopy: 2 of 10 the same day). Not a cure: see DESIGN.md.
+ * Direct shm puts never use zero-copy; on tcp bcopy costs one more copy
+ * into UCX's send buffer. */
 static const char *ucx_config_keys(const kvp_ucx_config_t *cfg, ucx_kv_t kv[5])
 {
     const char *tls = cfg->tls ? cfg->tls : getenv("UCX_TLS");
