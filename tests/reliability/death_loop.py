@@ -156,10 +156,11 @@ def one_run(a, exe, case, victim, blocks, bs, kill_ms, dead_ms, mutation, rng):
     tls = "tcp" if case == "tcp" else None
     want = "am-tcp" if case == "tcp" else "direct-shm"
     listen = "127.0.0.1:%d" % free_port()
-    src = Node(exe, listen, bs, blocks + 16, 60000, dead_ms, tls, mutation)
+    node_dead = int(dead_ms * scale())  # as test_node_e2e: every bound scaled
+    src = Node(exe, listen, bs, blocks + 16, 60000, node_dead, tls, mutation)
     dst = None
     try:
-        dst = Node(exe, "127.0.0.1:0", bs, blocks + 16, 60000, dead_ms, tls, mutation)
+        dst = Node(exe, "127.0.0.1:0", bs, blocks + 16, 60000, node_dead, tls, mutation)
         r = src.cmd("put 0 %d" % blocks)
         if not r.startswith("ok %d" % blocks):
             return False, "put: %s" % r.strip(), None
