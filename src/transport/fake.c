@@ -382,6 +382,13 @@ static kvp_status_t write_locked(fake_xport_t *x, kvp_xpeer_id_t peer,
     xf->n = (uint32_t)n;
     memcpy(xf->blocks, blocks, n * sizeof(*blocks));
     script_apply(x, xf, &s);
+    /* Posted through an endpoint the consumer already fenced: nothing of it
+     * lands (it still ends as scripted; the source cannot tell). */
+    xf->fenced = p->remote_fenced;
+    if (xf->fenced)
+        KVP_DEBUG(pfx(x), "fake: transfer %llu posted through peer %llu, fenced by the consumer: "
+                          "nothing of it lands",
+                  (unsigned long long)xf->id, (unsigned long long)p->id);
     kvp_list_insert_tail(&x->xfers, &xf->link);
     x->st.writes++;
     x->st.blocks_written += n;

@@ -30,8 +30,13 @@
  *
  * Fence (consumer side, fence_peer): on a peer whose path is
  * KVP_PATH_FAKE_FENCEABLE every copy not yet landed from that source's
- * transport into our region (of transfers posted before the fence) is dropped
- * and *proof = true; on KVP_PATH_FAKE_UNFENCEABLE they land anyway and
+ * transport into our region is dropped, and so is every copy of a transfer
+ * the source posts LATER through an endpoint to us that it already had at
+ * the fence (the fenced incarnation's, or older): as in UCX, where each
+ * software put carries the id of the consumer's paired endpoint, which the
+ * FORCE close invalidated, so "no later byte can land" (transport.h). Endpoints
+ * the source adds afterwards (a new incarnation) are not affected. Then
+ * *proof = true; on KVP_PATH_FAKE_UNFENCEABLE they land anyway and
  * *proof = false. Either way the peer handle is closed afterwards: write()
  * to it returns KVP_ERR_CLOSED and peer_status() KVP_ERR_CLOSED. Our own
  * outbound transfers on that peer are not affected (they follow their

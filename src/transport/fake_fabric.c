@@ -294,6 +294,12 @@ uint64_t fake__fence(kvp_fake_fabric_t *f, uint32_t src_ep, uint32_t dst_ep)
             n++;
         }
     }
+    kvp_list_foreach_safe(pos, tmp, &src->peers)
+    {
+        fake_peer_t *p = KVP_CONTAINER_OF(pos, fake_peer_t, link);
+        if (p->remote_ep == dst_ep)
+            p->remote_fenced = true;
+    }
     return n;
 }
 

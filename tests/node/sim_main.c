@@ -33,6 +33,7 @@ int main(int argc, char **argv)
     uint64_t seeds = 20, first = 1;
     double soak = 0;
     bool one = false;
+    int log_level = KVP_LOG_WARN;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--verbose") == 0) {
@@ -52,6 +53,8 @@ int main(int argc, char **argv)
             o.nodes = atoi(v);
         else if (strcmp(a, "--soak") == 0)
             soak = atof(v);
+        else if (strcmp(a, "--log") == 0)
+            log_level = atoi(v);
         else if (strcmp(a, "--mutation") == 0)
             kvp__mutation = atoi(v);
         else
@@ -61,7 +64,7 @@ int main(int argc, char **argv)
         seeds = 1;
     uint64_t faults[SIM_F_KINDS] = {0}, viol = 0, ran = 0, loads = 0, ok = 0;
     double t0 = now_s();
-    kvp_log_set_level(KVP_LOG_WARN);
+    kvp_log_set_level((kvp_log_level_t)log_level);
     for (uint64_t k = 0; soak > 0 ? now_s() - t0 < soak : k < seeds; k++) {
         sim_result_t r;
         o.seed = first + k;
