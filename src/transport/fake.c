@@ -80,6 +80,8 @@ void fake__release(fake_xport_t *x, fake_xfer_t *xf)
 {
     KVP_ASSERT(xf->tracked);
     xf->tracked = false;
+    if (xf->terminal)
+        x->n_reportable--;
     fake_peer_t *p = xf->peer;
     xf->peer = NULL;
     if (xf->retired) {
@@ -390,6 +392,7 @@ static kvp_status_t write_locked(fake_xport_t *x, kvp_xpeer_id_t peer,
                           "nothing of it lands",
                   (unsigned long long)xf->id, (unsigned long long)p->id);
     kvp_list_insert_tail(&x->xfers, &xf->link);
+    x->events_dirty = true;
     x->st.writes++;
     x->st.blocks_written += n;
     x->st.bytes_written += (uint64_t)n * x->layout.block_size;
@@ -624,6 +627,15 @@ static bool fake_progress(kvp_xport_t *xp)
     return any;
 }
 
+uint64_t kvp_fake_quiet_until(kvp_xport_t *xp)
+{
+    fake_xport_t *x = fake__x(xp);
+    lock(x);
+    uint64_t t = fake__quiet_until(x);
+    unlock(x);
+    return t;
+}
+
 static int fake_event_fd(kvp_xport_t *xp)
 {
     return -1;
@@ -700,6 +712,8 @@ static void free_all(fake_xport_t *x)
         kvp_list_remove(&xf->link);
         kvp__free(xf);
     }
+    x->events_dirty = true;
+    x->n_reportable = 0;
     kvp_list_foreach_safe(pos, tmp, &x->peers)
     {
         kvp_list_remove(pos);
@@ -782,6 +796,7 @@ kvp_status_t kvp_fake_create(const kvp_fake_config_t *cfg, kvp_xport_t **out)
     x->default_path = path;
     x->default_delay_ns = cfg->default_delay_ns;
     x->delay_jitter_ns = cfg->delay_jitter_ns;
+    x->next_at = KVP_FAKE_NEVER; /* no transfer yet */
     kvp_rng_seed(&x->rng, cfg->rng_seed);
     x->max_calls = cfg->call_log_max ? cfg->call_log_max : FAKE_CALL_LOG_DEFAULT;
     kvp_list_init(&x->peers);

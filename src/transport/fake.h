@@ -261,6 +261,14 @@ size_t kvp_fake_calls(kvp_xport_t *x, const kvp_fake_call_t **calls);
 /* Calls of that kind ever made (never capped). */
 uint64_t kvp_fake_call_count(kvp_xport_t *x, kvp_fake_call_kind_t kind);
 
+/* Until when this transport has nothing to tell its owner: 0 while a
+ * terminal transfer waits to be reported by poll()/poll_retired(), else the
+ * time of its next scripted copy or terminal event (KVP_FAKE_NEVER: none).
+ * The simulator skips a node's poll round while nothing else is due either. */
+uint64_t kvp_fake_quiet_until(kvp_xport_t *x);
+/* The same over every transport of the fabric. */
+uint64_t kvp_fake_fabric_quiet_until(kvp_fake_fabric_t *f);
+
 /* Landing counters of our outbound transfers. */
 typedef struct kvp_fake_counters {
     uint64_t blocks_landed;     /* copied into a destination */

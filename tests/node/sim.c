@@ -60,12 +60,16 @@ typedef struct sim {
     kvp_node_seams_t seams[SIM_MAX];
     bool cut[SIM_MAX][SIM_MAX];
     sim_op_t ops[SIM_OPS];
+    int ops_hi; /* ops[ops_hi..] were never used: scans stop there */
+    int scan_start;
     int step;
     char trace[TRACE_LEN][96];
     int trace_n;
     uint64_t unknown_completions;
     uint8_t *blockbuf;
     bool corrupt[SIM_MAX][SIM_KEYS]; /* (node, key) corrupted on purpose at the source */
+    kvp_store_t *checked_store[SIM_MAX]; /* the store and its counters at its last check */
+    kvp_store_stats_t checked_stats[SIM_MAX];
 } sim_t;
 
 static void sim_log_sink(kvp_log_level_t level, const char *prefix, const char *line, void *arg)
@@ -167,7 +171,7 @@ static void node_stop(sim_t *s, int i)
 {
     kvp_node_destroy(s->node[i]);
     s->node[i] = NULL;
-    for (int k = 0; k < SIM_OPS; k++) /* its operations died with it */
+    for (int k = 0; k < s->ops_hi; k++) /* its operations died with it */
         if (s->ops[k].used && s->ops[k].node == i)
             s->ops[k].used = false;
 }
@@ -180,6 +184,7 @@ static sim_op_t *op_new(sim_t *s)
         if (!s->ops[k].used) {
             memset(&s->ops[k], 0, sizeof(s->ops[k]));
             s->ops[k].used = true;
+            s->ops_hi = KVP_MAX(s->ops_hi, k + 1);
             return &s->ops[k];
         }
     return NULL;
@@ -187,10 +192,29 @@ static sim_op_t *op_new(sim_t *s)
 
 static sim_op_t *op_find(sim_t *s, int node, uint64_t id)
 {
-    for (int k = 0; k < SIM_OPS; k++)
+    for (int k = 0; k < s->ops_hi; k++)
         if (s->ops[k].used && s->ops[k].node == node && s->ops[k].id == id)
             return &s->ops[k];
     return NULL;
+}
+
+/* A circular scan of the op table from `start` (drawn over SIM_OPS): the
+ * order of k = start, start+1, ... mod SIM_OPS, restricted to the part ever
+ * used, [0, ops_hi). Returns -1 when done; the start is kept in scan_start. */
+static int op_scan_first(sim_t *s, int start)
+{
+    s->scan_start = start;
+    if (start < s->ops_hi)
+        return start;
+    return s->ops_hi > 0 ? 0 : -1;
+}
+
+static int op_scan_next(sim_t *s, int k)
+{
+    int start = s->scan_start, next = k + 1;
+    if (k >= start) /* first leg: start .. ops_hi-1, then 0 .. start-1 */
+        return next < s->ops_hi ? next : (start > 0 && start <= s->ops_hi ? 0 : -1);
+    return next < start && next < s->ops_hi ? next : -1;
 }
 
 static void make_keys(sim_t *s, sim_op_t *op, uint32_t n)
@@ -248,7 +272,7 @@ static void act_lookup(sim_t *s, int i, int j)
 /* A completed lookup of node i with hits, to fetch against (the usual flow). */
 static sim_op_t *pick_lookup(sim_t *s, int i)
 {
-    for (int k = (int)rnd(s, SIM_OPS), c = 0; c < SIM_OPS; c++, k = (k + 1) % SIM_OPS) {
+    for (int k = op_scan_first(s, (int)rnd(s, SIM_OPS)); k >= 0; k = op_scan_next(s, k)) {
         sim_op_t *op = &s->ops[k];
         if (op->used && !op->is_load && op->node == i && op->events == 1)
             return op;
@@ -431,7 +455,7 @@ static void act_fault(sim_t *s, int i, int j)
 
 static void act_cancel(sim_t *s, int i)
 {
-    for (int k = (int)rnd(s, SIM_OPS), c = 0; c < SIM_OPS; c++, k = (k + 1) % SIM_OPS) {
+    for (int k = op_scan_first(s, (int)rnd(s, SIM_OPS)); k >= 0; k = op_scan_next(s, k)) {
         sim_op_t *op = &s->ops[k];
         if (op->used && op->is_load && op->node == i && op->events == 0) {
             kvp_status_t st = kvp_cancel(s->node[i], op->id);
@@ -503,7 +527,7 @@ static void collect(sim_t *s)
     kvp_event_t ev[64];
     for (int i = 0; i < s->o.nodes; i++) {
         uint32_t got;
-        if (s->node[i] == NULL)
+        if (s->node[i] == NULL || s->node[i]->ev_count == 0) /* owner thread: no lock needed */
             continue;
         do {
             got = 0;
@@ -535,15 +559,37 @@ static void collect(sim_t *s)
     }
 }
 
+/* Would a poll round of node n change anything now? A round runs commands,
+ * progresses the transport and polls what it reports, checks endpoints,
+ * polls retired transfers, sends queued lookups/fetches and fires due
+ * timers (the fake network delivers through timers too). When none of
+ * those has work the round is a no-op and is skipped: the run stays the
+ * same bit for bit (opts.exact runs every round; test_sim compares). */
+static bool node_due(kvp_node_t *n, uint64_t now, bool fake_quiet)
+{
+    if (kvp_loop_next_deadline(n->loop) <= now || !kvp_list_empty(&n->flushq) ||
+        !kvp_list_empty(&n->cmds) || n->xport->ep_failures != n->ep_failures_seen)
+        return true;
+    for (kvp_list_t *p = n->active.next; p != &n->active; p = p->next)
+        if (KVP_CONTAINER_OF(p, kvp_session_t, active_link)->xfers_inflight == 0)
+            return true; /* the round takes it off the active list */
+    return !fake_quiet && kvp_fake_quiet_until(n->xport) <= now;
+}
+
 static void tick(sim_t *s, uint64_t ns)
 {
     kvp_manual_clock_advance(&s->mc, ns);
+    uint64_t now = kvp_clock_now(&s->mc.clock);
     for (int pass = 0; pass < 2; pass++) {
         kvp_fake_net_deliver(s->net);
         kvp_fake_fabric_progress(s->fab);
-        for (int i = 0; i < s->o.nodes; i++)
-            if (s->node[i] != NULL)
-                kvp_node_progress(s->node[i], 0);
+        bool fake_quiet = kvp_fake_fabric_quiet_until(s->fab) > now;
+        for (int i = 0; i < s->o.nodes; i++) {
+            if (s->node[i] == NULL || (!s->o.exact && !node_due(s->node[i], now, fake_quiet)))
+                continue;
+            kvp_node_progress(s->node[i], 0);
+            s->r->rounds++;
+        }
     }
     collect(s);
 }
@@ -587,18 +633,41 @@ static void check(sim_t *s, bool final)
     for (int i = 0; i < s->o.nodes; i++) {
         if (s->node[i] == NULL)
             continue;
-        char why[256];
-        if (kvp_store_check(kvp__node_store(s->node[i]), why, sizeof(why)) != KVP_OK)
-            violation(s, "n%d store invalid: %s", i, why);
-        kvp_held_item_t held[256];
-        uint32_t nh = 0;
-        kvp_node_held(s->node[i], held, 256, &nh);
-        for (uint32_t h = 0; h < nh; h++) /* I5: bounded in time */
-            if (held[h].age_ms * MS > cap)
-                violation(s, "n%d holds %s %llu for %llu ms (cap %u)", i,
-                          held[h].kind == 1 ? "transfer" : "slot",
-                          (unsigned long long)(held[h].kind == 1 ? held[h].id : held[h].slot),
-                          (unsigned long long)held[h].age_ms, s->cfg[0].hold_cap_ms);
+        kvp_node_t *n = s->node[i];
+        kvp_store_t *store = kvp__node_store(n);
+        kvp_store_stats_t ss;
+        kvp_store_get_stats(store, &ss);
+        /* The full validator runs whenever the store changed: every store
+         * operation moves one of its counters (reserve, commit, abandon,
+         * quarantine, release, eviction, pins, lookups, slot states). */
+        if (final || store != s->checked_store[i] ||
+            memcmp(&ss, &s->checked_stats[i], sizeof(ss)) != 0) {
+            char why[256];
+            if (kvp_store_check(store, why, sizeof(why)) != KVP_OK)
+                violation(s, "n%d store invalid: %s", i, why);
+            s->checked_store[i] = store;
+            s->checked_stats[i] = ss;
+            s->r->store_checks++;
+        }
+        /* I5, bounded in time: what kvp_node_held reports as retained
+         * transfers and quarantined slots, read in place. */
+        uint64_t now = kvp_clock_now(&s->mc.clock);
+        for (kvp_list_t *p = n->retained.next; p != &n->retained; p = p->next) {
+            const kvp_xfer_t *x = KVP_CONTAINER_OF(p, kvp_xfer_t, link);
+            if ((now - x->retained_ns) / MS * MS > cap) /* whole ms, as kvp_node_held */
+                violation(s, "n%d holds transfer %llu for %llu ms (cap %u)", i,
+                          (unsigned long long)x->id,
+                          (unsigned long long)((now - x->retained_ns) / MS), s->cfg[0].hold_cap_ms);
+        }
+        for (kvp_list_t *p = n->quarantined.next; p != &n->quarantined; p = p->next) {
+            const kvp_load_t *l = KVP_CONTAINER_OF(p, kvp_load_t, link);
+            for (uint32_t b = 0; b < l->n && (now - l->quarantined_ns) / MS * MS > cap; b++)
+                if (l->blocks[b].reserved)
+                    violation(s, "n%d holds slot %u for %llu ms (cap %u)", i,
+                              l->blocks[b].dst.slot,
+                              (unsigned long long)((now - l->quarantined_ns) / MS),
+                              s->cfg[0].hold_cap_ms);
+        }
         if (!final)
             continue;
         kvp_stats_t st;
@@ -611,7 +680,7 @@ static void check(sim_t *s, bool final)
     }
     if (!final)
         return;
-    for (int k = 0; k < SIM_OPS; k++) /* I4: exactly one outcome each */
+    for (int k = 0; k < s->ops_hi; k++) /* I4: exactly one outcome each */
         if (s->ops[k].used && s->ops[k].events != 1)
             violation(s, "n%d op %llu (%s) ended with %u outcomes", s->ops[k].node,
                       (unsigned long long)s->ops[k].id, s->ops[k].is_load ? "load" : "lookup",
@@ -676,6 +745,18 @@ void sim_run(const sim_opts_t *o, sim_result_t *r)
         kvp_fake_script_next(kvp__node_xport(s->node[i]), &(kvp_fake_script_t){0});
     advance(s, (uint64_t)(s->cfg[0].hold_cap_ms * 3 + s->cfg[0].load_timeout_ms * 2) * MS);
     check(s, true);
+    for (int i = 0; i < s->o.nodes; i++) { /* the end state joins the replay hash */
+        kvp_stats_t st;
+        uint64_t calls[KVP_FAKE_CALL_KINDS];
+        kvp_fake_counters_t fc;
+        kvp_node_stats(s->node[i], &st);
+        kvp_fake_get_counters(kvp__node_xport(s->node[i]), &fc);
+        for (int k = 0; k < KVP_FAKE_CALL_KINDS; k++)
+            calls[k] = kvp_fake_call_count(kvp__node_xport(s->node[i]), (kvp_fake_call_kind_t)k);
+        r->trace_hash = kvp_hash64(&st, sizeof(st), r->trace_hash);
+        r->trace_hash = kvp_hash64(calls, sizeof(calls), r->trace_hash);
+        r->trace_hash = kvp_hash64(&fc, sizeof(fc), r->trace_hash);
+    }
     for (int i = 0; i < s->o.nodes; i++)
         node_stop(s, i);
     kvp_fake_fabric_destroy(s->fab);

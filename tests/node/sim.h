@@ -34,13 +34,18 @@ typedef struct sim_opts {
     int nodes;      /* 3..8 */
     int steps;      /* workload steps before the quiesce phase */
     bool verbose;
+    /* Progress every node in every pass of every tick, as before the
+     * simulator skipped rounds with nothing due (A/B check: same trace). */
+    bool exact;
 } sim_opts_t;
 
 typedef struct sim_result {
     uint64_t violations;      /* invariant violations (0 on correct code) */
     uint64_t faults[SIM_F_KINDS];
     uint64_t loads, loads_ok, lookups, puts;
-    uint64_t trace_hash;      /* hash of every event observed: replay check */
+    uint64_t trace_hash;      /* every event observed, final stats: replay check */
+    uint64_t rounds;          /* node poll rounds run */
+    uint64_t store_checks;    /* full store validations run */
     char first_violation[512];
     int violation_step;
 } sim_result_t;

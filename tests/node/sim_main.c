@@ -32,12 +32,20 @@ int main(int argc, char **argv)
     sim_opts_t o = {.seed = 1, .nodes = 4, .steps = 600};
     uint64_t seeds = 20, first = 1;
     double soak = 0;
-    bool one = false;
+    bool one = false, hashes = false;
     int log_level = KVP_LOG_WARN;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--verbose") == 0) {
             o.verbose = true;
+            continue;
+        }
+        if (strcmp(a, "--hashes") == 0) {
+            hashes = true;
+            continue;
+        }
+        if (strcmp(a, "--exact") == 0) {
+            o.exact = true;
             continue;
         }
         if (v == NULL)
@@ -62,7 +70,7 @@ int main(int argc, char **argv)
     }
     if (one)
         seeds = 1;
-    uint64_t faults[SIM_F_KINDS] = {0}, viol = 0, ran = 0, loads = 0, ok = 0;
+    uint64_t faults[SIM_F_KINDS] = {0}, viol = 0, ran = 0, loads = 0, ok = 0, rounds = 0;
     double t0 = now_s();
     kvp_log_set_level((kvp_log_level_t)log_level);
     for (uint64_t k = 0; soak > 0 ? now_s() - t0 < soak : k < seeds; k++) {
@@ -73,13 +81,14 @@ int main(int argc, char **argv)
         viol += r.violations;
         loads += r.loads;
         ok += r.loads_ok;
+        rounds += r.rounds;
         for (int f = 0; f < SIM_F_KINDS; f++)
             faults[f] += r.faults[f];
         if (r.violations)
             printf("seed %llu: %llu violations (first at step %d: %s)\n",
                    (unsigned long long)o.seed, (unsigned long long)r.violations,
                    r.violation_step, r.first_violation);
-        else if (one)
+        else if (one || hashes)
             printf("seed %llu: ok, trace hash %016llx\n", (unsigned long long)o.seed,
                    (unsigned long long)r.trace_hash);
     }
@@ -87,6 +96,8 @@ int main(int argc, char **argv)
     printf("sim: %llu seeds in %.1f s (%.2f seeds/s), mutation %s, loads %llu (ok %llu)\n",
            (unsigned long long)ran, dt, (double)ran / dt, kvp_mutation_str(kvp__mutation),
            (unsigned long long)loads, (unsigned long long)ok);
+    printf("sim: node rounds %llu (%.0f per seed)\n", (unsigned long long)rounds,
+           ran ? (double)rounds / (double)ran : 0.0);
     printf("sim: faults injected:");
     for (int f = 0; f < SIM_F_KINDS; f++)
         printf(" %s=%llu", sim_fault_names[f], (unsigned long long)faults[f]);
