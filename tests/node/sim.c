@@ -28,6 +28,7 @@
 #define SIM_KEYS 96
 #define SIM_OPS 4096
 #define TRACE_LEN 24
+#define QUIESCE_STEP (50 * MS)
 
 const char *const sim_fault_names[SIM_F_KINDS] = {
     "kill", "restart", "partition", "graceful", "wedge", "late", "fail", "submit-fail",
@@ -687,6 +688,38 @@ static void check(sim_t *s, bool final)
                       s->ops[k].events);
 }
 
+/* Everything at rest: every operation has its outcome, no pin, no FILLING,
+ * QUARANTINED or retained item, no round, load or lookup on any session, no
+ * scripted copy or completion pending anywhere in the fabric. */
+static bool at_rest(sim_t *s)
+{
+    for (int k = 0; k < s->ops_hi; k++)
+        if (s->ops[k].used && s->ops[k].events != 1)
+            return false;
+    if (kvp_fake_fabric_next_event_ns(s->fab) != KVP_FAKE_NEVER ||
+        kvp_fake_fabric_quiet_until(s->fab) != KVP_FAKE_NEVER)
+        return false;
+    for (int i = 0; i < s->o.nodes; i++) {
+        kvp_node_t *n = s->node[i];
+        if (n == NULL)
+            continue;
+        kvp_stats_t st;
+        kvp_node_stats(n, &st);
+        if (st.pins || st.slots_filling || st.slots_quarantined || st.retained_transfers ||
+            !kvp_list_empty(&n->retained) || !kvp_list_empty(&n->quarantined) ||
+            !kvp_list_empty(&n->waiting) || !kvp_list_empty(&n->active))
+            return false;
+        for (kvp_list_t *p = n->sessions.next; p != &n->sessions; p = p->next) {
+            const kvp_session_t *ss = KVP_CONTAINER_OF(p, kvp_session_t, node_link);
+            if (!kvp_list_empty(&ss->loads) || !kvp_list_empty(&ss->fetchq) ||
+                !kvp_list_empty(&ss->srounds) || !kvp_list_empty(&ss->xfers) ||
+                !kvp_list_empty(&ss->lookups_queued) || !kvp_list_empty(&ss->lookups_sent))
+                return false;
+        }
+    }
+    return true;
+}
+
 /* --------------------------------------------------------------- run */
 
 static void step(sim_t *s)
@@ -743,7 +776,18 @@ void sim_run(const sim_opts_t *o, sim_result_t *r)
             }
     for (int i = 0; i < s->o.nodes; i++)
         kvp_fake_script_next(kvp__node_xport(s->node[i]), &(kvp_fake_script_t){0});
-    advance(s, (uint64_t)(s->cfg[0].hold_cap_ms * 3 + s->cfg[0].load_timeout_ms * 2) * MS);
+    /* At most three hold caps and two load timeouts; the run stops as soon
+     * as everything is at rest (nothing after that can move a slot, a pin or
+     * a byte: only heartbeats run), unless opts.full_quiesce. */
+    uint64_t quiesce = (uint64_t)(s->cfg[0].hold_cap_ms * 3 + s->cfg[0].load_timeout_ms * 2) * MS;
+    for (uint64_t t = 0; t < quiesce; t += QUIESCE_STEP) {
+        advance(s, KVP_MIN(QUIESCE_STEP, quiesce - t));
+        if (!r->rest_ms && at_rest(s)) {
+            r->rest_ms = (t + QUIESCE_STEP) / MS;
+            if (!s->o.full_quiesce)
+                break;
+        }
+    }
     check(s, true);
     for (int i = 0; i < s->o.nodes; i++) { /* the end state joins the replay hash */
         kvp_stats_t st;

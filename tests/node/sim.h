@@ -37,6 +37,8 @@ typedef struct sim_opts {
     /* Progress every node in every pass of every tick, as before the
      * simulator skipped rounds with nothing due (A/B check: same trace). */
     bool exact;
+    /* Run the whole quiesce phase instead of stopping once at rest. */
+    bool full_quiesce;
 } sim_opts_t;
 
 typedef struct sim_result {
@@ -46,6 +48,7 @@ typedef struct sim_result {
     uint64_t trace_hash;      /* every event observed, final stats: replay check */
     uint64_t rounds;          /* node poll rounds run */
     uint64_t store_checks;    /* full store validations run */
+    uint64_t rest_ms;         /* quiesce time until at rest (0: never) */
     char first_violation[512];
     int violation_step;
 } sim_result_t;
