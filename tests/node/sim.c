@@ -32,7 +32,8 @@
 
 const char *const sim_fault_names[SIM_F_KINDS] = {
     "kill", "restart", "partition", "graceful", "wedge", "late", "fail", "submit-fail",
-    "endpoint-error", "cancel", "finish",
+    "endpoint-error", "cancel", "finish", "race-partition", "parked-late", "ep-error-teardown",
+    "stale-frame",
 };
 
 typedef struct sim_op {
@@ -67,6 +68,7 @@ typedef struct sim {
     char trace[TRACE_LEN][96];
     int trace_n;
     uint64_t unknown_completions;
+    bool tracing; /* keep the last actions (verbose runs, and the rerun of a bad seed) */
     uint8_t *blockbuf;
     bool corrupt[SIM_MAX][SIM_KEYS]; /* (node, key) corrupted on purpose at the source */
     kvp_store_t *checked_store[SIM_MAX]; /* the store and its counters at its last check */
@@ -86,6 +88,8 @@ static void sim_log_sink(kvp_log_level_t level, const char *prefix, const char *
 static void trace(sim_t *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void trace(sim_t *s, const char *fmt, ...)
 {
+    if (!s->tracing) /* a seed with a violation is run again with tracing on */
+        return;
     va_list ap;
     char *t = s->trace[s->trace_n++ % TRACE_LEN];
     int k = snprintf(t, 96, "#%d t=%llums ", s->step,
@@ -108,6 +112,8 @@ static void violation(sim_t *s, const char *fmt, ...)
     vsnprintf(s->r->first_violation, sizeof(s->r->first_violation), fmt, ap);
     va_end(ap);
     s->r->violation_step = s->step;
+    if (!s->tracing)
+        return;
     fprintf(stderr, "sim: VIOLATION seed=%llu step=%d: %s\n", (unsigned long long)s->o.seed,
             s->step, s->r->first_violation);
     fprintf(stderr, "sim: last actions:\n");
@@ -218,32 +224,51 @@ static int op_scan_next(sim_t *s, int k)
     return next < start && next < s->ops_hi ? next : -1;
 }
 
+/* "k%03u" without printf (k < SIM_KEYS < 1000): 4 bytes, NUL-terminated. */
+static uint32_t key_fmt(uint32_t k, uint8_t *out)
+{
+    out[0] = 'k';
+    out[1] = (uint8_t)('0' + k / 100 % 10);
+    out[2] = (uint8_t)('0' + k / 10 % 10);
+    out[3] = (uint8_t)('0' + k % 10);
+    out[4] = '\0';
+    return 4;
+}
+
 static void make_keys(sim_t *s, sim_op_t *op, uint32_t n)
 {
     size_t off = 0;
     op->n = n;
     for (uint32_t i = 0; i < n; i++) {
-        op->lens[i] = (uint32_t)snprintf((char *)op->keys + off, 16, "k%03u",
-                                         (unsigned)rnd(s, SIM_KEYS));
+        op->lens[i] = key_fmt((uint32_t)rnd(s, SIM_KEYS), op->keys + off);
         off += op->lens[i];
     }
 }
 
+/* The content of key k: derived from k alone, computed once per process. */
+#define SIM_BLOCK 4096
 static void block_fill(uint32_t k, uint8_t *buf, size_t len)
 {
-    kvp_rng_t r;
-    kvp_rng_seed(&r, 0xb10c0000u + k);
-    for (size_t i = 0; i < len; i += 8) {
-        uint64_t v = kvp_rng_next(&r);
-        memcpy(buf + i, &v, 8);
+    static uint8_t cache[SIM_KEYS][SIM_BLOCK];
+    static bool cached[SIM_KEYS];
+    KVP_ASSERT(k < SIM_KEYS && len == SIM_BLOCK);
+    if (!cached[k]) {
+        kvp_rng_t r;
+        kvp_rng_seed(&r, 0xb10c0000u + k);
+        for (size_t i = 0; i < SIM_BLOCK; i += 8) {
+            uint64_t v = kvp_rng_next(&r);
+            memcpy(cache[k] + i, &v, 8);
+        }
+        cached[k] = true;
     }
+    memcpy(buf, cache[k], len);
 }
 
 static void act_put(sim_t *s, int i)
 {
     uint32_t k = (uint32_t)rnd(s, SIM_KEYS);
     uint8_t key[16];
-    uint32_t kl = (uint32_t)snprintf((char *)key, sizeof(key), "k%03u", k);
+    uint32_t kl = key_fmt(k, key);
     block_fill(k, s->blockbuf, s->cfg[i].block_size);
     kvp_status_t st = kvp_put(s->node[i], key, kl, s->blockbuf, s->cfg[i].block_size,
                               1 + rnd(s, 8));
@@ -349,7 +374,7 @@ static void act_corrupt(sim_t *s, int j)
 {
     uint32_t k = (uint32_t)rnd(s, SIM_KEYS);
     uint8_t key[16];
-    uint32_t kl = (uint32_t)snprintf((char *)key, sizeof(key), "k%03u", k);
+    uint32_t kl = key_fmt(k, key);
     kvp_slot_ref_t ref;
     kvp_slot_state_t st;
     kvp_store_t *store = kvp__node_store(s->node[j]);
@@ -469,21 +494,22 @@ static void act_cancel(sim_t *s, int i)
 }
 
 static void advance(sim_t *s, uint64_t ns);
+static void act_stale_frame(sim_t *s, int i, int j);
 
 /* The race the whole project exists for: a WRITE is on its way when the
  * session dies. Source j's next transfer keeps running and lands its bytes
  * late; consumer i fetches; then i dies, j dies, or the session is closed. */
-static void act_race(sim_t *s, int i, int j)
+static bool act_race_fetch(sim_t *s, int i, int j, const char *what)
 {
     sim_op_t *op = op_new(s);
     if (op == NULL)
-        return;
+        return false;
     op->n = 2;
     size_t off = 0;
     for (uint32_t b = 0; b < 2; b++) {
         uint32_t k = (uint32_t)rnd(s, SIM_KEYS);
         uint8_t key[16];
-        op->lens[b] = (uint32_t)snprintf((char *)key, sizeof(key), "k%03u", k);
+        op->lens[b] = key_fmt(k, key);
         memcpy(op->keys + off, key, op->lens[b]);
         off += op->lens[b];
         block_fill(k, s->blockbuf, s->cfg[j].block_size);
@@ -497,12 +523,22 @@ static void act_race(sim_t *s, int i, int j)
     op->request = 100 + rnd(s, 8);
     kvp_status_t st = kvp_fetch(s->node[i], s->addr[j], op->request, op->keys, op->lens, 2,
                                 KVP_FETCH_FLAG_WAIT_FOR_SUPPLY, op->block_status, &op->id);
-    trace(s, "race n%d<-n%d -> %s op %llu", i, j, kvp_status_str(st), (unsigned long long)op->id);
+    trace(s, "%s n%d<-n%d -> %s op %llu", what, i, j, kvp_status_str(st),
+          (unsigned long long)op->id);
     if (st != KVP_OK) {
         op->used = false;
-        return;
+        return false;
     }
     s->r->loads++;
+    return true;
+}
+
+static void act_race(sim_t *s, int i, int j)
+{
+    if (!act_race_fetch(s, i, j, "race"))
+        return;
+    if (s->o.profile != SIM_PROFILE_V1 && rnd(s, 4) == 0)
+        act_stale_frame(s, i, j); /* a late frame of a previous incarnation, meanwhile */
     advance(s, (1 + rnd(s, 5)) * MS);
     switch (rnd(s, 3)) {
     case 0:
@@ -519,6 +555,125 @@ static void act_race(sim_t *s, int i, int j)
         s->r->faults[SIM_F_GRACEFUL]++;
         break;
     }
+}
+
+/* Issue 15's scenarios, given their own weights (profile v2). */
+
+static void set_cut(sim_t *s, int i, int j, bool cut)
+{
+    if (s->cut[i][j] == cut)
+        return;
+    s->cut[i][j] = s->cut[j][i] = cut;
+    kvp_fake_net_partition(s->net, s->addr[i], s->addr[j], cut);
+    s->r->faults[SIM_F_PARTITION] += cut;
+}
+
+/* Seeds 7307, 4082, ...: consumer i's FETCH is held by a partition; i gives
+ * up on the session (closes it, or declares j dead); the partition heals and
+ * the held FETCH reaches j, which posts its WRITE (late copy) after i's fence. */
+static void act_race_partition(sim_t *s, int i, int j)
+{
+    set_cut(s, i, j, true);
+    act_race_fetch(s, i, j, "race-partition");
+    s->r->faults[SIM_F_RACE_PARTITION]++;
+    advance(s, (1 + rnd(s, 5)) * MS);
+    if (rnd(s, 2) == 0) {
+        kvp_peer_remove(s->node[i], s->addr[j]);
+        kvp_peer_add(s->node[i], s->addr[j]);
+        s->r->faults[SIM_F_GRACEFUL]++;
+    } else {
+        advance(s, (uint64_t)(s->cfg[i].dead_after_ms + rnd(s, 100)) * MS);
+    }
+    advance(s, rnd(s, 30) * MS);
+    set_cut(s, i, j, false);
+    trace(s, "race-partition n%d<-n%d healed", i, j);
+}
+
+/* Seed 3478: WAIT_FOR_SUPPLY demand parked on j; a partition; i declares j
+ * dead (fence) while j still holds the session, then the key is committed
+ * on j and the parked demand is served by a WRITE that copies late. */
+static void act_parked_late(sim_t *s, int i, int j)
+{
+    sim_op_t *op = op_new(s);
+    if (op == NULL)
+        return;
+    uint32_t k = (uint32_t)rnd(s, SIM_KEYS);
+    uint8_t key[16];
+    op->n = 1;
+    op->lens[0] = key_fmt(k, key);
+    memcpy(op->keys, key, op->lens[0]);
+    op->node = i;
+    op->peer = j;
+    op->is_load = true;
+    op->request = 300 + rnd(s, 8);
+    kvp_status_t st = kvp_fetch(s->node[i], s->addr[j], op->request, op->keys, op->lens, 1,
+                                KVP_FETCH_FLAG_WAIT_FOR_SUPPLY, op->block_status, &op->id);
+    trace(s, "parked-late n%d<-n%d k%03u -> %s op %llu", i, j, k, kvp_status_str(st),
+          (unsigned long long)op->id);
+    if (st != KVP_OK) {
+        op->used = false;
+        return;
+    }
+    s->r->loads++;
+    s->r->faults[SIM_F_PARKED_LATE]++;
+    advance(s, (2 + rnd(s, 5)) * MS);
+    set_cut(s, i, j, true);
+    advance(s, (uint64_t)(s->cfg[i].dead_after_ms + rnd(s, 60)) * MS);
+    kvp_fake_script_t sc = kvp_fake_script_wedge_then_copy((20 + rnd(s, 200)) * MS);
+    kvp_fake_script_next(kvp__node_xport(s->node[j]), &sc);
+    block_fill(k, s->blockbuf, s->cfg[j].block_size);
+    kvp_put(s->node[j], key, op->lens[0], s->blockbuf, s->cfg[j].block_size, 0);
+    advance(s, rnd(s, 100) * MS);
+    set_cut(s, i, j, false);
+}
+
+/* An endpoint error on i's endpoint to j while a WRITE from j runs and the
+ * session is torn down (killed or closed) in the same instant. */
+static void act_ep_error_teardown(sim_t *s, int i, int j)
+{
+    act_race_fetch(s, i, j, "ep-error-teardown");
+    advance(s, (1 + rnd(s, 5)) * MS);
+    kvp_session_t *ss = kvp__node_find_session(s->node[i], s->addr[j]);
+    if (ss != NULL) {
+        kvp_fake_peer_set_error(kvp__node_xport(s->node[i]), ss->xpeer, KVP_ERR_TRANSPORT);
+        s->r->faults[SIM_F_EP_ERROR]++;
+    }
+    s->r->faults[SIM_F_EP_TEARDOWN]++;
+    if (rnd(s, 2) == 0) {
+        kvp_fake_net_kill(s->net, s->addr[rnd(s, 2) ? i : j]);
+        s->r->faults[SIM_F_KILL]++;
+    } else {
+        kvp_peer_remove(s->node[i], s->addr[j]);
+        kvp_peer_add(s->node[i], s->addr[j]);
+        s->r->faults[SIM_F_GRACEFUL]++;
+    }
+}
+
+/* A frame of another incarnation: j sends i a FETCH_DONE (failure) for one
+ * of i's loads in flight, stamped with an epoch that is not the live one
+ * (what a late frame of the previous session carries). It must be dropped
+ * (I3); accepted, i would free the destinations while j's WRITE runs. */
+static void act_stale_frame(sim_t *s, int i, int j)
+{
+    kvp_session_t *si = kvp__node_find_session(s->node[i], s->addr[j]);
+    kvp_session_t *sj = kvp__node_find_session(s->node[j], s->addr[i]);
+    if (si == NULL || sj == NULL || sj->link == NULL || sj->closing || kvp_list_empty(&si->loads))
+        return;
+    const kvp_load_t *l = KVP_CONTAINER_OF(si->loads.next, kvp_load_t, link);
+    kvp_fetch_block_t blocks[64];
+    uint32_t nb = 0;
+    for (uint32_t b = 0; b < l->n && nb < 64; b++)
+        if (l->blocks[b].reserved)
+            blocks[nb++] = (kvp_fetch_block_t){0};
+    kvp_epoch_t stale;
+    for (size_t b = 0; b < sizeof(stale.b); b++)
+        stale.b[b] = (uint8_t)(1 + rnd(s, 255)); /* non-zero, from the seed */
+    kvp_msg_t m = {.type = KVP_MSG_FETCH_DONE};
+    m.u.fetch_done = (kvp_msg_fetch_done_t){l->request_id, l->round, KVP_ERR_TRANSPORT, nb, blocks};
+    kvp_status_t st = kvp_link_send_epochs(sj->link, &m, &stale, kvp_link_remote_epoch(sj->link));
+    s->r->faults[SIM_F_STALE_FRAME] += st == KVP_OK;
+    trace(s, "stale FETCH_DONE n%d->n%d round %llu -> %s", j, i, (unsigned long long)l->round,
+          kvp_status_str(st));
 }
 
 /* -------------------------------------------------------------- time */
@@ -727,32 +882,72 @@ static void step(sim_t *s)
     int i = (int)rnd(s, (uint64_t)s->o.nodes);
     int j = (int)((i + 1 + (int)rnd(s, (uint64_t)s->o.nodes - 1)) % s->o.nodes);
     uint64_t a = rnd(s, 100);
-    if (a < 30)
-        act_put(s, i);
-    else if (a < 50)
-        act_lookup(s, i, j);
-    else if (a < 72)
-        act_fetch(s, i, j);
-    else if (a < 84)
-        act_script(s, j);
-    else if (a < 88)
-        act_cancel(s, i);
-    else if (a < 92)
-        act_fault(s, i, j);
-    else if (a < 95)
-        act_race(s, i, j);
-    else
-        act_corrupt(s, j);
+    if (s->o.profile == SIM_PROFILE_V1) { /* the generator of issue 7 */
+        if (a < 30)
+            act_put(s, i);
+        else if (a < 50)
+            act_lookup(s, i, j);
+        else if (a < 72)
+            act_fetch(s, i, j);
+        else if (a < 84)
+            act_script(s, j);
+        else if (a < 88)
+            act_cancel(s, i);
+        else if (a < 92)
+            act_fault(s, i, j);
+        else if (a < 95)
+            act_race(s, i, j);
+        else
+            act_corrupt(s, j);
+    } else { /* v2: issue 15's scenarios get weights of their own */
+        if (a < 29)
+            act_put(s, i);
+        else if (a < 48)
+            act_lookup(s, i, j);
+        else if (a < 68)
+            act_fetch(s, i, j);
+        else if (a < 79)
+            act_script(s, j);
+        else if (a < 82)
+            act_cancel(s, i);
+        else if (a < 86)
+            act_fault(s, i, j);
+        else if (a < 89)
+            act_race(s, i, j);
+        else if (a < 91)
+            act_race_partition(s, i, j);
+        else if (a < 93)
+            act_parked_late(s, i, j);
+        else if (a < 95)
+            act_ep_error_teardown(s, i, j);
+        else if (a < 96)
+            act_stale_frame(s, i, j);
+        else
+            act_corrupt(s, j);
+    }
     advance(s, (1 + rnd(s, 20)) * MS);
     check(s, false);
 }
 
+static void sim_run_once(const sim_opts_t *o, sim_result_t *r, bool tracing);
+
+/* Run without keeping a trace (formatting one line per action costs more
+ * than the action); a seed that shows a violation runs again, bit for bit
+ * the same, with the trace kept, to print its last actions. */
 void sim_run(const sim_opts_t *o, sim_result_t *r)
+{
+    sim_run_once(o, r, o->verbose);
+    if (r->violations && !o->verbose)
+        sim_run_once(o, r, true);
+}
+
+static void sim_run_once(const sim_opts_t *o, sim_result_t *r, bool tracing)
 {
     sim_t *s = calloc(1, sizeof(*s));
     memset(r, 0, sizeof(*r));
     s->o = *o;
     s->r = r;
+    s->tracing = tracing;
     s->o.nodes = KVP_MAX(3, KVP_MIN(o->nodes, SIM_MAX));
     kvp_rng_seed(&s->rng, o->seed);
     kvp_manual_clock_init(&s->mc, KVP_NSEC_PER_SEC);

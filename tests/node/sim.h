@@ -24,10 +24,16 @@ enum {
     SIM_F_EP_ERROR,      /* consumer endpoint error */
     SIM_F_CANCEL,        /* the engine cancels a load */
     SIM_F_FINISH,        /* the engine finishes a request */
+    SIM_F_RACE_PARTITION, /* a fetch held by a partition, the session closed, healed */
+    SIM_F_PARKED_LATE,   /* parked demand served after the consumer gave up (partition) */
+    SIM_F_EP_TEARDOWN,   /* an endpoint error while the session is being torn down */
+    SIM_F_STALE_FRAME,   /* a FETCH_DONE of another incarnation (forged epochs) */
     SIM_F_KINDS,
 };
 
 extern const char *const sim_fault_names[SIM_F_KINDS];
+
+enum { SIM_PROFILE_V2 = 0, SIM_PROFILE_V1 = 1 };
 
 typedef struct sim_opts {
     uint64_t seed;
@@ -39,6 +45,10 @@ typedef struct sim_opts {
     bool exact;
     /* Run the whole quiesce phase instead of stopping once at rest. */
     bool full_quiesce;
+    /* Workload weights: SIM_PROFILE_V1 is the generator that found the I1
+     * seeds of issue 15 (their named regressions replay with it);
+     * SIM_PROFILE_V2 (the default, 0) adds the scenarios those seeds hit. */
+    int profile;
 } sim_opts_t;
 
 typedef struct sim_result {

@@ -39,11 +39,14 @@ static int usage(const char *argv0)
             "usage: %s [--first X] [--seeds N] [--seed X] [--steps N] [--nodes N]\n"
             "          [--soak SECONDS] [--jobs N] [--mutation 0..%d] [--until-caught]\n"
             "          [--exact] [--full-quiesce] [--hashes] [--log 0..4] [--verbose]\n"
+            "          [--profile 1|2]\n"
             "  --first X       the seed range starts at X (default 1)\n"
             "  --jobs N        N processes (seeds first+j, first+j+N, ...)\n"
             "  --until-caught  stop at the first seed with a violation (mutation table)\n"
             "  --exact         progress every node every tick (A/B check of the skipping)\n"
-            "  --full-quiesce  run the whole quiesce phase, not only until at rest\n",
+            "  --full-quiesce  run the whole quiesce phase, not only until at rest\n"
+            "  --profile 1|2   workload weights: 1 = issue 7's (the I1 seeds were found\n"
+            "                  with it), 2 = with issue 15's scenarios (default)\n",
             argv0, KVP_MUT_COUNT - 1);
     return 2;
 }
@@ -199,6 +202,9 @@ int main(int argc, char **argv)
         } else if (strcmp(a, "--jobs") == 0) {
             jobs = (int)n;
             num_ok &= n >= 1 && n <= MAX_JOBS;
+        } else if (strcmp(a, "--profile") == 0) {
+            c.o.profile = n == 1 ? SIM_PROFILE_V1 : SIM_PROFILE_V2;
+            num_ok &= n == 1 || n == 2;
         } else if (strcmp(a, "--log") == 0) {
             log_level = (int)n;
             num_ok &= n <= KVP_LOG_TRACE;
@@ -224,10 +230,11 @@ int main(int argc, char **argv)
         return 2;
     }
     double dt = now_s() - c.t0;
-    printf("sim: %llu seeds (first %llu) x %d steps, %d nodes, in %.1f s wall with %d job%s: "
-           "%.1f seeds/s (%.1f seeds/s per core: %.1f s CPU), mutation %s\n",
+    printf("sim: %llu seeds (first %llu) x %d steps, %d nodes, profile v%d, in %.1f s wall with "
+           "%d job%s: %.1f seeds/s (%.1f seeds/s per core: %.1f s CPU), mutation %s\n",
            (unsigned long long)sum.ran, (unsigned long long)c.first, c.o.steps,
-           KVP_MAX(3, KVP_MIN(c.o.nodes, 8)), dt, jobs, jobs > 1 ? "s" : "",
+           KVP_MAX(3, KVP_MIN(c.o.nodes, 8)), c.o.profile == SIM_PROFILE_V1 ? 1 : 2, dt, jobs,
+           jobs > 1 ? "s" : "",
            dt > 0 ? (double)sum.ran / dt : 0.0, sum.cpu > 0 ? (double)sum.ran / sum.cpu : 0.0,
            sum.cpu, kvp_mutation_str(kvp__mutation));
     printf("sim: loads %llu (ok %llu), node rounds %.0f per seed, at rest %.0f ms into the "

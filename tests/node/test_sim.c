@@ -50,15 +50,16 @@ static void test_sim_replays_bit_for_bit(void **state)
 /* Issue 15: the seeds a 240 s soak found with an I1 violation (a WRITE the
  * source posted after the consumer's fence landed in a FREE slot; the fake
  * now models the fence as UCX does, see test_node_fence.c). Each replays
- * clean at the soak's settings (4 nodes, 600 steps). */
+ * clean at the soak's settings (4 nodes, 600 steps, the workload profile
+ * they were found with: the same run as then, up to the fix). */
 static void replay_clean(uint64_t seed)
 {
-    sim_opts_t o = {.seed = seed, .nodes = 4, .steps = 600};
+    sim_opts_t o = {.seed = seed, .nodes = 4, .steps = 600, .profile = SIM_PROFILE_V1};
     sim_result_t r;
     sim_run(&o, &r);
     if (r.violations)
-        fail_msg("seed %llu: %s (replay: make sim SEED=%llu)", (unsigned long long)seed,
-                 r.first_violation, (unsigned long long)seed);
+        fail_msg("seed %llu: %s (replay: kvpeer_sim --seed %llu --profile 1)",
+                 (unsigned long long)seed, r.first_violation, (unsigned long long)seed);
 }
 
 #define SEED_REGRESSION(x)                                                                         \
