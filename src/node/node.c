@@ -358,6 +358,8 @@ static void node_flush_lookups(kvp_node_t *n)
 static void node_run_commands(kvp_node_t *n)
 {
     kvp_list_t todo;
+    if (n->cfg.thread_mode == KVP_THREAD_CALLER)
+        return; /* kvp__node_exec runs every command at once: none is ever queued */
     kvp_list_init(&todo);
     pthread_mutex_lock(&n->lock);
     while (!kvp_list_empty(&n->cmds)) {

@@ -425,6 +425,8 @@ static size_t reap(fake_xport_t *x, bool retired, kvp_xpeer_id_t peer, kvp_xfer_
                    size_t cap)
 {
     size_t k = 0;
+    if (x->n_reportable == 0)
+        return 0; /* no tracked terminal transfer: nothing to hand back */
     kvp_list_t *pos, *tmp;
     kvp_list_foreach_safe(pos, tmp, &x->xfers)
     {

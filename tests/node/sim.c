@@ -721,15 +721,44 @@ static void collect(sim_t *s)
  * timers (the fake network delivers through timers too). When none of
  * those has work the round is a no-op and is skipped: the run stays the
  * same bit for bit (opts.exact runs every round; test_sim compares). */
-static bool node_due(kvp_node_t *n, uint64_t now, bool fake_quiet)
+/* Work a round would do at once, whatever the clock says. */
+static bool node_has_work(const kvp_node_t *n)
 {
-    if (kvp_loop_next_deadline(n->loop) <= now || !kvp_list_empty(&n->flushq) ||
-        !kvp_list_empty(&n->cmds) || n->xport->ep_failures != n->ep_failures_seen)
+    if (!kvp_list_empty(&n->flushq) || !kvp_list_empty(&n->cmds) ||
+        n->xport->ep_failures != n->ep_failures_seen)
         return true;
-    for (kvp_list_t *p = n->active.next; p != &n->active; p = p->next)
+    for (const kvp_list_t *p = n->active.next; p != &n->active; p = p->next)
         if (KVP_CONTAINER_OF(p, kvp_session_t, active_link)->xfers_inflight == 0)
             return true; /* the round takes it off the active list */
-    return !fake_quiet && kvp_fake_quiet_until(n->xport) <= now;
+    return false;
+}
+
+static bool node_due(sim_t *s, kvp_node_t *n, uint64_t now, int *fake_quiet)
+{
+    if (kvp_loop_next_deadline(n->loop) <= now || node_has_work(n))
+        return true;
+    if (*fake_quiet < 0) /* asked once per pass, only if needed */
+        *fake_quiet = kvp_fake_fabric_quiet_until(s->fab) > now;
+    return !*fake_quiet && kvp_fake_quiet_until(n->xport) <= now;
+}
+
+/* The earliest time at which a tick can do anything: a node's timer (the
+ * fake network delivers through timers too: every chunk that can be
+ * delivered has its end's timer armed no later than its arrival), a fake
+ * transfer event or report, work already queued, events to collect. Ticks
+ * before it are no-ops and are skipped (the clock still moves by them). */
+static uint64_t next_wake(sim_t *s)
+{
+    uint64_t t = kvp_fake_fabric_quiet_until(s->fab);
+    for (int i = 0; i < s->o.nodes; i++) {
+        kvp_node_t *n = s->node[i];
+        if (n == NULL)
+            continue;
+        if (n->ev_count > 0 || node_has_work(n))
+            return 0;
+        t = KVP_MIN(t, kvp_loop_next_deadline(n->loop));
+    }
+    return t;
 }
 
 static void tick(sim_t *s, uint64_t ns)
@@ -739,9 +768,9 @@ static void tick(sim_t *s, uint64_t ns)
     for (int pass = 0; pass < 2; pass++) {
         kvp_fake_net_deliver(s->net);
         kvp_fake_fabric_progress(s->fab);
-        bool fake_quiet = kvp_fake_fabric_quiet_until(s->fab) > now;
+        int fake_quiet = -1;
         for (int i = 0; i < s->o.nodes; i++) {
-            if (s->node[i] == NULL || (!s->o.exact && !node_due(s->node[i], now, fake_quiet)))
+            if (s->node[i] == NULL || (!s->o.exact && !node_due(s, s->node[i], now, &fake_quiet)))
                 continue;
             kvp_node_progress(s->node[i], 0);
             s->r->rounds++;
@@ -752,9 +781,15 @@ static void tick(sim_t *s, uint64_t ns)
 
 static void advance(sim_t *s, uint64_t ns)
 {
+    uint64_t wake = 0;
     while (ns > 0) {
         uint64_t d = KVP_MIN(ns, 2 * MS);
-        tick(s, d);
+        if (!s->o.exact && wake > kvp_clock_now(&s->mc.clock) + d) {
+            kvp_manual_clock_advance(&s->mc, d); /* nothing due in this tick */
+        } else {
+            tick(s, d);
+            wake = s->o.exact ? 0 : next_wake(s);
+        }
         ns -= d;
     }
 }
