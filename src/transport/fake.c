@@ -387,6 +387,7 @@ static kvp_status_t write_locked(fake_xport_t *x, kvp_xpeer_id_t peer,
     /* Posted through an endpoint the consumer already fenced: nothing of it
      * lands (it still ends as scripted; the source cannot tell). */
     xf->fenced = p->remote_fenced;
+    x->ctr.posted_fenced += xf->fenced;
     if (xf->fenced)
         KVP_DEBUG(pfx(x), "fake: transfer %llu posted through peer %llu, fenced by the consumer: "
                           "nothing of it lands",

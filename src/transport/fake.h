@@ -276,6 +276,7 @@ typedef struct kvp_fake_counters {
     uint64_t blocks_dst_closed; /* dropped: destination closed */
     uint64_t late_copies;       /* blocks landed after the caller released the id */
     uint64_t dropped_at_close;  /* untracked pending copies dropped when we closed */
+    uint64_t posted_fenced;     /* transfers posted through an endpoint already fenced */
 } kvp_fake_counters_t;
 void kvp_fake_get_counters(kvp_xport_t *x, kvp_fake_counters_t *c);
 

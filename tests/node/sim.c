@@ -176,6 +176,9 @@ static bool node_start(sim_t *s, int i)
 
 static void node_stop(sim_t *s, int i)
 {
+    kvp_fake_counters_t fc;
+    kvp_fake_get_counters(kvp__node_xport(s->node[i]), &fc);
+    s->r->posted_fenced += fc.posted_fenced;
     kvp_node_destroy(s->node[i]);
     s->node[i] = NULL;
     for (int k = 0; k < s->ops_hi; k++) /* its operations died with it */
@@ -657,7 +660,7 @@ static void act_stale_frame(sim_t *s, int i, int j)
 {
     kvp_session_t *si = kvp__node_find_session(s->node[i], s->addr[j]);
     kvp_session_t *sj = kvp__node_find_session(s->node[j], s->addr[i]);
-    if (si == NULL || sj == NULL || sj->link == NULL || sj->closing || kvp_list_empty(&si->loads))
+    if (si == NULL || sj == NULL || !kvp__session_open(sj) || kvp_list_empty(&si->loads))
         return;
     const kvp_load_t *l = KVP_CONTAINER_OF(si->loads.next, kvp_load_t, link);
     kvp_fetch_block_t blocks[64];

@@ -59,6 +59,7 @@ typedef struct sim_result {
     uint64_t rounds;          /* node poll rounds run */
     uint64_t store_checks;    /* full store validations run */
     uint64_t rest_ms;         /* quiesce time until at rest (0: never) */
+    uint64_t posted_fenced;   /* WRITEs posted after the consumer's fence (issue 15) */
     char first_violation[512];
     int violation_step;
 } sim_result_t;
