@@ -182,6 +182,8 @@ typedef struct kvp_fake_script {
 
 /* Queue a script for the next write(). KVP_ERR_NOMEM. */
 kvp_status_t kvp_fake_script_next(kvp_xport_t *x, const kvp_fake_script_t *s);
+/* Drop every queued script: the next write follows the next one queued. */
+void kvp_fake_scripts_clear(kvp_xport_t *x);
 /* Scripts still queued. */
 size_t kvp_fake_scripts_queued(kvp_xport_t *x);
 

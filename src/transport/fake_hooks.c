@@ -136,6 +136,18 @@ kvp_status_t kvp_fake_script_next(kvp_xport_t *xp, const kvp_fake_script_t *s)
     return KVP_OK;
 }
 
+void kvp_fake_scripts_clear(kvp_xport_t *xp)
+{
+    fake_xport_t *x = lock_x(xp);
+    while (!kvp_list_empty(&x->scripts)) {
+        kvp_list_t *pos = x->scripts.next;
+        kvp_list_remove(pos);
+        kvp__free(KVP_CONTAINER_OF(pos, fake_script_node_t, link));
+    }
+    x->n_scripts = 0;
+    unlock_x(x);
+}
+
 size_t kvp_fake_scripts_queued(kvp_xport_t *xp)
 {
     fake_xport_t *x = lock_x(xp);

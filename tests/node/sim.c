@@ -33,7 +33,7 @@
 const char *const sim_fault_names[SIM_F_KINDS] = {
     "kill", "restart", "partition", "graceful", "wedge", "late", "fail", "submit-fail",
     "endpoint-error", "cancel", "finish", "race-partition", "parked-late", "ep-error-teardown",
-    "stale-frame",
+    "stale-frame", "past-cap",
 };
 
 typedef struct sim_op {
@@ -69,11 +69,72 @@ typedef struct sim {
     int trace_n;
     uint64_t unknown_completions;
     bool tracing; /* keep the last actions (verbose runs, and the rerun of a bad seed) */
+    /* Destinations (node, slot, generation) the hold cap released (SPEC
+     * §7.4): a WRITE for one of them may still land, by design; the slot is
+     * suspect and every acquire re-verifies it. Learnt from the node's log
+     * line, while the load is still on its quarantine list. */
+    struct {
+        int node;
+        uint32_t slot, gen;
+    } capfree[512];
+    int n_capfree;
+    /* Retained transfers the hold cap force-released (SPEC §7.3): their
+     * source slots may be read after the pins are gone, by design. */
+    uint64_t capxfer[512];
+    int n_capxfer;
     uint8_t *blockbuf;
     bool corrupt[SIM_MAX][SIM_KEYS]; /* (node, key) corrupted on purpose at the source */
     kvp_store_t *checked_store[SIM_MAX]; /* the store and its counters at its last check */
     kvp_store_stats_t checked_stats[SIM_MAX];
 } sim_t;
+
+static void note_cap_release(sim_t *s, const char *prefix, uint64_t op_id)
+{
+    for (int i = 0; i < s->o.nodes; i++) {
+        kvp_node_t *n = s->node[i];
+        if (n == NULL || strcmp(s->addr[i], prefix) != 0)
+            continue;
+        for (kvp_list_t *p = n->quarantined.next; p != &n->quarantined; p = p->next) {
+            const kvp_load_t *l = KVP_CONTAINER_OF(p, kvp_load_t, link);
+            if (l->op_id != op_id)
+                continue;
+            for (uint32_t b = 0; b < l->n; b++) {
+                if (!l->blocks[b].reserved)
+                    continue;
+                int k = s->n_capfree++ % (int)KVP_ARRAY_SIZE(s->capfree);
+                s->capfree[k].node = i;
+                s->capfree[k].slot = l->blocks[b].dst.slot;
+                s->capfree[k].gen = l->blocks[b].dst.gen;
+            }
+        }
+    }
+}
+
+/* A landing in a destination the hold cap released, or a copy reading a
+ * source the cap unpinned: allowed, logged and counted (SPEC §7.3-4, I2). */
+static bool landing_after_cap(sim_t *s, const kvp_fake_violation_t *v)
+{
+    if (v->kind == KVP_FAKE_V_SRC_STALE || v->kind == KVP_FAKE_V_SRC_STATE ||
+        v->kind == KVP_FAKE_V_SRC_UNPINNED) { /* read after the source's cap */
+        int n = KVP_MIN(s->n_capxfer, (int)KVP_ARRAY_SIZE(s->capxfer));
+        for (int k = 0; k < n; k++)
+            if (s->capxfer[k] == v->xfer)
+                return true;
+        return false;
+    }
+    if (v->kind != KVP_FAKE_V_DST_STALE && v->kind != KVP_FAKE_V_DST_STATE)
+        return false;
+    int node = -1;
+    for (int i = 0; i < s->o.nodes; i++)
+        if (s->node[i] != NULL && kvp_fake_endpoint_id(kvp__node_xport(s->node[i])) == v->dst_ep)
+            node = i;
+    int n = KVP_MIN(s->n_capfree, (int)KVP_ARRAY_SIZE(s->capfree));
+    for (int k = 0; k < n; k++)
+        if (s->capfree[k].node == node && s->capfree[k].slot == v->dst_slot &&
+            s->capfree[k].gen == v->expected_gen)
+            return true;
+    return false;
+}
 
 static void sim_log_sink(kvp_log_level_t level, const char *prefix, const char *line, void *arg)
 {
@@ -81,6 +142,16 @@ static void sim_log_sink(kvp_log_level_t level, const char *prefix, const char *
     (void)prefix;
     if (level == KVP_LOG_ERROR && strstr(line, "completion for unknown transfer"))
         s->unknown_completions++;
+    const char *cap = level == KVP_LOG_ERROR ? strstr(line, " released (hold cap)") : NULL;
+    const char *ld = cap ? strstr(line, "quarantined slots of load ") : NULL;
+    if (ld != NULL && prefix != NULL)
+        note_cap_release(s, prefix, strtoull(ld + strlen("quarantined slots of load "), NULL, 10));
+    const char *rt = level == KVP_LOG_ERROR && strstr(line, " force-released (hold cap)")
+                         ? strstr(line, "retained transfer ")
+                         : NULL;
+    if (rt != NULL)
+        s->capxfer[s->n_capxfer++ % (int)KVP_ARRAY_SIZE(s->capxfer)] =
+            strtoull(rt + strlen("retained transfer "), NULL, 10);
     if (s->o.verbose)
         fprintf(stderr, "    [%s] %s\n", prefix ? prefix : "-", line);
 }
@@ -679,6 +750,95 @@ static void act_stale_frame(sim_t *s, int i, int j)
           kvp_status_str(st));
 }
 
+/* An engine reads a block of node i: what it is served must be the key's
+ * content (a suspect slot is re-verified on acquire). */
+static void act_read(sim_t *s, int i)
+{
+    uint8_t key[16];
+    uint32_t kl = key_fmt((uint32_t)rnd(s, SIM_KEYS), key);
+    verify_block(s, i, key, kl, "read");
+}
+
+/* Local puts on node i until no clean FREE slot is left, so that its next
+ * remote load takes the suspect ones (clean slots are handed out first). */
+static void fill_clean_slots(sim_t *s, int i, uint32_t skip)
+{
+    kvp_store_t *store = kvp__node_store(s->node[i]);
+    for (uint32_t k = 0; k < SIM_KEYS; k++) {
+        kvp_store_stats_t ss;
+        kvp_store_get_stats(store, &ss);
+        if (ss.slots[KVP_SLOT_FREE] <= ss.suspect)
+            return;
+        if (k == skip || k == skip + 1)
+            continue;
+        uint8_t key[16];
+        uint32_t kl = key_fmt(k, key);
+        block_fill(k, s->blockbuf, s->cfg[i].block_size);
+        kvp_put(s->node[i], key, kl, s->blockbuf, s->cfg[i].block_size, 0);
+    }
+}
+
+/* SPEC §7.4: a WRITE that lands after the hold cap. Consumer i on a path
+ * that cannot be fenced fetches from j, whose transfer copies only after
+ * the cap; j's connections die, i quarantines; the cap releases the slots
+ * (suspect); i loads the same keys from k into them and commits; the late
+ * copy lands; the blocks are read. Served, they must be the right ones. */
+static void act_past_cap(sim_t *s, int j, int k)
+{
+    int i = 2; /* node 2's paths cannot be fenced (node_cfg) */
+    if (j == i || k == i || j == k)
+        return;
+    uint32_t key0 = (uint32_t)rnd(s, SIM_KEYS - 1);
+    for (uint32_t b = 0; b < 2; b++) {
+        uint8_t key[16];
+        uint32_t kl = key_fmt(key0 + b, key);
+        block_fill(key0 + b, s->blockbuf, s->cfg[j].block_size);
+        kvp_put(s->node[j], key, kl, s->blockbuf, s->cfg[j].block_size, 0);
+        kvp_put(s->node[k], key, kl, s->blockbuf, s->cfg[k].block_size, 0);
+    }
+    uint64_t cap = (uint64_t)s->cfg[i].hold_cap_ms * MS;
+    kvp_fake_script_t sc = kvp_fake_script_wedge_then_copy(cap + (300 + rnd(s, 400)) * MS);
+    kvp_fake_scripts_clear(kvp__node_xport(s->node[j])); /* this one applies to our fetch */
+    kvp_fake_script_next(kvp__node_xport(s->node[j]), &sc);
+    int loads = 0;
+    for (int round = 0; round < 2; round++) {
+        sim_op_t *op = op_new(s);
+        if (op == NULL)
+            return;
+        op->n = 2;
+        op->lens[0] = key_fmt(key0, op->keys);
+        op->lens[1] = key_fmt(key0 + 1, op->keys + 4);
+        op->node = i;
+        op->peer = round == 0 ? j : k;
+        op->is_load = true;
+        op->request = 400 + rnd(s, 8);
+        kvp_status_t st = kvp_fetch(s->node[i], s->addr[op->peer], op->request, op->keys, op->lens,
+                                    2, KVP_FETCH_FLAG_WAIT_FOR_SUPPLY, op->block_status, &op->id);
+        trace(s, "past-cap n%d<-n%d k%03u -> %s op %llu", i, op->peer, key0, kvp_status_str(st),
+              (unsigned long long)op->id);
+        if (st != KVP_OK) {
+            op->used = false;
+            return;
+        }
+        s->r->loads++;
+        loads++;
+        if (round == 0) {
+            advance(s, (3 + rnd(s, 3)) * MS);
+            kvp_fake_net_kill(s->net, s->addr[j]);
+            s->r->faults[SIM_F_KILL]++;
+            s->r->faults[SIM_F_PAST_CAP]++;
+            advance(s, cap + (260 + rnd(s, 20)) * MS); /* the cap and one hold check */
+            fill_clean_slots(s, i, key0);
+        }
+    }
+    advance(s, 700 * MS); /* the reload commits; the late copy lands */
+    for (uint32_t b = 0; b < 2; b++) {
+        uint8_t key[16];
+        uint32_t kl = key_fmt(key0 + b, key);
+        verify_block(s, i, key, kl, "read after a late write");
+    }
+}
+
 /* -------------------------------------------------------------- time */
 
 static void collect(sim_t *s)
@@ -807,9 +967,15 @@ static void check(sim_t *s, bool final)
      * released with error logs, SPEC §7.6) lands nowhere: the fake skips it.
      * Not a handover of live memory; every other kind is a violation. */
     size_t real = 0;
-    for (size_t k = 0; k < nv; k++)
-        if (v[k].kind != KVP_FAKE_V_DST_CLOSED)
-            v = &v[k], real++, k = nv;
+    for (size_t k = 0; k < nv; k++) {
+        if (v[k].kind == KVP_FAKE_V_DST_CLOSED)
+            continue;
+        if (landing_after_cap(s, &v[k])) {
+            s->r->post_cap_landings++;
+            continue;
+        }
+        v = &v[k], real++, k = nv;
+    }
     if (real == 0 && nv > 0)
         kvp_fake_violations_clear(s->fab);
     if (real > 0) { /* I1/I2 */
@@ -960,6 +1126,8 @@ static void step(sim_t *s)
             act_ep_error_teardown(s, i, j);
         else if (a < 96)
             act_stale_frame(s, i, j);
+        else if (a < 97)
+            rnd(s, 3) == 0 ? act_past_cap(s, i, j) : act_read(s, i);
         else
             act_corrupt(s, j);
     }

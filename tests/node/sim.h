@@ -28,6 +28,7 @@ enum {
     SIM_F_PARKED_LATE,   /* parked demand served after the consumer gave up (partition) */
     SIM_F_EP_TEARDOWN,   /* an endpoint error while the session is being torn down */
     SIM_F_STALE_FRAME,   /* a FETCH_DONE of another incarnation (forged epochs) */
+    SIM_F_PAST_CAP,      /* a WRITE landing after the hold cap released its slots */
     SIM_F_KINDS,
 };
 
@@ -60,6 +61,7 @@ typedef struct sim_result {
     uint64_t store_checks;    /* full store validations run */
     uint64_t rest_ms;         /* quiesce time until at rest (0: never) */
     uint64_t posted_fenced;   /* WRITEs posted after the consumer's fence (issue 15) */
+    uint64_t post_cap_landings; /* blocks landed in destinations the hold cap released */
     char first_violation[512];
     int violation_step;
 } sim_result_t;
