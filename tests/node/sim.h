@@ -4,7 +4,13 @@
  * A workload generator drives the public API and injects faults; everything
  * derives from one 64-bit seed, so a seed replays bit for bit. An invariant
  * checker runs after every step (I1-I5 of SPEC §7, the landing checker
- * feeding I1/I2).
+ * feeding I1/I2; a landing in a destination the hold cap released, or a
+ * copy reading a source it unpinned, is the allowed exception).
+ *
+ * Speed (issue 15): a node's round runs only when something is due for it,
+ * ticks before the next due time are skipped, the quiesce phase stops once
+ * everything is at rest; opts.exact / full_quiesce run everything, for A/B
+ * checks (same trace hash, same violations).
  */
 #ifndef KVP_SIM_H
 #define KVP_SIM_H
