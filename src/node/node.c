@@ -197,6 +197,8 @@ static void ctl_on_pong(void *arg, kvp_link_t *link, uint64_t rtt_ns)
 {
     kvp_node_t *n = arg;
     kvp_session_t *s = kvp_link_user(link);
+    if (s != NULL)
+        s->peer_heard = true; /* a READY link answered: the peer's session exists */
     /* Proof of life only from a PING sent after the probation began. */
     if (s != NULL && s->probation && kvp__node_now(n) - rtt_ns >= s->probation_ns)
         kvp__session_probation(s, false);

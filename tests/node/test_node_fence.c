@@ -105,6 +105,7 @@ static void test_fence_holds_for_parked_demand_served_late(void **state)
     world_t *w = *state = malloc(sizeof(world_t));
     world_init(w, 2, tweak_slow_source);
     world_connect(w, 1, 0);
+    world_run(w, 100 * MS); /* heartbeats: the consumer has heard the source's ready session */
     wkeys_t ks;
     wkeys_make(&ks, 5, 1);
     uint64_t op;
@@ -133,6 +134,56 @@ static void test_fence_holds_for_parked_demand_served_late(void **state)
     assert_int_equal(fc.blocks_fenced, 1);
     assert_true(world_verify(w, 1, 20));
     kvp_fake_net_partition(w->net, w->addr[0], w->addr[1], false);
+    world_fini(w, false);
+    free(w);
+}
+
+/* Soak seeds 1045551, 1087982: the consumer's session is READY (the
+ * source's HELLO_ACK arrived) but its own HELLO_ACK is held by a partition,
+ * so the source has no endpoint to us yet. The consumer fetches and closes;
+ * its fence covers no endpoint of the source; after the heal the source
+ * registers our blob (a new endpoint), serves the held FETCH and its late
+ * copy lands. The fence must not be credited: the slots stay quarantined.
+ * Fails without the peer_heard rule (two I1 violations). */
+static void test_fence_not_proof_before_the_peer_is_ready(void **state)
+{
+    world_t *w = *state = malloc(sizeof(world_t));
+    world_init(w, 2, NULL);
+    world_put(w, 0, 40, 0);
+    world_put(w, 0, 41, 0);
+    assert_int_equal(kvp_peer_add(w->node[1], w->addr[0]), KVP_OK);
+    /* Progress node by node (timers deliver): stop as soon as node 1 is
+     * ready, before node 0 has processed node 1's HELLO_ACK. */
+    bool split = false;
+    for (int k = 0; k < 20000 && !split; k++) {
+        kvp_manual_clock_advance(&w->mc, 10 * 1000);
+        kvp_node_progress(w->node[1], 0);
+        if (world_peer_ready(w, 1, 0) && !world_peer_ready(w, 0, 1)) {
+            kvp_fake_net_partition(w->net, w->addr[0], w->addr[1], true);
+            split = true;
+            break;
+        }
+        kvp_node_progress(w->node[0], 0);
+    }
+    assert_true(split);
+    kvp_fake_script_t sc = kvp_fake_script_wedge_then_copy(100 * MS);
+    assert_int_equal(kvp_fake_script_next(kvp__node_xport(w->node[0]), &sc), KVP_OK);
+    wkeys_t ks;
+    wkeys_make(&ks, 40, 2);
+    uint64_t op;
+    assert_int_equal(kvp_fetch(w->node[1], w->addr[0], 3, ks.buf, ks.len, 2,
+                               KVP_FETCH_FLAG_WAIT_FOR_SUPPLY, NULL, &op),
+                     KVP_OK);
+    world_run(w, 2 * MS);
+    assert_int_equal(kvp_peer_remove(w->node[1], w->addr[0]), KVP_OK);
+    assert_non_null(world_wait(w, 1, KVP_EV_LOAD, op, 20 * MS));
+    assert_int_equal(world_stats(w, 1).slots_quarantined, 2); /* no proof yet */
+    kvp_fake_net_partition(w->net, w->addr[0], w->addr[1], false);
+    world_run(w, 300 * MS); /* the source gets ready, serves the FETCH, copies late */
+    assert_true(kvp_fake_call_count(kvp__node_xport(w->node[0]), KVP_FAKE_CALL_WRITE) >= 1);
+    assert_int_equal(world_violations(w), 0);
+    world_run(w, (uint64_t)w->cfg[1].hold_cap_ms * MS + 300 * MS); /* released by the cap */
+    assert_int_equal(world_stats(w, 1).slots_quarantined, 0);
     world_fini(w, false);
     free(w);
 }
@@ -172,6 +223,7 @@ int main(void)
         cmocka_unit_test_teardown(test_fence_holds_for_fetch_delivered_after_heal, teardown_free),
         cmocka_unit_test_teardown(test_fence_holds_for_parked_demand_served_late, teardown_free),
         cmocka_unit_test_teardown(test_fence_does_not_cover_the_next_incarnation, teardown_free),
+        cmocka_unit_test_teardown(test_fence_not_proof_before_the_peer_is_ready, teardown_free),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
