@@ -8,7 +8,7 @@ JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
 CMAKE_FLAGS ?=
 
-.PHONY: all deps test test-tsan test-valgrind release bench fuzz sim soak demo bench-e2e bench-e2e-api bench-peers install clean format bench-hostile death-loop death-loop-asan
+.PHONY: all deps test test-tsan test-valgrind release bench fuzz sim sim-soak soak demo bench-e2e bench-e2e-api bench-peers install clean format bench-hostile death-loop death-loop-asan
 
 all: deps
 	@cmake -S . -B build/debug -DCMAKE_BUILD_TYPE=Debug -DKVP_SANITIZE=address,undefined $(CMAKE_FLAGS) >/dev/null
@@ -100,12 +100,22 @@ death-loop-asan: all
 
 # The deterministic simulator: `make sim` runs SEEDS seeds (default 40),
 # `make sim SEED=x` replays one seed verbosely, `make sim SOAK=60` soaks.
+# `make sim-soak SEEDS=100000` runs that many seeds from FIRST (default: a
+# random first seed, printed) on SIM_JOBS processes; prints seeds/s, wall
+# time, faults by kind and violations (exit 1 on any).
 SEEDS ?= 40
 STEPS ?= 600
+SIM_JOBS ?= $(JOBS)
 sim: release
 	@if [ -n "$(SEED)" ]; then build/release/tests/node/kvpeer_sim --seed $(SEED) --steps $(STEPS) --verbose; \
-	elif [ -n "$(SOAK)" ]; then build/release/tests/node/kvpeer_sim --soak $(SOAK) --steps $(STEPS); \
+	elif [ -n "$(SOAK)" ]; then build/release/tests/node/kvpeer_sim --soak $(SOAK) --steps $(STEPS) --jobs $(SIM_JOBS); \
 	else build/release/tests/node/kvpeer_sim --seeds $(SEEDS) --steps $(STEPS); fi
+
+sim-soak: release
+	@first="$(FIRST)"; [ -n "$$first" ] || first=$$(( $$(od -An -N4 -tu4 /dev/urandom) % 4000000000 + 1 )); \
+	echo "sim-soak: $(SEEDS) seeds from $$first, $(STEPS) steps, $(SIM_JOBS) jobs"; \
+	/usr/bin/time -f "sim-soak: wall %e s, CPU %U s user + %S s sys" \
+	  build/release/tests/node/kvpeer_sim --first $$first --seeds $(SEEDS) --steps $(STEPS) --jobs $(SIM_JOBS)
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')

@@ -203,7 +203,8 @@ int kvp_fake_net_deliver(kvp_fake_net_t *net)
     kvp_list_foreach_safe(pos, tmp, &net->ends)
     {
         fake_end_t *e = KVP_CONTAINER_OF(pos, fake_end_t, net_node);
-        if ((e->state == FAKE_OPEN || e->state == FAKE_EOF) && e->base.h)
+        if ((e->state == FAKE_OPEN || e->state == FAKE_EOF) && e->base.h &&
+            !kvp_list_empty(&e->inq)) /* nothing queued: nothing to deliver */
             net->delivered += (uint64_t)fake_deliver_end(e);
     }
     return (int)(net->delivered - before);

@@ -58,6 +58,7 @@ void kvp__node_emit(kvp_node_t *n, const kvp_event_t *ev)
                       (unsigned)KVP_EVENT_RING_MAX, ev->type, (unsigned long long)dropped);
         return;
     }
+    bool was_empty = n->ev_count == 0; /* the eventfd is readable while events wait */
     if (n->ev_count == n->ev_cap) {
         uint32_t cap = n->ev_cap ? KVP_MIN(n->ev_cap * 2, (uint32_t)KVP_EVENT_RING_MAX) : 64;
         kvp_event_t *ne = kvp__malloc(cap * sizeof(*ne));
@@ -77,6 +78,8 @@ void kvp__node_emit(kvp_node_t *n, const kvp_event_t *ev)
     n->events[(n->ev_head + n->ev_count) % n->ev_cap] = *ev;
     n->ev_count++;
     pthread_mutex_unlock(&n->lock);
+    if (!was_empty)
+        return; /* already signalled: kvp__node_take_events clears it once drained */
     uint64_t one = 1;
     ssize_t w = write(n->evfd, &one, sizeof(one));
     (void)w;
@@ -99,7 +102,7 @@ kvp_status_t kvp__node_take_events(kvp_node_t *n, kvp_event_t *out, uint32_t cap
         n->ev_head = (n->ev_head + 1) % n->ev_cap;
         n->ev_count--;
     }
-    if (n->ev_count == 0 && n->events_dropped == 0) {
+    if (n->ev_count == 0 && n->events_dropped == 0) { /* drained: no longer readable */
         uint64_t v;
         ssize_t r = read(n->evfd, &v, sizeof(v));
         (void)r;
@@ -197,6 +200,8 @@ static void ctl_on_pong(void *arg, kvp_link_t *link, uint64_t rtt_ns)
 {
     kvp_node_t *n = arg;
     kvp_session_t *s = kvp_link_user(link);
+    if (s != NULL)
+        s->peer_heard = true; /* a READY link answered: the peer's session exists */
     /* Proof of life only from a PING sent after the probation began. */
     if (s != NULL && s->probation && kvp__node_now(n) - rtt_ns >= s->probation_ns)
         kvp__session_probation(s, false);
@@ -358,6 +363,8 @@ static void node_flush_lookups(kvp_node_t *n)
 static void node_run_commands(kvp_node_t *n)
 {
     kvp_list_t todo;
+    if (n->cfg.thread_mode == KVP_THREAD_CALLER)
+        return; /* kvp__node_exec runs every command at once: none is ever queued */
     kvp_list_init(&todo);
     pthread_mutex_lock(&n->lock);
     while (!kvp_list_empty(&n->cmds)) {

@@ -230,6 +230,10 @@ struct kvp_session {
     kvp_data_path_t path;
     kvp_session_state_t state; /* kvp__session_set_state() only */
     bool probation;
+    /* A frame of the peer's own ready session arrived (a node frame, or a
+     * PONG, answered only by a READY link): the peer had registered our blob,
+     * so its endpoint to us existed. Only then does our fence cover it. */
+    bool peer_heard;
     uint64_t probation_ns;
     uint64_t bytes_inflight; /* consumer side: bytes of loads not settled */
     /* client role */

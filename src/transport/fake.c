@@ -80,6 +80,8 @@ void fake__release(fake_xport_t *x, fake_xfer_t *xf)
 {
     KVP_ASSERT(xf->tracked);
     xf->tracked = false;
+    if (xf->terminal)
+        x->n_reportable--;
     fake_peer_t *p = xf->peer;
     xf->peer = NULL;
     if (xf->retired) {
@@ -382,7 +384,16 @@ static kvp_status_t write_locked(fake_xport_t *x, kvp_xpeer_id_t peer,
     xf->n = (uint32_t)n;
     memcpy(xf->blocks, blocks, n * sizeof(*blocks));
     script_apply(x, xf, &s);
+    /* Posted through an endpoint the consumer already fenced: nothing of it
+     * lands (it still ends as scripted; the source cannot tell). */
+    xf->fenced = p->remote_fenced;
+    x->ctr.posted_fenced += xf->fenced;
+    if (xf->fenced)
+        KVP_DEBUG(pfx(x), "fake: transfer %llu posted through peer %llu, fenced by the consumer: "
+                          "nothing of it lands",
+                  (unsigned long long)xf->id, (unsigned long long)p->id);
     kvp_list_insert_tail(&x->xfers, &xf->link);
+    x->events_dirty = true;
     x->st.writes++;
     x->st.blocks_written += n;
     x->st.bytes_written += (uint64_t)n * x->layout.block_size;
@@ -415,6 +426,8 @@ static size_t reap(fake_xport_t *x, bool retired, kvp_xpeer_id_t peer, kvp_xfer_
                    size_t cap)
 {
     size_t k = 0;
+    if (x->n_reportable == 0)
+        return 0; /* no tracked terminal transfer: nothing to hand back */
     kvp_list_t *pos, *tmp;
     kvp_list_foreach_safe(pos, tmp, &x->xfers)
     {
@@ -617,6 +630,15 @@ static bool fake_progress(kvp_xport_t *xp)
     return any;
 }
 
+uint64_t kvp_fake_quiet_until(kvp_xport_t *xp)
+{
+    fake_xport_t *x = fake__x(xp);
+    lock(x);
+    uint64_t t = fake__quiet_until(x);
+    unlock(x);
+    return t;
+}
+
 static int fake_event_fd(kvp_xport_t *xp)
 {
     return -1;
@@ -693,6 +715,8 @@ static void free_all(fake_xport_t *x)
         kvp_list_remove(&xf->link);
         kvp__free(xf);
     }
+    x->events_dirty = true;
+    x->n_reportable = 0;
     kvp_list_foreach_safe(pos, tmp, &x->peers)
     {
         kvp_list_remove(pos);
@@ -775,6 +799,7 @@ kvp_status_t kvp_fake_create(const kvp_fake_config_t *cfg, kvp_xport_t **out)
     x->default_path = path;
     x->default_delay_ns = cfg->default_delay_ns;
     x->delay_jitter_ns = cfg->delay_jitter_ns;
+    x->next_at = KVP_FAKE_NEVER; /* no transfer yet */
     kvp_rng_seed(&x->rng, cfg->rng_seed);
     x->max_calls = cfg->call_log_max ? cfg->call_log_max : FAKE_CALL_LOG_DEFAULT;
     kvp_list_init(&x->peers);

@@ -30,8 +30,13 @@
  *
  * Fence (consumer side, fence_peer): on a peer whose path is
  * KVP_PATH_FAKE_FENCEABLE every copy not yet landed from that source's
- * transport into our region (of transfers posted before the fence) is dropped
- * and *proof = true; on KVP_PATH_FAKE_UNFENCEABLE they land anyway and
+ * transport into our region is dropped, and so is every copy of a transfer
+ * the source posts LATER through an endpoint to us that it already had at
+ * the fence (the fenced incarnation's, or older): as in UCX, where each
+ * software put carries the id of the consumer's paired endpoint, which the
+ * FORCE close invalidated, so "no later byte can land" (transport.h). Endpoints
+ * the source adds afterwards (a new incarnation) are not affected. Then
+ * *proof = true; on KVP_PATH_FAKE_UNFENCEABLE they land anyway and
  * *proof = false. Either way the peer handle is closed afterwards: write()
  * to it returns KVP_ERR_CLOSED and peer_status() KVP_ERR_CLOSED. Our own
  * outbound transfers on that peer are not affected (they follow their
@@ -177,6 +182,8 @@ typedef struct kvp_fake_script {
 
 /* Queue a script for the next write(). KVP_ERR_NOMEM. */
 kvp_status_t kvp_fake_script_next(kvp_xport_t *x, const kvp_fake_script_t *s);
+/* Drop every queued script: the next write follows the next one queued. */
+void kvp_fake_scripts_clear(kvp_xport_t *x);
 /* Scripts still queued. */
 size_t kvp_fake_scripts_queued(kvp_xport_t *x);
 
@@ -256,6 +263,14 @@ size_t kvp_fake_calls(kvp_xport_t *x, const kvp_fake_call_t **calls);
 /* Calls of that kind ever made (never capped). */
 uint64_t kvp_fake_call_count(kvp_xport_t *x, kvp_fake_call_kind_t kind);
 
+/* Until when this transport has nothing to tell its owner: 0 while a
+ * terminal transfer waits to be reported by poll()/poll_retired(), else the
+ * time of its next scripted copy or terminal event (KVP_FAKE_NEVER: none).
+ * The simulator skips a node's poll round while nothing else is due either. */
+uint64_t kvp_fake_quiet_until(kvp_xport_t *x);
+/* The same over every transport of the fabric. */
+uint64_t kvp_fake_fabric_quiet_until(kvp_fake_fabric_t *f);
+
 /* Landing counters of our outbound transfers. */
 typedef struct kvp_fake_counters {
     uint64_t blocks_landed;     /* copied into a destination */
@@ -263,6 +278,7 @@ typedef struct kvp_fake_counters {
     uint64_t blocks_dst_closed; /* dropped: destination closed */
     uint64_t late_copies;       /* blocks landed after the caller released the id */
     uint64_t dropped_at_close;  /* untracked pending copies dropped when we closed */
+    uint64_t posted_fenced;     /* transfers posted through an endpoint already fenced */
 } kvp_fake_counters_t;
 void kvp_fake_get_counters(kvp_xport_t *x, kvp_fake_counters_t *c);
 

@@ -166,6 +166,7 @@ static void apply_copy(kvp_fake_fabric_t *f, fake_xport_t *x, fake_xfer_t *xf, u
 {
     uint32_t k = KVP_MIN(xf->copy_blocks, xf->n);
     xf->copied = true;
+    x->events_dirty = true;
     if (xf->fenced) {
         x->ctr.blocks_fenced += k;
         return;
@@ -202,6 +203,9 @@ static void apply_copy(kvp_fake_fabric_t *f, fake_xport_t *x, fake_xfer_t *xf, u
 static void apply_terminal(fake_xport_t *x, fake_xfer_t *xf)
 {
     xf->terminal = true;
+    x->events_dirty = true;
+    if (xf->tracked)
+        x->n_reportable++; /* until fake__release hands it back */
     if (xf->final_status == KVP_OK)
         x->st.done++;
     else
@@ -247,6 +251,25 @@ static void earliest_of(fake_xport_t *x, bool due_only, fake_event_t *best)
     }
 }
 
+/* x's earliest pending event, rescanned only after a change. */
+static uint64_t next_at(fake_xport_t *x)
+{
+    if (x->events_dirty) {
+        fake_event_t best = {0};
+        earliest_of(x, false, &best);
+        x->next_at = best.xf ? best.t : KVP_FAKE_NEVER;
+        x->events_dirty = false;
+    }
+    return x->next_at;
+}
+
+/* Only a transport with an event due can contribute one. */
+static void earliest_due(fake_xport_t *x, fake_event_t *best)
+{
+    if (next_at(x) <= kvp_clock_now(x->clock))
+        earliest_of(x, true, best);
+}
+
 /* Repeatedly apply the earliest due event: O(transfers) per event, no
  * allocation on the way (progress must not fail). */
 bool fake__apply_due(kvp_fake_fabric_t *f, fake_xport_t *only)
@@ -255,11 +278,11 @@ bool fake__apply_due(kvp_fake_fabric_t *f, fake_xport_t *only)
     for (;;) {
         fake_event_t best = {0};
         if (only) {
-            earliest_of(only, true, &best);
+            earliest_due(only, &best);
         } else {
             for (uint32_t i = 0; i < f->n_eps; i++)
                 if (f->eps[i])
-                    earliest_of(f->eps[i], true, &best);
+                    earliest_due(f->eps[i], &best);
         }
         if (!best.xf)
             return any;
@@ -274,9 +297,12 @@ bool fake__apply_due(kvp_fake_fabric_t *f, fake_xport_t *only)
 
 uint64_t fake__next_event(fake_xport_t *x)
 {
-    fake_event_t best = {0};
-    earliest_of(x, false, &best);
-    return best.xf ? best.t : KVP_FAKE_NEVER;
+    return next_at(x);
+}
+
+uint64_t fake__quiet_until(fake_xport_t *x)
+{
+    return x->n_reportable > 0 ? 0 : next_at(x);
 }
 
 uint64_t fake__fence(kvp_fake_fabric_t *f, uint32_t src_ep, uint32_t dst_ep)
@@ -294,6 +320,12 @@ uint64_t fake__fence(kvp_fake_fabric_t *f, uint32_t src_ep, uint32_t dst_ep)
             n++;
         }
     }
+    kvp_list_foreach_safe(pos, tmp, &src->peers)
+    {
+        fake_peer_t *p = KVP_CONTAINER_OF(pos, fake_peer_t, link);
+        if (p->remote_ep == dst_ep)
+            p->remote_fenced = true;
+    }
     return n;
 }
 
@@ -305,6 +337,17 @@ bool kvp_fake_fabric_progress(kvp_fake_fabric_t *f)
     bool any = fake__apply_due(f, NULL);
     pthread_mutex_unlock(&f->mu);
     return any;
+}
+
+uint64_t kvp_fake_fabric_quiet_until(kvp_fake_fabric_t *f)
+{
+    uint64_t t = KVP_FAKE_NEVER;
+    pthread_mutex_lock(&f->mu);
+    for (uint32_t i = 0; i < f->n_eps; i++)
+        if (f->eps[i])
+            t = KVP_MIN(t, fake__quiet_until(f->eps[i]));
+    pthread_mutex_unlock(&f->mu);
+    return t;
 }
 
 uint64_t kvp_fake_fabric_next_event_ns(kvp_fake_fabric_t *f)

@@ -46,10 +46,13 @@ void fake__log_call(fake_xport_t *x, const kvp_fake_call_t *c, const kvp_xfer_bl
     x->call_counts[c->kind]++;
     if (x->n_calls >= x->max_calls)
         return;
-    if (!x->calls) {
-        x->calls = kvp__calloc(x->max_calls, sizeof(*x->calls));
-        if (!x->calls)
-            return;
+    if (x->n_calls == x->cap_calls) { /* grows as used: most transports log little */
+        size_t cap = KVP_MIN(KVP_MAX(x->cap_calls * 2, (size_t)64), x->max_calls);
+        kvp_fake_call_t *calls = kvp__realloc(x->calls, cap * sizeof(*calls));
+        if (!calls)
+            return; /* not recorded; the count above still is */
+        x->calls = calls;
+        x->cap_calls = cap;
     }
     kvp_fake_call_t *r = &x->calls[x->n_calls];
     *r = *c;
@@ -131,6 +134,18 @@ kvp_status_t kvp_fake_script_next(kvp_xport_t *xp, const kvp_fake_script_t *s)
     x->n_scripts++;
     unlock_x(x);
     return KVP_OK;
+}
+
+void kvp_fake_scripts_clear(kvp_xport_t *xp)
+{
+    fake_xport_t *x = lock_x(xp);
+    while (!kvp_list_empty(&x->scripts)) {
+        kvp_list_t *pos = x->scripts.next;
+        kvp_list_remove(pos);
+        kvp__free(KVP_CONTAINER_OF(pos, fake_script_node_t, link));
+    }
+    x->n_scripts = 0;
+    unlock_x(x);
 }
 
 size_t kvp_fake_scripts_queued(kvp_xport_t *xp)

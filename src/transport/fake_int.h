@@ -27,6 +27,11 @@ typedef struct fake_peer {
     kvp_status_t status; /* injected endpoint error */
     bool removed;        /* zombie: handle dropped, endpoint still held */
     bool fenced;
+    /* The consumer at remote_ep fenced the endpoint this one is paired with
+     * (UCX: FORCE-closed its PEER ep, whose id our software puts carry):
+     * every byte we post through this endpoint from then on is dropped. A
+     * later incarnation adds a new peer record, unaffected. */
+    bool remote_fenced;
     uint64_t retired_refs; /* tracked retired transfers naming it */
 } fake_peer_t;
 
@@ -69,9 +74,15 @@ typedef struct fake_xport {
     kvp_layout_t layout;
     unsigned char blob[FAKE_BLOB_LEN];
     kvp_list_t peers, xfers, scripts;
+    /* The earliest scripted event (copy or terminal) of our transfers,
+     * valid unless events_dirty (a write, an applied event or a close
+     * changed them): lets progress and the queries skip the scan. */
+    uint64_t next_at;
+    bool events_dirty;
+    uint32_t n_reportable; /* tracked terminal transfers: poll()/poll_retired() report them */
     size_t n_scripts;
     kvp_fake_call_t *calls; /* owned; WRITE records own their blocks */
-    size_t n_calls, max_calls;
+    size_t n_calls, cap_calls, max_calls;
     uint64_t call_counts[KVP_FAKE_CALL_KINDS];
     kvp_xport_stats_t st; /* writes.. force_released; the rest computed */
     kvp_fake_counters_t ctr;
@@ -106,7 +117,13 @@ fake_xport_t *fake__fabric_ep(kvp_fake_fabric_t *f, uint32_t ep);
 /* Apply x's due events (x == NULL: every transport's), in (time, id) order. */
 bool fake__apply_due(kvp_fake_fabric_t *f, fake_xport_t *only);
 uint64_t fake__next_event(fake_xport_t *x);
-/* Drop copies not yet landed from transport src_ep into dst_ep. */
+/* Until when x has nothing to report or apply (see kvp_fake_quiet_until). */
+uint64_t fake__quiet_until(fake_xport_t *x);
+/* The consumer dst_ep fenced its endpoint to src_ep: drop the copies not yet
+ * landed from src_ep into dst_ep, and mark src_ep's endpoints to dst_ep
+ * (every one that exists now: the fenced incarnation and older) so that
+ * transfers posted through them later are dropped too. Returns the
+ * transfers fenced now. */
 uint64_t fake__fence(kvp_fake_fabric_t *f, uint32_t src_ep, uint32_t dst_ep);
 
 /* fake_hooks.c: the call log (counts every call; keeps max_calls records) */

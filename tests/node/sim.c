@@ -28,10 +28,12 @@
 #define SIM_KEYS 96
 #define SIM_OPS 4096
 #define TRACE_LEN 24
+#define QUIESCE_STEP (50 * MS)
 
 const char *const sim_fault_names[SIM_F_KINDS] = {
     "kill", "restart", "partition", "graceful", "wedge", "late", "fail", "submit-fail",
-    "endpoint-error", "cancel", "finish",
+    "endpoint-error", "cancel", "finish", "race-partition", "parked-late", "ep-error-teardown",
+    "stale-frame", "past-cap",
 };
 
 typedef struct sim_op {
@@ -60,13 +62,79 @@ typedef struct sim {
     kvp_node_seams_t seams[SIM_MAX];
     bool cut[SIM_MAX][SIM_MAX];
     sim_op_t ops[SIM_OPS];
+    int ops_hi; /* ops[ops_hi..] were never used: scans stop there */
+    int scan_start;
     int step;
     char trace[TRACE_LEN][96];
     int trace_n;
     uint64_t unknown_completions;
+    bool tracing; /* keep the last actions (verbose runs, and the rerun of a bad seed) */
+    /* Destinations (node, slot, generation) the hold cap released (SPEC
+     * §7.4): a WRITE for one of them may still land, by design; the slot is
+     * suspect and every acquire re-verifies it. Learnt from the node's log
+     * line, while the load is still on its quarantine list. */
+    struct {
+        int node;
+        uint32_t slot, gen;
+    } capfree[512];
+    int n_capfree;
+    /* Retained transfers the hold cap force-released (SPEC §7.3): their
+     * source slots may be read after the pins are gone, by design. */
+    uint64_t capxfer[512];
+    int n_capxfer;
     uint8_t *blockbuf;
     bool corrupt[SIM_MAX][SIM_KEYS]; /* (node, key) corrupted on purpose at the source */
+    kvp_store_t *checked_store[SIM_MAX]; /* the store and its counters at its last check */
+    kvp_store_stats_t checked_stats[SIM_MAX];
 } sim_t;
+
+static void note_cap_release(sim_t *s, const char *prefix, uint64_t op_id)
+{
+    for (int i = 0; i < s->o.nodes; i++) {
+        kvp_node_t *n = s->node[i];
+        if (n == NULL || strcmp(s->addr[i], prefix) != 0)
+            continue;
+        for (kvp_list_t *p = n->quarantined.next; p != &n->quarantined; p = p->next) {
+            const kvp_load_t *l = KVP_CONTAINER_OF(p, kvp_load_t, link);
+            if (l->op_id != op_id)
+                continue;
+            for (uint32_t b = 0; b < l->n; b++) {
+                if (!l->blocks[b].reserved)
+                    continue;
+                int k = s->n_capfree++ % (int)KVP_ARRAY_SIZE(s->capfree);
+                s->capfree[k].node = i;
+                s->capfree[k].slot = l->blocks[b].dst.slot;
+                s->capfree[k].gen = l->blocks[b].dst.gen;
+            }
+        }
+    }
+}
+
+/* A landing in a destination the hold cap released, or a copy reading a
+ * source the cap unpinned: allowed, logged and counted (SPEC §7.3-4, I2). */
+static bool landing_after_cap(sim_t *s, const kvp_fake_violation_t *v)
+{
+    if (v->kind == KVP_FAKE_V_SRC_STALE || v->kind == KVP_FAKE_V_SRC_STATE ||
+        v->kind == KVP_FAKE_V_SRC_UNPINNED) { /* read after the source's cap */
+        int n = KVP_MIN(s->n_capxfer, (int)KVP_ARRAY_SIZE(s->capxfer));
+        for (int k = 0; k < n; k++)
+            if (s->capxfer[k] == v->xfer)
+                return true;
+        return false;
+    }
+    if (v->kind != KVP_FAKE_V_DST_STALE && v->kind != KVP_FAKE_V_DST_STATE)
+        return false;
+    int node = -1;
+    for (int i = 0; i < s->o.nodes; i++)
+        if (s->node[i] != NULL && kvp_fake_endpoint_id(kvp__node_xport(s->node[i])) == v->dst_ep)
+            node = i;
+    int n = KVP_MIN(s->n_capfree, (int)KVP_ARRAY_SIZE(s->capfree));
+    for (int k = 0; k < n; k++)
+        if (s->capfree[k].node == node && s->capfree[k].slot == v->dst_slot &&
+            s->capfree[k].gen == v->expected_gen)
+            return true;
+    return false;
+}
 
 static void sim_log_sink(kvp_log_level_t level, const char *prefix, const char *line, void *arg)
 {
@@ -74,6 +142,16 @@ static void sim_log_sink(kvp_log_level_t level, const char *prefix, const char *
     (void)prefix;
     if (level == KVP_LOG_ERROR && strstr(line, "completion for unknown transfer"))
         s->unknown_completions++;
+    const char *cap = level == KVP_LOG_ERROR ? strstr(line, " released (hold cap)") : NULL;
+    const char *ld = cap ? strstr(line, "quarantined slots of load ") : NULL;
+    if (ld != NULL && prefix != NULL)
+        note_cap_release(s, prefix, strtoull(ld + strlen("quarantined slots of load "), NULL, 10));
+    const char *rt = level == KVP_LOG_ERROR && strstr(line, " force-released (hold cap)")
+                         ? strstr(line, "retained transfer ")
+                         : NULL;
+    if (rt != NULL)
+        s->capxfer[s->n_capxfer++ % (int)KVP_ARRAY_SIZE(s->capxfer)] =
+            strtoull(rt + strlen("retained transfer "), NULL, 10);
     if (s->o.verbose)
         fprintf(stderr, "    [%s] %s\n", prefix ? prefix : "-", line);
 }
@@ -81,6 +159,8 @@ static void sim_log_sink(kvp_log_level_t level, const char *prefix, const char *
 static void trace(sim_t *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void trace(sim_t *s, const char *fmt, ...)
 {
+    if (!s->tracing) /* a seed with a violation is run again with tracing on */
+        return;
     va_list ap;
     char *t = s->trace[s->trace_n++ % TRACE_LEN];
     int k = snprintf(t, 96, "#%d t=%llums ", s->step,
@@ -103,6 +183,8 @@ static void violation(sim_t *s, const char *fmt, ...)
     vsnprintf(s->r->first_violation, sizeof(s->r->first_violation), fmt, ap);
     va_end(ap);
     s->r->violation_step = s->step;
+    if (!s->tracing)
+        return;
     fprintf(stderr, "sim: VIOLATION seed=%llu step=%d: %s\n", (unsigned long long)s->o.seed,
             s->step, s->r->first_violation);
     fprintf(stderr, "sim: last actions:\n");
@@ -165,9 +247,12 @@ static bool node_start(sim_t *s, int i)
 
 static void node_stop(sim_t *s, int i)
 {
+    kvp_fake_counters_t fc;
+    kvp_fake_get_counters(kvp__node_xport(s->node[i]), &fc);
+    s->r->posted_fenced += fc.posted_fenced;
     kvp_node_destroy(s->node[i]);
     s->node[i] = NULL;
-    for (int k = 0; k < SIM_OPS; k++) /* its operations died with it */
+    for (int k = 0; k < s->ops_hi; k++) /* its operations died with it */
         if (s->ops[k].used && s->ops[k].node == i)
             s->ops[k].used = false;
 }
@@ -180,6 +265,7 @@ static sim_op_t *op_new(sim_t *s)
         if (!s->ops[k].used) {
             memset(&s->ops[k], 0, sizeof(s->ops[k]));
             s->ops[k].used = true;
+            s->ops_hi = KVP_MAX(s->ops_hi, k + 1);
             return &s->ops[k];
         }
     return NULL;
@@ -187,10 +273,40 @@ static sim_op_t *op_new(sim_t *s)
 
 static sim_op_t *op_find(sim_t *s, int node, uint64_t id)
 {
-    for (int k = 0; k < SIM_OPS; k++)
+    for (int k = 0; k < s->ops_hi; k++)
         if (s->ops[k].used && s->ops[k].node == node && s->ops[k].id == id)
             return &s->ops[k];
     return NULL;
+}
+
+/* A circular scan of the op table from `start` (drawn over SIM_OPS): the
+ * order of k = start, start+1, ... mod SIM_OPS, restricted to the part ever
+ * used, [0, ops_hi). Returns -1 when done; the start is kept in scan_start. */
+static int op_scan_first(sim_t *s, int start)
+{
+    s->scan_start = start;
+    if (start < s->ops_hi)
+        return start;
+    return s->ops_hi > 0 ? 0 : -1;
+}
+
+static int op_scan_next(sim_t *s, int k)
+{
+    int start = s->scan_start, next = k + 1;
+    if (k >= start) /* first leg: start .. ops_hi-1, then 0 .. start-1 */
+        return next < s->ops_hi ? next : (start > 0 && start <= s->ops_hi ? 0 : -1);
+    return next < start && next < s->ops_hi ? next : -1;
+}
+
+/* "k%03u" without printf (k < SIM_KEYS < 1000): 4 bytes, NUL-terminated. */
+static uint32_t key_fmt(uint32_t k, uint8_t *out)
+{
+    out[0] = 'k';
+    out[1] = (uint8_t)('0' + k / 100 % 10);
+    out[2] = (uint8_t)('0' + k / 10 % 10);
+    out[3] = (uint8_t)('0' + k % 10);
+    out[4] = '\0';
+    return 4;
 }
 
 static void make_keys(sim_t *s, sim_op_t *op, uint32_t n)
@@ -198,27 +314,35 @@ static void make_keys(sim_t *s, sim_op_t *op, uint32_t n)
     size_t off = 0;
     op->n = n;
     for (uint32_t i = 0; i < n; i++) {
-        op->lens[i] = (uint32_t)snprintf((char *)op->keys + off, 16, "k%03u",
-                                         (unsigned)rnd(s, SIM_KEYS));
+        op->lens[i] = key_fmt((uint32_t)rnd(s, SIM_KEYS), op->keys + off);
         off += op->lens[i];
     }
 }
 
+/* The content of key k: derived from k alone, computed once per process. */
+#define SIM_BLOCK 4096
 static void block_fill(uint32_t k, uint8_t *buf, size_t len)
 {
-    kvp_rng_t r;
-    kvp_rng_seed(&r, 0xb10c0000u + k);
-    for (size_t i = 0; i < len; i += 8) {
-        uint64_t v = kvp_rng_next(&r);
-        memcpy(buf + i, &v, 8);
+    static uint8_t cache[SIM_KEYS][SIM_BLOCK];
+    static bool cached[SIM_KEYS];
+    KVP_ASSERT(k < SIM_KEYS && len == SIM_BLOCK);
+    if (!cached[k]) {
+        kvp_rng_t r;
+        kvp_rng_seed(&r, 0xb10c0000u + k);
+        for (size_t i = 0; i < SIM_BLOCK; i += 8) {
+            uint64_t v = kvp_rng_next(&r);
+            memcpy(cache[k] + i, &v, 8);
+        }
+        cached[k] = true;
     }
+    memcpy(buf, cache[k], len);
 }
 
 static void act_put(sim_t *s, int i)
 {
     uint32_t k = (uint32_t)rnd(s, SIM_KEYS);
     uint8_t key[16];
-    uint32_t kl = (uint32_t)snprintf((char *)key, sizeof(key), "k%03u", k);
+    uint32_t kl = key_fmt(k, key);
     block_fill(k, s->blockbuf, s->cfg[i].block_size);
     kvp_status_t st = kvp_put(s->node[i], key, kl, s->blockbuf, s->cfg[i].block_size,
                               1 + rnd(s, 8));
@@ -248,7 +372,7 @@ static void act_lookup(sim_t *s, int i, int j)
 /* A completed lookup of node i with hits, to fetch against (the usual flow). */
 static sim_op_t *pick_lookup(sim_t *s, int i)
 {
-    for (int k = (int)rnd(s, SIM_OPS), c = 0; c < SIM_OPS; c++, k = (k + 1) % SIM_OPS) {
+    for (int k = op_scan_first(s, (int)rnd(s, SIM_OPS)); k >= 0; k = op_scan_next(s, k)) {
         sim_op_t *op = &s->ops[k];
         if (op->used && !op->is_load && op->node == i && op->events == 1)
             return op;
@@ -324,7 +448,7 @@ static void act_corrupt(sim_t *s, int j)
 {
     uint32_t k = (uint32_t)rnd(s, SIM_KEYS);
     uint8_t key[16];
-    uint32_t kl = (uint32_t)snprintf((char *)key, sizeof(key), "k%03u", k);
+    uint32_t kl = key_fmt(k, key);
     kvp_slot_ref_t ref;
     kvp_slot_state_t st;
     kvp_store_t *store = kvp__node_store(s->node[j]);
@@ -431,7 +555,7 @@ static void act_fault(sim_t *s, int i, int j)
 
 static void act_cancel(sim_t *s, int i)
 {
-    for (int k = (int)rnd(s, SIM_OPS), c = 0; c < SIM_OPS; c++, k = (k + 1) % SIM_OPS) {
+    for (int k = op_scan_first(s, (int)rnd(s, SIM_OPS)); k >= 0; k = op_scan_next(s, k)) {
         sim_op_t *op = &s->ops[k];
         if (op->used && op->is_load && op->node == i && op->events == 0) {
             kvp_status_t st = kvp_cancel(s->node[i], op->id);
@@ -444,21 +568,22 @@ static void act_cancel(sim_t *s, int i)
 }
 
 static void advance(sim_t *s, uint64_t ns);
+static void act_stale_frame(sim_t *s, int i, int j);
 
 /* The race the whole project exists for: a WRITE is on its way when the
  * session dies. Source j's next transfer keeps running and lands its bytes
  * late; consumer i fetches; then i dies, j dies, or the session is closed. */
-static void act_race(sim_t *s, int i, int j)
+static bool act_race_fetch(sim_t *s, int i, int j, const char *what)
 {
     sim_op_t *op = op_new(s);
     if (op == NULL)
-        return;
+        return false;
     op->n = 2;
     size_t off = 0;
     for (uint32_t b = 0; b < 2; b++) {
         uint32_t k = (uint32_t)rnd(s, SIM_KEYS);
         uint8_t key[16];
-        op->lens[b] = (uint32_t)snprintf((char *)key, sizeof(key), "k%03u", k);
+        op->lens[b] = key_fmt(k, key);
         memcpy(op->keys + off, key, op->lens[b]);
         off += op->lens[b];
         block_fill(k, s->blockbuf, s->cfg[j].block_size);
@@ -472,12 +597,22 @@ static void act_race(sim_t *s, int i, int j)
     op->request = 100 + rnd(s, 8);
     kvp_status_t st = kvp_fetch(s->node[i], s->addr[j], op->request, op->keys, op->lens, 2,
                                 KVP_FETCH_FLAG_WAIT_FOR_SUPPLY, op->block_status, &op->id);
-    trace(s, "race n%d<-n%d -> %s op %llu", i, j, kvp_status_str(st), (unsigned long long)op->id);
+    trace(s, "%s n%d<-n%d -> %s op %llu", what, i, j, kvp_status_str(st),
+          (unsigned long long)op->id);
     if (st != KVP_OK) {
         op->used = false;
-        return;
+        return false;
     }
     s->r->loads++;
+    return true;
+}
+
+static void act_race(sim_t *s, int i, int j)
+{
+    if (!act_race_fetch(s, i, j, "race"))
+        return;
+    if (s->o.profile != SIM_PROFILE_V1 && rnd(s, 4) == 0)
+        act_stale_frame(s, i, j); /* a late frame of a previous incarnation, meanwhile */
     advance(s, (1 + rnd(s, 5)) * MS);
     switch (rnd(s, 3)) {
     case 0:
@@ -496,6 +631,214 @@ static void act_race(sim_t *s, int i, int j)
     }
 }
 
+/* Issue 15's scenarios, given their own weights (profile v2). */
+
+static void set_cut(sim_t *s, int i, int j, bool cut)
+{
+    if (s->cut[i][j] == cut)
+        return;
+    s->cut[i][j] = s->cut[j][i] = cut;
+    kvp_fake_net_partition(s->net, s->addr[i], s->addr[j], cut);
+    s->r->faults[SIM_F_PARTITION] += cut;
+}
+
+/* Seeds 7307, 4082, ...: consumer i's FETCH is held by a partition; i gives
+ * up on the session (closes it, or declares j dead); the partition heals and
+ * the held FETCH reaches j, which posts its WRITE (late copy) after i's fence. */
+static void act_race_partition(sim_t *s, int i, int j)
+{
+    set_cut(s, i, j, true);
+    act_race_fetch(s, i, j, "race-partition");
+    s->r->faults[SIM_F_RACE_PARTITION]++;
+    advance(s, (1 + rnd(s, 5)) * MS);
+    if (rnd(s, 2) == 0) {
+        kvp_peer_remove(s->node[i], s->addr[j]);
+        kvp_peer_add(s->node[i], s->addr[j]);
+        s->r->faults[SIM_F_GRACEFUL]++;
+    } else {
+        advance(s, (uint64_t)(s->cfg[i].dead_after_ms + rnd(s, 100)) * MS);
+    }
+    advance(s, rnd(s, 30) * MS);
+    set_cut(s, i, j, false);
+    trace(s, "race-partition n%d<-n%d healed", i, j);
+}
+
+/* Seed 3478: WAIT_FOR_SUPPLY demand parked on j; a partition; i declares j
+ * dead (fence) while j still holds the session, then the key is committed
+ * on j and the parked demand is served by a WRITE that copies late. */
+static void act_parked_late(sim_t *s, int i, int j)
+{
+    sim_op_t *op = op_new(s);
+    if (op == NULL)
+        return;
+    uint32_t k = (uint32_t)rnd(s, SIM_KEYS);
+    uint8_t key[16];
+    op->n = 1;
+    op->lens[0] = key_fmt(k, key);
+    memcpy(op->keys, key, op->lens[0]);
+    op->node = i;
+    op->peer = j;
+    op->is_load = true;
+    op->request = 300 + rnd(s, 8);
+    kvp_status_t st = kvp_fetch(s->node[i], s->addr[j], op->request, op->keys, op->lens, 1,
+                                KVP_FETCH_FLAG_WAIT_FOR_SUPPLY, op->block_status, &op->id);
+    trace(s, "parked-late n%d<-n%d k%03u -> %s op %llu", i, j, k, kvp_status_str(st),
+          (unsigned long long)op->id);
+    if (st != KVP_OK) {
+        op->used = false;
+        return;
+    }
+    s->r->loads++;
+    s->r->faults[SIM_F_PARKED_LATE]++;
+    advance(s, (2 + rnd(s, 5)) * MS);
+    set_cut(s, i, j, true);
+    advance(s, (uint64_t)(s->cfg[i].dead_after_ms + rnd(s, 60)) * MS);
+    kvp_fake_script_t sc = kvp_fake_script_wedge_then_copy((20 + rnd(s, 200)) * MS);
+    kvp_fake_script_next(kvp__node_xport(s->node[j]), &sc);
+    block_fill(k, s->blockbuf, s->cfg[j].block_size);
+    kvp_put(s->node[j], key, op->lens[0], s->blockbuf, s->cfg[j].block_size, 0);
+    advance(s, rnd(s, 100) * MS);
+    set_cut(s, i, j, false);
+}
+
+/* An endpoint error on i's endpoint to j while a WRITE from j runs and the
+ * session is torn down (killed or closed) in the same instant. */
+static void act_ep_error_teardown(sim_t *s, int i, int j)
+{
+    act_race_fetch(s, i, j, "ep-error-teardown");
+    advance(s, (1 + rnd(s, 5)) * MS);
+    kvp_session_t *ss = kvp__node_find_session(s->node[i], s->addr[j]);
+    if (ss != NULL) {
+        kvp_fake_peer_set_error(kvp__node_xport(s->node[i]), ss->xpeer, KVP_ERR_TRANSPORT);
+        s->r->faults[SIM_F_EP_ERROR]++;
+    }
+    s->r->faults[SIM_F_EP_TEARDOWN]++;
+    if (rnd(s, 2) == 0) {
+        kvp_fake_net_kill(s->net, s->addr[rnd(s, 2) ? i : j]);
+        s->r->faults[SIM_F_KILL]++;
+    } else {
+        kvp_peer_remove(s->node[i], s->addr[j]);
+        kvp_peer_add(s->node[i], s->addr[j]);
+        s->r->faults[SIM_F_GRACEFUL]++;
+    }
+}
+
+/* A frame of another incarnation: j sends i a FETCH_DONE (failure) for one
+ * of i's loads in flight, stamped with an epoch that is not the live one
+ * (what a late frame of the previous session carries). It must be dropped
+ * (I3); accepted, i would free the destinations while j's WRITE runs. */
+static void act_stale_frame(sim_t *s, int i, int j)
+{
+    kvp_session_t *si = kvp__node_find_session(s->node[i], s->addr[j]);
+    kvp_session_t *sj = kvp__node_find_session(s->node[j], s->addr[i]);
+    if (si == NULL || sj == NULL || !kvp__session_open(sj) || kvp_list_empty(&si->loads))
+        return;
+    const kvp_load_t *l = KVP_CONTAINER_OF(si->loads.next, kvp_load_t, link);
+    kvp_fetch_block_t blocks[64];
+    uint32_t nb = 0;
+    for (uint32_t b = 0; b < l->n && nb < 64; b++)
+        if (l->blocks[b].reserved)
+            blocks[nb++] = (kvp_fetch_block_t){0};
+    kvp_epoch_t stale;
+    for (size_t b = 0; b < sizeof(stale.b); b++)
+        stale.b[b] = (uint8_t)(1 + rnd(s, 255)); /* non-zero, from the seed */
+    kvp_msg_t m = {.type = KVP_MSG_FETCH_DONE};
+    m.u.fetch_done = (kvp_msg_fetch_done_t){l->request_id, l->round, KVP_ERR_TRANSPORT, nb, blocks};
+    kvp_status_t st = kvp_link_send_epochs(sj->link, &m, &stale, kvp_link_remote_epoch(sj->link));
+    s->r->faults[SIM_F_STALE_FRAME] += st == KVP_OK;
+    trace(s, "stale FETCH_DONE n%d->n%d round %llu -> %s", j, i, (unsigned long long)l->round,
+          kvp_status_str(st));
+}
+
+/* An engine reads a block of node i: what it is served must be the key's
+ * content (a suspect slot is re-verified on acquire). */
+static void act_read(sim_t *s, int i)
+{
+    uint8_t key[16];
+    uint32_t kl = key_fmt((uint32_t)rnd(s, SIM_KEYS), key);
+    verify_block(s, i, key, kl, "read");
+}
+
+/* Local puts on node i until no clean FREE slot is left, so that its next
+ * remote load takes the suspect ones (clean slots are handed out first). */
+static void fill_clean_slots(sim_t *s, int i, uint32_t skip)
+{
+    kvp_store_t *store = kvp__node_store(s->node[i]);
+    for (uint32_t k = 0; k < SIM_KEYS; k++) {
+        kvp_store_stats_t ss;
+        kvp_store_get_stats(store, &ss);
+        if (ss.slots[KVP_SLOT_FREE] <= ss.suspect)
+            return;
+        if (k == skip || k == skip + 1)
+            continue;
+        uint8_t key[16];
+        uint32_t kl = key_fmt(k, key);
+        block_fill(k, s->blockbuf, s->cfg[i].block_size);
+        kvp_put(s->node[i], key, kl, s->blockbuf, s->cfg[i].block_size, 0);
+    }
+}
+
+/* SPEC §7.4: a WRITE that lands after the hold cap. Consumer i on a path
+ * that cannot be fenced fetches from j, whose transfer copies only after
+ * the cap; j's connections die, i quarantines; the cap releases the slots
+ * (suspect); i loads the same keys from k into them and commits; the late
+ * copy lands; the blocks are read. Served, they must be the right ones. */
+static void act_past_cap(sim_t *s, int j, int k)
+{
+    int i = 2; /* node 2's paths cannot be fenced (node_cfg) */
+    if (j == i || k == i || j == k)
+        return;
+    uint32_t key0 = (uint32_t)rnd(s, SIM_KEYS - 1);
+    for (uint32_t b = 0; b < 2; b++) {
+        uint8_t key[16];
+        uint32_t kl = key_fmt(key0 + b, key);
+        block_fill(key0 + b, s->blockbuf, s->cfg[j].block_size);
+        kvp_put(s->node[j], key, kl, s->blockbuf, s->cfg[j].block_size, 0);
+        kvp_put(s->node[k], key, kl, s->blockbuf, s->cfg[k].block_size, 0);
+    }
+    uint64_t cap = (uint64_t)s->cfg[i].hold_cap_ms * MS;
+    kvp_fake_script_t sc = kvp_fake_script_wedge_then_copy(cap + (300 + rnd(s, 400)) * MS);
+    kvp_fake_scripts_clear(kvp__node_xport(s->node[j])); /* this one applies to our fetch */
+    kvp_fake_script_next(kvp__node_xport(s->node[j]), &sc);
+    int loads = 0;
+    for (int round = 0; round < 2; round++) {
+        sim_op_t *op = op_new(s);
+        if (op == NULL)
+            return;
+        op->n = 2;
+        op->lens[0] = key_fmt(key0, op->keys);
+        op->lens[1] = key_fmt(key0 + 1, op->keys + 4);
+        op->node = i;
+        op->peer = round == 0 ? j : k;
+        op->is_load = true;
+        op->request = 400 + rnd(s, 8);
+        kvp_status_t st = kvp_fetch(s->node[i], s->addr[op->peer], op->request, op->keys, op->lens,
+                                    2, KVP_FETCH_FLAG_WAIT_FOR_SUPPLY, op->block_status, &op->id);
+        trace(s, "past-cap n%d<-n%d k%03u -> %s op %llu", i, op->peer, key0, kvp_status_str(st),
+              (unsigned long long)op->id);
+        if (st != KVP_OK) {
+            op->used = false;
+            return;
+        }
+        s->r->loads++;
+        loads++;
+        if (round == 0) {
+            advance(s, (3 + rnd(s, 3)) * MS);
+            kvp_fake_net_kill(s->net, s->addr[j]);
+            s->r->faults[SIM_F_KILL]++;
+            s->r->faults[SIM_F_PAST_CAP]++;
+            advance(s, cap + (260 + rnd(s, 20)) * MS); /* the cap and one hold check */
+            fill_clean_slots(s, i, key0);
+        }
+    }
+    advance(s, 700 * MS); /* the reload commits; the late copy lands */
+    for (uint32_t b = 0; b < 2; b++) {
+        uint8_t key[16];
+        uint32_t kl = key_fmt(key0 + b, key);
+        verify_block(s, i, key, kl, "read after a late write");
+    }
+}
+
 /* -------------------------------------------------------------- time */
 
 static void collect(sim_t *s)
@@ -503,7 +846,7 @@ static void collect(sim_t *s)
     kvp_event_t ev[64];
     for (int i = 0; i < s->o.nodes; i++) {
         uint32_t got;
-        if (s->node[i] == NULL)
+        if (s->node[i] == NULL || s->node[i]->ev_count == 0) /* owner thread: no lock needed */
             continue;
         do {
             got = 0;
@@ -535,24 +878,81 @@ static void collect(sim_t *s)
     }
 }
 
+/* Would a poll round of node n change anything now? A round runs commands,
+ * progresses the transport and polls what it reports, checks endpoints,
+ * polls retired transfers, sends queued lookups/fetches and fires due
+ * timers (the fake network delivers through timers too). When none of
+ * those has work the round is a no-op and is skipped: the run stays the
+ * same bit for bit (opts.exact runs every round; test_sim compares). */
+/* Work a round would do at once, whatever the clock says. */
+static bool node_has_work(const kvp_node_t *n)
+{
+    if (!kvp_list_empty(&n->flushq) || !kvp_list_empty(&n->cmds) ||
+        n->xport->ep_failures != n->ep_failures_seen)
+        return true;
+    for (const kvp_list_t *p = n->active.next; p != &n->active; p = p->next)
+        if (KVP_CONTAINER_OF(p, kvp_session_t, active_link)->xfers_inflight == 0)
+            return true; /* the round takes it off the active list */
+    return false;
+}
+
+static bool node_due(sim_t *s, kvp_node_t *n, uint64_t now, int *fake_quiet)
+{
+    if (kvp_loop_next_deadline(n->loop) <= now || node_has_work(n))
+        return true;
+    if (*fake_quiet < 0) /* asked once per pass, only if needed */
+        *fake_quiet = kvp_fake_fabric_quiet_until(s->fab) > now;
+    return !*fake_quiet && kvp_fake_quiet_until(n->xport) <= now;
+}
+
+/* The earliest time at which a tick can do anything: a node's timer (the
+ * fake network delivers through timers too: every chunk that can be
+ * delivered has its end's timer armed no later than its arrival), a fake
+ * transfer event or report, work already queued, events to collect. Ticks
+ * before it are no-ops and are skipped (the clock still moves by them). */
+static uint64_t next_wake(sim_t *s)
+{
+    uint64_t t = kvp_fake_fabric_quiet_until(s->fab);
+    for (int i = 0; i < s->o.nodes; i++) {
+        kvp_node_t *n = s->node[i];
+        if (n == NULL)
+            continue;
+        if (n->ev_count > 0 || node_has_work(n))
+            return 0;
+        t = KVP_MIN(t, kvp_loop_next_deadline(n->loop));
+    }
+    return t;
+}
+
 static void tick(sim_t *s, uint64_t ns)
 {
     kvp_manual_clock_advance(&s->mc, ns);
+    uint64_t now = kvp_clock_now(&s->mc.clock);
     for (int pass = 0; pass < 2; pass++) {
         kvp_fake_net_deliver(s->net);
         kvp_fake_fabric_progress(s->fab);
-        for (int i = 0; i < s->o.nodes; i++)
-            if (s->node[i] != NULL)
-                kvp_node_progress(s->node[i], 0);
+        int fake_quiet = -1;
+        for (int i = 0; i < s->o.nodes; i++) {
+            if (s->node[i] == NULL || (!s->o.exact && !node_due(s, s->node[i], now, &fake_quiet)))
+                continue;
+            kvp_node_progress(s->node[i], 0);
+            s->r->rounds++;
+        }
     }
     collect(s);
 }
 
 static void advance(sim_t *s, uint64_t ns)
 {
+    uint64_t wake = 0;
     while (ns > 0) {
         uint64_t d = KVP_MIN(ns, 2 * MS);
-        tick(s, d);
+        if (!s->o.exact && wake > kvp_clock_now(&s->mc.clock) + d) {
+            kvp_manual_clock_advance(&s->mc, d); /* nothing due in this tick */
+        } else {
+            tick(s, d);
+            wake = s->o.exact ? 0 : next_wake(s);
+        }
         ns -= d;
     }
 }
@@ -567,9 +967,15 @@ static void check(sim_t *s, bool final)
      * released with error logs, SPEC §7.6) lands nowhere: the fake skips it.
      * Not a handover of live memory; every other kind is a violation. */
     size_t real = 0;
-    for (size_t k = 0; k < nv; k++)
-        if (v[k].kind != KVP_FAKE_V_DST_CLOSED)
-            v = &v[k], real++, k = nv;
+    for (size_t k = 0; k < nv; k++) {
+        if (v[k].kind == KVP_FAKE_V_DST_CLOSED)
+            continue;
+        if (landing_after_cap(s, &v[k])) {
+            s->r->post_cap_landings++;
+            continue;
+        }
+        v = &v[k], real++, k = nv;
+    }
     if (real == 0 && nv > 0)
         kvp_fake_violations_clear(s->fab);
     if (real > 0) { /* I1/I2 */
@@ -587,18 +993,41 @@ static void check(sim_t *s, bool final)
     for (int i = 0; i < s->o.nodes; i++) {
         if (s->node[i] == NULL)
             continue;
-        char why[256];
-        if (kvp_store_check(kvp__node_store(s->node[i]), why, sizeof(why)) != KVP_OK)
-            violation(s, "n%d store invalid: %s", i, why);
-        kvp_held_item_t held[256];
-        uint32_t nh = 0;
-        kvp_node_held(s->node[i], held, 256, &nh);
-        for (uint32_t h = 0; h < nh; h++) /* I5: bounded in time */
-            if (held[h].age_ms * MS > cap)
-                violation(s, "n%d holds %s %llu for %llu ms (cap %u)", i,
-                          held[h].kind == 1 ? "transfer" : "slot",
-                          (unsigned long long)(held[h].kind == 1 ? held[h].id : held[h].slot),
-                          (unsigned long long)held[h].age_ms, s->cfg[0].hold_cap_ms);
+        kvp_node_t *n = s->node[i];
+        kvp_store_t *store = kvp__node_store(n);
+        kvp_store_stats_t ss;
+        kvp_store_get_stats(store, &ss);
+        /* The full validator runs whenever the store changed: every store
+         * operation moves one of its counters (reserve, commit, abandon,
+         * quarantine, release, eviction, pins, lookups, slot states). */
+        if (final || store != s->checked_store[i] ||
+            memcmp(&ss, &s->checked_stats[i], sizeof(ss)) != 0) {
+            char why[256];
+            if (kvp_store_check(store, why, sizeof(why)) != KVP_OK)
+                violation(s, "n%d store invalid: %s", i, why);
+            s->checked_store[i] = store;
+            s->checked_stats[i] = ss;
+            s->r->store_checks++;
+        }
+        /* I5, bounded in time: what kvp_node_held reports as retained
+         * transfers and quarantined slots, read in place. */
+        uint64_t now = kvp_clock_now(&s->mc.clock);
+        for (kvp_list_t *p = n->retained.next; p != &n->retained; p = p->next) {
+            const kvp_xfer_t *x = KVP_CONTAINER_OF(p, kvp_xfer_t, link);
+            if ((now - x->retained_ns) / MS * MS > cap) /* whole ms, as kvp_node_held */
+                violation(s, "n%d holds transfer %llu for %llu ms (cap %u)", i,
+                          (unsigned long long)x->id,
+                          (unsigned long long)((now - x->retained_ns) / MS), s->cfg[0].hold_cap_ms);
+        }
+        for (kvp_list_t *p = n->quarantined.next; p != &n->quarantined; p = p->next) {
+            const kvp_load_t *l = KVP_CONTAINER_OF(p, kvp_load_t, link);
+            for (uint32_t b = 0; b < l->n && (now - l->quarantined_ns) / MS * MS > cap; b++)
+                if (l->blocks[b].reserved)
+                    violation(s, "n%d holds slot %u for %llu ms (cap %u)", i,
+                              l->blocks[b].dst.slot,
+                              (unsigned long long)((now - l->quarantined_ns) / MS),
+                              s->cfg[0].hold_cap_ms);
+        }
         if (!final)
             continue;
         kvp_stats_t st;
@@ -611,11 +1040,43 @@ static void check(sim_t *s, bool final)
     }
     if (!final)
         return;
-    for (int k = 0; k < SIM_OPS; k++) /* I4: exactly one outcome each */
+    for (int k = 0; k < s->ops_hi; k++) /* I4: exactly one outcome each */
         if (s->ops[k].used && s->ops[k].events != 1)
             violation(s, "n%d op %llu (%s) ended with %u outcomes", s->ops[k].node,
                       (unsigned long long)s->ops[k].id, s->ops[k].is_load ? "load" : "lookup",
                       s->ops[k].events);
+}
+
+/* Everything at rest: every operation has its outcome, no pin, no FILLING,
+ * QUARANTINED or retained item, no round, load or lookup on any session, no
+ * scripted copy or completion pending anywhere in the fabric. */
+static bool at_rest(sim_t *s)
+{
+    for (int k = 0; k < s->ops_hi; k++)
+        if (s->ops[k].used && s->ops[k].events != 1)
+            return false;
+    if (kvp_fake_fabric_next_event_ns(s->fab) != KVP_FAKE_NEVER ||
+        kvp_fake_fabric_quiet_until(s->fab) != KVP_FAKE_NEVER)
+        return false;
+    for (int i = 0; i < s->o.nodes; i++) {
+        kvp_node_t *n = s->node[i];
+        if (n == NULL)
+            continue;
+        kvp_stats_t st;
+        kvp_node_stats(n, &st);
+        if (st.pins || st.slots_filling || st.slots_quarantined || st.retained_transfers ||
+            !kvp_list_empty(&n->retained) || !kvp_list_empty(&n->quarantined) ||
+            !kvp_list_empty(&n->waiting) || !kvp_list_empty(&n->active))
+            return false;
+        for (kvp_list_t *p = n->sessions.next; p != &n->sessions; p = p->next) {
+            const kvp_session_t *ss = KVP_CONTAINER_OF(p, kvp_session_t, node_link);
+            if (!kvp_list_empty(&ss->loads) || !kvp_list_empty(&ss->fetchq) ||
+                !kvp_list_empty(&ss->srounds) || !kvp_list_empty(&ss->xfers) ||
+                !kvp_list_empty(&ss->lookups_queued) || !kvp_list_empty(&ss->lookups_sent))
+                return false;
+        }
+    }
+    return true;
 }
 
 /* --------------------------------------------------------------- run */
@@ -625,32 +1086,74 @@ static void step(sim_t *s)
     int i = (int)rnd(s, (uint64_t)s->o.nodes);
     int j = (int)((i + 1 + (int)rnd(s, (uint64_t)s->o.nodes - 1)) % s->o.nodes);
     uint64_t a = rnd(s, 100);
-    if (a < 30)
-        act_put(s, i);
-    else if (a < 50)
-        act_lookup(s, i, j);
-    else if (a < 72)
-        act_fetch(s, i, j);
-    else if (a < 84)
-        act_script(s, j);
-    else if (a < 88)
-        act_cancel(s, i);
-    else if (a < 92)
-        act_fault(s, i, j);
-    else if (a < 95)
-        act_race(s, i, j);
-    else
-        act_corrupt(s, j);
+    if (s->o.profile == SIM_PROFILE_V1) { /* the generator of issue 7 */
+        if (a < 30)
+            act_put(s, i);
+        else if (a < 50)
+            act_lookup(s, i, j);
+        else if (a < 72)
+            act_fetch(s, i, j);
+        else if (a < 84)
+            act_script(s, j);
+        else if (a < 88)
+            act_cancel(s, i);
+        else if (a < 92)
+            act_fault(s, i, j);
+        else if (a < 95)
+            act_race(s, i, j);
+        else
+            act_corrupt(s, j);
+    } else { /* v2: issue 15's scenarios get weights of their own */
+        if (a < 29)
+            act_put(s, i);
+        else if (a < 48)
+            act_lookup(s, i, j);
+        else if (a < 68)
+            act_fetch(s, i, j);
+        else if (a < 79)
+            act_script(s, j);
+        else if (a < 82)
+            act_cancel(s, i);
+        else if (a < 86)
+            act_fault(s, i, j);
+        else if (a < 89)
+            act_race(s, i, j);
+        else if (a < 91)
+            act_race_partition(s, i, j);
+        else if (a < 93)
+            act_parked_late(s, i, j);
+        else if (a < 95)
+            act_ep_error_teardown(s, i, j);
+        else if (a < 96)
+            act_stale_frame(s, i, j);
+        else if (a < 97)
+            rnd(s, 3) == 0 ? act_past_cap(s, i, j) : act_read(s, i);
+        else
+            act_corrupt(s, j);
+    }
     advance(s, (1 + rnd(s, 20)) * MS);
     check(s, false);
 }
 
+static void sim_run_once(const sim_opts_t *o, sim_result_t *r, bool tracing);
+
+/* Run without keeping a trace (formatting one line per action costs more
+ * than the action); a seed that shows a violation runs again, bit for bit
+ * the same, with the trace kept, to print its last actions. */
 void sim_run(const sim_opts_t *o, sim_result_t *r)
+{
+    sim_run_once(o, r, o->verbose);
+    if (r->violations && !o->verbose)
+        sim_run_once(o, r, true);
+}
+
+static void sim_run_once(const sim_opts_t *o, sim_result_t *r, bool tracing)
 {
     sim_t *s = calloc(1, sizeof(*s));
     memset(r, 0, sizeof(*r));
     s->o = *o;
     s->r = r;
+    s->tracing = tracing;
     s->o.nodes = KVP_MAX(3, KVP_MIN(o->nodes, SIM_MAX));
     kvp_rng_seed(&s->rng, o->seed);
     kvp_manual_clock_init(&s->mc, KVP_NSEC_PER_SEC);
@@ -674,8 +1177,31 @@ void sim_run(const sim_opts_t *o, sim_result_t *r)
             }
     for (int i = 0; i < s->o.nodes; i++)
         kvp_fake_script_next(kvp__node_xport(s->node[i]), &(kvp_fake_script_t){0});
-    advance(s, (uint64_t)(s->cfg[0].hold_cap_ms * 3 + s->cfg[0].load_timeout_ms * 2) * MS);
+    /* At most three hold caps and two load timeouts; the run stops as soon
+     * as everything is at rest (nothing after that can move a slot, a pin or
+     * a byte: only heartbeats run), unless opts.full_quiesce. */
+    uint64_t quiesce = (uint64_t)(s->cfg[0].hold_cap_ms * 3 + s->cfg[0].load_timeout_ms * 2) * MS;
+    for (uint64_t t = 0; t < quiesce; t += QUIESCE_STEP) {
+        advance(s, KVP_MIN(QUIESCE_STEP, quiesce - t));
+        if (!r->rest_ms && at_rest(s)) {
+            r->rest_ms = (t + QUIESCE_STEP) / MS;
+            if (!s->o.full_quiesce)
+                break;
+        }
+    }
     check(s, true);
+    for (int i = 0; i < s->o.nodes; i++) { /* the end state joins the replay hash */
+        kvp_stats_t st;
+        uint64_t calls[KVP_FAKE_CALL_KINDS];
+        kvp_fake_counters_t fc;
+        kvp_node_stats(s->node[i], &st);
+        kvp_fake_get_counters(kvp__node_xport(s->node[i]), &fc);
+        for (int k = 0; k < KVP_FAKE_CALL_KINDS; k++)
+            calls[k] = kvp_fake_call_count(kvp__node_xport(s->node[i]), (kvp_fake_call_kind_t)k);
+        r->trace_hash = kvp_hash64(&st, sizeof(st), r->trace_hash);
+        r->trace_hash = kvp_hash64(calls, sizeof(calls), r->trace_hash);
+        r->trace_hash = kvp_hash64(&fc, sizeof(fc), r->trace_hash);
+    }
     for (int i = 0; i < s->o.nodes; i++)
         node_stop(s, i);
     kvp_fake_fabric_destroy(s->fab);

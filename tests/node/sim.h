@@ -4,7 +4,13 @@
  * A workload generator drives the public API and injects faults; everything
  * derives from one 64-bit seed, so a seed replays bit for bit. An invariant
  * checker runs after every step (I1-I5 of SPEC §7, the landing checker
- * feeding I1/I2).
+ * feeding I1/I2; a landing in a destination the hold cap released, or a
+ * copy reading a source it unpinned, is the allowed exception).
+ *
+ * Speed (issue 15): a node's round runs only when something is due for it,
+ * ticks before the next due time are skipped, the quiesce phase stops once
+ * everything is at rest; opts.exact / full_quiesce run everything, for A/B
+ * checks (same trace hash, same violations).
  */
 #ifndef KVP_SIM_H
 #define KVP_SIM_H
@@ -24,23 +30,44 @@ enum {
     SIM_F_EP_ERROR,      /* consumer endpoint error */
     SIM_F_CANCEL,        /* the engine cancels a load */
     SIM_F_FINISH,        /* the engine finishes a request */
+    SIM_F_RACE_PARTITION, /* a fetch held by a partition, the session closed, healed */
+    SIM_F_PARKED_LATE,   /* parked demand served after the consumer gave up (partition) */
+    SIM_F_EP_TEARDOWN,   /* an endpoint error while the session is being torn down */
+    SIM_F_STALE_FRAME,   /* a FETCH_DONE of another incarnation (forged epochs) */
+    SIM_F_PAST_CAP,      /* a WRITE landing after the hold cap released its slots */
     SIM_F_KINDS,
 };
 
 extern const char *const sim_fault_names[SIM_F_KINDS];
+
+enum { SIM_PROFILE_V2 = 0, SIM_PROFILE_V1 = 1 };
 
 typedef struct sim_opts {
     uint64_t seed;
     int nodes;      /* 3..8 */
     int steps;      /* workload steps before the quiesce phase */
     bool verbose;
+    /* Progress every node in every pass of every tick, as before the
+     * simulator skipped rounds with nothing due (A/B check: same trace). */
+    bool exact;
+    /* Run the whole quiesce phase instead of stopping once at rest. */
+    bool full_quiesce;
+    /* Workload weights: SIM_PROFILE_V1 is the generator that found the I1
+     * seeds of issue 15 (their named regressions replay with it);
+     * SIM_PROFILE_V2 (the default, 0) adds the scenarios those seeds hit. */
+    int profile;
 } sim_opts_t;
 
 typedef struct sim_result {
     uint64_t violations;      /* invariant violations (0 on correct code) */
     uint64_t faults[SIM_F_KINDS];
     uint64_t loads, loads_ok, lookups, puts;
-    uint64_t trace_hash;      /* hash of every event observed: replay check */
+    uint64_t trace_hash;      /* every event observed, final stats: replay check */
+    uint64_t rounds;          /* node poll rounds run */
+    uint64_t store_checks;    /* full store validations run */
+    uint64_t rest_ms;         /* quiesce time until at rest (0: never) */
+    uint64_t posted_fenced;   /* WRITEs posted after the consumer's fence (issue 15) */
+    uint64_t post_cap_landings; /* blocks landed in destinations the hold cap released */
     char first_violation[512];
     int violation_step;
 } sim_result_t;

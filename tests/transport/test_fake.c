@@ -524,6 +524,57 @@ static void test_fence_unfenceable_lands(void **state)
     fence_case(false);
 }
 
+/* Issue 15: the fence also holds for transfers the source posts AFTER it
+ * through the endpoint it already had (a FETCH that reached it late), and
+ * only for that one: an endpoint added afterwards (the next incarnation)
+ * writes normally. Mutation: fence only the copies pending at the fence
+ * (the old fake) -> the later copy lands in the released slot. */
+static void test_fence_holds_for_later_posts_of_that_endpoint(void **state)
+{
+    (void)state;
+    fix_t fx, *f = &fx;
+    fix_open(f, 2, KVP_PATH_FAKE_FENCEABLE);
+    kvp_xpeer_id_t to_cons = connect_to(f, 0, 1), to_src = connect_to(f, 1, 0);
+    kvp_slot_ref_t s = src_block(f, 0, "k", 0x66), d = dst_block(f, 1, "k");
+    kvp_xfer_block_t b = blk(s, d);
+    assert_int_equal(kvp_store_quarantine(f->n[1].s, d), KVP_OK);
+    bool proof = false;
+    assert_int_equal(OPS(1)->fence_peer(X(1), to_src, &proof), KVP_OK);
+    assert_true(proof);
+    assert_int_equal(kvp_store_release_quarantined(f->n[1].s, d, false), KVP_OK);
+    /* Only now does the source post (the request reached it late). */
+    kvp_fake_script_t sc = kvp_fake_script_wedge_then_copy(5 * MS);
+    assert_int_equal(kvp_fake_script_next(X(0), &sc), KVP_OK);
+    kvp_xfer_id_t id;
+    assert_int_equal(OPS(0)->write(X(0), to_cons, &b, 1, &id), KVP_OK);
+    advance(f, 10 * MS);
+    kvp_fake_counters_t c;
+    kvp_fake_get_counters(X(0), &c);
+    assert_int_equal(c.blocks_fenced, 1);
+    assert_int_equal(c.blocks_landed, 0);
+    assert_int_equal(violations(f), 0);
+    assert_true(slot_is(f, 1, d.slot, 0));
+    assert_int_equal(OPS(0)->cancel(X(0), &id, 1, KVP_CANCEL_IMMEDIATE, NULL, NULL), KVP_OK);
+    /* The next incarnation: both sides add new endpoints; its copies land. */
+    assert_int_equal(OPS(0)->remove_peer(X(0), to_cons), KVP_OK);
+    assert_int_equal(OPS(1)->remove_peer(X(1), to_src), KVP_OK);
+    kvp_xpeer_id_t to_cons2 = connect_to(f, 0, 1);
+    (void)connect_to(f, 1, 0);
+    kvp_slot_ref_t d2 = dst_block(f, 1, "k2");
+    kvp_xfer_block_t b2 = blk(s, d2);
+    assert_int_equal(OPS(0)->write(X(0), to_cons2, &b2, 1, &id), KVP_OK);
+    advance(f, 10 * MS);
+    kvp_fake_get_counters(X(0), &c);
+    assert_int_equal(c.blocks_landed, 1);
+    assert_int_equal(c.blocks_fenced, 1);
+    assert_true(slot_is(f, 1, d2.slot, 0x66));
+    assert_int_equal(violations(f), 0);
+    kvp_xfer_result_t r[2];
+    assert_int_equal(poll_n(f, 0, to_cons2, r, 2), 1);
+    assert_int_equal(kvp_store_abandon(f->n[1].s, d2), KVP_OK);
+    fix_close(f);
+}
+
 /* Mutation: close(false) ignores tracked transfers. */
 static void test_close_refuses_unless_forced(void **state)
 {
@@ -745,6 +796,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_force_release_retired),
     cmocka_unit_test(test_fence_fenceable_drops_late_copies),
     cmocka_unit_test(test_fence_unfenceable_lands),
+    cmocka_unit_test(test_fence_holds_for_later_posts_of_that_endpoint),
     cmocka_unit_test(test_close_refuses_unless_forced),
     cmocka_unit_test(test_bad_blob),
     cmocka_unit_test(test_write_bad_input),
