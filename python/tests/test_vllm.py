@@ -91,6 +91,23 @@ class Child:
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.p.poll() is None:
             self.p.send_signal(sig)
+            if sig == signal.SIGSTOP:
+                self._wait_stopped()
+
+    def _wait_stopped(self) -> None:
+        """SIGSTOP is asynchronous: return once every thread of the engine is
+        stopped (state T in /proc), so nothing it does can race the test."""
+        deadline = time.monotonic() + scaled(5)
+        while time.monotonic() < deadline:
+            try:
+                tasks = list(Path(f"/proc/{self.p.pid}/task").iterdir())
+                if all((t / "stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
+                       for t in tasks):
+                    return
+            except OSError:
+                pass
+            time.sleep(0.002)
+        raise TimeoutError("engine A did not stop on SIGSTOP")
 
     def close(self) -> None:
         if self.p.poll() is None:
