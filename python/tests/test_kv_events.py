@@ -45,9 +45,13 @@ def _kinds(applied):
     return [(a.kind, a.key) for a in applied]
 
 
-def _contiguous(applied):
-    seqs = sorted({a.seq for a in applied})
-    return seqs == list(range(len(seqs)))
+def _in_order(applied):
+    """Events applied in sequence order from the incarnation's first batch.
+    Their seqs need not be contiguous: a node publishes an empty batch after
+    each second of silence (a slow step on a loaded machine leaves such a
+    seq between two events). That no batch went missing is cm.lost == 0."""
+    seqs = [a.seq for a in applied]
+    return bool(seqs) and seqs[0] == 0 and seqs == sorted(seqs)
 
 
 def test_every_put_and_evict_in_order_across_restart(node_factory):
@@ -83,7 +87,7 @@ def test_every_put_and_evict_in_order_across_restart(node_factory):
         assert len(inc_a) == 1
         (seq_a,) = inc_a.values()
         assert _kinds(seq_a) == want_a
-        assert _contiguous(seq_a)
+        assert _in_order(seq_a)
         assert cm.nodes[a.peer_id].blocks == set(ka[24:])
 
         # Restart b under the same peer id and endpoints: a new incarnation.
@@ -105,10 +109,10 @@ def test_every_put_and_evict_in_order_across_restart(node_factory):
             [("stored", k) for k in ka[37:]]
         assert _kinds(old)[:len(want_old)] == want_old
         assert _kinds(old)[len(want_old):] in ([], [("cleared", b"")])  # the goodbye
-        assert _contiguous(old)
+        assert _in_order(old)
         new = inc_b[cm.nodes[bid].incarnation]
         assert _kinds(new) == [("cleared", b"")] + [("stored", k) for k in kc]
-        assert _contiguous(new)
+        assert _in_order(new)
         assert cm.lost == 0  # every gap (late joins) was filled from replay
         assert cm.replays >= 1  # the late joins really went through replay
 
