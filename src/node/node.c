@@ -390,6 +390,8 @@ static void node_settle(kvp_node_t *n)
 {
     for (int i = 0; i < 64 && n->xport->ops->progress(n->xport); i++)
         ;
+    if (!kvp_list_empty(&n->landing))
+        kvp__client_check_landing(n);
     node_poll_sessions(n);
     if (n->xport->ep_failures != n->ep_failures_seen)
         node_check_endpoints(n);
@@ -406,8 +408,8 @@ static void node_round(kvp_node_t *n, int timeout_ms)
     /* Transfers in flight: UCX completes a direct shared-memory put and its
      * flush only inside progress(), without always signalling the event fd,
      * so sleep at most 1 ms while any is in flight (a bounded spin). */
-    if (timeout_ms != 0 && !kvp_list_empty(&n->active))
-        timeout_ms = 1;
+    if (timeout_ms != 0 && (!kvp_list_empty(&n->active) || !kvp_list_empty(&n->landing)))
+        timeout_ms = 1; /* LANDING loads: blocks arrive inside progress() too */
     if (timeout_ms != 0 && (n->xport->ops->caps & KVP_XPORT_CAP_EVENT_FD)) {
         while (n->xport->ops->arm(n->xport) == KVP_ERR_BUSY && busy++ < busy_limit)
             node_settle(n);
@@ -685,6 +687,7 @@ kvp_status_t kvp__node_create_ex(const kvp_config_t *cfg, const kvp_node_seams_t
     kvp_list_init(&n->waiting);
     kvp_list_init(&n->retained);
     kvp_list_init(&n->quarantined);
+    kvp_list_init(&n->landing);
     kvp_list_init(&n->flushq);
     kvp_list_init(&n->cmds);
     kvp_ratelimit_init(&n->rl_proto, KVP_NSEC_PER_SEC, 5);

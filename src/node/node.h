@@ -91,13 +91,17 @@ typedef enum kvp_load_phase {
     KVP_LOAD_QUEUED = 0,   /* on session->fetchq waiting for byte budget; nothing reserved */
     KVP_LOAD_SENT = 1,     /* FETCH sent; load timer running */
     KVP_LOAD_ABORTING = 2, /* ABORT sent; re-sent until ABORT_ACK / FETCH_DONE */
-    KVP_LOAD_SETTLED = 3,  /* slots committed/abandoned or quarantined */
+    KVP_LOAD_LANDING = 3,  /* AM path: FETCH_DONE here, some blocks not yet landed;
+                            * on node->landing, timer = the landing bound */
+    KVP_LOAD_SETTLED = 4,  /* slots committed/abandoned or quarantined */
 } kvp_load_phase_t;
 
 typedef struct kvp_load_block {
     kvp_key_buf_t key;
     kvp_slot_ref_t dst;
     bool reserved; /* dst holds a FILLING/QUARANTINED slot of ours */
+    bool sent;     /* FETCH_DONE: the source sent it (ok), with this digest */
+    kvp_digest_t digest;
 } kvp_load_block_t;
 
 /* Fetches waiting for the bytes-in-flight budget of their session (SPEC §8
@@ -107,6 +111,9 @@ typedef struct kvp_load_block {
 
 struct kvp_load {
     kvp_list_t link; /* session->fetchq (QUEUED), session->loads, or node->quarantined */
+    kvp_list_t land_link; /* node->landing while LANDING */
+    uint32_t land_next;   /* LANDING: blocks before this one are known landed (or not sent) */
+    int32_t done_status;  /* LANDING: the FETCH_DONE's status */
     kvp_node_t *node;
     kvp_session_t *sess; /* NULL once the session is gone */
     kvp_xpeer_id_t xpeer; /* the transport peer WRITEs come through (fence scope) */
@@ -279,6 +286,7 @@ struct kvp_node {
     kvp_list_t waiting;     /* srounds waiting for commits (pending lookups, parked) */
     kvp_list_t retained;    /* kvp_xfer_t retained after their session ended */
     kvp_list_t quarantined; /* kvp_load_t whose slots are QUARANTINED */
+    kvp_list_t landing;     /* kvp_load_t LANDING: checked after each transport progress */
     kvp_list_t flushq;      /* sessions with queued lookups or startable queued fetches */
     uint32_t n_sessions, n_retained;
     uint64_t next_op_id, next_round;
@@ -360,6 +368,10 @@ kvp_status_t kvp__client_fetch(kvp_session_t *s, uint64_t op_id, uint64_t reques
 void kvp__client_on_lookup_resp(kvp_session_t *s, const kvp_msg_lookup_resp_t *m);
 void kvp__client_on_fetch_done(kvp_session_t *s, const kvp_msg_fetch_done_t *m);
 void kvp__client_on_abort_ack(kvp_session_t *s, const kvp_msg_abort_t *m);
+/* After each transport progress: settle the LANDING loads whose blocks all
+ * landed or whose endpoint failed. O(landing loads) plus the blocks that
+ * landed since the last call. */
+void kvp__client_check_landing(kvp_node_t *n);
 kvp_load_t *kvp__client_find_load(kvp_node_t *n, uint64_t op_id);
 void kvp__client_abort(kvp_load_t *l, kvp_status_t why);
 void kvp__client_finish_request(kvp_session_t *s, uint64_t request_id);

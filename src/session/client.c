@@ -34,21 +34,26 @@ static void load_timer_cb(kvp_timer_t *t);
  *
  *   kvp__client_fetch -> QUEUED --(budget; FETCH sent)--> SENT --(timeout,
  *   finish, cancel: ABORT sent)--> ABORTING
- *   QUEUED / SENT / ABORTING --(FETCH_DONE, ABORT_ACK, nothing to fetch,
- *   session down)--> SETTLED
+ *   SENT / ABORTING --(FETCH_DONE on an AM path, blocks not all landed
+ *   yet)--> LANDING (kvp__client_on_fetch_done)
+ *   QUEUED / SENT / ABORTING / LANDING --(FETCH_DONE, ABORT_ACK, nothing to
+ *   fetch, session down; LANDING: every block landed, endpoint error, the
+ *   landing bound)--> SETTLED
  *
  * SETTLED is final for the phase; whether the slots are free, committed or
  * quarantined awaiting proof is l->quarantined's (and the store's) to say. */
-static const char *const load_phase_names[] = {"queued", "sent", "aborting", "settled"};
+static const char *const load_phase_names[] = {"queued", "sent", "aborting", "landing",
+                                                "settled"};
 
 static void load_set_phase(kvp_load_t *l, kvp_load_phase_t to)
 {
-    static const uint8_t legal[4] = {
+    static const uint8_t legal[5] = {
         [KVP_LOAD_QUEUED] = 1u << KVP_LOAD_QUEUED, /* a new record starts QUEUED */
         [KVP_LOAD_SENT] = 1u << KVP_LOAD_QUEUED,
         [KVP_LOAD_ABORTING] = 1u << KVP_LOAD_SENT,
-        [KVP_LOAD_SETTLED] =
-            (1u << KVP_LOAD_QUEUED) | (1u << KVP_LOAD_SENT) | (1u << KVP_LOAD_ABORTING),
+        [KVP_LOAD_LANDING] = (1u << KVP_LOAD_SENT) | (1u << KVP_LOAD_ABORTING),
+        [KVP_LOAD_SETTLED] = (1u << KVP_LOAD_QUEUED) | (1u << KVP_LOAD_SENT) |
+                             (1u << KVP_LOAD_ABORTING) | (1u << KVP_LOAD_LANDING),
     };
     KVP_ASSERT(legal[to] & (1u << l->phase));
     KVP_TRACE(l->node->name, "peer %s load %llu: %s -> %s", l->peer, (unsigned long long)l->op_id,
@@ -331,6 +336,8 @@ void kvp__load_free(kvp_load_t *l)
     kvp_timer_stop(n->loop, &l->timer);
     if (kvp_list_linked(&l->link))
         kvp_list_remove(&l->link);
+    if (kvp_list_linked(&l->land_link))
+        kvp_list_remove(&l->land_link);
     if (l->sess != NULL && l->bytes > 0) {
         l->sess->bytes_inflight -= l->bytes;
         fetchq_kick(l->sess); /* budget freed: queued fetches may start */
@@ -522,6 +529,7 @@ static kvp_load_t *load_new(kvp_session_t *s, uint64_t op_id, uint64_t request_i
     }
     snprintf(l->peer, sizeof(l->peer), "%s", s->peer_id);
     kvp_list_init(&l->link);
+    kvp_list_init(&l->land_link);
     kvp_timer_init(&l->timer, "load", load_timer_cb, l);
     return l;
 }
@@ -729,55 +737,100 @@ void kvp__load_release_quarantine(kvp_load_t *l, bool by_cap)
 
 /* AM path: FETCH_DONE is sent once the source's sends and flush completed,
  * i.e. once the blocks left its memory; on the control connection it can
- * overtake their tail on the data connection. Wait (progressing the
- * transport, which is what lands them) until our handler saw every block,
- * bounded; the connection failing ends the wait. Returns landed[] per
- * reserved block (caller frees), or NULL when every block counts as here
- * (not an AM path, or no memory: then the checksum still guards). */
+ * overtake their tail on the data connection. Such a load waits LANDING
+ * (on node->landing; the node thread goes on serving everything else)
+ * until our handler saw every block the source sent, its endpoint fails,
+ * or the bound passes; a block not landed by then fails (refused,
+ * abandoned) instead of being committed. */
 #define KVP_AM_LAND_WAIT_NS (2 * KVP_NSEC_PER_SEC)
-static bool *fetch_done_await(kvp_session_t *s, kvp_load_t *l, const kvp_msg_fetch_done_t *m)
+
+static bool load_awaits_landing(const kvp_session_t *s, const kvp_msg_fetch_done_t *m)
 {
     kvp_xport_t *x = s->node->xport;
-    if (x->ops->await_landed == NULL || !x->ops->inbound_refusable(x, s->xpeer) || m->n == 0 ||
-        KVP_MUTATED(KVP_MUT_AM_SKIP_AWAIT))
-        return NULL;
-    kvp_xslot_t *xs = kvp__calloc(m->n, sizeof(*xs));
-    bool *landed = kvp__calloc(m->n, sizeof(*landed));
-    if (xs == NULL || landed == NULL) {
-        kvp__free(xs);
-        kvp__free(landed);
-        return NULL;
+    return m->status == KVP_OK && m->n > 0 && x->ops->is_landed != NULL &&
+           x->ops->inbound_refusable != NULL && x->ops->inbound_refusable(x, s->xpeer) &&
+           !KVP_MUTATED(KVP_MUT_AM_SKIP_AWAIT);
+}
+
+static bool block_landed(const kvp_load_t *l, const kvp_load_block_t *b)
+{
+    kvp_xport_t *x = l->node->xport;
+    return x->ops->is_landed(x, (kvp_xslot_t){b->dst.slot, b->dst.gen});
+}
+
+/* Advance l->land_next past the blocks that need nothing more (not
+ * reserved, not sent, or landed); true when none is left. Each block is
+ * passed once over the load's life. */
+static bool load_all_landed(kvp_load_t *l)
+{
+    while (l->land_next < l->n) {
+        const kvp_load_block_t *b = &l->blocks[l->land_next];
+        if (b->reserved && b->sent && !block_landed(l, b))
+            return false;
+        l->land_next++;
     }
-    uint32_t k = 0;
-    for (uint32_t i = 0; i < l->n; i++)
-        if (l->blocks[i].reserved)
-            xs[k++] = (kvp_xslot_t){l->blocks[i].dst.slot, l->blocks[i].dst.gen};
-    uint64_t waited = 0, step = 10 * KVP_NSEC_PER_MSEC, bound = KVP_AM_LAND_WAIT_NS;
-    for (;;) {
-        x->ops->await_landed(x, xs, k, waited == 0 ? 0 : step, landed);
-        bool all = true;
-        for (uint32_t i = 0; i < k; i++)
-            all &= landed[i];
-        if (all || waited >= bound || x->ops->peer_status(x, s->xpeer) != KVP_OK)
-            break;
-        waited += step;
+    return true;
+}
+
+/* Apply the FETCH_DONE recorded in the load's blocks: commit the verified
+ * blocks (on a LANDING load: only those that landed), abandon the rest,
+ * publish (once), settle and free. Every block is refused before its slot
+ * leaves FILLING, so nothing can land after. */
+static void load_settle_done(kvp_load_t *l, kvp_status_t done_status, bool landing)
+{
+    kvp_node_t *n = l->node;
+    uint32_t ok = 0, missing = 0, k = 0;
+    kvp_status_t first_err = done_status;
+    for (uint32_t i = 0; i < l->n; i++) {
+        kvp_load_block_t *b = &l->blocks[i];
+        if (!b->reserved)
+            continue;
+        k++;
+        bool here = !landing || i < l->land_next || !b->sent || block_landed(l, b);
+        /* Not ok in a successful FETCH_DONE: the source had no supply for
+         * that key (it missed), the others were sent (F9, partial). */
+        kvp_status_t st = done_status == KVP_OK ? KVP_ERR_NOT_FOUND : KVP_ERR_TRANSPORT;
+        block_refuse(l, b); /* leaves FILLING below: nothing may land after */
+        if (done_status == KVP_OK && b->sent && !here) {
+            st = KVP_ERR_TRANSPORT; /* sent, but never reached us (AM path) */
+            missing++;
+        } else if (done_status == KVP_OK && b->sent) {
+            st = n->cfg.verify_checksums && !KVP_MUTATED(KVP_MUT_SKIP_CHECKSUM)
+                     ? kvp_store_commit_verify(n->store, b->dst, &b->digest)
+                     : kvp_store_commit(n->store, b->dst);
+        }
+        if (st == KVP_ERR_CHECKSUM)
+            KVP_ERROR(n->name, "peer %s: block %u of round %llu fails its checksum: dropped",
+                      l->peer, i, (unsigned long long)l->round);
+        if (st != KVP_OK) {
+            KVP_ASSERT(kvp_store_abandon(n->store, b->dst) == KVP_OK);
+            if (first_err == KVP_OK)
+                first_err = st;
+        } else {
+            ok++;
+            kvp__server_on_commit(n, b->key.data, b->key.len);
+        }
+        b->reserved = false;
+        if (l->block_status)
+            l->block_status[i] = st;
     }
-    uint32_t missing = 0;
-    for (uint32_t i = 0; i < k; i++)
-        missing += !landed[i] && m->blocks[i].ok;
     if (missing)
-        KVP_WARN(s->node->name, "peer %s: %u of %u blocks of round %llu never reached us "
-                 "after FETCH_DONE: failed", s->peer_id, missing, k, (unsigned long long)m->round);
-    kvp__free(xs);
-    return landed;
+        KVP_WARN(n->name, "peer %s: %u of %u blocks of round %llu never reached us "
+                 "after FETCH_DONE: failed", l->peer, missing, k, (unsigned long long)l->round);
+    n->st.blocks_in += ok;
+    n->st.bytes_in += (uint64_t)ok * n->cfg.block_size;
+    if (!l->published)
+        kvp__load_publish(l, first_err, ok);
+    load_set_phase(l, KVP_LOAD_SETTLED);
+    kvp__load_free(l);
 }
 
 void kvp__client_on_fetch_done(kvp_session_t *s, const kvp_msg_fetch_done_t *m)
 {
     kvp_node_t *n = s->node;
     kvp_load_t *l = load_find(s, m->round, m->request_id);
-    if (l == NULL)
-        return; /* duplicate of an answer already applied: idempotent */
+    if (l == NULL || l->phase == KVP_LOAD_LANDING)
+        return; /* duplicate of an answer already applied (or being applied): idempotent */
     if (l->am_refused) { /* failed and released earlier (AM_REFUSE): nothing left */
         load_set_phase(l, KVP_LOAD_SETTLED);
         kvp__load_free(l);
@@ -794,54 +847,59 @@ void kvp__client_on_fetch_done(kvp_session_t *s, const kvp_msg_fetch_done_t *m)
         kvp__load_release_quarantine(l, false);
         return;
     }
-    bool *landed = m->status == KVP_OK ? fetch_done_await(s, l, m) : NULL;
-    uint32_t ok = 0, k = 0;
-    kvp_status_t first_err = m->status != KVP_OK ? (kvp_status_t)m->status : KVP_OK;
+    /* Record the answer in the load (no allocation): settled now, or once
+     * the blocks landed. */
+    uint32_t k = 0;
     for (uint32_t i = 0; i < l->n; i++) {
         kvp_load_block_t *b = &l->blocks[i];
         if (!b->reserved)
             continue;
-        bool here = landed == NULL || landed[k];
-        const kvp_fetch_block_t *fb = &m->blocks[k++];
-        /* Not ok in a successful FETCH_DONE: the source had no supply for
-         * that key (it missed), the others were sent (F9, partial). */
-        kvp_status_t st = m->status == KVP_OK ? KVP_ERR_NOT_FOUND : KVP_ERR_TRANSPORT;
-        block_refuse(l, b); /* leaves FILLING below: nothing may land after */
-        if (m->status == KVP_OK && fb->ok && !here)
-            st = KVP_ERR_TRANSPORT; /* sent, but never reached us (AM path) */
-        else if (m->status == KVP_OK && fb->ok)
-            st = n->cfg.verify_checksums && !KVP_MUTATED(KVP_MUT_SKIP_CHECKSUM)
-                     ? kvp_store_commit_verify(n->store, b->dst, &fb->digest)
-                     : kvp_store_commit(n->store, b->dst);
-        if (st == KVP_ERR_CHECKSUM)
-            KVP_ERROR(n->name, "peer %s: block %u of round %llu fails its checksum: dropped",
-                      s->peer_id, i, (unsigned long long)m->round);
-        if (st != KVP_OK) {
-            KVP_ASSERT(kvp_store_abandon(n->store, b->dst) == KVP_OK);
-            if (first_err == KVP_OK)
-                first_err = st;
-        } else {
-            ok++;
-            kvp__server_on_commit(n, b->key.data, b->key.len);
-        }
-        b->reserved = false;
-        if (l->block_status)
-            l->block_status[i] = st;
+        b->sent = m->blocks[k].ok != 0;
+        b->digest = m->blocks[k++].digest;
     }
-    kvp__free(landed);
-    n->st.blocks_in += ok;
-    n->st.bytes_in += (uint64_t)ok * n->cfg.block_size;
-    if (!l->published)
-        kvp__load_publish(l, first_err, ok);
-    load_set_phase(l, KVP_LOAD_SETTLED);
-    kvp__load_free(l);
+    kvp_status_t done = m->status != KVP_OK ? (kvp_status_t)m->status : KVP_OK;
+    if (!load_awaits_landing(s, m)) {
+        load_settle_done(l, done, false);
+        return;
+    }
+    l->land_next = 0;
+    if (load_all_landed(l)) {
+        load_settle_done(l, done, true);
+        return;
+    }
+    l->done_status = done;
+    load_set_phase(l, KVP_LOAD_LANDING);
+    kvp_list_insert_tail(&n->landing, &l->land_link);
+    kvp_timer_stop(n->loop, &l->timer); /* the load / abort deadlines are over */
+    kvp_timer_start(n->loop, &l->timer, kvp__node_now(n) + KVP_AM_LAND_WAIT_NS);
+}
+
+void kvp__client_check_landing(kvp_node_t *n)
+{
+    kvp_list_t *p, *t;
+    kvp_list_foreach_safe(p, t, &n->landing)
+    {
+        kvp_load_t *l = KVP_CONTAINER_OF(p, kvp_load_t, land_link);
+        KVP_ASSERT(l->phase == KVP_LOAD_LANDING && l->sess != NULL);
+        if (load_all_landed(l) ||
+            n->xport->ops->peer_status(n->xport, l->xpeer) != KVP_OK)
+            load_settle_done(l, l->done_status, true);
+    }
+}
+
+/* A LANDING load that cannot wait any longer (bound, session down): what
+ * landed is committed, the rest fails. Frees the load. */
+static void load_landing_give_up(kvp_load_t *l)
+{
+    load_all_landed(l);
+    load_settle_done(l, l->done_status, true);
 }
 
 void kvp__client_on_abort_ack(kvp_session_t *s, const kvp_msg_abort_t *m)
 {
     kvp_load_t *l = load_find(s, m->round, m->request_id);
-    if (l == NULL)
-        return;
+    if (l == NULL || l->phase == KVP_LOAD_LANDING)
+        return; /* answered by FETCH_DONE already (a repeated ABORT's ack) */
     if (l->phase != KVP_LOAD_ABORTING) {
         /* We never asked: an ack for a load still being written is no proof
          * (freeing its slots now would let the WRITE land in reused memory). */
@@ -900,6 +958,10 @@ static void load_timer_cb(kvp_timer_t *t)
     if (l->phase == KVP_LOAD_QUEUED) {
         inflight_refused(l->sess, "waited too long in the fetch queue", l->op_id);
         fetchq_fail(l, KVP_ERR_LIMIT);
+        return;
+    }
+    if (l->phase == KVP_LOAD_LANDING) { /* the landing bound */
+        load_landing_give_up(l);
         return;
     }
     if (l->phase == KVP_LOAD_SENT) {
@@ -1000,6 +1062,12 @@ void kvp__client_teardown(kvp_session_t *s, bool fault)
     kvp_list_t *p, *t;
     (void)fault;
     kvp__client_fail_queued(s, KVP_ERR_UNREACHABLE); /* nothing reserved: nothing to hold */
+    kvp_list_foreach_safe(p, t, &s->loads)
+    {
+        kvp_load_t *l = KVP_CONTAINER_OF(p, kvp_load_t, link);
+        if (l->phase == KVP_LOAD_LANDING) /* answered: what landed counts, the rest fails */
+            load_landing_give_up(l);
+    }
     kvp_list_foreach_safe(p, t, &s->lookups_queued)
         lookup_op_finish(KVP_CONTAINER_OF(p, kvp_lookup_op_t, link), KVP_ERR_UNREACHABLE, 0);
     kvp_list_foreach_safe(p, t, &s->lookups_sent)

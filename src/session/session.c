@@ -134,8 +134,8 @@ void kvp__session_probation(kvp_session_t *s, bool on)
     kvp_list_foreach_safe(p, t, &s->loads)
     {
         kvp_load_t *l = KVP_CONTAINER_OF(p, kvp_load_t, link);
-        if (l->quarantined || l->phase == KVP_LOAD_SETTLED)
-            continue;
+        if (l->quarantined || l->phase == KVP_LOAD_SETTLED || l->phase == KVP_LOAD_LANDING)
+            continue; /* LANDING: answered already; its blocks or the bound end it */
         kvp__client_fail_unknown(l, KVP_ERR_UNREACHABLE);
         kvp__client_abort(l, KVP_ERR_UNREACHABLE); /* the ack is the proof */
     }

@@ -71,6 +71,7 @@ void fake__maybe_free(fake_xport_t *x, fake_xfer_t *xf)
     if (xf->tracked || fake__copy_pending(xf))
         return;
     kvp_list_remove(&xf->link);
+    kvp__free(xf->snap);
     kvp__free(xf);
 }
 
@@ -201,6 +202,11 @@ static kvp_status_t fake_register_region(kvp_xport_t *xp, void *base, size_t len
         x->layout = *layout;
         blob_build(x);
         st = KVP_OK;
+        if (x->default_path == KVP_PATH_FAKE_AM &&
+            (x->acc = kvp__calloc(layout->num_blocks, sizeof(*x->acc))) == NULL) {
+            x->registered = false;
+            st = KVP_ERR_NOMEM;
+        }
     }
     unlock(x);
     if (st == KVP_OK && base_out)
@@ -374,7 +380,6 @@ static kvp_status_t write_locked(fake_xport_t *x, kvp_xpeer_id_t peer,
         fake__log_call(x, &c, NULL);
         return st;
     }
-    script_pop(x);
     memset(xf, 0, sizeof(*xf));
     xf->id = x->fab->next_id++;
     xf->peer = p;
@@ -383,6 +388,17 @@ static kvp_status_t write_locked(fake_xport_t *x, kvp_xpeer_id_t peer,
     xf->tracked = true;
     xf->n = (uint32_t)n;
     memcpy(xf->blocks, blocks, n * sizeof(*blocks));
+    fake_xport_t *dst = fake__fabric_ep(x->fab, p->remote_ep);
+    if (dst && dst->acc && fake__snapshot(x->fab, x, xf) != KVP_OK) {
+        kvp__free(xf);
+        kvp_fake_call_t c = {.kind = KVP_FAKE_CALL_WRITE_REFUSED,
+                             .peer = peer,
+                             .status = KVP_ERR_NOMEM,
+                             .n_blocks = (uint32_t)n};
+        fake__log_call(x, &c, NULL);
+        return KVP_ERR_NOMEM;
+    }
+    script_pop(x);
     script_apply(x, xf, &s);
     /* Posted through an endpoint the consumer already fenced: nothing of it
      * lands (it still ends as scripted; the source cannot tell). */
@@ -591,6 +607,14 @@ static kvp_status_t fake_fence_peer(kvp_xport_t *xp, kvp_xpeer_id_t peer, bool *
     }
     bool fenceable = p->path == KVP_PATH_FAKE_FENCEABLE;
     uint64_t dropped = fenceable ? fake__fence(x->fab, p->remote_ep, x->ep) : 0;
+    if (p->path == KVP_PATH_FAKE_AM) { /* refuse what this handle expects: proof */
+        for (uint32_t i = 0; i < x->layout.num_blocks; i++)
+            if (x->acc[i].expect && x->acc[i].peer == peer) {
+                x->acc[i].expect = false;
+                x->st.am_refused_slots++;
+            }
+        fenceable = true;
+    }
     p->fenced = true;
     fake__log_simple(x, KVP_FAKE_CALL_FENCE, peer, 0, fenceable ? KVP_OK : KVP_ERR_UNSUPPORTED,
                      dropped);
@@ -617,6 +641,64 @@ static kvp_data_path_t fake_peer_path(kvp_xport_t *xp, kvp_xpeer_id_t peer)
     kvp_data_path_t path = p ? p->path : KVP_PATH_UNKNOWN;
     unlock(x);
     return path;
+}
+
+/* ------------------------------------------------------------- AM model */
+
+static bool fake_inbound_refusable(kvp_xport_t *xp, kvp_xpeer_id_t peer)
+{
+    fake_xport_t *x = fake__x(xp);
+    lock(x);
+    fake_peer_t *p = peer_live(x, peer);
+    bool am = p && p->path == KVP_PATH_FAKE_AM;
+    unlock(x);
+    return am;
+}
+
+static kvp_status_t fake_expect(kvp_xport_t *xp, kvp_xpeer_id_t peer, const kvp_xslot_t *slots,
+                                size_t n)
+{
+    fake_xport_t *x = fake__x(xp);
+    if (n && !slots)
+        return KVP_ERR_INVALID;
+    lock(x);
+    kvp_status_t st = KVP_OK;
+    fake_peer_t *p = peer ? peer_live(x, peer) : NULL;
+    if (!x->acc)
+        st = KVP_OK; /* not the AM model: every copy lands, nothing to expect */
+    else if (peer && !p)
+        st = KVP_ERR_NOT_FOUND;
+    for (size_t i = 0; st == KVP_OK && x->acc && i < n; i++)
+        if (slots[i].slot >= x->layout.num_blocks)
+            st = KVP_ERR_INVALID;
+    for (size_t i = 0; st == KVP_OK && x->acc && i < n; i++)
+        x->acc[slots[i].slot] = (fake_acc_t){peer, p ? p->remote_ep : 0, slots[i].gen, true, false};
+    unlock(x);
+    return st;
+}
+
+static void fake_refuse(kvp_xport_t *xp, const kvp_xslot_t *slots, size_t n)
+{
+    fake_xport_t *x = fake__x(xp);
+    lock(x);
+    for (size_t i = 0; x->acc && i < n; i++) {
+        fake_acc_t *e = slots[i].slot < x->layout.num_blocks ? &x->acc[slots[i].slot] : NULL;
+        if (e && e->expect && e->gen == slots[i].gen) {
+            e->expect = false;
+            x->st.am_refused_slots++;
+        }
+    }
+    unlock(x);
+}
+
+static bool fake_is_landed(kvp_xport_t *xp, kvp_xslot_t s)
+{
+    fake_xport_t *x = fake__x(xp);
+    lock(x);
+    const fake_acc_t *e = x->acc && s.slot < x->layout.num_blocks ? &x->acc[s.slot] : NULL;
+    bool landed = e && e->expect && e->gen == s.gen && e->landed;
+    unlock(x);
+    return landed;
 }
 
 /* -------------------------------------------------------------- progress */
@@ -713,6 +795,7 @@ static void free_all(fake_xport_t *x)
         else if (fake__copy_pending(xf))
             x->ctr.dropped_at_close++;
         kvp_list_remove(&xf->link);
+        kvp__free(xf->snap);
         kvp__free(xf);
     }
     x->events_dirty = true;
@@ -730,6 +813,7 @@ static void free_all(fake_xport_t *x)
     for (size_t i = 0; i < x->n_calls; i++)
         kvp__free((void *)x->calls[i].blocks);
     kvp__free(x->calls);
+    kvp__free(x->acc);
 }
 
 static kvp_status_t fake_close(kvp_xport_t *xp, bool force)
@@ -769,6 +853,10 @@ const kvp_xport_ops_t kvp_fake_ops = {
     .fence_peer = fake_fence_peer,
     .peer_status = fake_peer_status,
     .peer_path = fake_peer_path,
+    .inbound_refusable = fake_inbound_refusable,
+    .expect = fake_expect,
+    .refuse = fake_refuse,
+    .is_landed = fake_is_landed,
     .progress = fake_progress,
     .event_fd = fake_event_fd,
     .arm = fake_arm,
@@ -786,7 +874,8 @@ kvp_status_t kvp_fake_create(const kvp_fake_config_t *cfg, kvp_xport_t **out)
     if (!cfg || !cfg->fabric || !out)
         return KVP_ERR_INVALID;
     kvp_data_path_t path = cfg->default_path ? cfg->default_path : KVP_PATH_FAKE_FENCEABLE;
-    if (path != KVP_PATH_FAKE_FENCEABLE && path != KVP_PATH_FAKE_UNFENCEABLE)
+    if (path != KVP_PATH_FAKE_FENCEABLE && path != KVP_PATH_FAKE_UNFENCEABLE &&
+        path != KVP_PATH_FAKE_AM)
         return KVP_ERR_INVALID;
     fake_xport_t *x = kvp__calloc(1, sizeof(*x));
     if (!x)

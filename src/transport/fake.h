@@ -130,12 +130,21 @@ typedef struct kvp_fake_config {
                                    * destination slots of writes into us) */
     const char *log_prefix;       /* borrowed for the transport's lifetime; may be NULL */
     kvp_data_path_t default_path; /* of every new peer: KVP_PATH_FAKE_FENCEABLE
-                                   * (also when UNKNOWN/0) or KVP_PATH_FAKE_UNFENCEABLE */
+                                   * (also when UNKNOWN/0), KVP_PATH_FAKE_UNFENCEABLE
+                                   * or KVP_PATH_FAKE_AM (below) */
     uint64_t default_delay_ns;    /* default script: copy + DONE after this (0 = at once) */
     uint64_t delay_jitter_ns;     /* default script: + uniform [0, jitter] from the rng */
     uint64_t rng_seed;
     size_t call_log_max; /* records kept in the call log; 0 = 65536 */
 } kvp_fake_config_t;
+
+/* AM model (default_path KVP_PATH_FAKE_AM, for the consumer side of
+ * ucx_am.c): copies INTO this transport land only in slots it expects
+ * (ops expect) at the copy's generation from that source; refused, stale or
+ * foreign copies are dropped and counted (late_bytes_dropped); is_landed
+ * says whether an expected slot got its copy; fence_peer refuses every slot
+ * expected from that peer and is proof. inbound_refusable is true for its
+ * peers. Without it, expect/refuse are no-ops and every copy lands. */
 
 /* Create a fake transport; it registers itself (an endpoint id) with the
  * fabric. Free it with ops->close(). KVP_ERR_INVALID for a NULL fabric or a

@@ -181,7 +181,8 @@ static void apply_copy(kvp_fake_fabric_t *f, fake_xport_t *x, fake_xfer_t *xf, u
                                   .src_slot = b->src_slot,
                                   .dst_slot = b->dst_slot,
                                   .at_ns = now};
-        check_src(f, x, &v, b);
+        if (!xf->snap)
+            check_src(f, x, &v, b); /* a snapshot was checked when it was read */
         if (!dst) {
             v.kind = KVP_FAKE_V_DST_CLOSED;
             v.expected_gen = b->dst_gen;
@@ -192,12 +193,43 @@ static void apply_copy(kvp_fake_fabric_t *f, fake_xport_t *x, fake_xfer_t *xf, u
             x->ctr.blocks_dst_closed++;
             continue;
         }
+        fake_acc_t *e = dst->acc ? &dst->acc[b->dst_slot] : NULL;
+        if (e && (!e->expect || e->gen != b->dst_gen || (e->src_ep && e->src_ep != x->ep))) {
+            dst->st.late_bytes_dropped += bs; /* AM model: refused, stale or foreign */
+            continue;
+        }
         check_dst(f, x, dst, &v, b);
-        memmove(dst->region + (size_t)b->dst_slot * bs, x->region + (size_t)b->src_slot * bs, bs);
+        memmove(dst->region + (size_t)b->dst_slot * bs,
+                xf->snap ? xf->snap + (size_t)i * bs : x->region + (size_t)b->src_slot * bs, bs);
+        if (e) {
+            e->landed = true;
+            dst->st.am_blocks_landed++;
+            dst->st.am_bytes_landed += bs;
+        }
         x->ctr.blocks_landed++;
         if (!xf->tracked)
             x->ctr.late_copies++;
     }
+}
+
+kvp_status_t fake__snapshot(kvp_fake_fabric_t *f, fake_xport_t *x, fake_xfer_t *xf)
+{
+    size_t bs = x->layout.block_size;
+    if ((xf->snap = kvp__malloc((size_t)xf->n * bs)) == NULL)
+        return KVP_ERR_NOMEM;
+    uint64_t now = kvp_clock_now(x->clock);
+    for (uint32_t i = 0; i < xf->n; i++) {
+        const kvp_xfer_block_t *b = &xf->blocks[i];
+        kvp_fake_violation_t v = {.xfer = xf->id,
+                                  .src_ep = x->ep,
+                                  .dst_ep = xf->dst_ep,
+                                  .src_slot = b->src_slot,
+                                  .dst_slot = b->dst_slot,
+                                  .at_ns = now};
+        check_src(f, x, &v, b);
+        memcpy(xf->snap + (size_t)i * bs, x->region + (size_t)b->src_slot * bs, bs);
+    }
+    return KVP_OK;
 }
 
 static void apply_terminal(fake_xport_t *x, fake_xfer_t *xf)

@@ -178,14 +178,18 @@ kvp_status_t kvp_fake_peer_set_error(kvp_xport_t *xp, kvp_xpeer_id_t peer, kvp_s
 
 kvp_status_t kvp_fake_peer_set_path(kvp_xport_t *xp, kvp_xpeer_id_t peer, kvp_data_path_t path)
 {
-    if (path != KVP_PATH_FAKE_FENCEABLE && path != KVP_PATH_FAKE_UNFENCEABLE)
+    if (path != KVP_PATH_FAKE_FENCEABLE && path != KVP_PATH_FAKE_UNFENCEABLE &&
+        path != KVP_PATH_FAKE_AM)
         return KVP_ERR_INVALID;
     fake_xport_t *x = lock_x(xp);
     fake_peer_t *p = peer_live(x, peer);
-    if (p)
+    kvp_status_t st = !p ? KVP_ERR_NOT_FOUND : (path == KVP_PATH_FAKE_AM) != (x->acc != NULL)
+                                                   ? KVP_ERR_STATE /* the AM model is per transport */
+                                                   : KVP_OK;
+    if (st == KVP_OK)
         p->path = path;
     unlock_x(x);
-    return p ? KVP_OK : KVP_ERR_NOT_FOUND;
+    return st;
 }
 
 /* ------------------------------------------------------------ inspection */

@@ -50,9 +50,23 @@ typedef struct fake_xfer {
     kvp_status_t final_status; /* status once terminal */
     bool disconnect;           /* terminal marks the peer unreachable */
     bool tracked, retired, terminal, copied, fenced;
+    /* Into an AM-model consumer: the source's bytes as read at write() (an
+     * AM source's eager send copies them out then); owned, n blocks. */
+    unsigned char *snap;
     uint32_t n;
     kvp_xfer_block_t blocks[];
 } fake_xfer_t;
+
+/* AM model (default path KVP_PATH_FAKE_AM): one entry per slot of our
+ * region. A copy into us lands only while its slot is expected at the
+ * copy's generation from the copying endpoint; anything else is dropped and
+ * counted (late_bytes_dropped), as ucx_am.c's handler does. */
+typedef struct fake_acc {
+    kvp_xpeer_id_t peer; /* our handle of the source (fence scope); 0 = any */
+    uint32_t src_ep;     /* its fabric endpoint; 0 = any */
+    uint32_t gen;
+    bool expect, landed;
+} fake_acc_t;
 
 typedef struct fake_script_node {
     kvp_list_t link;
@@ -72,6 +86,7 @@ typedef struct fake_xport {
     unsigned char *region;
     size_t region_len;
     kvp_layout_t layout;
+    fake_acc_t *acc; /* owned; layout.num_blocks entries on the AM model, else NULL */
     unsigned char blob[FAKE_BLOB_LEN];
     kvp_list_t peers, xfers, scripts;
     /* The earliest scripted event (copy or terminal) of our transfers,
@@ -125,6 +140,9 @@ uint64_t fake__quiet_until(fake_xport_t *x);
  * transfers posted through them later are dropped too. Returns the
  * transfers fenced now. */
 uint64_t fake__fence(kvp_fake_fabric_t *f, uint32_t src_ep, uint32_t dst_ep);
+/* xf goes to an AM-model consumer: read (and check, I2) its source blocks
+ * now into xf->snap, as the AM source's send does. KVP_ERR_NOMEM. */
+kvp_status_t fake__snapshot(kvp_fake_fabric_t *f, fake_xport_t *x, fake_xfer_t *xf);
 
 /* fake_hooks.c: the call log (counts every call; keeps max_calls records) */
 void fake__log_call(fake_xport_t *x, const kvp_fake_call_t *c, const kvp_xfer_block_t *blocks);

@@ -18,6 +18,8 @@ const char *kvp_data_path_str(kvp_data_path_t p)
         return "fake-fenceable";
     case KVP_PATH_FAKE_UNFENCEABLE:
         return "fake-unfenceable";
+    case KVP_PATH_FAKE_AM:
+        return "fake-am";
     }
     return "invalid";
 }

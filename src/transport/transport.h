@@ -45,6 +45,9 @@ typedef enum kvp_data_path {
     KVP_PATH_RDMA = 4,
     KVP_PATH_FAKE_FENCEABLE = 5,
     KVP_PATH_FAKE_UNFENCEABLE = 6,
+    /* The fake's model of the AM path: blocks into us land only in slots we
+     * expect (expect/refuse/is_landed), so refusal is proof. */
+    KVP_PATH_FAKE_AM = 7,
 } kvp_data_path_t;
 
 const char *kvp_data_path_str(kvp_data_path_t p);
@@ -157,10 +160,10 @@ typedef struct kvp_xport_ops {
     /* Stop accepting into these slots (no-op for slots not expected at that
      * generation). After it returns nothing lands in them. */
     void (*refuse)(kvp_xport_t *x, const kvp_xslot_t *slots, size_t n);
-    /* Progress until every slot expected at its generation has landed in
-     * full, or timeout_ns (real clock) passed; landed[i] says which did. */
-    void (*await_landed)(kvp_xport_t *x, const kvp_xslot_t *slots, size_t n, uint64_t timeout_ns,
-                         bool *landed);
+    /* Whether this slot, still expected at this generation, has landed in
+     * full. No progress, no allocation, O(1): the node asks it per poll
+     * round for the loads whose FETCH_DONE overtook their blocks. */
+    bool (*is_landed)(kvp_xport_t *x, kvp_xslot_t slot);
     /* Drive the backend (UCX: worker progress until idle). Returns whether
      * anything happened. */
     bool (*progress)(kvp_xport_t *x);

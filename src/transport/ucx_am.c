@@ -14,7 +14,8 @@
  * its generation and both transport tokens. The transfer is terminal when
  * every send and the endpoint flush completed (the source pins may go: the
  * data left our memory). That is only LOCAL completion: the consumer does
- * not trust FETCH_DONE before its own handler saw the blocks (await_landed).
+ * not trust FETCH_DONE before its own handler saw the blocks (is_landed,
+ * asked by the node each poll round while such a load waits).
  *
  * Consumer side: ucx_acc_t per slot of our region. ucx_am_data_cb (inside
  * ucp_worker_progress, owner thread) copies a block into its slot only if
@@ -159,41 +160,19 @@ void kvp__ucx_acc_refuse_peer(ucx_xport_t *x, kvp_xpeer_id_t peer)
         }
 }
 
-static bool ucx_all_landed(ucx_xport_t *x, const kvp_xslot_t *slots, size_t n, bool *landed)
-{
-    bool all = true;
-
-    for (size_t i = 0; i < n; i++) {
-        const ucx_acc_t *e = slots[i].slot < x->layout.num_blocks ? &x->acc[slots[i].slot] : NULL;
-        landed[i] = e && e->state == ACC_EXPECT && e->gen == slots[i].gen && e->landed;
-        all &= landed[i];
-    }
-    return all;
-}
-
 /* The source's flush completing means its blocks left its memory, not that
  * they reached us: FETCH_DONE on the control connection can overtake the
- * tail of the data connection. Progress (which is exactly what lands them)
- * until they are here or the bound passes. */
-void kvp__ucx_await_landed(kvp_xport_t *xp, const kvp_xslot_t *slots, size_t n,
-                           uint64_t timeout_ns, bool *landed)
+ * tail of the data connection. The node keeps such a load waiting (its
+ * LANDING phase) and asks this per block after each progress, which is
+ * exactly what lands them. */
+bool kvp__ucx_is_landed(kvp_xport_t *xp, kvp_xslot_t s)
 {
     ucx_xport_t *x = ucx_of(xp);
-    const kvp_clock_t *rc = kvp_clock_real();
-    uint64_t end = 0;
 
-    if (!x->acc) {
-        memset(landed, 0, n * sizeof(*landed));
-        return;
-    }
-    while (!ucx_all_landed(x, slots, n, landed)) {
-        uint64_t now = kvp_clock_now(rc);
-        if (end == 0)
-            end = now + timeout_ns;
-        else if (now >= end)
-            return;
-        x->base.ops->progress(&x->base);
-    }
+    if (!x->acc || s.slot >= x->layout.num_blocks)
+        return false;
+    const ucx_acc_t *e = &x->acc[s.slot];
+    return e->state == ACC_EXPECT && e->gen == s.gen && e->landed;
 }
 
 /* --------------------------------------------------------------- source */

@@ -194,8 +194,7 @@ bool kvp__ucx_inbound_refusable(kvp_xport_t *xp, kvp_xpeer_id_t peer);
 kvp_status_t kvp__ucx_expect(kvp_xport_t *xp, kvp_xpeer_id_t peer, const kvp_xslot_t *slots,
                              size_t n);
 void kvp__ucx_refuse(kvp_xport_t *xp, const kvp_xslot_t *slots, size_t n);
-void kvp__ucx_await_landed(kvp_xport_t *xp, const kvp_xslot_t *slots, size_t n,
-                           uint64_t timeout_ns, bool *landed);
+bool kvp__ucx_is_landed(kvp_xport_t *xp, kvp_xslot_t s);
 ucx_peer_t *kvp__ucx_peer_find(ucx_xport_t *x, kvp_xpeer_id_t id);
 
 #endif
