@@ -795,9 +795,11 @@ static void load_settle_done(kvp_load_t *l, kvp_status_t done_status, bool landi
             st = KVP_ERR_TRANSPORT; /* sent, but never reached us (AM path) */
             missing++;
         } else if (done_status == KVP_OK && b->sent) {
+            /* Verification off: the slot takes the source's digest, no hash
+             * of the block on the node thread. */
             st = n->cfg.verify_checksums && !KVP_MUTATED(KVP_MUT_SKIP_CHECKSUM)
                      ? kvp_store_commit_verify(n->store, b->dst, &b->digest)
-                     : kvp_store_commit(n->store, b->dst);
+                     : kvp_store_commit_digest(n->store, b->dst, &b->digest);
         }
         if (st == KVP_ERR_CHECKSUM)
             KVP_ERROR(n->name, "peer %s: block %u of round %llu fails its checksum: dropped",

@@ -450,6 +450,18 @@ kvp_status_t kvp_store_commit(kvp_store_t *s, kvp_slot_ref_t ref)
     return KVP_OK;
 }
 
+kvp_status_t kvp_store_commit_digest(kvp_store_t *s, kvp_slot_ref_t ref,
+                                     const kvp_digest_t *digest)
+{
+    kvp_status_t rc = ref_resolve(s, ref, KVP_SLOT_FILLING);
+    if (rc != KVP_OK)
+        return rc;
+    if (!digest)
+        return KVP_ERR_INVALID;
+    commit_digest(s, ref.slot, digest);
+    return KVP_OK;
+}
+
 kvp_status_t kvp_store_commit_verify(kvp_store_t *s, kvp_slot_ref_t ref,
                                      const kvp_digest_t *expected)
 {

@@ -145,6 +145,13 @@ kvp_status_t kvp_store_commit(kvp_store_t *s, kvp_slot_ref_t ref);
  * leaves the slot FILLING (the caller abandons it). */
 kvp_status_t kvp_store_commit_verify(kvp_store_t *s, kvp_slot_ref_t ref,
                                      const kvp_digest_t *expected);
+/* Like commit, but the slot takes `digest` (the source's checksum of what
+ * it sent) without hashing the content: a remote load with verification
+ * off. The digest still describes what the block should be, so a suspect
+ * re-verify or a verifying consumer downstream detects content that differs
+ * (kvp_store_commit would hash whatever landed and hide it). */
+kvp_status_t kvp_store_commit_digest(kvp_store_t *s, kvp_slot_ref_t ref,
+                                     const kvp_digest_t *digest);
 /* FILLING -> FREE, key unindexed. */
 kvp_status_t kvp_store_abandon(kvp_store_t *s, kvp_slot_ref_t ref);
 

@@ -540,6 +540,48 @@ static void test_suspect_reverify_detects_corruption(void **state)
     fix_close(&f);
 }
 
+/* Verification off (issue 17): commit takes the source's digest without
+ * hashing; a block that landed different from it is still caught where
+ * digests are checked (here: the suspect re-verify on acquire). */
+static void test_commit_digest(void **state)
+{
+    fix_t f;
+    fix_open(&f, 2, 0);
+    kvp_slot_ref_t r, r2;
+    void *p;
+    const void *rp;
+    kvp_digest_t d;
+    assert_int_equal(kvp_store_reserve(f.s, "a", 1, KVP_STORE_RESERVE_REMOTE, &r, &p), KVP_OK);
+    memset(p, 0x42, BS);
+    kvp_digest_t src = kvp_digest(p, BS, f.cfg.hash_seed);
+    assert_int_equal(kvp_store_commit_digest(f.s, r, NULL), KVP_ERR_INVALID);
+    assert_int_equal(kvp_store_commit_digest(f.s, r, &src), KVP_OK);
+    CHECK_OK(f.s);
+    assert_int_equal(f.commits, 1);
+    assert_int_equal(kvp_store_lookup(f.s, "a", 1, &r2, &rp, &d), KVP_OK);
+    assert_true(kvp_digest_eq(&d, &src));
+    assert_int_equal(kvp_store_unpin(f.s, r2), KVP_OK);
+    assert_int_equal(kvp_store_commit_digest(f.s, r, &src), KVP_ERR_STATE); /* READY already */
+    assert_int_equal(kvp_store_evict_one(f.s), KVP_OK);
+    assert_int_equal(kvp_store_commit_digest(f.s, r, &src), KVP_ERR_STALE);
+    fix_close(&f);
+
+    /* into a suspect slot, content not what the source sent: the stored
+     * digest is the source's, so the re-verify on acquire drops it */
+    fix_open(&f, 1, 0);
+    make_suspect(&f, "q");
+    assert_int_equal(kvp_store_reserve(f.s, "blk", 3, KVP_STORE_RESERVE_REMOTE, &r, &p), KVP_OK);
+    memset(p, 0x42, BS);
+    src = kvp_digest(p, BS, f.cfg.hash_seed);
+    ((uint8_t *)p)[7] ^= 0xff; /* a late WRITE before the commit */
+    assert_int_equal(kvp_store_commit_digest(f.s, r, &src), KVP_OK);
+    assert_int_equal(get(&f, "blk", &r2), KVP_ERR_NOT_FOUND);
+    kvp_store_stats_t st;
+    kvp_store_get_stats(f.s, &st);
+    assert_int_equal(st.checksum_mismatches, 1);
+    fix_close(&f);
+}
+
 static void test_suspect_reverify_pinned_and_expiry(void **state)
 {
     fix_t f;
@@ -757,6 +799,7 @@ int main(void)
         cmocka_unit_test(test_create_regions),
         cmocka_unit_test(test_create_alloc_failures),
         cmocka_unit_test(test_legal_transitions),
+        cmocka_unit_test(test_commit_digest),
         cmocka_unit_test(test_illegal_transitions),
         cmocka_unit_test(test_generations_and_stale_refs),
         cmocka_unit_test(test_duplicate_reserve),
