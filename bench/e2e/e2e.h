@@ -25,6 +25,8 @@ enum { E2E_MAX_LIST = 8, E2E_MAX_ROWS = 512, E2E_MAX_CEIL = 64, E2E_KEY_LEN = 12
 
 typedef struct e2e_opts {
     bool quick, smoke, plot, ceilings, shm, tcp;
+    bool hint;           /* --hint: one round trip per fetch (kvp_fetch with KVP_FETCH_FLAG_HINT,
+                            no lookup first); rows say "<data path>+hint" */
     uint64_t region;     /* consumer region bytes; the producer holds 2x (keys cycle) */
     uint32_t sizes[E2E_MAX_LIST];
     int nsizes;
@@ -48,7 +50,7 @@ typedef struct e2e_opts {
 /* One measured cell of the matrix. */
 typedef struct e2e_row {
     char path[8]; /* shm | tcp */
-    char data_path[32];
+    char data_path[40];
     uint32_t bs, depth;
     uint64_t req;
     bool cks;

@@ -284,14 +284,14 @@ static void ratio_rows(const e2e_opts_t *o, const e2e_table_t *t, FILE *f, uint3
 
 void e2e_print_table(const e2e_opts_t *o, const e2e_table_t *t)
 {
-    printf("\n%-4s %-11s %7s %8s %3s %4s %8s %9s %9s %9s %8s %6s %6s %5s %s\n", "path",
+    printf("\n%-4s %-16s %7s %8s %3s %4s %8s %9s %9s %9s %8s %6s %6s %5s %s\n", "path",
            "data_path", "bs_KiB", "req_MiB", "K", "cks", "GB/s", "fetch/s", "p50_us", "p99_us",
            "cpu_s/GB", "x_raw", "x_mcpy", "load", "keep_ms");
     for (int i = 0; i < t->nrows; i++) {
         const e2e_row_t *r = &t->rows[i];
         const e2e_ceil_t *raw = e2e_ceil_find(t, "raw", r->path, r->bs);
         const e2e_ceil_t *mc = e2e_ceil_find(t, "memcpy", "mem", r->bs);
-        printf("%-4s %-11s %7u %8.2f %3u %4s %8.3f %9.1f %9.0f %9.0f %8.3f %6.2f %6.2f %5.2f %s\n",
+        printf("%-4s %-16s %7u %8.2f %3u %4s %8.3f %9.1f %9.0f %9.0f %8.3f %6.2f %6.2f %5.2f %s\n",
                r->path, r->data_path, r->bs / 1024, (double)r->req / 1048576.0, r->depth,
                r->cks ? "on" : "off", r->gbps, r->fetches_s, r->p50_us, r->p99_us,
                r->cpu_s_per_gb, raw && raw->gbps > 0 ? r->gbps / raw->gbps : 0,

@@ -31,7 +31,9 @@ static void usage(void)
             "usage: e2e_bench [--quick | --smoke] [--path shm|tcp|both] [--sizes KiB,..]\n"
             "                 [--depths K,..] [--req-mib M,..] [--region-mib N] [--secs S]\n"
             "                 [--cks off|on|both] [--lookups N] [--no-ceilings] [--no-plot]\n"
-            "                 [--out DIR] [--diag-keep-ms MS] [--steady S]\n"
+            "                 [--out DIR] [--diag-keep-ms MS] [--steady S] [--hint]\n"
+            "  --hint: each fetch is one round trip (kvp_fetch with KVP_FETCH_FLAG_HINT: the\n"
+            "      source supplies what it holds), no lookup first\n"
             "  --steady S: per consumer, S seconds of unrecorded K=4 fetches before the cells\n"
             "  --diag-keep-ms: diagnostic; after the matrix, shm again with\n"
             "      abort_ack_timeout_ms + abort_resend_ms = MS on both nodes (how long a\n"
@@ -87,7 +89,7 @@ int e2e_parse(int argc, char **argv, e2e_opts_t *o)
         {"sizes", 1, 0, 'z'},   {"depths", 1, 0, 'd'},    {"req-mib", 1, 0, 'r'},
         {"region-mib", 1, 0, 'R'}, {"secs", 1, 0, 's'},   {"cks", 1, 0, 'c'},
         {"lookups", 1, 0, 'l'}, {"no-ceilings", 0, 0, 'C'}, {"no-plot", 0, 0, 'P'},
-        {"out", 1, 0, 'o'},     {"help", 0, 0, 'h'},      {"diag-keep-ms", 1, 0, 'k'}, {"steady", 1, 0, 'y'},
+        {"out", 1, 0, 'o'},     {"help", 0, 0, 'h'},      {"diag-keep-ms", 1, 0, 'k'}, {"steady", 1, 0, 'y'}, {"hint", 0, 0, 'H'},
         {0, 0, 0, 0}};
     uint64_t v[E2E_MAX_LIST];
     int ch, n;
@@ -163,6 +165,7 @@ int e2e_parse(int argc, char **argv, e2e_opts_t *o)
             if (!(o->steady >= 0 && o->steady < 600))
                 return fprintf(stderr, "e2e: bad --steady\n"), -1;
             break;
+        case 'H': o->hint = true; break;
         case 'C': o->ceilings = false; break;
         case 'P': o->plot = false; break;
         case 'o': snprintf(o->out, sizeof(o->out), "%s", optarg); break;
