@@ -93,6 +93,9 @@ typedef struct e2e_table {
 double e2e_now(void);
 void e2e_block_fill(uint32_t k, uint8_t *buf, size_t len);
 uint32_t e2e_key(uint32_t k, uint8_t *out);
+/* All of len bytes sent (wr) or received on a socket, EINTR retried;
+ * false on error or EOF. */
+bool e2e_io_all(int fd, void *buf, size_t len, bool wr);
 double e2e_percentile(double *v, int n, double p); /* sorts v */
 /* --keep-ms: how long a source keeps a finished round for ABORT replays is
  * abort_ack_timeout_ms + abort_resend_ms (src/session/server.c); 0 = defaults. */

@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -53,6 +54,21 @@ void e2e_block_fill(uint32_t k, uint8_t *buf, size_t len)
         z ^= z >> 31;
         memcpy(buf + i, &z, 8);
     }
+}
+
+bool e2e_io_all(int fd, void *buf, size_t len, bool wr)
+{
+    uint8_t *p = buf;
+    while (len) {
+        ssize_t n = wr ? send(fd, p, len, MSG_NOSIGNAL) : recv(fd, p, len, 0);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return false;
+        p += n;
+        len -= (size_t)n;
+    }
+    return true;
 }
 
 uint32_t e2e_key(uint32_t k, uint8_t *out)

@@ -192,21 +192,6 @@ int e2e_pp_connect(int port)
     return fd;
 }
 
-static bool io_all(int fd, void *buf, size_t len, bool wr)
-{
-    uint8_t *p = buf;
-    while (len) {
-        ssize_t n = wr ? send(fd, p, len, MSG_NOSIGNAL) : recv(fd, p, len, 0);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return false;
-        p += n;
-        len -= (size_t)n;
-    }
-    return true;
-}
-
 /* The header and the request go out in one send (like one framed message). */
 double e2e_pp_round(int fd, uint32_t req, uint32_t resp)
 {
@@ -216,7 +201,7 @@ double e2e_pp_round(int fd, uint32_t req, uint32_t resp)
         return -1;
     memcpy(buf, h, 8);
     double t0 = e2e_now();
-    if (!io_all(fd, buf, 8 + (size_t)req, true) || !io_all(fd, buf, resp, false))
+    if (!e2e_io_all(fd, buf, 8 + (size_t)req, true) || !e2e_io_all(fd, buf, resp, false))
         return -1;
     return (e2e_now() - t0) * 1e6;
 }

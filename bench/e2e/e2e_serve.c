@@ -24,30 +24,15 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-static bool io_all(int fd, void *buf, size_t len, bool wr)
-{
-    uint8_t *p = buf;
-    while (len) {
-        ssize_t n = wr ? send(fd, p, len, MSG_NOSIGNAL) : recv(fd, p, len, 0);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return false;
-        p += n;
-        len -= (size_t)n;
-    }
-    return true;
-}
-
 static void pp_serve_conn(int c)
 {
     enum { CAP = 1 << 20 };
     uint8_t *buf = calloc(1, CAP);
     int one = 1;
     setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    for (uint32_t h[2]; buf && io_all(c, h, sizeof(h), false);) {
-        if (h[0] > CAP || h[1] > CAP || !io_all(c, buf, h[0], false) ||
-            !io_all(c, buf, h[1], true))
+    for (uint32_t h[2]; buf && e2e_io_all(c, h, sizeof(h), false);) {
+        if (h[0] > CAP || h[1] > CAP || !e2e_io_all(c, buf, h[0], false) ||
+            !e2e_io_all(c, buf, h[1], true))
             break;
     }
     free(buf);
