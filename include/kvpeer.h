@@ -105,7 +105,8 @@ typedef struct kvp_config {
     int32_t thread_mode;     /* kvp_thread_mode_t */
     void *region;            /* embedding-supplied region (emulated path), or NULL */
     uint64_t region_len;
-    uint8_t verify_checksums;/* default 1 */
+    uint8_t verify_checksums;/* default 1; 0: a fetched block is committed unverified
+                              * with the source's digest (no hash of it here) */
     uint8_t huge_pages;      /* own mapping only */
     uint16_t reserved0;
     uint32_t heartbeat_ms, dead_after_ms, handshake_timeout_ms;
