@@ -221,7 +221,8 @@ KVP_EXPORT kvp_status_t kvp_lease_renew(kvp_node_t *node, const char *peer,
                                         uint64_t request_id);
 /* Fetch keys from `peer` into our store (after a lookup of the same request,
  * or with KVP_FETCH_FLAG_WAIT_FOR_SUPPLY). Exactly one KVP_EV_LOAD event per
- * load. `block_status` (n int32, may be NULL) is caller-owned like `results`. */
+ * load. `block_status` (n int32, may be NULL) is caller-owned like `results`;
+ * it is final when the KVP_EV_LOAD event is out and never written after. */
 KVP_EXPORT kvp_status_t kvp_fetch(kvp_node_t *node, const char *peer, uint64_t request_id,
                                   const uint8_t *keys, const uint32_t *key_lens, uint32_t n,
                                   uint32_t flags, int32_t *block_status, uint64_t *op_id);

@@ -351,6 +351,14 @@ void kvp__load_publish(kvp_load_t *l, kvp_status_t st, uint32_t n_ok)
     kvp_node_t *n = l->node;
     KVP_ASSERT(!l->published); /* I4: exactly one outcome */
     l->published = true;
+    /* The caller's block_status is theirs again once the event is out: the
+     * blocks still undecided take the load's outcome now, and nothing writes
+     * the array after (a FETCH_DONE or ABORT_ACK settling the slots later). */
+    if (l->block_status != NULL && st != KVP_OK)
+        for (uint32_t i = 0; i < l->n; i++)
+            if (l->blocks[i].reserved)
+                l->block_status[i] = st;
+    l->block_status = NULL;
     if (st == KVP_OK)
         n->st.fetches_ok++;
     else if (st == KVP_ERR_CANCELED || st == KVP_ERR_TIMEOUT)

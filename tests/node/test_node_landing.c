@@ -130,6 +130,45 @@ static void test_missing_block_fails_after_bound(void **state)
     world_fini(w, false);
 }
 
+/* kvp_fetch's block_status is caller-owned "like results": once the load's
+ * event is out the caller may reuse it. A load cancelled while LANDING has
+ * its outcome (CANCELED) published at once; its blocks land and settle
+ * later, and that settling must not write the array. Mutation: drop the
+ * reset of l->block_status in kvp__load_publish. */
+static void test_block_status_untouched_after_event(void **state)
+{
+    world_t *w = *state = malloc(sizeof(world_t));
+    world_am3(w);
+    wkeys_t ka;
+    world_put(w, 0, 1, 0);
+    world_put(w, 0, 2, 0);
+    wkeys_make(&ka, 1, 2);
+    lookup_hits(w, 1, 0, &ka, 7);
+    kvp_fake_script_t sc = kvp_fake_script_late(1 * MS, 300 * MS, KVP_OK);
+    assert_int_equal(kvp_fake_script_next(kvp__node_xport(w->node[0]), &sc), KVP_OK);
+    int32_t bst[2] = {1, 1};
+    uint64_t op;
+    assert_int_equal(kvp_fetch(w->node[1], w->addr[0], 7, ka.buf, ka.len, 2, 0, bst, &op), KVP_OK);
+    world_run(w, 20 * MS); /* FETCH_DONE is in: the load waits LANDING */
+    assert_null(world_event(w, 1, KVP_EV_LOAD, op));
+    assert_int_equal(kvp_cancel(w->node[1], op), KVP_OK);
+    const kvp_event_t *e = world_wait(w, 1, KVP_EV_LOAD, op, 5 * MS);
+    assert_non_null(e);
+    assert_int_equal(e->status, KVP_ERR_CANCELED);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(bst[i], KVP_ERR_CANCELED); /* decided with the event */
+        bst[i] = 777;                               /* the caller reuses it */
+    }
+    world_run(w, 500 * MS); /* the blocks land, the load settles */
+    kvp_stats_t st = world_stats(w, 1);
+    assert_int_equal(st.slots_filling, 0);
+    assert_int_equal(st.slots_quarantined, 0);
+    assert_int_equal(world_event_count(w, 1, KVP_EV_LOAD, op), 1);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(bst[i], 777);
+    world_fini(w, false);
+}
+
 static void test_session_down_while_landing(void **state)
 {
     world_t *w = *state = malloc(sizeof(world_t));
@@ -165,6 +204,7 @@ int main(void)
         cmocka_unit_test_teardown(test_slow_landing_does_not_block_other_session, teardown_world),
         cmocka_unit_test_teardown(test_missing_block_fails_after_bound, teardown_world),
         cmocka_unit_test_teardown(test_session_down_while_landing, teardown_world),
+        cmocka_unit_test_teardown(test_block_status_untouched_after_event, teardown_world),
     };
     const char *m = getenv("KVPEER_TEST_MUTATION"); /* show the tests catch it */
     if (m != NULL)
