@@ -8,7 +8,7 @@ JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
 CMAKE_FLAGS ?=
 
-.PHONY: all deps test test-tsan test-valgrind release bench fuzz sim sim-soak soak demo bench-e2e bench-e2e-api bench-peers install clean format bench-hostile death-loop death-loop-asan
+.PHONY: all deps test test-tsan test-valgrind release bench fuzz sim sim-soak soak demo bench-e2e bench-e2e-api bench-peers bench-vllm-tiers install clean format bench-hostile death-loop death-loop-asan
 
 all: deps
 	@cmake -S . -B build/debug -DCMAKE_BUILD_TYPE=Debug -DKVP_SANITIZE=address,undefined $(CMAKE_FLAGS) >/dev/null
@@ -68,6 +68,24 @@ bench-peers: release
 	  $(PEERS_VENV)/bin/pip install --progress-bar off mooncake-transfer-engine-non-cuda nixl numpy; }
 	$(PEERS_VENV)/bin/python bench/e2e/peers/peers_bench.py --e2e-bench build/release/bench/e2e/e2e_bench \
 	  --out build/bench-out $(PEERS_ARGS)
+
+# vLLM's own p2p tier (NIXL) next to kvpeer's tier through vLLM's
+# TieringOffloadingManager, two engine processes per tier (python/bench/
+# vllm_tiers.py). nixl goes into build/nixl-venv, made here on first use (needs
+# PyPI): a venv layered on the project venv (.venv, scripts/install-py.sh) by a
+# .pth naming its site-packages, so only nixl's own wheels (~0.5 GB) are added
+# (--no-deps: numpy and torch, nixl's requirements, come from .venv).
+# VLLM_TIERS_ARGS=--quick for a small run.
+NIXL_VENV ?= build/nixl-venv
+NIXL_VERSION ?= 1.5.1
+bench-vllm-tiers: release
+	@sh scripts/install-py.sh
+	@[ -x $(NIXL_VENV)/bin/python ] || { /usr/bin/python3 -m venv $(NIXL_VENV) && \
+	  $(NIXL_VENV)/bin/python -c 'import sysconfig,sys; print(sysconfig.get_paths()["purelib"])' | \
+	  { read sp; readlink -f .venv/lib/python3*/site-packages > "$$sp/kvpeer-project-venv.pth"; } && \
+	  $(NIXL_VENV)/bin/pip install --progress-bar off --no-deps \
+	    nixl==$(NIXL_VERSION) nixl-cu12==$(NIXL_VERSION) nixl-cu13==$(NIXL_VERSION); }
+	KVPEER_LIB=build/release/libkvpeer.so $(NIXL_VENV)/bin/python python/bench/vllm_tiers.py $(VLLM_TIERS_ARGS)
 
 # make install PREFIX=/usr/local
 PREFIX ?= /usr/local

@@ -1,0 +1,470 @@
+"""vLLM's own p2p tier (NIXL) next to kvpeer's tier, moving the same blocks
+between two processes of this machine through vLLM's TieringOffloadingManager.
+
+Each tier runs in two fresh engine processes built the same way (vLLM's
+OffloadingSpecFactory -> TieringOffloadingSpec -> TieringOffloadingManager over
+a CPU primary tier in /dev/shm, one secondary tier):
+
+* engine A stores N blocks: prepare_store, the bench writes the chunks (what
+  vLLM's offloading worker copies in from the GPU), complete_store; vLLM then
+  cascades them to the secondary tier (kvpeer: a copy into kvpeer's store;
+  p2p: nothing, A serves them from its primary tier);
+* engine B runs requests of R blocks one after the other, the scheduler's
+  way: every step it calls manager.lookup() on each key of the request, then
+  on_schedule_end(), then sleeps --step-ms; RETRY (the tier asked its peer)
+  becomes HIT_PENDING (vLLM started the promotion: a submit_load into B's
+  primary chunks) and then HIT (loaded). B then reads each chunk
+  (prepare_load) and compares it with the bytes A wrote.
+
+Per request: lookup latency = first lookup() until no key answers RETRY;
+load latency = from there until every key answers HIT. Throughput = blocks
+(and bytes) of all measured requests over their total wall time. A warm-up
+request opens the sessions first (p2p answers MISS until its NIXL handshake
+is done; kvpeer dials at start-up).
+
+Tier configurations (the same for both, as a vLLM user would write them):
+  p2p     {"type": "p2p", "host": "127.0.0.1", "port": P}; B's requests carry
+          kv_transfer_params {"remote_kv_source": {"kv_request_id": ...,
+          "remote_host": "127.0.0.1", "remote_port": P_A}} (vLLM's symmetric
+          P2P: B probes A, A pins the blocks from its primary tier and WRITEs
+          them into B's primary chunks with NIXL/UCX).
+  kvpeer  {"type": "KVPeerSecondaryTier", "module_path": "kvpeer.vllm",
+          "peers": [A], "listen": "127.0.0.1:0"}; no request parameters.
+Both engines run vLLM's tier-poll thread at its default interval (1 ms); the
+p2p tier asks for it (tolerates_off_thread_polling), kvpeer's does not (its
+node thread serves peers).
+
+Needs a python where vllm imports, and for p2p the `nixl` wheel:
+``make bench-vllm-tiers`` makes build/nixl-venv (a venv layered on the
+project venv: a .pth names .venv's site-packages; nixl installed from PyPI),
+never the system python. A tier that cannot start here is reported with its
+exact error and the other one still runs.
+
+    vllm_tiers.py [--tiers p2p,kvpeer] [--blocks 256] [--block-kib 256]
+                  [--req-blocks 16] [--step-ms 1] [--quick] [--json OUT]
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import selectors
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+import uuid
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+SHM_PREFIX = "vllm_offload_kvpeer-bench-"
+
+
+# ---------------------------------------------------------------- shared bits
+def make_key(i: int, group: int = 0) -> bytes:
+    """An OffloadKey as vLLM makes one: block hash (32 B) + group index."""
+    return hashlib.sha256(b"bench-block-%d" % i).digest() + group.to_bytes(4, "big")
+
+
+def block_bytes(key: bytes, seed: int, n: int) -> bytes:
+    """Deterministic content of one block (both processes compute it)."""
+    import numpy as np
+    s = int.from_bytes(hashlib.sha256(key + seed.to_bytes(4, "little")).digest()[:8], "little")
+    return np.random.default_rng(s).bytes(n)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pct(xs: Sequence[float], p: float) -> float:
+    """The p-th percentile (nearest rank) of xs."""
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    k = max(0, min(len(s) - 1, int(round(p / 100.0 * len(s) + 0.5)) - 1))
+    return s[k]
+
+
+# ---------------------------------------------------------------- one engine
+class Engine:
+    """One engine's scheduler-side offloading stack with one secondary tier
+    (``tier_entry``: its entry in kv_connector_extra_config's secondary_tiers)."""
+
+    def __init__(self, tier_entry: Dict[str, Any], chunk: int, num_chunks: int) -> None:
+        from vllm.v1.kv_offload.base import ScheduleEndContext
+        from vllm.v1.kv_offload.config import (
+            OffloadingCacheConfig, OffloadingConfig, OffloadingGroupConfig,
+            OffloadingModelConfig, OffloadingParallelConfig)
+        from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+
+        self.chunk = chunk
+        self.engine_id = f"kvpeer-bench-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._step_end = ScheduleEndContext(new_req_ids=(), preempted_req_ids=())
+        extra = {"spec_name": "TieringOffloadingSpec",
+                 "cpu_bytes_to_use": num_chunks * chunk,
+                 "secondary_tiers": [tier_entry]}  # tier_poll_interval_s: vLLM's default
+        cfg = OffloadingConfig(
+            groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=("l0",), group_id=0),),
+            worker_kv_bytes_per_block=chunk, enable_kv_cache_events=False,
+            extra_config=extra, engine_id=self.engine_id,
+            model=OffloadingModelConfig(name="bench", dtype="float16"),
+            cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
+            parallel=OffloadingParallelConfig(
+                rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1,
+                data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
+                is_parallelism_agnostic=False))
+        self.spec = OffloadingSpecFactory.create_spec(cfg)
+        self.manager = self.spec.get_manager()
+        self.tier = self.manager.secondary_tiers[0]
+        self.view = self.manager.primary_tier.get_kv_memoryview().cast("B")
+        self._n = 0
+
+    def ctx(self, params: Optional[Dict[str, Any]], req_id: str):
+        from vllm.v1.kv_offload.base import ReqContext
+        c = ReqContext(req_id=req_id, kv_transfer_params=params)
+        with self.manager.lock:
+            self.manager.on_new_request(c)
+        return c
+
+    def step(self) -> None:
+        with self.manager.lock:
+            self.manager.on_schedule_end(self._step_end)
+
+    def idle(self) -> bool:
+        with self.manager.lock:
+            return not self.manager._jobs
+
+    def store(self, keys: Sequence[bytes], seed: int, timeout: float) -> int:
+        """GPU->primary store of ``keys`` (the bench writes the chunks), vLLM
+        cascades to the secondary tier; returns the keys written."""
+        c = self.ctx(None, f"{self.engine_id}-store{self._n}")
+        self._n += 1
+        with self.manager.lock:
+            out = self.manager.prepare_store(keys, c)
+            if out is None:
+                raise RuntimeError("primary tier full")
+            for k, ch in zip(out.keys_to_store, out.store_spec.chunk_ids):
+                o = int(ch) * self.chunk
+                self.view[o:o + self.chunk] = block_bytes(bytes(k), seed, self.chunk)
+            self.manager.complete_store(out.keys_to_store, c, True)
+        deadline = time.monotonic() + timeout
+        while not self.idle():
+            if time.monotonic() > deadline:
+                raise TimeoutError("store jobs did not finish")
+            self.step()
+            time.sleep(0.001)
+        with self.manager.lock:
+            self.manager.on_request_finished(c)
+        return len(out.keys_to_store)
+
+    def close(self) -> None:
+        self.view.release()
+        self.manager.shutdown()
+
+
+def tier_entry(tier: str, port: int, peers: Sequence[str]) -> Dict[str, Any]:
+    if tier == "p2p":
+        return {"type": "p2p", "host": "127.0.0.1", "port": port}
+    if tier == "kvpeer":
+        return {"type": "KVPeerSecondaryTier", "module_path": "kvpeer.vllm",
+                "listen": f"127.0.0.1:{port}", "peers": list(peers)}
+    raise ValueError(f"unknown tier {tier!r}")
+
+
+# ---------------------------------------------------------------- engine B
+def run_loads(eng: Engine, tier: str, a_addr: str, keys: List[bytes], seed: int,
+              req_blocks: int, step_s: float, timeout: float, tag: str) -> Dict[str, Any]:
+    """Requests of ``req_blocks`` keys one after the other (see module doc)."""
+    from vllm.v1.kv_offload.base import LookupResult as LR
+    host, port = a_addr.rsplit(":", 1)
+    lookup_ms: List[float] = []
+    load_ms: List[float] = []
+    misses = mismatches = 0
+    t_start = time.perf_counter()
+    for r in range(0, len(keys), req_blocks):
+        rk = keys[r:r + req_blocks]
+        rid = f"{eng.engine_id}-{tag}{r}"
+        params = None
+        if tier == "p2p":
+            params = {"remote_kv_source": {"kv_request_id": rid, "remote_host": host,
+                                           "remote_port": int(port)}}
+        c = eng.ctx(params, rid)
+        t0 = time.perf_counter()
+        t_res: Optional[float] = None
+        deadline = time.monotonic() + timeout
+        while True:
+            with eng.manager.lock:
+                res = [eng.manager.lookup(k, c) for k in rk]
+            now = time.perf_counter()
+            if t_res is None and all(x is not LR.RETRY for x in res):
+                t_res = now
+            if any(x is LR.MISS for x in res):
+                misses += sum(x is LR.MISS for x in res)
+                break
+            if all(x is LR.HIT for x in res):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{tier}: request {r // req_blocks} still {res[:4]}... "
+                                   f"after {timeout} s")
+            eng.step()
+            time.sleep(step_s)
+        t1 = time.perf_counter()
+        if not any(x is LR.MISS for x in res):
+            lookup_ms.append((t_res - t0) * 1e3)
+            load_ms.append((t1 - t_res) * 1e3)
+            with eng.manager.lock:
+                spec = eng.manager.prepare_load(rk, c)
+                for k, ch in zip(rk, spec.chunk_ids):
+                    o = int(ch) * eng.chunk
+                    if bytes(eng.view[o:o + eng.chunk]) != block_bytes(k, seed, eng.chunk):
+                        mismatches += 1
+                eng.manager.complete_load(rk, c)
+        with eng.manager.lock:
+            eng.manager.on_request_finished(c)
+        t_start += time.perf_counter() - t1  # the byte check is not timed
+    wall = time.perf_counter() - t_start
+    n_ok = len(lookup_ms) * req_blocks
+    return {"requests": len(lookup_ms), "blocks": n_ok, "misses": misses,
+            "mismatches": mismatches, "wall_s": wall,
+            "lookup_ms": lookup_ms, "load_ms": load_ms}
+
+
+# ---------------------------------------------------------------- child role
+def child(args: argparse.Namespace) -> None:
+    """An engine process driven by JSON lines on stdin (see orchestrate)."""
+    os.environ.setdefault("UCX_NET_DEVICES", "lo")
+    sys.path.insert(0, str(REPO / "python"))
+    chunk = args.block_kib * 1024
+    # Replies go to the real stdout; whatever vLLM, NIXL or UCX print goes
+    # to stderr (the engine's log file).
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    try:
+        eng = Engine(tier_entry(args.tier, args.port, args.peer or []), chunk, args.num_chunks)
+    except Exception as e:  # reported as the tier's result: the exact error
+        print(json.dumps({"error": f"{type(e).__name__}: {e}",
+                          "trace": traceback.format_exc()}), file=out, flush=True)
+        return
+    print(json.dumps({"ready": True, "addr": f"127.0.0.1:{args.port}"}), file=out, flush=True)
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        try:
+            if cmd["op"] == "store":
+                keys = [make_key(i) for i in range(cmd["n"])]
+                t0 = time.perf_counter()
+                n = eng.store(keys, cmd["seed"], cmd["timeout"])
+                reply: Dict[str, Any] = {"stored": n, "store_s": time.perf_counter() - t0}
+            elif cmd["op"] == "load":
+                keys = [make_key(i) for i in range(cmd["first"], cmd["first"] + cmd["n"])]
+                reply = run_loads(eng, args.tier, cmd["peer"], keys, cmd["seed"],
+                                  cmd["req_blocks"], cmd["step_s"], cmd["timeout"], cmd["tag"])
+            elif cmd["op"] == "quit":
+                break
+            else:
+                reply = {"error": f"unknown op {cmd['op']!r}"}
+        except Exception as e:
+            reply = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
+        print(json.dumps(reply), file=out, flush=True)
+    eng.close()
+    print(json.dumps({"closed": True}), file=out, flush=True)
+
+
+# ---------------------------------------------------------------- orchestrator
+class Proc:
+    def __init__(self, argv: List[str], log: Path) -> None:
+        self.log = open(log, "w")
+        self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=self.log, text=True)
+
+    def read(self, timeout: float) -> Dict[str, Any]:
+        sel = selectors.DefaultSelector()
+        sel.register(self.p.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                if sel.select(0.2):
+                    line = self.p.stdout.readline()
+                    if not line:
+                        return {"error": f"engine process exited (status {self.p.wait()}); "
+                                         f"see {self.log.name}"}
+                    if line.startswith("{"):
+                        return json.loads(line)
+            return {"error": f"no answer in {timeout:.0f} s; see {self.log.name}"}
+        finally:
+            sel.close()
+
+    def call(self, cmd: Dict[str, Any], timeout: float) -> Dict[str, Any]:
+        try:
+            self.p.stdin.write(json.dumps(cmd) + "\n")
+            self.p.stdin.flush()
+        except OSError as e:
+            return {"error": f"engine process gone ({e}); see {self.log.name}"}
+        return self.read(timeout)
+
+    def close(self) -> Optional[str]:
+        """Quit the engine; returns how it ended when that was not a clean
+        exit after the manager's shutdown ({"closed": true})."""
+        closed = False
+        if self.p.poll() is None:
+            try:
+                self.p.stdin.write(json.dumps({"op": "quit"}) + "\n")
+                self.p.stdin.flush()
+                closed = self.read(30).get("closed", False)
+                self.p.wait(30)
+            except (OSError, subprocess.TimeoutExpired):
+                self.p.send_signal(signal.SIGKILL)
+        rc = self.p.wait()
+        self.log.close()
+        if rc == 0:
+            return None
+        how = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"status {rc}"
+        when = "after a clean manager shutdown" if closed else "before its shutdown finished"
+        return f"exited with {how} {when} (log {self.log.name})"
+
+
+exit_notes: Dict[str, List[str]] = {}
+
+
+def run_tier(tier: str, a: argparse.Namespace, outdir: Path) -> Dict[str, Any]:
+    """A and B for one tier; returns B's figures or {"error": ...}."""
+    me = [sys.executable, str(Path(__file__).resolve()), "--role", "engine", "--tier", tier,
+          "--block-kib", str(a.block_kib)]
+    n_total = a.blocks + a.req_blocks  # measured blocks + the warm-up request
+    pa, pb = free_port(), free_port()
+    A = Proc(me + ["--port", str(pa), "--num-chunks", str(n_total + 8)],
+             outdir / f"vllm-tiers-{tier}-A.log")
+    procs = [A]
+    try:
+        hello = A.read(a.timeout)
+        if "error" in hello:
+            return hello
+        st = A.call({"op": "store", "n": n_total, "seed": a.seed, "timeout": a.timeout},
+                    a.timeout * 2)
+        if "error" in st:
+            return st
+        if st["stored"] != n_total:
+            return {"error": f"engine A stored {st['stored']} of {n_total} blocks"}
+        B = Proc(me + ["--port", str(pb), "--num-chunks", str(n_total + 8),
+                       "--peer", hello["addr"]], outdir / f"vllm-tiers-{tier}-B.log")
+        procs.append(B)
+        hello_b = B.read(a.timeout)
+        if "error" in hello_b:
+            return hello_b
+        common = {"op": "load", "peer": hello["addr"], "seed": a.seed,
+                  "req_blocks": a.req_blocks, "step_s": a.step_ms / 1e3, "timeout": a.timeout}
+        # Warm-up: one request opens the session (p2p: NIXL handshake); the
+        # p2p tier answers MISS until it is ready, so repeat it until a HIT.
+        deadline = time.monotonic() + a.timeout
+        w = 0
+        while True:
+            warm = B.call(dict(common, first=a.blocks, n=a.req_blocks, tag=f"warm{w}-"),
+                          a.timeout * 2)
+            if "error" in warm:
+                return warm
+            if warm["blocks"] == a.req_blocks or time.monotonic() > deadline:
+                break
+            w += 1
+            time.sleep(0.2)
+        if warm["blocks"] != a.req_blocks:
+            return {"error": f"warm-up request never hit ({warm})"}
+        res = B.call(dict(common, first=0, n=a.blocks, tag="run-"), a.timeout * 4)
+        res["store_s"] = st["store_s"]
+        res["warmups"] = w + 1
+        return res
+    finally:
+        exits = [(name, p.close()) for name, p in reversed(list(zip("AB", procs)))]
+        notes = [f"engine {name} {how}" for name, how in exits if how]
+        if notes:
+            exit_notes.setdefault(tier, []).extend(notes)
+        for f in Path("/dev/shm").glob(SHM_PREFIX + "*"):
+            pid = f.name[len(SHM_PREFIX):].split("-")[0]
+            if not Path(f"/proc/{pid}").exists():
+                f.unlink(missing_ok=True)
+
+
+def orchestrate(a: argparse.Namespace) -> int:
+    outdir = Path(a.out)
+    outdir.mkdir(parents=True, exist_ok=True)
+    chunk = a.block_kib * 1024
+    print(f"vllm_tiers: {a.blocks} blocks of {a.block_kib} KiB A -> B, requests of "
+          f"{a.req_blocks} blocks, scheduler step sleep {a.step_ms} ms; "
+          f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} "
+          f"{os.getloadavg()[2]:.2f} ({os.cpu_count()} CPUs)", flush=True)
+    results: Dict[str, Dict[str, Any]] = {}
+    for tier in a.tiers.split(","):
+        t0 = time.monotonic()
+        results[tier] = run_tier(tier, a, outdir)
+        print(f"  {tier}: done in {time.monotonic() - t0:.1f} s", flush=True)
+    rc = 0
+    hdr = (f"{'tier':8} {'blocks':>6} {'bytes ok':>8} {'blocks/s':>9} {'GB/s':>6} "
+           f"{'lookup p50':>10} {'p99 ms':>7} {'load p50':>9} {'p99 ms':>7}")
+    print(hdr)
+    for tier, r in results.items():
+        if "error" in r:
+            rc = 1
+            print(f"{tier:8} ERROR: {r['error']}")
+            continue
+        ok = r["mismatches"] == 0 and r["misses"] == 0 and r["blocks"] == a.blocks
+        rc |= 0 if ok else 1
+        bps = r["blocks"] / r["wall_s"] if r["wall_s"] > 0 else float("nan")
+        print(f"{tier:8} {r['blocks']:>6} {('yes' if ok else 'NO'):>8} {bps:>9.0f} "
+              f"{bps * chunk / 1e9:>6.2f} {pct(r['lookup_ms'], 50):>10.2f} "
+              f"{pct(r['lookup_ms'], 99):>7.2f} {pct(r['load_ms'], 50):>9.2f} "
+              f"{pct(r['load_ms'], 99):>7.2f}")
+        if not ok:
+            print(f"         misses {r['misses']}, byte mismatches {r['mismatches']}, "
+                  f"blocks {r['blocks']} of {a.blocks}")
+    for tier, notes in exit_notes.items():
+        for n in notes:
+            print(f"note: {tier} {n}")
+    for tier, r in results.items():
+        if "error" in r and r.get("trace"):
+            print(f"--- {tier}: {r['trace']}")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"args": vars(a), "results": results}, indent=1))
+    return rc
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tiers", default="p2p,kvpeer")
+    ap.add_argument("--blocks", type=int, default=256, help="measured blocks")
+    ap.add_argument("--block-kib", type=int, default=256, help="KiB per block (vLLM chunk)")
+    ap.add_argument("--req-blocks", type=int, default=16, help="blocks per request")
+    ap.add_argument("--step-ms", type=float, default=1.0,
+                    help="B's sleep between scheduler steps")
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--timeout", type=float, default=60.0)
+    ap.add_argument("--quick", action="store_true", help="32 blocks of 64 KiB, requests of 8")
+    ap.add_argument("--out", default=str(REPO / "build" / "bench-out"))
+    ap.add_argument("--json", help="also write the figures here")
+    # engine-process role (internal)
+    ap.add_argument("--role", default="orchestrator", choices=["orchestrator", "engine"])
+    ap.add_argument("--tier")
+    ap.add_argument("--port", type=int)
+    ap.add_argument("--num-chunks", type=int)
+    ap.add_argument("--peer", action="append")
+    a = ap.parse_args()
+    if a.role == "engine":
+        child(a)
+        return 0
+    if a.quick:
+        a.blocks, a.block_kib, a.req_blocks = 32, 64, 8
+    if a.blocks <= 0 or a.req_blocks <= 0 or a.block_kib <= 0 or a.blocks % a.req_blocks:
+        ap.error("--blocks, --req-blocks, --block-kib must be positive and --blocks a "
+                 "multiple of --req-blocks")
+    return orchestrate(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
