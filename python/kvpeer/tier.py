@@ -169,6 +169,11 @@ class KVPeerTier:
         self._load_ops: Dict[int, Hashable] = {}
         self._inflight_keys: Dict[bytes, int] = {}  # key -> loads in flight for it
         self._done: List[FinishedJob] = []
+        # lookup_many(defer=True): rid -> (request, keys to ask), sent by
+        # flush_lookups(); _queued_keys holds their (rid, key).
+        self._queued: Dict[int, Tuple[RequestLike, List[bytes]]] = {}
+        self._queued_keys: Set[Tuple[int, bytes]] = set()
+        self._ready: Optional[Set[str]] = None  # peers with a ready session, this batch
         self._closed = False
 
     # ---------------------------------------------------------- lookup
@@ -176,8 +181,15 @@ class KVPeerTier:
         """Where ``key`` stands for ``request`` (never blocks; see module doc)."""
         return self.lookup_many([key], request)[0]
 
-    def lookup_many(self, keys: Sequence[bytes], request: RequestLike) -> List[LookupResult]:
-        """lookup() for several keys, with one LOOKUP per peer for the new ones."""
+    def lookup_many(self, keys: Sequence[bytes], request: RequestLike,
+                    defer: bool = False) -> List[LookupResult]:
+        """lookup() for several keys, with one LOOKUP per peer for the new ones.
+
+        ``defer=True`` (an engine that looks keys up one call at a time within
+        a step): the new keys are queued instead, and flush_lookups() (at the
+        end of the step) sends one LOOKUP per (request, peer) for every key
+        queued since the last flush; a queued key answers RETRY. Peers without
+        a ready session are answered MISS at once, as without defer."""
         self._check_open()
         rid = _rid(request)
         self._pump()
@@ -185,14 +197,52 @@ class KVPeerTier:
         ask: List[bytes] = []
         for k in keys:
             r = self._local_state(k)
-            if r is None and (rid, k) not in self._answers:
+            if r is None and (rid, k) not in self._answers \
+                    and (rid, k) not in self._queued_keys:
                 ask.append(k)
             out.append(r)
         if ask:
-            self._ask(rid, ask, self._candidates(request))
+            if defer:
+                self._queue(rid, request, ask)
+            else:
+                self._ask(rid, ask, self._candidates(request))
         sup = request.supplier if isinstance(request, Request) else None
-        return [r if r is not None else self._remote_state(rid, k, sup)
+        return [r if r is not None
+                else RETRY if (rid, k) in self._queued_keys
+                else self._remote_state(rid, k, sup)
                 for k, r in zip(keys, out)]
+
+    def _queue(self, rid: int, request: RequestLike, keys: List[bytes]) -> None:
+        cands = self._candidates(request)
+        if self._ready is None:
+            self._ready = {p.peer for p in self.node.peers() if p.ready and not p.probation}
+        down = [p for p in cands if p not in self._ready]
+        if len(down) == len(cands):  # no peer to ask: answered at once (MISS)
+            for k in keys:
+                self._answers[(rid, k)] = {p: False for p in cands}
+            return
+        q = self._queued.setdefault(rid, (request, []))[1]
+        for k in keys:
+            if (rid, k) not in self._queued_keys:
+                self._queued_keys.add((rid, k))
+                q.append(k)
+
+    def flush_lookups(self) -> int:
+        """Send the lookups lookup_many(defer=True) queued: one LOOKUP per
+        (request, peer). Returns the number of keys sent."""
+        self._check_open()
+        queued, self._queued = self._queued, {}
+        self._queued_keys.clear()
+        self._ready = None
+        n = 0
+        for rid, (request, keys) in queued.items():
+            self._ask(rid, keys, self._candidates(request))
+            n += len(keys)
+        return n
+
+    def queued_lookups(self) -> int:
+        """Keys queued by lookup_many(defer=True) and not sent yet."""
+        return len(self._queued_keys)
 
     def _local_state(self, key: bytes) -> Optional[LookupResult]:
         try:
@@ -328,6 +378,8 @@ class KVPeerTier:
         self._check_open()
         rid = _rid(request)
         self.node.finish_request(rid)
+        if self._queued.pop(rid, None) is not None:
+            self._queued_keys = {q for q in self._queued_keys if q[0] != rid}
         for k in [k for k in self._answers if k[0] == rid]:
             del self._answers[k]
         for k in [k for k in self._rounds if k[0] == rid]:

@@ -35,8 +35,10 @@ vLLM has taken back -- so a failed load is reported at once and
 ``JobResult.deferred_release`` is not needed.
 
 Lookup: HIT / MISS / RETRY (vLLM's secondary-tier contract). The first call
-for a (request, key) asks the peers and answers RETRY; a dead or unready peer
-counts as MISS at once. With a supplier named in ``kv_transfer_params``
+for a (request, key) answers RETRY and queues the key; at the end of the
+scheduler step (on_schedule_end) the tier sends one LOOKUP per (request, peer)
+with every key queued in the step. A dead or unready peer counts as MISS at
+once. With a supplier named in ``kv_transfer_params``
 (``{"kvpeer_supplier": "host:port"}``, prefill -> decode) a key no peer holds
 yet answers HIT: the load is then a fetch-before-supply from that peer.
 ``{"kvpeer_peers": [...]}`` narrows the peers asked for that request.
@@ -56,6 +58,7 @@ from vllm.v1.kv_offload.base import (
     OffloadKey,
     ReqContext,
     RequestOffloadingContext,
+    ScheduleEndContext,
 )
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
@@ -166,7 +169,9 @@ class KVPeerSecondaryTier(SecondaryTierManager):
     # ------------------------------------------------------------ lookup
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         req = self._request(req_context)
-        r = self._tier.lookup(bytes(key), req)
+        # vLLM looks keys up one call at a time: the asks are queued and
+        # on_schedule_end sends one LOOKUP per (request, peer) for the step.
+        r = self._tier.lookup_many([bytes(key)], req, defer=True)[0]
         if r is HIT:
             return LookupResult.HIT
         if r is MISS:
@@ -177,6 +182,11 @@ class KVPeerSecondaryTier(SecondaryTierManager):
             if not self._tier._inflight_keys.get(bytes(key)):
                 return LookupResult.HIT
         return LookupResult.RETRY  # asked a peer, or a load of it is in flight
+
+    def on_schedule_end(self, context: ScheduleEndContext) -> None:
+        """End of the scheduler step: send this step's lookups, one LOOKUP
+        per (request, peer) with all the keys asked for it."""
+        self._tier.flush_lookups()
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         req_context.set_state(_ReqParams(_parse_params(req_context)))
@@ -242,7 +252,7 @@ class KVPeerSecondaryTier(SecondaryTierManager):
                 transfer_bytes=(f.n_ok * self.block_size_bytes) if f.ok else None))
 
     def has_pending_work(self) -> bool:
-        return bool(self._tier.pending_jobs())
+        return bool(self._tier.pending_jobs()) or self._tier.queued_lookups() > 0
 
     def drain_jobs(self) -> None:
         """Wait (bounded by the node's load timeout) for running loads; the

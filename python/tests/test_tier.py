@@ -92,6 +92,40 @@ def test_tier_lookup_load_finish(tier_factory, peer_factory):
     assert tier.wait_jobs(0.2) == []
 
 
+def test_tier_deferred_lookups(tier_factory, peer_factory):
+    """lookup_many(defer=True) queues the keys (RETRY) and sends nothing;
+    flush_lookups() sends one LOOKUP per (request, peer) with every queued
+    key; a finished request's queued keys are dropped, not sent."""
+    src = peer_factory()
+    keys = [b"D-%d" % i for i in range(5)]
+    src.call("put_pattern", keys, BS, 0)
+    tier = tier_factory(peers=[src.peer_id])
+    tier.node.wait_peer(src.peer_id, 10)
+    sent: List[tuple] = []
+    orig = tier.node.lookup
+    tier.node.lookup = lambda p, ks, rid: sent.append((rid, list(ks))) or orig(p, ks, rid)
+    req = Request(31)
+    for k in keys + [b"absent"]:
+        assert tier.lookup_many([k], req, defer=True) == [RETRY]
+    assert tier.lookup_many([keys[0]], req, defer=True) == [RETRY]  # queued once
+    assert sent == [] and tier.queued_lookups() == 6
+    gone = Request(32)
+    assert tier.lookup_many(keys[:2], gone, defer=True) == [RETRY, RETRY]
+    tier.on_request_finished(gone)
+    assert tier.flush_lookups() == 6 and tier.queued_lookups() == 0
+    assert sent == [(31, keys + [b"absent"])]
+    deadline = time.monotonic() + scaled(10)
+    while RETRY in tier.lookup_many(keys + [b"absent"], req, defer=True) \
+            and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert tier.lookup_many(keys + [b"absent"], req, defer=True) == [HIT] * 5 + [MISS]
+    assert tier.flush_lookups() == 0 and len(sent) == 1  # answered keys are not re-asked
+    # No ready session to any candidate: MISS at once, nothing queued.
+    assert tier.lookup_many([b"x"], Request(33, peers=["127.0.0.1:9"]), defer=True) == [MISS]
+    assert tier.queued_lookups() == 0
+    tier.on_request_finished(req)
+
+
 def test_tier_source_death(tier_factory, peer_factory):
     """Kill the source under a load: the job fails exactly once, lookups
     answer MISS, and the quarantined slots come back (proof or hold cap)."""

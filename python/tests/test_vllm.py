@@ -205,6 +205,44 @@ def test_vllm_two_processes_store_lookup_load(engine_a, psk, engines):
     b.finish(c)
 
 
+def test_vllm_lookups_batched_per_step(engine_a, psk, engines):
+    """vLLM looks keys up one call at a time; the tier sends one LOOKUP per
+    (request, peer) per scheduler step with all the keys of the step, and
+    none before the step ends. A down peer still answers MISS at once."""
+    a = engine_a
+    b = engines(tier_cfg(peers=[a.peer_id, "127.0.0.1:9"], psk_file=psk))
+    b.tier._tier.node.wait_peer(a.peer_id, scaled(10))
+    keys = [make_key(400 + i) for i in range(8)]
+    assert a.store(keys, seed=7) == [True] * 8
+    node = b.tier._tier.node
+    sent: List[Any] = []
+    orig = node.lookup
+
+    def spy(peer, ks, rid):
+        sent.append((peer, len(ks)))
+        return orig(peer, ks, rid)
+
+    node.lookup = spy  # type: ignore[method-assign]
+    c = b.ctx()
+    with b.manager.lock:
+        assert [b.manager.lookup(k, c) for k in keys] == [LookupResult.RETRY] * 8
+    assert sent == []  # queued until the step ends
+    assert b.tier.has_pending_work()
+    b.step()
+    assert [s for s in sent if s[0] == a.peer_id] == [(a.peer_id, 8)], sent
+    res = b.lookup_all(keys, c, timeout=scaled(10))
+    assert res == [LookupResult.HIT] * 8, res
+    assert [s for s in sent if s[0] == a.peer_id] == [(a.peer_id, 8)], sent  # no re-ask
+    assert b.read(keys, c) == [block_bytes(k, 7) for k in keys]
+    b.finish(c)
+    # Only a down peer to ask (no session to 127.0.0.1:9): MISS at once,
+    # without waiting for the step.
+    d = b.ctx({"kvpeer_peers": ["127.0.0.1:9"]})
+    with b.manager.lock:
+        assert b.manager.lookup(make_key(499), d) is LookupResult.MISS
+    b.finish(d)
+
+
 def test_vllm_sigkill_mid_load_then_reconnect(procs, engines):
     """A answers the lookup, is stopped, B's promotion is submitted, A is
     SIGKILLed: the job fails exactly once, the keys answer MISS at once, the
@@ -217,9 +255,9 @@ def test_vllm_sigkill_mid_load_then_reconnect(procs, engines):
     keys = [make_key(i) for i in range(4)]
     assert a.store(keys, seed=2) == [True] * 4
     c = b.ctx()
-    until(lambda: b.tier.lookup(keys[0], c) is LookupResult.HIT, scaled(10))
+    until(lambda: b.tier.lookup(keys[0], c) is LookupResult.HIT or b.step(), scaled(10))
     for k in keys[1:]:
-        until(lambda: b.tier.lookup(k, c) is LookupResult.HIT, scaled(10))
+        until(lambda: b.tier.lookup(k, c) is LookupResult.HIT or b.step(), scaled(10))
     a.kill(signal.SIGSTOP)
     finished: List[Any] = []
     orig = b.tier.get_finished_jobs
@@ -273,7 +311,7 @@ def test_vllm_failed_load_never_writes_primary(engine_a, psk, engines):
     b.view[:] = sentinel * b.num_chunks
     c = b.ctx()
     for k in keys:
-        until(lambda: b.tier.lookup(k, c) is LookupResult.HIT, scaled(10))
+        until(lambda: b.tier.lookup(k, c) is LookupResult.HIT or b.step(), scaled(10))
     loads: List[Any] = []
     orig_load = b.tier.submit_load
 
@@ -310,7 +348,7 @@ def test_vllm_supplier_fetch_before_supply(engine_a, psk, engines):
     keys = [make_key(100 + i) for i in range(2)]
     c = b.ctx({"kvpeer_supplier": a.peer_id}, req_id="pd-request-1")  # one id, both engines
     for k in keys:  # A answered MISS; the supplier will put them: HIT
-        until(lambda: b.tier.lookup(k, c) is LookupResult.HIT, scaled(10))
+        until(lambda: b.tier.lookup(k, c) is LookupResult.HIT or b.step(), scaled(10))
     with b.manager.lock:
         assert [b.manager.lookup(k, c) for k in keys] == [LookupResult.HIT_PENDING] * 2
     b.step()  # the fetch (wait-for-supply) is on its way
