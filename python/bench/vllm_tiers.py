@@ -30,6 +30,8 @@ Tier configurations (the same for both, as a vLLM user would write them):
           them into B's primary chunks with NIXL/UCX).
   kvpeer  {"type": "KVPeerSecondaryTier", "module_path": "kvpeer.vllm",
           "peers": [A], "listen": "127.0.0.1:0"}; no request parameters.
+          ("kvpeer-perkey": the same with "batch_lookups": false, one LOOKUP
+          per lookup() call instead of one per request and step.)
 Both engines run vLLM's tier-poll thread at its default interval (1 ms); the
 p2p tier asks for it (tolerates_off_thread_polling), kvpeer's does not (its
 node thread serves peers).
@@ -174,9 +176,12 @@ class Engine:
 def tier_entry(tier: str, port: int, peers: Sequence[str]) -> Dict[str, Any]:
     if tier == "p2p":
         return {"type": "p2p", "host": "127.0.0.1", "port": port}
-    if tier == "kvpeer":
-        return {"type": "KVPeerSecondaryTier", "module_path": "kvpeer.vllm",
-                "listen": f"127.0.0.1:{port}", "peers": list(peers)}
+    if tier in ("kvpeer", "kvpeer-perkey"):
+        e = {"type": "KVPeerSecondaryTier", "module_path": "kvpeer.vllm",
+             "listen": f"127.0.0.1:{port}", "peers": list(peers)}
+        if tier == "kvpeer-perkey":  # one LOOKUP per lookup() call (before batching)
+            e["batch_lookups"] = False
+        return e
     raise ValueError(f"unknown tier {tier!r}")
 
 

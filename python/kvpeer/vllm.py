@@ -23,6 +23,8 @@ Config keys (the tier's entry in ``secondary_tiers``):
                  (default "vllm-kv/<block_size>": same chunk layout)
   dead_after_ms  a silent peer is dead after this long (kvpeer default 3000)
   hold_cap_ms    bound on quarantined slots / retained transfers (default 30000)
+  batch_lookups  one LOOKUP per (request, peer) per scheduler step (default
+                 true); false sends one per lookup() call (for comparison)
   node_options   any other kvp_config_t field, e.g. {"heartbeat_ms": 200}
 
 Data path and safety (docs/DESIGN.md, "vLLM tier"): the kvpeer node keeps its
@@ -126,7 +128,8 @@ class KVPeerSecondaryTier(SecondaryTierManager):
                  listen: str = "127.0.0.1:0", psk_file: Optional[str] = None,
                  block_size: Optional[int] = None, num_blocks: int = DEFAULT_NUM_BLOCKS,
                  compat: Optional[str] = None, dead_after_ms: Optional[int] = None,
-                 hold_cap_ms: Optional[int] = None, locality: Any = None,
+                 hold_cap_ms: Optional[int] = None, batch_lookups: bool = True,
+                 locality: Any = None,
                  node_options: Optional[Dict[str, Any]] = None) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         self.locality = Locality.REMOTE
@@ -139,6 +142,9 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         if not isinstance(block_size, int) or block_size != chunk:
             raise ValueError(f"kvpeer: block_size={block_size!r} must equal vLLM's primary "
                              f"chunk size ({chunk} B); leave it out to use that")
+        if not isinstance(batch_lookups, bool):
+            raise ValueError(f"kvpeer: batch_lookups must be true or false, got {batch_lookups!r}")
+        self._defer_lookups = batch_lookups
         if isinstance(peers, str) or not all(isinstance(p, str) and p for p in peers):
             raise ValueError(f"kvpeer: peers must be a list of 'host:port' strings, got {peers!r}")
         opts: Dict[str, Any] = dict(node_options or {})
@@ -171,7 +177,7 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         req = self._request(req_context)
         # vLLM looks keys up one call at a time: the asks are queued and
         # on_schedule_end sends one LOOKUP per (request, peer) for the step.
-        r = self._tier.lookup_many([bytes(key)], req, defer=True)[0]
+        r = self._tier.lookup_many([bytes(key)], req, defer=self._defer_lookups)[0]
         if r is HIT:
             return LookupResult.HIT
         if r is MISS:

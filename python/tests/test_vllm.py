@@ -371,6 +371,8 @@ def test_vllm_tier_config_errors(tmp_path, engines):
         Engine(tier_cfg(psk_file=str(tmp_path / "empty")))
     with pytest.raises(ValueError, match="peers"):
         Engine(tier_cfg(peers="127.0.0.1:1"))
+    with pytest.raises(ValueError, match="batch_lookups"):
+        Engine(tier_cfg(batch_lookups="yes"))
     with pytest.raises(kvpeer.Error):
         Engine(tier_cfg(listen="not-an-address"))
     assert set(Path("/dev/shm").glob("vllm_offload_kvpeer-test-*")) == before
