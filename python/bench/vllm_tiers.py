@@ -411,24 +411,26 @@ def orchestrate(a: argparse.Namespace) -> int:
         results[tier] = run_tier(tier, a, outdir)
         print(f"  {tier}: done in {time.monotonic() - t0:.1f} s", flush=True)
     rc = 0
-    hdr = (f"{'tier':8} {'blocks':>6} {'bytes ok':>8} {'blocks/s':>9} {'GB/s':>6} "
+    hdr = (f"{'tier':13} {'blocks':>6} {'bytes ok':>8} {'blocks/s':>9} {'GB/s':>6} "
            f"{'lookup p50':>10} {'p99 ms':>7} {'load p50':>9} {'p99 ms':>7}")
     print(hdr)
     for tier, r in results.items():
         if "error" in r:
             rc = 1
-            print(f"{tier:8} ERROR: {r['error']}")
+            print(f"{tier:13} ERROR: {r['error']}")
             continue
         ok = r["mismatches"] == 0 and r["misses"] == 0 and r["blocks"] == a.blocks
         rc |= 0 if ok else 1
         bps = r["blocks"] / r["wall_s"] if r["wall_s"] > 0 else float("nan")
-        print(f"{tier:8} {r['blocks']:>6} {('yes' if ok else 'NO'):>8} {bps:>9.0f} "
+        print(f"{tier:13} {r['blocks']:>6} {('yes' if ok else 'NO'):>8} {bps:>9.0f} "
               f"{bps * chunk / 1e9:>6.2f} {pct(r['lookup_ms'], 50):>10.2f} "
               f"{pct(r['lookup_ms'], 99):>7.2f} {pct(r['load_ms'], 50):>9.2f} "
               f"{pct(r['load_ms'], 99):>7.2f}")
         if not ok:
-            print(f"         misses {r['misses']}, byte mismatches {r['mismatches']}, "
+            print(f"              misses {r['misses']}, byte mismatches {r['mismatches']}, "
                   f"blocks {r['blocks']} of {a.blocks}")
+    la = os.getloadavg()
+    print(f"load average at the end {la[0]:.2f} {la[1]:.2f} {la[2]:.2f}")
     for tier, notes in exit_notes.items():
         for n in notes:
             print(f"note: {tier} {n}")
