@@ -17,7 +17,9 @@ a CPU primary tier in /dev/shm, one secondary tier):
   (prepare_load) and compares it with the bytes A wrote.
 
 Per request: lookup latency = first lookup() until no key answers RETRY;
-load latency = from there until every key answers HIT. Throughput = blocks
+load latency = from there until every key answers HIT; sched/req = the time
+B's scheduler thread spent inside the manager for the request (its lookup()
+calls and step ends, which run the tier's polling and copies). Throughput = blocks
 (and bytes) of all measured requests over their total wall time. A warm-up
 request opens the sessions first (p2p answers MISS until its NIXL handshake
 is done; kvpeer dials at start-up).
@@ -30,8 +32,10 @@ Tier configurations (the same for both, as a vLLM user would write them):
           them into B's primary chunks with NIXL/UCX).
   kvpeer  {"type": "KVPeerSecondaryTier", "module_path": "kvpeer.vllm",
           "peers": [A], "listen": "127.0.0.1:0"}; no request parameters.
-          ("kvpeer-perkey": the same with "batch_lookups": false, one LOOKUP
-          per lookup() call instead of one per request and step.)
+          Variants with the tier's hot-path options off, for before/after in
+          one run: kvpeer-perkey ("batch_lookups": false: one LOOKUP per
+          lookup() call), kvpeer-synccopy ("copy_thread": false: the copy
+          into B's chunks on the scheduler thread), kvpeer-before (both).
 Both engines run vLLM's tier-poll thread at its default interval (1 ms); the
 p2p tier asks for it (tolerates_off_thread_polling), kvpeer's does not (its
 node thread serves peers).
@@ -173,15 +177,23 @@ class Engine:
         self.manager.shutdown()
 
 
+# kvpeer's tier as configured, and with its hot-path options off: one LOOKUP
+# per lookup() call, the copy into vLLM's chunks on the scheduler thread, or
+# both (the tier before issue 16's hot-path work).
+KVPEER_VARIANTS: Dict[str, Dict[str, Any]] = {
+    "kvpeer": {},
+    "kvpeer-perkey": {"batch_lookups": False},
+    "kvpeer-synccopy": {"copy_thread": False},
+    "kvpeer-before": {"batch_lookups": False, "copy_thread": False},
+}
+
+
 def tier_entry(tier: str, port: int, peers: Sequence[str]) -> Dict[str, Any]:
     if tier == "p2p":
         return {"type": "p2p", "host": "127.0.0.1", "port": port}
-    if tier in ("kvpeer", "kvpeer-perkey"):
-        e = {"type": "KVPeerSecondaryTier", "module_path": "kvpeer.vllm",
-             "listen": f"127.0.0.1:{port}", "peers": list(peers)}
-        if tier == "kvpeer-perkey":  # one LOOKUP per lookup() call (before batching)
-            e["batch_lookups"] = False
-        return e
+    if tier in KVPEER_VARIANTS:
+        return {"type": "KVPeerSecondaryTier", "module_path": "kvpeer.vllm",
+                "listen": f"127.0.0.1:{port}", "peers": list(peers), **KVPEER_VARIANTS[tier]}
     raise ValueError(f"unknown tier {tier!r}")
 
 
@@ -193,6 +205,7 @@ def run_loads(eng: Engine, tier: str, a_addr: str, keys: List[bytes], seed: int,
     host, port = a_addr.rsplit(":", 1)
     lookup_ms: List[float] = []
     load_ms: List[float] = []
+    sched_ms: List[float] = []
     misses = mismatches = 0
     t_start = time.perf_counter()
     for r in range(0, len(keys), req_blocks):
@@ -206,10 +219,13 @@ def run_loads(eng: Engine, tier: str, a_addr: str, keys: List[bytes], seed: int,
         t0 = time.perf_counter()
         t_res: Optional[float] = None
         deadline = time.monotonic() + timeout
+        busy = 0.0  # scheduler-thread time in the manager (lookups + step ends)
         while True:
+            tb = time.perf_counter()
             with eng.manager.lock:
                 res = [eng.manager.lookup(k, c) for k in rk]
             now = time.perf_counter()
+            busy += now - tb
             if t_res is None and all(x is not LR.RETRY for x in res):
                 t_res = now
             if any(x is LR.MISS for x in res):
@@ -220,9 +236,12 @@ def run_loads(eng: Engine, tier: str, a_addr: str, keys: List[bytes], seed: int,
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{tier}: request {r // req_blocks} still {res[:4]}... "
                                    f"after {timeout} s")
+            tb = time.perf_counter()
             eng.step()
+            busy += time.perf_counter() - tb
             time.sleep(step_s)
         t1 = time.perf_counter()
+        sched_ms.append(busy * 1e3)
         if not any(x is LR.MISS for x in res):
             lookup_ms.append((t_res - t0) * 1e3)
             load_ms.append((t1 - t_res) * 1e3)
@@ -240,7 +259,7 @@ def run_loads(eng: Engine, tier: str, a_addr: str, keys: List[bytes], seed: int,
     n_ok = len(lookup_ms) * req_blocks
     return {"requests": len(lookup_ms), "blocks": n_ok, "misses": misses,
             "mismatches": mismatches, "wall_s": wall,
-            "lookup_ms": lookup_ms, "load_ms": load_ms}
+            "lookup_ms": lookup_ms, "load_ms": load_ms, "sched_ms": sched_ms}
 
 
 # ---------------------------------------------------------------- child role
@@ -412,7 +431,8 @@ def orchestrate(a: argparse.Namespace) -> int:
         print(f"  {tier}: done in {time.monotonic() - t0:.1f} s", flush=True)
     rc = 0
     hdr = (f"{'tier':13} {'blocks':>6} {'bytes ok':>8} {'blocks/s':>9} {'GB/s':>6} "
-           f"{'lookup p50':>10} {'p99 ms':>7} {'load p50':>9} {'p99 ms':>7}")
+           f"{'lookup p50':>10} {'p99 ms':>7} {'load p50':>9} {'p99 ms':>7} "
+           f"{'sched/req p50':>13} {'p99 ms':>7}")
     print(hdr)
     for tier, r in results.items():
         if "error" in r:
@@ -425,7 +445,8 @@ def orchestrate(a: argparse.Namespace) -> int:
         print(f"{tier:13} {r['blocks']:>6} {('yes' if ok else 'NO'):>8} {bps:>9.0f} "
               f"{bps * chunk / 1e9:>6.2f} {pct(r['lookup_ms'], 50):>10.2f} "
               f"{pct(r['lookup_ms'], 99):>7.2f} {pct(r['load_ms'], 50):>9.2f} "
-              f"{pct(r['load_ms'], 99):>7.2f}")
+              f"{pct(r['load_ms'], 99):>7.2f} {pct(r['sched_ms'], 50):>13.2f} "
+              f"{pct(r['sched_ms'], 99):>7.2f}")
         if not ok:
             print(f"              misses {r['misses']}, byte mismatches {r['mismatches']}, "
                   f"blocks {r['blocks']} of {a.blocks}")

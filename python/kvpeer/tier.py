@@ -32,8 +32,10 @@ Semantics (SPEC §5, §7):
 """
 from __future__ import annotations
 
+import ctypes
 import enum
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Dict, Hashable, List, Optional, Sequence, Set, Tuple, Union
 
@@ -117,12 +119,25 @@ class _Round:
 
 
 @dataclass
+class _Copy:
+    """A load's copy into its dst buffers, running on the copy thread. The
+    blocks stay pinned and the dst exports held until it is done."""
+
+    future: "Future[None]"
+    blocks: List[Any]
+    exports: List[Any]  # ctypes arrays over the dst buffers
+    views: List[memoryview]
+    fail: Optional[Tuple[int, str]] = None  # _fail_load while copying: published after
+
+
+@dataclass
 class _Load:
     job: LoadJob
     rid: int
     ops: Set[int] = field(default_factory=set)  # fetch ops still running
     n_ok: int = 0
     status: Dict[bytes, int] = field(default_factory=dict)
+    copy: Optional[_Copy] = None
 
 
 def _check_writable(buf: Any) -> None:
@@ -153,7 +168,7 @@ class KVPeerTier:
     create one (kvp_config_t options). ``peers`` are dialled at once."""
 
     def __init__(self, node: Optional[Node] = None, peers: Sequence[str] = (),
-                 **node_config: Any) -> None:
+                 copy_thread: bool = False, **node_config: Any) -> None:
         if node is not None and node_config:
             raise TypeError("give either node= or node config options, not both")
         self._owns = node is None
@@ -174,6 +189,12 @@ class KVPeerTier:
         self._queued: Dict[int, Tuple[RequestLike, List[bytes]]] = {}
         self._queued_keys: Set[Tuple[int, bytes]] = set()
         self._ready: Optional[Set[str]] = None  # peers with a ready session, this batch
+        # copy_thread: a finished load's copy into dst runs on this thread
+        # (ctypes.memmove, without the GIL), not on the caller's.
+        self._copier: Optional[ThreadPoolExecutor] = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvpeer-copy")
+            if copy_thread else None)
+        self._copying: List[_Load] = []
         self._closed = False
 
     # ---------------------------------------------------------- lookup
@@ -401,11 +422,21 @@ class KVPeerTier:
             self._pump(0.05)
         for ld in list(self._loads.values()):
             self._fail_load(ld, L.KVP_ERR_CLOSED, "tier shut down")
+        self.wait_copies()
         out = self.get_finished_jobs()
         self._closed = True
+        if self._copier is not None:
+            self._copier.shutdown(wait=True)
         if self._owns:
             self.node.close()
         return out
+
+    def wait_copies(self) -> None:
+        """Wait for the running copies into dst buffers (bounded: memcpy) and
+        publish their jobs; afterwards nothing writes a dst buffer."""
+        for ld in list(self._copying):
+            ld.copy.future.exception()  # waits
+        self._reap_copies()
 
     def __enter__(self) -> "KVPeerTier":
         return self
@@ -419,8 +450,37 @@ class KVPeerTier:
             raise Error(L.KVP_ERR_CLOSED, "tier is shut down")
 
     def _pump(self, timeout: float = 0.0) -> None:
+        if self._copying:
+            self._reap_copies()
+            if self._copying:
+                timeout = min(timeout, 0.001)
         for ev in self.node.poll(timeout):
             self._on_event(ev)
+        if self._copying:
+            self._reap_copies()
+
+    def _reap_copies(self) -> None:
+        """Publish the loads whose copy is done; unpin their blocks."""
+        still: List[_Load] = []
+        for ld in self._copying:
+            cp = ld.copy
+            if not cp.future.done():
+                still.append(ld)
+                continue
+            exc = cp.future.exception()
+            cp.exports.clear()
+            for v in cp.views:
+                v.release()
+            for b in cp.blocks:
+                b.release()
+            ld.copy = None
+            if cp.fail is not None:
+                self._publish(ld, *cp.fail)
+            elif exc is not None:
+                self._publish(ld, L.KVP_ERR_IO, f"copy into dst: {exc!r}")
+            else:
+                self._publish(ld, L.KVP_OK, "")
+        self._copying = still
 
     def _on_event(self, ev: Event) -> None:
         if ev.type == EventType.LOOKUP:
@@ -474,6 +534,8 @@ class KVPeerTier:
 
     def _finish_load(self, ld: _Load) -> None:
         """Every part succeeded: copy into dst (if any) and publish."""
+        if ld.job.dst is not None and self._copier is not None:
+            return self._start_copy(ld)
         if ld.job.dst is not None:
             for k, dst in zip(ld.job.keys, ld.job.dst):
                 try:
@@ -484,9 +546,46 @@ class KVPeerTier:
                     return self._fail_load(ld, e.status, f"copy of {k!r}")
         self._publish(ld, L.KVP_OK, "")
 
+    def _start_copy(self, ld: _Load) -> None:
+        """Pin the job's blocks here, copy them on the copy thread; the job
+        is published by _reap_copies once the copy is done."""
+        blocks: List[Any] = []
+        views: List[memoryview] = []
+        exports: List[Any] = []
+        moves: List[Tuple[int, int, int]] = []
+        try:
+            for k, dst in zip(ld.job.keys, ld.job.dst):
+                b = self.node.get(k)
+                blocks.append(b)
+                v = memoryview(dst).cast("B")
+                views.append(v)
+                n = min(b.len, v.nbytes)
+                arr = (ctypes.c_char * v.nbytes).from_buffer(v)
+                exports.append(arr)
+                moves.append((ctypes.addressof(arr), b._cb.data, n))
+        except Error as e:  # evicted (or being refilled) between commit and copy
+            exports.clear()
+            for v in views:
+                v.release()
+            for b in blocks:
+                b.release()
+            return self._fail_load(ld, e.status, "pin for the copy")
+
+        def copy() -> None:
+            for d, src, n in moves:
+                ctypes.memmove(d, src, n)
+
+        ld.copy = _Copy(self._copier.submit(copy), blocks, exports, views)
+        self._copying.append(ld)
+
     def _fail_load(self, ld: _Load, status: int, detail: str) -> None:
         """Publish the failure now; cancel the parts still running (their
-        events are then swallowed: the job has its one outcome)."""
+        events are then swallowed: the job has its one outcome). A job whose
+        copy into dst runs is published (failed) when the copy is done."""
+        if ld.copy is not None:
+            if ld.copy.fail is None:
+                ld.copy.fail = (status, detail)
+            return
         for op in list(ld.ops):
             try:
                 self.node.cancel(op)

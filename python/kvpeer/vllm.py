@@ -25,11 +25,14 @@ Config keys (the tier's entry in ``secondary_tiers``):
   hold_cap_ms    bound on quarantined slots / retained transfers (default 30000)
   batch_lookups  one LOOKUP per (request, peer) per scheduler step (default
                  true); false sends one per lookup() call (for comparison)
+  copy_thread    copy a finished load into vLLM's chunks on a kvpeer thread
+                 (default true); false copies on the scheduler thread
   node_options   any other kvp_config_t field, e.g. {"heartbeat_ms": 200}
 
 Data path and safety (docs/DESIGN.md, "vLLM tier"): the kvpeer node keeps its
 own store; loads land in kvpeer-owned slots (staging) and are copied into the
-primary-tier chunks vLLM named only after every block of the job verified;
+primary-tier chunks vLLM named only after every block of the job verified
+(on the tier's copy thread; the job is reported once the copy is done);
 stores copy the primary chunks into the store. A WRITE whose outcome is
 unknown (dead or stalled source) can therefore only land in a kvpeer slot,
 which the node quarantines until proof or the hold cap -- never in a chunk
@@ -129,6 +132,7 @@ class KVPeerSecondaryTier(SecondaryTierManager):
                  block_size: Optional[int] = None, num_blocks: int = DEFAULT_NUM_BLOCKS,
                  compat: Optional[str] = None, dead_after_ms: Optional[int] = None,
                  hold_cap_ms: Optional[int] = None, batch_lookups: bool = True,
+                 copy_thread: bool = True,
                  locality: Any = None,
                  node_options: Optional[Dict[str, Any]] = None) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
@@ -145,6 +149,8 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         if not isinstance(batch_lookups, bool):
             raise ValueError(f"kvpeer: batch_lookups must be true or false, got {batch_lookups!r}")
         self._defer_lookups = batch_lookups
+        if not isinstance(copy_thread, bool):
+            raise ValueError(f"kvpeer: copy_thread must be true or false, got {copy_thread!r}")
         if isinstance(peers, str) or not all(isinstance(p, str) and p for p in peers):
             raise ValueError(f"kvpeer: peers must be a list of 'host:port' strings, got {peers!r}")
         opts: Dict[str, Any] = dict(node_options or {})
@@ -165,7 +171,7 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         # row indexing, so chunks are addressed in a flat byte view of it.
         self._view = primary_kv_view.cast("B")
         self._num_chunks = primary_kv_view.shape[0]
-        self._tier = KVPeerTier(peers=list(peers), **opts)
+        self._tier = KVPeerTier(peers=list(peers), copy_thread=copy_thread, **opts)
         self.peer_id = self._tier.node.peer_id
         self._submitted: Dict[int, float] = {}
         self._results: List[JobResult] = []
@@ -271,6 +277,7 @@ class KVPeerSecondaryTier(SecondaryTierManager):
             ld = self._tier._loads.get(job_id)
             if ld is not None:
                 self._tier._fail_load(ld, L.KVP_ERR_CANCELED, "drained (vLLM cache reset)")
+        self._tier.wait_copies()  # a running copy into vLLM's chunks ends first
         self._collect(self._tier.get_finished_jobs())
 
     def _load_bound_s(self) -> float:

@@ -126,6 +126,61 @@ def test_tier_deferred_lookups(tier_factory, peer_factory):
     tier.on_request_finished(req)
 
 
+def test_tier_copy_thread(tier_factory, peer_factory):
+    """copy_thread=True: a finished load's copy into dst runs on the tier's
+    copy thread; the job has no outcome until the copy is done, and a failure
+    (cancel, drain) while it runs is published only after it, once. No
+    outcome may come while the copy can still write dst."""
+    import threading
+    src = peer_factory()
+    keys = [b"C-%d" % i for i in range(4)]
+    src.call("put_pattern", keys, BS, 0)
+    tier = tier_factory(peers=[src.peer_id], copy_thread=True)
+    tier.node.wait_peer(src.peer_id, 10)
+    req = Request(41)
+    assert settle(tier, keys, req) == [HIT] * 4
+    dst = [bytearray(BS) for _ in keys]
+    tier.submit_load(LoadJob("c-1", req, keys, dst=dst))
+    done = collect(tier, 1, scaled(10))
+    assert [(d.job_id, d.ok, d.n_ok) for d in done] == [("c-1", True, 4)]
+    assert all(bytes(d) == block_bytes(k, BS) for k, d in zip(keys, dst))
+    assert tier._copying == []  # blocks unpinned, dst exports dropped
+    for d in dst:
+        d.extend(b"x")  # a bytearray with a live buffer export cannot resize
+
+    # Hold the copy thread: the next copy queues behind this.
+    gate = threading.Event()
+    tier._copier.submit(gate.wait)
+    try:
+        _copy_gated(tier, src, gate)
+    finally:
+        gate.set()  # never leave the copy thread blocked (teardown waits for it)
+    tier.on_request_finished(req)
+
+
+def _copy_gated(tier: KVPeerTier, src, gate) -> None:
+    keys2 = [b"C2-%d" % i for i in range(3)]
+    src.call("put_pattern", keys2, BS, 1)
+    req2 = Request(42)
+    assert settle(tier, keys2, req2) == [HIT] * 3
+    dst2 = [bytearray(BS) for _ in keys2]
+    tier.submit_load(LoadJob("c-2", req2, keys2, dst=dst2))
+    assert until(lambda: (tier.get_finished_jobs() == [] and
+                          tier._loads.get("c-2") is not None and
+                          tier._loads["c-2"].copy is not None), scaled(10), 0.01)
+    tier._fail_load(tier._loads["c-2"], kvpeer.KVP_ERR_CANCELED, "cancelled while copying")
+    time.sleep(0.2)
+    assert tier.get_finished_jobs() == []  # the copy has not run: no outcome yet
+    assert tier.pending_jobs() == ["c-2"]
+    assert all(bytes(d) == bytes(BS) for d in dst2)
+    gate.set()
+    tier.wait_copies()
+    out = tier.get_finished_jobs()
+    assert [(d.job_id, d.ok, d.status) for d in out] == [("c-2", False, kvpeer.KVP_ERR_CANCELED)]
+    assert tier.get_finished_jobs() == [] and tier.pending_jobs() == []
+    tier.on_request_finished(req2)
+
+
 def test_tier_source_death(tier_factory, peer_factory):
     """Kill the source under a load: the job fails exactly once, lookups
     answer MISS, and the quarantined slots come back (proof or hold cap)."""
