@@ -19,6 +19,7 @@
 #include "node/node.h"
 #include "transport/fake.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -854,6 +855,10 @@ static void collect(sim_t *s)
             for (uint32_t e = 0; e < got; e++) {
                 s->r->trace_hash = kvp_hash64(&ev[e].type, sizeof(ev[e].type) * 2 + 8,
                                               s->r->trace_hash) ^ (uint64_t)ev[e].op_id;
+                uint64_t now = kvp_clock_now(&s->mc.clock);
+                s->r->digest = kvp_hash64(&ev[e], offsetof(kvp_event_t, reserved), s->r->digest);
+                s->r->digest = kvp_hash64(ev[e].peer, strnlen(ev[e].peer, sizeof(ev[e].peer)),
+                                          s->r->digest ^ now);
                 if (ev[e].type != KVP_EV_LOOKUP && ev[e].type != KVP_EV_LOAD)
                     continue;
                 sim_op_t *op = op_find(s, i, ev[e].op_id);
@@ -1202,6 +1207,12 @@ static void sim_run_once(const sim_opts_t *o, sim_result_t *r, bool tracing)
         r->trace_hash = kvp_hash64(calls, sizeof(calls), r->trace_hash);
         r->trace_hash = kvp_hash64(&fc, sizeof(fc), r->trace_hash);
     }
+    uint64_t sums[] = {r->trace_hash, r->violations, r->loads, r->loads_ok, r->lookups, r->puts,
+                       r->rest_ms, r->posted_fenced, r->post_cap_landings,
+                       (uint64_t)r->violation_step};
+    r->digest = kvp_hash64(sums, sizeof(sums), r->digest);
+    r->digest = kvp_hash64(r->faults, sizeof(r->faults), r->digest);
+    r->digest = kvp_hash64(r->first_violation, strlen(r->first_violation), r->digest);
     for (int i = 0; i < s->o.nodes; i++)
         node_stop(s, i);
     kvp_fake_fabric_destroy(s->fab);
