@@ -89,6 +89,8 @@ static void run_range(const run_cfg_t *c, uint64_t offset, totals_t *t)
         if (c->digest)
             printf("seed %llu: digest %016llx violations %llu\n", (unsigned long long)o.seed,
                    (unsigned long long)r.digest, (unsigned long long)r.violations);
+        if (c->digest || c->hashes)
+            fflush(stdout); /* whole lines: --jobs children share the pipe */
         if (r.violations) {
             t->seeds_bad++;
             if (t->first_bad == 0 || o.seed < t->first_bad)
