@@ -39,6 +39,10 @@ struct fake_end {
     fake_state_t state;
     bool reported; /* closed() was delivered to the owner */
     kvp_timer_t ev;
+    /* Whether a partition cuts this end's pair, as of the net's cuts_gen
+     * (the pair never changes; the cut list is scanned once per change). */
+    uint64_t cut_gen;
+    bool cut;
     char local[KVP_WIRE_STR_MAX + 1];
 };
 
@@ -58,6 +62,7 @@ typedef struct fake_cut {
 struct kvp_fake_net {
     uint64_t latency_ns;
     kvp_list_t listeners, ends, cuts;
+    uint64_t cuts_gen; /* bumped by every change of `cuts`; never 0 */
     uint64_t delivered;
 };
 
@@ -69,6 +74,7 @@ kvp_status_t kvp_fake_net_create(uint64_t latency_ns, kvp_fake_net_t **out)
     if (!n)
         return KVP_ERR_NOMEM;
     n->latency_ns = latency_ns;
+    n->cuts_gen = 1;
     kvp_list_init(&n->listeners);
     kvp_list_init(&n->ends);
     kvp_list_init(&n->cuts);
@@ -100,6 +106,27 @@ static bool fake_is_cut(const kvp_fake_net_t *net, const char *a, const char *b)
             return true;
     }
     return false;
+}
+
+/* fake_is_cut for e's own pair (local, remote), cached per cut list. */
+static bool fake_end_cut(fake_end_t *e)
+{
+    if (kvp_list_empty(&e->net->cuts))
+        return false;
+    if (e->cut_gen != e->net->cuts_gen) {
+        e->cut = fake_is_cut(e->net, e->local, e->base.remote);
+        e->cut_gen = e->net->cuts_gen;
+    }
+    return e->cut;
+}
+
+/* Copy a NUL-terminated string of at most cap - 1 bytes (truncating), as
+ * snprintf("%s") did, without the formatting machinery. */
+static void fake_strcpy(char *dst, size_t cap, const char *src)
+{
+    size_t n = strnlen(src, cap - 1);
+    memcpy(dst, src, n);
+    dst[n] = '\0';
 }
 
 static void fake_purge(fake_end_t *e)
@@ -148,7 +175,7 @@ static int fake_deliver_end(fake_end_t *e)
     int frames = 0;
     while (!kvp_list_empty(&e->inq) && c->h && e->state != FAKE_DEAD) {
         fake_chunk_t *ch = KVP_CONTAINER_OF(e->inq.next, fake_chunk_t, node);
-        if (ch->at > now || fake_is_cut(e->net, e->local, c->remote))
+        if (ch->at > now || fake_end_cut(e))
             break;
         size_t n = KVP_MIN(ch->len - ch->off, c->rcap - c->rlen);
         if (n == 0)
@@ -186,7 +213,7 @@ static void fake_on_ev(kvp_timer_t *tm)
     if (!kvp_list_empty(&e->inq)) {
         fake_chunk_t *ch = KVP_CONTAINER_OF(e->inq.next, fake_chunk_t, node);
         uint64_t now = kvp_loop_now(e->base.loop);
-        if (!fake_is_cut(e->net, e->local, e->base.remote))
+        if (!fake_end_cut(e))
             fake_arm(e, ch->at > now ? ch->at : now); /* partitioned: heal re-arms */
         return;
     }
@@ -227,8 +254,8 @@ static kvp_status_t fake_end_new(kvp_fake_net_t *net, kvp_loop_t *loop, size_t w
     e->net = net;
     kvp_list_init(&e->inq);
     kvp_timer_init(&e->ev, "fake-net", fake_on_ev, e);
-    snprintf(e->local, sizeof(e->local), "%s", local);
-    snprintf(e->base.remote, sizeof(e->base.remote), "%s", remote);
+    fake_strcpy(e->local, sizeof(e->local), local);
+    fake_strcpy(e->base.remote, sizeof(e->base.remote), remote);
     kvp_list_insert_tail(&net->ends, &e->net_node);
     *out = e;
     return KVP_OK;
@@ -259,7 +286,7 @@ static kvp_status_t fake_write(kvp_conn_t *c, const void *data, size_t len)
     memcpy(ch->data, data, len);
     kvp_list_insert_tail(&p->inq, &ch->node);
     p->inq_bytes += len;
-    if (!fake_is_cut(e->net, e->local, c->remote))
+    if (!fake_end_cut(e))
         fake_arm(p, ch->at);
     return KVP_OK;
 }
@@ -309,7 +336,7 @@ static fake_listener_t *fake_find_listener(kvp_fake_net_t *net, const char *addr
 static void fake_resolve_connect(fake_end_t *e)
 {
     kvp_fake_net_t *net = e->net;
-    if (fake_is_cut(net, e->local, e->base.remote)) {
+    if (fake_end_cut(e)) {
         fake_arm(e, kvp_loop_now(e->base.loop) + net->latency_ns + 1); /* SYN held */
         return;
     }
@@ -389,6 +416,7 @@ static void fake_cut_add(kvp_fake_net_t *net, const char *a, const char *b)
     snprintf(c->a, sizeof(c->a), "%s", a);
     snprintf(c->b, sizeof(c->b), "%s", b);
     kvp_list_insert_tail(&net->cuts, &c->node);
+    net->cuts_gen++;
 }
 
 void kvp_fake_net_partition(kvp_fake_net_t *net, const char *a, const char *b, bool cut)
@@ -404,6 +432,7 @@ void kvp_fake_net_partition(kvp_fake_net_t *net, const char *a, const char *b, b
         if ((!strcmp(c->a, a) && !strcmp(c->b, b)) || (!strcmp(c->a, b) && !strcmp(c->b, a))) {
             kvp_list_remove(pos);
             kvp__free(c);
+            net->cuts_gen++;
         }
     }
     /* Healed: held chunks and connects resume, in order, from the loops. */

@@ -62,7 +62,6 @@ typedef struct sim {
     kvp_config_t cfg[SIM_MAX];
     kvp_node_seams_t seams[SIM_MAX];
     bool cut[SIM_MAX][SIM_MAX];
-    sim_op_t ops[SIM_OPS];
     int ops_hi; /* ops[ops_hi..] were never used: scans stop there */
     int scan_start;
     int step;
@@ -87,7 +86,40 @@ typedef struct sim {
     bool corrupt[SIM_MAX][SIM_KEYS]; /* (node, key) corrupted on purpose at the source */
     kvp_store_t *checked_store[SIM_MAX]; /* the store and its counters at its last check */
     kvp_store_stats_t checked_stats[SIM_MAX];
+    /* Last: a run clears only ops[0..ops_hi) of the one before (sim_alloc). */
+    sim_op_t ops[SIM_OPS];
 } sim_t;
+
+/* One sim_t per process, reused: zeroing its 1.4 MB op table for every seed
+ * cost more than many a short run. A run starts from the same all-zero
+ * state as from calloc: the head is cleared, and of the op table the part
+ * the previous run used (ops[ops_hi..] are never touched). Freed at exit. */
+static sim_t *g_spare;
+
+static sim_t *sim_alloc(void)
+{
+    sim_t *s = g_spare;
+    g_spare = NULL;
+    if (s == NULL)
+        return calloc(1, sizeof(*s));
+    memset(s->ops, 0, (size_t)s->ops_hi * sizeof(s->ops[0]));
+    memset(s, 0, offsetof(sim_t, ops));
+    return s;
+}
+
+static void sim_free(sim_t *s)
+{
+    if (g_spare == NULL)
+        g_spare = s;
+    else
+        free(s);
+}
+
+__attribute__((destructor)) static void sim_spare_free(void)
+{
+    free(g_spare);
+    g_spare = NULL;
+}
 
 static void note_cap_release(sim_t *s, const char *prefix, uint64_t op_id)
 {
@@ -1154,7 +1186,8 @@ void sim_run(const sim_opts_t *o, sim_result_t *r)
 
 static void sim_run_once(const sim_opts_t *o, sim_result_t *r, bool tracing)
 {
-    sim_t *s = calloc(1, sizeof(*s));
+    sim_t *s = sim_alloc();
+    KVP_ASSERT(s != NULL);
     memset(r, 0, sizeof(*r));
     s->o = *o;
     s->r = r;
@@ -1219,5 +1252,5 @@ static void sim_run_once(const sim_opts_t *o, sim_result_t *r, bool tracing)
     kvp_fake_net_destroy(s->net);
     kvp_log_set_sink(NULL, NULL);
     free(s->blockbuf);
-    free(s);
+    sim_free(s);
 }
