@@ -36,6 +36,8 @@ struct fake_end {
     fake_end_t *peer;
     kvp_list_t inq; /* chunks on their way to this end */
     size_t inq_bytes;
+    uint64_t seq;         /* creation order: the order of net->ends */
+    kvp_list_t busy_node; /* on net->busy while inq holds a chunk */
     fake_state_t state;
     bool reported; /* closed() was delivered to the owner */
     kvp_timer_t ev;
@@ -62,6 +64,10 @@ typedef struct fake_cut {
 struct kvp_fake_net {
     uint64_t latency_ns;
     kvp_list_t listeners, ends, cuts;
+    /* The ends with chunks queued, in creation order (a sublist of ends in
+     * the same order): kvp_fake_net_deliver visits only them. */
+    kvp_list_t busy;
+    uint64_t end_seq;
     uint64_t cuts_gen; /* bumped by every change of `cuts`; never 0 */
     uint64_t delivered;
 };
@@ -78,6 +84,7 @@ kvp_status_t kvp_fake_net_create(uint64_t latency_ns, kvp_fake_net_t **out)
     kvp_list_init(&n->listeners);
     kvp_list_init(&n->ends);
     kvp_list_init(&n->cuts);
+    kvp_list_init(&n->busy);
     *out = n;
     return KVP_OK;
 }
@@ -129,6 +136,22 @@ static void fake_strcpy(char *dst, size_t cap, const char *src)
     dst[n] = '\0';
 }
 
+/* Keep e on net->busy exactly while its inq is not empty, in seq order. */
+static void fake_busy_sync(fake_end_t *e)
+{
+    bool want = !kvp_list_empty(&e->inq);
+    if (want == kvp_list_linked(&e->busy_node))
+        return;
+    if (!want) {
+        kvp_list_remove(&e->busy_node);
+        return;
+    }
+    kvp_list_t *p = e->net->busy.prev; /* usually the newest end: from the tail */
+    while (p != &e->net->busy && KVP_CONTAINER_OF(p, fake_end_t, busy_node)->seq > e->seq)
+        p = p->prev;
+    kvp_list_insert_tail(p->next, &e->busy_node); /* right after p */
+}
+
 static void fake_purge(fake_end_t *e)
 {
     kvp_list_t *pos, *tmp;
@@ -138,6 +161,7 @@ static void fake_purge(fake_end_t *e)
         kvp__free(KVP_CONTAINER_OF(pos, fake_chunk_t, node));
     }
     e->inq_bytes = 0;
+    fake_busy_sync(e);
 }
 
 static void fake_free(fake_end_t *e)
@@ -187,6 +211,7 @@ static int fake_deliver_end(fake_end_t *e)
         if (ch->off == ch->len) {
             kvp_list_remove(&ch->node);
             kvp__free(ch);
+            fake_busy_sync(e);
             frames++;
         }
         c->h->readable(c);
@@ -223,16 +248,24 @@ static void fake_on_ev(kvp_timer_t *tm)
     }
 }
 
+/* Every end with something queued, in creation order (as a walk of
+ * net->ends would: an end that gets a chunk meanwhile is visited if it comes
+ * later in that order). */
 int kvp_fake_net_deliver(kvp_fake_net_t *net)
 {
-    uint64_t before = net->delivered;
-    kvp_list_t *pos, *tmp;
-    kvp_list_foreach_safe(pos, tmp, &net->ends)
-    {
-        fake_end_t *e = KVP_CONTAINER_OF(pos, fake_end_t, net_node);
-        if ((e->state == FAKE_OPEN || e->state == FAKE_EOF) && e->base.h &&
-            !kvp_list_empty(&e->inq)) /* nothing queued: nothing to deliver */
+    uint64_t before = net->delivered, seq = 0;
+    kvp_list_t *pos = net->busy.next;
+    for (;;) {
+        while (pos != &net->busy && KVP_CONTAINER_OF(pos, fake_end_t, busy_node)->seq <= seq)
+            pos = pos->next;
+        if (pos == &net->busy)
+            break;
+        fake_end_t *e = KVP_CONTAINER_OF(pos, fake_end_t, busy_node);
+        seq = e->seq;
+        if ((e->state == FAKE_OPEN || e->state == FAKE_EOF) && e->base.h)
             net->delivered += (uint64_t)fake_deliver_end(e);
+        /* Still queued: what follows it is later; else look again from the start. */
+        pos = kvp_list_linked(&e->busy_node) ? e->busy_node.next : net->busy.next;
     }
     return (int)(net->delivered - before);
 }
@@ -253,6 +286,8 @@ static kvp_status_t fake_end_new(kvp_fake_net_t *net, kvp_loop_t *loop, size_t w
     }
     e->net = net;
     kvp_list_init(&e->inq);
+    kvp_list_init(&e->busy_node);
+    e->seq = ++net->end_seq;
     kvp_timer_init(&e->ev, "fake-net", fake_on_ev, e);
     fake_strcpy(e->local, sizeof(e->local), local);
     fake_strcpy(e->base.remote, sizeof(e->base.remote), remote);
@@ -286,6 +321,7 @@ static kvp_status_t fake_write(kvp_conn_t *c, const void *data, size_t len)
     memcpy(ch->data, data, len);
     kvp_list_insert_tail(&p->inq, &ch->node);
     p->inq_bytes += len;
+    fake_busy_sync(p);
     if (!fake_end_cut(e))
         fake_arm(p, ch->at);
     return KVP_OK;
