@@ -23,7 +23,7 @@ kvp_status_t kvp_fake_fabric_create(const kvp_clock_t *clock, kvp_fake_fabric_t 
         return KVP_ERR_NOMEM;
     }
     f->clock = clock;
-    f->cache_dirty = true;
+    fake__fabric_changed(f);
     f->fabric_id = __atomic_add_fetch(&g_fabric_ids, 1, __ATOMIC_RELAXED);
     f->next_id = 1;
     *out = f;
@@ -59,7 +59,7 @@ kvp_status_t fake__fabric_attach(kvp_fake_fabric_t *f, fake_xport_t *x)
     f->eps[f->n_eps++] = x;
     x->ep = f->n_eps; /* ids are never reused: a closed endpoint stays NULL */
     f->open++;
-    f->cache_dirty = true;
+    fake__fabric_changed(f);
     f->mixed_clocks |= x->clock != f->clock;
     return KVP_OK;
 }
@@ -69,7 +69,7 @@ void fake__fabric_detach(kvp_fake_fabric_t *f, fake_xport_t *x)
     KVP_ASSERT(x->ep >= 1 && x->ep <= f->n_eps && f->eps[x->ep - 1] == x);
     f->eps[x->ep - 1] = NULL;
     f->open--;
-    f->cache_dirty = true;
+    fake__fabric_changed(f);
 }
 
 fake_xport_t *fake__fabric_ep(kvp_fake_fabric_t *f, uint32_t ep)
@@ -382,11 +382,16 @@ static void fabric_cache(kvp_fake_fabric_t *f)
     f->next_cache = next;
     f->quiet_cache = quiet;
     f->cache_dirty = false;
+    __atomic_store_n(&f->next_hint, f->mixed_clocks ? 0 : next, __ATOMIC_RELAXED);
+    __atomic_store_n(&f->quiet_hint, quiet, __ATOMIC_RELAXED);
 }
 
 bool kvp_fake_fabric_progress(kvp_fake_fabric_t *f)
 {
     bool any = false;
+    uint64_t hint = __atomic_load_n(&f->next_hint, __ATOMIC_RELAXED);
+    if (hint != 0 && hint > kvp_clock_now(f->clock))
+        return false; /* nothing due anywhere: what the locked path finds */
     pthread_mutex_lock(&f->mu);
     /* On one clock, no transport has an event due unless the earliest is. */
     if (f->mixed_clocks || (fabric_cache(f), f->next_cache <= kvp_clock_now(f->clock)))
@@ -397,6 +402,9 @@ bool kvp_fake_fabric_progress(kvp_fake_fabric_t *f)
 
 uint64_t kvp_fake_fabric_quiet_until(kvp_fake_fabric_t *f)
 {
+    uint64_t hint = __atomic_load_n(&f->quiet_hint, __ATOMIC_RELAXED);
+    if (hint != 0)
+        return hint;
     pthread_mutex_lock(&f->mu);
     fabric_cache(f);
     uint64_t t = f->quiet_cache;
@@ -406,6 +414,9 @@ uint64_t kvp_fake_fabric_quiet_until(kvp_fake_fabric_t *f)
 
 uint64_t kvp_fake_fabric_next_event_ns(kvp_fake_fabric_t *f)
 {
+    uint64_t hint = __atomic_load_n(&f->next_hint, __ATOMIC_RELAXED);
+    if (hint != 0)
+        return hint;
     pthread_mutex_lock(&f->mu);
     fabric_cache(f);
     uint64_t t = f->next_cache;

@@ -126,7 +126,18 @@ struct kvp_fake_fabric {
     bool cache_dirty;
     uint64_t next_cache, quiet_cache;
     bool mixed_clocks; /* a transport runs on a clock other than `clock` */
+    /* cache_dirty ? 0 : next_cache / quiet_cache (next_hint stays 0 with
+     * mixed clocks), written under the lock, read without it by the fabric
+     * queries: a non-zero hint is the answer (0: ask under the lock). */
+    uint64_t next_hint, quiet_hint;
 };
+
+static inline void fake__fabric_changed(kvp_fake_fabric_t *f)
+{
+    f->cache_dirty = true;
+    __atomic_store_n(&f->next_hint, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&f->quiet_hint, 0, __ATOMIC_RELAXED);
+}
 
 static inline fake_xport_t *fake__x(kvp_xport_t *x)
 {
@@ -139,7 +150,7 @@ static inline void fake__events_changed(fake_xport_t *x)
 {
     x->events_dirty = true;
     __atomic_store_n(&x->due_hint, 0, __ATOMIC_RELAXED);
-    x->fab->cache_dirty = true;
+    fake__fabric_changed(x->fab);
 }
 
 /* n_reportable += d (d = 0: set to 0). */
@@ -147,7 +158,7 @@ static inline void fake__reportable_add(fake_xport_t *x, int d)
 {
     uint32_t v = d == 0 ? 0 : (uint32_t)((int64_t)x->n_reportable + d);
     __atomic_store_n(&x->n_reportable, v, __ATOMIC_RELAXED);
-    x->fab->cache_dirty = true;
+    fake__fabric_changed(x->fab);
 }
 
 static inline bool fake__copy_pending(const fake_xfer_t *xf)
