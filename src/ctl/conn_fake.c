@@ -45,6 +45,9 @@ struct fake_end {
      * (the pair never changes; the cut list is scanned once per change). */
     uint64_t cut_gen;
     bool cut;
+    /* A dial found its pair cut: the SYN is held until the heal re-arms it
+     * (at the heal's time + latency + 1, as its retry would have come). */
+    bool syn_held;
     char local[KVP_WIRE_STR_MAX + 1];
 };
 
@@ -373,7 +376,12 @@ static void fake_resolve_connect(fake_end_t *e)
 {
     kvp_fake_net_t *net = e->net;
     if (fake_end_cut(e)) {
-        fake_arm(e, kvp_loop_now(e->base.loop) + net->latency_ns + 1); /* SYN held */
+        /* SYN held. It used to retry every latency + 1 ns, a round of the
+         * dialing node every tick for nothing until the heal: now the heal
+         * re-arms it, for the deadline that retry would have had (the last
+         * retry ran at the last round before the heal, at the heal's time
+         * in a simulation on a manual clock). */
+        e->syn_held = true;
         return;
     }
     fake_listener_t *l = fake_find_listener(net, e->base.remote);
@@ -476,6 +484,10 @@ void kvp_fake_net_partition(kvp_fake_net_t *net, const char *a, const char *b, b
         fake_end_t *e = KVP_CONTAINER_OF(pos, fake_end_t, net_node);
         if (e->state != FAKE_DEAD && (!kvp_list_empty(&e->inq) || e->state == FAKE_EOF))
             fake_arm(e, kvp_loop_now(e->base.loop));
+        else if (e->state == FAKE_CONNECTING && e->syn_held && !fake_end_cut(e)) {
+            e->syn_held = false;
+            fake_arm(e, kvp_loop_now(e->base.loop) + net->latency_ns + 1);
+        }
     }
 }
 
