@@ -54,6 +54,7 @@ typedef struct sim {
     sim_opts_t o;
     sim_result_t *r;
     kvp_rng_t rng;
+    kvp_rng_t random_bytes; /* kvp_random_bytes while the run lasts */
     kvp_manual_clock_t mc;
     kvp_fake_fabric_t *fab;
     kvp_fake_net_t *net;
@@ -223,6 +224,17 @@ static void violation(sim_t *s, const char *fmt, ...)
     fprintf(stderr, "sim: last actions:\n");
     for (int i = KVP_MAX(0, s->trace_n - TRACE_LEN); i < s->trace_n; i++)
         fprintf(stderr, "  %s\n", s->trace[i % TRACE_LEN]);
+}
+
+/* The nodes' random bytes (epochs, nonces): from a stream of the seed's
+ * own, not the workload's, instead of a getrandom call each. */
+static void sim_random_bytes(void *buf, size_t len, void *arg)
+{
+    kvp_rng_t *r = arg;
+    for (size_t i = 0; i < len; i += 8) {
+        uint64_t v = kvp_rng_next(r);
+        memcpy((uint8_t *)buf + i, &v, KVP_MIN(len - i, 8u));
+    }
 }
 
 static uint64_t rnd(sim_t *s, uint64_t bound)
@@ -1194,6 +1206,9 @@ static void sim_run_once(const sim_opts_t *o, sim_result_t *r, bool tracing)
     s->tracing = tracing;
     s->o.nodes = KVP_MAX(3, KVP_MIN(o->nodes, SIM_MAX));
     kvp_rng_seed(&s->rng, o->seed);
+    kvp_rng_seed(&s->random_bytes, o->seed ^ 0x72616e646f6d2d62ull /* "random-b" */);
+    kvp__random_hook_arg = &s->random_bytes;
+    kvp__random_hook = sim_random_bytes;
     kvp_manual_clock_init(&s->mc, KVP_NSEC_PER_SEC);
     kvp_log_set_sink(sim_log_sink, s);
     kvp_fake_fabric_create(&s->mc.clock, &s->fab);
@@ -1251,6 +1266,8 @@ static void sim_run_once(const sim_opts_t *o, sim_result_t *r, bool tracing)
     kvp_fake_fabric_destroy(s->fab);
     kvp_fake_net_destroy(s->net);
     kvp_log_set_sink(NULL, NULL);
+    kvp__random_hook = NULL;
+    kvp__random_hook_arg = NULL;
     free(s->blockbuf);
     sim_free(s);
 }
