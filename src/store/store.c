@@ -168,22 +168,24 @@ static kvp_status_t config_check(const kvp_store_config_t *cfg, size_t *need)
 #ifdef KVP_TESTING
 /* Test builds only (kvpeer_testing): the simulator creates and destroys
  * thousands of nodes, and mapping, populating and unmapping a region costs
- * more than a node's share of a run. One region of normal pages (up to
- * 4 MiB) is kept at destroy and handed, zeroed as a fresh anonymous mapping
- * is, to the next store that maps one of the same length. */
+ * more than a node's share of a run. Up to KVP_STORE_SPARES regions of
+ * normal pages (up to 4 MiB each) are kept at destroy and handed, zeroed as
+ * a fresh anonymous mapping is, to the next stores mapping that length. */
 #define KVP_STORE_SPARE_MAX (4u << 20)
+#define KVP_STORE_SPARES 8
 static pthread_mutex_t g_spare_mu = PTHREAD_MUTEX_INITIALIZER;
-static void *g_spare;
-static size_t g_spare_len;
+static void *g_spare[KVP_STORE_SPARES];
+static size_t g_spare_len[KVP_STORE_SPARES];
 
 static void *region_spare_take(size_t len)
 {
     void *p = NULL;
     pthread_mutex_lock(&g_spare_mu);
-    if (g_spare != NULL && g_spare_len == len) {
-        p = g_spare;
-        g_spare = NULL;
-    }
+    for (int i = 0; i < KVP_STORE_SPARES && p == NULL; i++)
+        if (g_spare[i] != NULL && g_spare_len[i] == len) {
+            p = g_spare[i];
+            g_spare[i] = NULL;
+        }
     pthread_mutex_unlock(&g_spare_mu);
     if (p != NULL)
         memset(p, 0, len);
@@ -196,11 +198,12 @@ static bool region_spare_keep(void *p, size_t len)
     if (len > KVP_STORE_SPARE_MAX)
         return false;
     pthread_mutex_lock(&g_spare_mu);
-    if (g_spare == NULL) {
-        g_spare = p;
-        g_spare_len = len;
-        kept = true;
-    }
+    for (int i = 0; i < KVP_STORE_SPARES && !kept; i++)
+        if (g_spare[i] == NULL) {
+            g_spare[i] = p;
+            g_spare_len[i] = len;
+            kept = true;
+        }
     pthread_mutex_unlock(&g_spare_mu);
     return kept;
 }
