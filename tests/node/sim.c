@@ -274,7 +274,7 @@ static void node_cfg(sim_t *s, int i)
     s->seams[i] = (kvp_node_seams_t){&s->mc.clock, s->net, s->fab,
                                      i % 3 == 2 ? KVP_PATH_FAKE_UNFENCEABLE
                                                 : KVP_PATH_FAKE_FENCEABLE,
-                                     2 * MS};
+                                     2 * MS, .no_event_fd = true};
 }
 
 static bool node_start(sim_t *s, int i)
