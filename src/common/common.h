@@ -248,6 +248,12 @@ const char *kvp_mutation_str(int m);
  * it higher under sanitizers and valgrind. */
 double kvp_test_time_scale(void);
 uint64_t kvp_test_scaled_ns(uint64_t ns);
+
+/* Test-only source of kvp_random_bytes: when set (by the simulator, one
+ * thread), epochs and nonces come from it instead of getrandom, one system
+ * call each, and a seed replays them too. NULL: getrandom. */
+extern void (*kvp__random_hook)(void *buf, size_t len, void *arg);
+extern void *kvp__random_hook_arg;
 #else
 #define KVP_MUTATED(m) 0
 #endif

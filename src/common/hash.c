@@ -34,8 +34,19 @@ uint64_t kvp_hash64(const void *data, size_t len, uint64_t seed)
     return XXH3_64bits_withSeed(data, len, seed);
 }
 
+#ifdef KVP_TESTING
+void (*kvp__random_hook)(void *buf, size_t len, void *arg);
+void *kvp__random_hook_arg;
+#endif
+
 kvp_status_t kvp_random_bytes(void *buf, size_t len)
 {
+#ifdef KVP_TESTING
+    if (kvp__random_hook != NULL) {
+        kvp__random_hook(buf, len, kvp__random_hook_arg);
+        return KVP_OK;
+    }
+#endif
     unsigned char *p = buf;
     while (len > 0) {
         ssize_t n = getrandom(p, len, 0);

@@ -36,9 +36,18 @@ struct fake_end {
     fake_end_t *peer;
     kvp_list_t inq; /* chunks on their way to this end */
     size_t inq_bytes;
+    uint64_t seq;         /* creation order: the order of net->ends */
+    kvp_list_t busy_node; /* on net->busy while inq holds a chunk */
     fake_state_t state;
     bool reported; /* closed() was delivered to the owner */
     kvp_timer_t ev;
+    /* Whether a partition cuts this end's pair, as of the net's cuts_gen
+     * (the pair never changes; the cut list is scanned once per change). */
+    uint64_t cut_gen;
+    bool cut;
+    /* A dial found its pair cut: the SYN is held until the heal re-arms it
+     * (at the heal's time + latency + 1, as its retry would have come). */
+    bool syn_held;
     char local[KVP_WIRE_STR_MAX + 1];
 };
 
@@ -58,6 +67,11 @@ typedef struct fake_cut {
 struct kvp_fake_net {
     uint64_t latency_ns;
     kvp_list_t listeners, ends, cuts;
+    /* The ends with chunks queued, in creation order (a sublist of ends in
+     * the same order): kvp_fake_net_deliver visits only them. */
+    kvp_list_t busy;
+    uint64_t end_seq;
+    uint64_t cuts_gen; /* bumped by every change of `cuts`; never 0 */
     uint64_t delivered;
 };
 
@@ -69,9 +83,11 @@ kvp_status_t kvp_fake_net_create(uint64_t latency_ns, kvp_fake_net_t **out)
     if (!n)
         return KVP_ERR_NOMEM;
     n->latency_ns = latency_ns;
+    n->cuts_gen = 1;
     kvp_list_init(&n->listeners);
     kvp_list_init(&n->ends);
     kvp_list_init(&n->cuts);
+    kvp_list_init(&n->busy);
     *out = n;
     return KVP_OK;
 }
@@ -102,6 +118,43 @@ static bool fake_is_cut(const kvp_fake_net_t *net, const char *a, const char *b)
     return false;
 }
 
+/* fake_is_cut for e's own pair (local, remote), cached per cut list. */
+static bool fake_end_cut(fake_end_t *e)
+{
+    if (kvp_list_empty(&e->net->cuts))
+        return false;
+    if (e->cut_gen != e->net->cuts_gen) {
+        e->cut = fake_is_cut(e->net, e->local, e->base.remote);
+        e->cut_gen = e->net->cuts_gen;
+    }
+    return e->cut;
+}
+
+/* Copy a NUL-terminated string of at most cap - 1 bytes (truncating), as
+ * snprintf("%s") did, without the formatting machinery. */
+static void fake_strcpy(char *dst, size_t cap, const char *src)
+{
+    size_t n = strnlen(src, cap - 1);
+    memcpy(dst, src, n);
+    dst[n] = '\0';
+}
+
+/* Keep e on net->busy exactly while its inq is not empty, in seq order. */
+static void fake_busy_sync(fake_end_t *e)
+{
+    bool want = !kvp_list_empty(&e->inq);
+    if (want == kvp_list_linked(&e->busy_node))
+        return;
+    if (!want) {
+        kvp_list_remove(&e->busy_node);
+        return;
+    }
+    kvp_list_t *p = e->net->busy.prev; /* usually the newest end: from the tail */
+    while (p != &e->net->busy && KVP_CONTAINER_OF(p, fake_end_t, busy_node)->seq > e->seq)
+        p = p->prev;
+    kvp_list_insert_tail(p->next, &e->busy_node); /* right after p */
+}
+
 static void fake_purge(fake_end_t *e)
 {
     kvp_list_t *pos, *tmp;
@@ -111,6 +164,7 @@ static void fake_purge(fake_end_t *e)
         kvp__free(KVP_CONTAINER_OF(pos, fake_chunk_t, node));
     }
     e->inq_bytes = 0;
+    fake_busy_sync(e);
 }
 
 static void fake_free(fake_end_t *e)
@@ -148,7 +202,7 @@ static int fake_deliver_end(fake_end_t *e)
     int frames = 0;
     while (!kvp_list_empty(&e->inq) && c->h && e->state != FAKE_DEAD) {
         fake_chunk_t *ch = KVP_CONTAINER_OF(e->inq.next, fake_chunk_t, node);
-        if (ch->at > now || fake_is_cut(e->net, e->local, c->remote))
+        if (ch->at > now || fake_end_cut(e))
             break;
         size_t n = KVP_MIN(ch->len - ch->off, c->rcap - c->rlen);
         if (n == 0)
@@ -160,6 +214,7 @@ static int fake_deliver_end(fake_end_t *e)
         if (ch->off == ch->len) {
             kvp_list_remove(&ch->node);
             kvp__free(ch);
+            fake_busy_sync(e);
             frames++;
         }
         c->h->readable(c);
@@ -186,7 +241,7 @@ static void fake_on_ev(kvp_timer_t *tm)
     if (!kvp_list_empty(&e->inq)) {
         fake_chunk_t *ch = KVP_CONTAINER_OF(e->inq.next, fake_chunk_t, node);
         uint64_t now = kvp_loop_now(e->base.loop);
-        if (!fake_is_cut(e->net, e->local, e->base.remote))
+        if (!fake_end_cut(e))
             fake_arm(e, ch->at > now ? ch->at : now); /* partitioned: heal re-arms */
         return;
     }
@@ -196,16 +251,24 @@ static void fake_on_ev(kvp_timer_t *tm)
     }
 }
 
+/* Every end with something queued, in creation order (as a walk of
+ * net->ends would: an end that gets a chunk meanwhile is visited if it comes
+ * later in that order). */
 int kvp_fake_net_deliver(kvp_fake_net_t *net)
 {
-    uint64_t before = net->delivered;
-    kvp_list_t *pos, *tmp;
-    kvp_list_foreach_safe(pos, tmp, &net->ends)
-    {
-        fake_end_t *e = KVP_CONTAINER_OF(pos, fake_end_t, net_node);
-        if ((e->state == FAKE_OPEN || e->state == FAKE_EOF) && e->base.h &&
-            !kvp_list_empty(&e->inq)) /* nothing queued: nothing to deliver */
+    uint64_t before = net->delivered, seq = 0;
+    kvp_list_t *pos = net->busy.next;
+    for (;;) {
+        while (pos != &net->busy && KVP_CONTAINER_OF(pos, fake_end_t, busy_node)->seq <= seq)
+            pos = pos->next;
+        if (pos == &net->busy)
+            break;
+        fake_end_t *e = KVP_CONTAINER_OF(pos, fake_end_t, busy_node);
+        seq = e->seq;
+        if ((e->state == FAKE_OPEN || e->state == FAKE_EOF) && e->base.h)
             net->delivered += (uint64_t)fake_deliver_end(e);
+        /* Still queued: what follows it is later; else look again from the start. */
+        pos = kvp_list_linked(&e->busy_node) ? e->busy_node.next : net->busy.next;
     }
     return (int)(net->delivered - before);
 }
@@ -226,9 +289,11 @@ static kvp_status_t fake_end_new(kvp_fake_net_t *net, kvp_loop_t *loop, size_t w
     }
     e->net = net;
     kvp_list_init(&e->inq);
+    kvp_list_init(&e->busy_node);
+    e->seq = ++net->end_seq;
     kvp_timer_init(&e->ev, "fake-net", fake_on_ev, e);
-    snprintf(e->local, sizeof(e->local), "%s", local);
-    snprintf(e->base.remote, sizeof(e->base.remote), "%s", remote);
+    fake_strcpy(e->local, sizeof(e->local), local);
+    fake_strcpy(e->base.remote, sizeof(e->base.remote), remote);
     kvp_list_insert_tail(&net->ends, &e->net_node);
     *out = e;
     return KVP_OK;
@@ -259,7 +324,8 @@ static kvp_status_t fake_write(kvp_conn_t *c, const void *data, size_t len)
     memcpy(ch->data, data, len);
     kvp_list_insert_tail(&p->inq, &ch->node);
     p->inq_bytes += len;
-    if (!fake_is_cut(e->net, e->local, c->remote))
+    fake_busy_sync(p);
+    if (!fake_end_cut(e))
         fake_arm(p, ch->at);
     return KVP_OK;
 }
@@ -309,8 +375,13 @@ static fake_listener_t *fake_find_listener(kvp_fake_net_t *net, const char *addr
 static void fake_resolve_connect(fake_end_t *e)
 {
     kvp_fake_net_t *net = e->net;
-    if (fake_is_cut(net, e->local, e->base.remote)) {
-        fake_arm(e, kvp_loop_now(e->base.loop) + net->latency_ns + 1); /* SYN held */
+    if (fake_end_cut(e)) {
+        /* SYN held. It used to retry every latency + 1 ns, a round of the
+         * dialing node every tick for nothing until the heal: now the heal
+         * re-arms it, for the deadline that retry would have had (the last
+         * retry ran at the last round before the heal, at the heal's time
+         * in a simulation on a manual clock). */
+        e->syn_held = true;
         return;
     }
     fake_listener_t *l = fake_find_listener(net, e->base.remote);
@@ -389,6 +460,7 @@ static void fake_cut_add(kvp_fake_net_t *net, const char *a, const char *b)
     snprintf(c->a, sizeof(c->a), "%s", a);
     snprintf(c->b, sizeof(c->b), "%s", b);
     kvp_list_insert_tail(&net->cuts, &c->node);
+    net->cuts_gen++;
 }
 
 void kvp_fake_net_partition(kvp_fake_net_t *net, const char *a, const char *b, bool cut)
@@ -404,6 +476,7 @@ void kvp_fake_net_partition(kvp_fake_net_t *net, const char *a, const char *b, b
         if ((!strcmp(c->a, a) && !strcmp(c->b, b)) || (!strcmp(c->a, b) && !strcmp(c->b, a))) {
             kvp_list_remove(pos);
             kvp__free(c);
+            net->cuts_gen++;
         }
     }
     /* Healed: held chunks and connects resume, in order, from the loops. */
@@ -411,6 +484,10 @@ void kvp_fake_net_partition(kvp_fake_net_t *net, const char *a, const char *b, b
         fake_end_t *e = KVP_CONTAINER_OF(pos, fake_end_t, net_node);
         if (e->state != FAKE_DEAD && (!kvp_list_empty(&e->inq) || e->state == FAKE_EOF))
             fake_arm(e, kvp_loop_now(e->base.loop));
+        else if (e->state == FAKE_CONNECTING && e->syn_held && !fake_end_cut(e)) {
+            e->syn_held = false;
+            fake_arm(e, kvp_loop_now(e->base.loop) + net->latency_ns + 1);
+        }
     }
 }
 

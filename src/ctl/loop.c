@@ -315,13 +315,18 @@ void kvp_timer_init(kvp_timer_t *t, const char *name, kvp_timer_cb cb, void *dat
 
 void kvp_timer_start(kvp_loop_t *loop, kvp_timer_t *t, uint64_t deadline_ns)
 {
-    if (t->heap_index != UINT32_MAX)
-        heap_remove(loop, t);
-    heap_reserve(loop);
     t->deadline_ns = deadline_ns;
     t->seq = loop->next_seq++;
-    heap_set(loop, loop->heap_len++, t);
-    heap_up(loop, t->heap_index);
+    if (t->heap_index != UINT32_MAX) {
+        /* Re-armed: moved in place. Timers fire in (deadline, seq) order, a
+         * total order, so the heap's layout never shows: as remove + insert. */
+        heap_up(loop, t->heap_index);
+        heap_down(loop, t->heap_index);
+    } else {
+        heap_reserve(loop);
+        heap_set(loop, loop->heap_len++, t);
+        heap_up(loop, t->heap_index);
+    }
     if (loop->heap[0] == t && deadline_ns < loop->tfd_armed)
         loop_arm_tfd(loop);
 }

@@ -78,7 +78,7 @@ void kvp__node_emit(kvp_node_t *n, const kvp_event_t *ev)
     n->events[(n->ev_head + n->ev_count) % n->ev_cap] = *ev;
     n->ev_count++;
     pthread_mutex_unlock(&n->lock);
-    if (!was_empty)
+    if (!was_empty || n->evfd < 0)
         return; /* already signalled: kvp__node_take_events clears it once drained */
     uint64_t one = 1;
     ssize_t w = write(n->evfd, &one, sizeof(one));
@@ -102,7 +102,7 @@ kvp_status_t kvp__node_take_events(kvp_node_t *n, kvp_event_t *out, uint32_t cap
         n->ev_head = (n->ev_head + 1) % n->ev_cap;
         n->ev_count--;
     }
-    if (n->ev_count == 0 && n->events_dropped == 0) { /* drained: no longer readable */
+    if (n->ev_count == 0 && n->events_dropped == 0 && n->evfd >= 0) { /* drained: no longer readable */
         uint64_t v;
         ssize_t r = read(n->evfd, &v, sizeof(v));
         (void)r;
@@ -713,7 +713,7 @@ kvp_status_t kvp__node_create_ex(const kvp_config_t *cfg, const kvp_node_seams_t
         memcpy(n->psk_copy, cfg->psk, cfg->psk_len);
         n->cfg.psk = n->psk_copy;
     }
-    if ((n->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0) {
+    if (!(seams && seams->no_event_fd) && (n->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0) {
         st = KVP_ERR_IO;
         goto fail;
     }
@@ -742,7 +742,8 @@ kvp_status_t kvp__node_create_ex(const kvp_config_t *cfg, const kvp_node_seams_t
     if (xfd >= 0 && (st = kvp_io_start(n->loop, &n->xport_io, xfd, EPOLLIN, xport_io_cb, n)) != KVP_OK)
         goto fail;
     kvp_timer_start(n->loop, &n->hold_timer, kvp__node_now(n) + hold_period_ns(n));
-    if (cfg->thread_mode == KVP_THREAD_CALLER && (st = kvp__node_open_pollfd(n)) != KVP_OK)
+    if (cfg->thread_mode == KVP_THREAD_CALLER && n->evfd >= 0 &&
+        (st = kvp__node_open_pollfd(n)) != KVP_OK)
         goto fail;
     atomic_store_explicit(&n->round_ns, kvp_clock_now(kvp_clock_real()), memory_order_relaxed);
     if (cfg->thread_mode == KVP_THREAD_OWN) {

@@ -58,6 +58,11 @@ typedef struct kvp_node_seams {
     kvp_fake_fabric_t *fake_fabric;
     kvp_data_path_t fake_path;   /* FAKE_FENCEABLE (default) or FAKE_UNFENCEABLE */
     uint64_t fake_delay_ns;      /* default script delay */
+    /* No event fd (and so no node fd: kvp_node_fd() is -1): for a caller
+     * that never waits on it (the simulator, KVP_THREAD_CALLER, polling
+     * events after every round), which then saves a write and a read
+     * system call per batch of events. */
+    bool no_event_fd;
 } kvp_node_seams_t;
 
 /* The node's data transport (tests: scripts, call log). */

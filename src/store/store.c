@@ -15,6 +15,7 @@
  */
 #include "store/store_int.h"
 
+#include <pthread.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -164,6 +165,50 @@ static kvp_status_t config_check(const kvp_store_config_t *cfg, size_t *need)
     return KVP_OK;
 }
 
+#ifdef KVP_TESTING
+/* Test builds only (kvpeer_testing): the simulator creates and destroys
+ * thousands of nodes, and mapping, populating and unmapping a region costs
+ * more than a node's share of a run. Up to KVP_STORE_SPARES regions of
+ * normal pages (up to 4 MiB each) are kept at destroy and handed, zeroed as
+ * a fresh anonymous mapping is, to the next stores mapping that length. */
+#define KVP_STORE_SPARE_MAX (4u << 20)
+#define KVP_STORE_SPARES 8
+static pthread_mutex_t g_spare_mu = PTHREAD_MUTEX_INITIALIZER;
+static void *g_spare[KVP_STORE_SPARES];
+static size_t g_spare_len[KVP_STORE_SPARES];
+
+static void *region_spare_take(size_t len)
+{
+    void *p = NULL;
+    pthread_mutex_lock(&g_spare_mu);
+    for (int i = 0; i < KVP_STORE_SPARES && p == NULL; i++)
+        if (g_spare[i] != NULL && g_spare_len[i] == len) {
+            p = g_spare[i];
+            g_spare[i] = NULL;
+        }
+    pthread_mutex_unlock(&g_spare_mu);
+    if (p != NULL)
+        memset(p, 0, len);
+    return p;
+}
+
+static bool region_spare_keep(void *p, size_t len)
+{
+    bool kept = false;
+    if (len > KVP_STORE_SPARE_MAX)
+        return false;
+    pthread_mutex_lock(&g_spare_mu);
+    for (int i = 0; i < KVP_STORE_SPARES && !kept; i++)
+        if (g_spare[i] == NULL) {
+            g_spare[i] = p;
+            g_spare_len[i] = len;
+            kept = true;
+        }
+    pthread_mutex_unlock(&g_spare_mu);
+    return kept;
+}
+#endif
+
 static kvp_status_t region_map(kvp_store_t *s, size_t len, bool huge)
 {
     int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE;
@@ -178,6 +223,15 @@ static kvp_status_t region_map(kvp_store_t *s, size_t len, bool huge)
             KVP_INFO(s->log_prefix, "store: no huge pages for %zu bytes, using normal pages", len);
         }
     }
+#ifdef KVP_TESTING
+    if (p == MAP_FAILED) {
+        void *spare = region_spare_take(len);
+        if (spare != NULL) {
+            p = spare;
+            s->map_len = len;
+        }
+    }
+#endif
     if (p == MAP_FAILED) {
         p = mmap(NULL, len, PROT_READ | PROT_WRITE, flags, -1, 0);
         if (p == MAP_FAILED) {
@@ -292,8 +346,14 @@ void kvp_store_destroy(kvp_store_t *s)
     if (s->st.pins)
         KVP_WARN(s->log_prefix, "store: destroyed with %llu pins held",
                  (unsigned long long)s->st.pins);
-    if (s->own_region)
-        munmap(s->region, s->map_len);
+    if (s->own_region) {
+#ifdef KVP_TESTING
+        if (!s->huge && region_spare_keep(s->region, s->map_len))
+            s->own_region = false;
+#endif
+        if (s->own_region)
+            munmap(s->region, s->map_len);
+    }
     arrays_free(s);
     kvp__free(s);
 }

@@ -82,7 +82,7 @@ void fake__release(fake_xport_t *x, fake_xfer_t *xf)
     KVP_ASSERT(xf->tracked);
     xf->tracked = false;
     if (xf->terminal)
-        x->n_reportable--;
+        fake__reportable_add(x, -1);
     fake_peer_t *p = xf->peer;
     xf->peer = NULL;
     if (xf->retired) {
@@ -409,7 +409,7 @@ static kvp_status_t write_locked(fake_xport_t *x, kvp_xpeer_id_t peer,
                           "nothing of it lands",
                   (unsigned long long)xf->id, (unsigned long long)p->id);
     kvp_list_insert_tail(&x->xfers, &xf->link);
-    x->events_dirty = true;
+    fake__events_changed(x);
     x->st.writes++;
     x->st.blocks_written += n;
     x->st.bytes_written += (uint64_t)n * x->layout.block_size;
@@ -489,6 +489,10 @@ static kvp_status_t fake_poll_retired(kvp_xport_t *xp, kvp_xfer_result_t *out, s
     fake_xport_t *x = fake__x(xp);
     if ((!out && cap) || !n_out)
         return KVP_ERR_INVALID;
+    if (__atomic_load_n(&x->n_reportable, __ATOMIC_RELAXED) == 0) {
+        *n_out = 0; /* what reap() answers at once, without the lock */
+        return KVP_OK;
+    }
     lock(x);
     *n_out = reap(x, true, 0, out, cap);
     unlock(x);
@@ -706,6 +710,8 @@ static bool fake_is_landed(kvp_xport_t *xp, kvp_xslot_t s)
 static bool fake_progress(kvp_xport_t *xp)
 {
     fake_xport_t *x = fake__x(xp);
+    if (__atomic_load_n(&x->due_hint, __ATOMIC_RELAXED) > now_of(x))
+        return false; /* nothing due: what fake__apply_due finds, without the lock */
     lock(x);
     bool any = fake__apply_due(x->fab, x);
     unlock(x);
@@ -798,8 +804,8 @@ static void free_all(fake_xport_t *x)
         kvp__free(xf->snap);
         kvp__free(xf);
     }
-    x->events_dirty = true;
-    x->n_reportable = 0;
+    fake__events_changed(x);
+    fake__reportable_add(x, 0);
     kvp_list_foreach_safe(pos, tmp, &x->peers)
     {
         kvp_list_remove(pos);
@@ -889,6 +895,7 @@ kvp_status_t kvp_fake_create(const kvp_fake_config_t *cfg, kvp_xport_t **out)
     x->default_delay_ns = cfg->default_delay_ns;
     x->delay_jitter_ns = cfg->delay_jitter_ns;
     x->next_at = KVP_FAKE_NEVER; /* no transfer yet */
+    x->due_hint = KVP_FAKE_NEVER;
     kvp_rng_seed(&x->rng, cfg->rng_seed);
     x->max_calls = cfg->call_log_max ? cfg->call_log_max : FAKE_CALL_LOG_DEFAULT;
     kvp_list_init(&x->peers);

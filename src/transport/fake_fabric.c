@@ -23,6 +23,7 @@ kvp_status_t kvp_fake_fabric_create(const kvp_clock_t *clock, kvp_fake_fabric_t 
         return KVP_ERR_NOMEM;
     }
     f->clock = clock;
+    fake__fabric_changed(f);
     f->fabric_id = __atomic_add_fetch(&g_fabric_ids, 1, __ATOMIC_RELAXED);
     f->next_id = 1;
     *out = f;
@@ -58,6 +59,8 @@ kvp_status_t fake__fabric_attach(kvp_fake_fabric_t *f, fake_xport_t *x)
     f->eps[f->n_eps++] = x;
     x->ep = f->n_eps; /* ids are never reused: a closed endpoint stays NULL */
     f->open++;
+    fake__fabric_changed(f);
+    f->mixed_clocks |= x->clock != f->clock;
     return KVP_OK;
 }
 
@@ -66,6 +69,7 @@ void fake__fabric_detach(kvp_fake_fabric_t *f, fake_xport_t *x)
     KVP_ASSERT(x->ep >= 1 && x->ep <= f->n_eps && f->eps[x->ep - 1] == x);
     f->eps[x->ep - 1] = NULL;
     f->open--;
+    fake__fabric_changed(f);
 }
 
 fake_xport_t *fake__fabric_ep(kvp_fake_fabric_t *f, uint32_t ep)
@@ -166,7 +170,7 @@ static void apply_copy(kvp_fake_fabric_t *f, fake_xport_t *x, fake_xfer_t *xf, u
 {
     uint32_t k = KVP_MIN(xf->copy_blocks, xf->n);
     xf->copied = true;
-    x->events_dirty = true;
+    fake__events_changed(x);
     if (xf->fenced) {
         x->ctr.blocks_fenced += k;
         return;
@@ -235,9 +239,9 @@ kvp_status_t fake__snapshot(kvp_fake_fabric_t *f, fake_xport_t *x, fake_xfer_t *
 static void apply_terminal(fake_xport_t *x, fake_xfer_t *xf)
 {
     xf->terminal = true;
-    x->events_dirty = true;
+    fake__events_changed(x);
     if (xf->tracked)
-        x->n_reportable++; /* until fake__release hands it back */
+        fake__reportable_add(x, 1); /* until fake__release hands it back */
     if (xf->final_status == KVP_OK)
         x->st.done++;
     else
@@ -291,6 +295,7 @@ static uint64_t next_at(fake_xport_t *x)
         earliest_of(x, false, &best);
         x->next_at = best.xf ? best.t : KVP_FAKE_NEVER;
         x->events_dirty = false;
+        __atomic_store_n(&x->due_hint, x->next_at, __ATOMIC_RELAXED);
     }
     return x->next_at;
 }
@@ -363,32 +368,58 @@ uint64_t fake__fence(kvp_fake_fabric_t *f, uint32_t src_ep, uint32_t dst_ep)
 
 /* ------------------------------------------------------------ public API */
 
+/* Refresh next_cache and quiet_cache if something changed. Lock held. */
+static void fabric_cache(kvp_fake_fabric_t *f)
+{
+    if (!f->cache_dirty)
+        return;
+    uint64_t next = KVP_FAKE_NEVER, quiet = KVP_FAKE_NEVER;
+    for (uint32_t i = 0; i < f->n_eps; i++)
+        if (f->eps[i]) {
+            next = KVP_MIN(next, fake__next_event(f->eps[i]));
+            quiet = KVP_MIN(quiet, fake__quiet_until(f->eps[i]));
+        }
+    f->next_cache = next;
+    f->quiet_cache = quiet;
+    f->cache_dirty = false;
+    __atomic_store_n(&f->next_hint, f->mixed_clocks ? 0 : next, __ATOMIC_RELAXED);
+    __atomic_store_n(&f->quiet_hint, quiet, __ATOMIC_RELAXED);
+}
+
 bool kvp_fake_fabric_progress(kvp_fake_fabric_t *f)
 {
+    bool any = false;
+    uint64_t hint = __atomic_load_n(&f->next_hint, __ATOMIC_RELAXED);
+    if (hint != 0 && hint > kvp_clock_now(f->clock))
+        return false; /* nothing due anywhere: what the locked path finds */
     pthread_mutex_lock(&f->mu);
-    bool any = fake__apply_due(f, NULL);
+    /* On one clock, no transport has an event due unless the earliest is. */
+    if (f->mixed_clocks || (fabric_cache(f), f->next_cache <= kvp_clock_now(f->clock)))
+        any = fake__apply_due(f, NULL);
     pthread_mutex_unlock(&f->mu);
     return any;
 }
 
 uint64_t kvp_fake_fabric_quiet_until(kvp_fake_fabric_t *f)
 {
-    uint64_t t = KVP_FAKE_NEVER;
+    uint64_t hint = __atomic_load_n(&f->quiet_hint, __ATOMIC_RELAXED);
+    if (hint != 0)
+        return hint;
     pthread_mutex_lock(&f->mu);
-    for (uint32_t i = 0; i < f->n_eps; i++)
-        if (f->eps[i])
-            t = KVP_MIN(t, fake__quiet_until(f->eps[i]));
+    fabric_cache(f);
+    uint64_t t = f->quiet_cache;
     pthread_mutex_unlock(&f->mu);
     return t;
 }
 
 uint64_t kvp_fake_fabric_next_event_ns(kvp_fake_fabric_t *f)
 {
-    uint64_t t = KVP_FAKE_NEVER;
+    uint64_t hint = __atomic_load_n(&f->next_hint, __ATOMIC_RELAXED);
+    if (hint != 0)
+        return hint;
     pthread_mutex_lock(&f->mu);
-    for (uint32_t i = 0; i < f->n_eps; i++)
-        if (f->eps[i])
-            t = KVP_MIN(t, fake__next_event(f->eps[i]));
+    fabric_cache(f);
+    uint64_t t = f->next_cache;
     pthread_mutex_unlock(&f->mu);
     return t;
 }

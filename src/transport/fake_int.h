@@ -94,7 +94,13 @@ typedef struct fake_xport {
      * changed them): lets progress and the queries skip the scan. */
     uint64_t next_at;
     bool events_dirty;
-    uint32_t n_reportable; /* tracked terminal transfers: poll()/poll_retired() report them */
+    /* events_dirty ? 0 : next_at, written under the lock (fake__events_changed,
+     * next_at()), read without it by progress() to return at once when
+     * nothing can be due (atomic: another thread may be applying events). */
+    uint64_t due_hint;
+    /* tracked terminal transfers: poll()/poll_retired() report them. Changed
+     * under the lock with atomic stores; poll_retired() reads it without. */
+    uint32_t n_reportable;
     size_t n_scripts;
     kvp_fake_call_t *calls; /* owned; WRITE records own their blocks */
     size_t n_calls, cap_calls, max_calls;
@@ -113,11 +119,46 @@ struct kvp_fake_fabric {
     kvp_fake_violation_t *viol;
     size_t n_viol, cap_viol;
     uint64_t viol_lost; /* not recorded (allocation failed) */
+    /* The minimum over open transports of fake__next_event (next_cache) and
+     * fake__quiet_until (quiet_cache), valid unless cache_dirty: set with
+     * every change of a transport's events (fake__events_changed), of its
+     * reportable count (fake__reportable_add) or of the endpoint table. */
+    bool cache_dirty;
+    uint64_t next_cache, quiet_cache;
+    bool mixed_clocks; /* a transport runs on a clock other than `clock` */
+    /* cache_dirty ? 0 : next_cache / quiet_cache (next_hint stays 0 with
+     * mixed clocks), written under the lock, read without it by the fabric
+     * queries: a non-zero hint is the answer (0: ask under the lock). */
+    uint64_t next_hint, quiet_hint;
 };
+
+static inline void fake__fabric_changed(kvp_fake_fabric_t *f)
+{
+    f->cache_dirty = true;
+    __atomic_store_n(&f->next_hint, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&f->quiet_hint, 0, __ATOMIC_RELAXED);
+}
 
 static inline fake_xport_t *fake__x(kvp_xport_t *x)
 {
     return (fake_xport_t *)x;
+}
+
+/* x's transfers changed (written, applied, freed at close): its earliest
+ * event and the fabric's caches are recomputed when next asked. */
+static inline void fake__events_changed(fake_xport_t *x)
+{
+    x->events_dirty = true;
+    __atomic_store_n(&x->due_hint, 0, __ATOMIC_RELAXED);
+    fake__fabric_changed(x->fab);
+}
+
+/* n_reportable += d (d = 0: set to 0). */
+static inline void fake__reportable_add(fake_xport_t *x, int d)
+{
+    uint32_t v = d == 0 ? 0 : (uint32_t)((int64_t)x->n_reportable + d);
+    __atomic_store_n(&x->n_reportable, v, __ATOMIC_RELAXED);
+    fake__fabric_changed(x->fab);
 }
 
 static inline bool fake__copy_pending(const fake_xfer_t *xf)

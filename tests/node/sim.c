@@ -19,6 +19,7 @@
 #include "node/node.h"
 #include "transport/fake.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +54,7 @@ typedef struct sim {
     sim_opts_t o;
     sim_result_t *r;
     kvp_rng_t rng;
+    kvp_rng_t random_bytes; /* kvp_random_bytes while the run lasts */
     kvp_manual_clock_t mc;
     kvp_fake_fabric_t *fab;
     kvp_fake_net_t *net;
@@ -61,7 +63,6 @@ typedef struct sim {
     kvp_config_t cfg[SIM_MAX];
     kvp_node_seams_t seams[SIM_MAX];
     bool cut[SIM_MAX][SIM_MAX];
-    sim_op_t ops[SIM_OPS];
     int ops_hi; /* ops[ops_hi..] were never used: scans stop there */
     int scan_start;
     int step;
@@ -86,7 +87,40 @@ typedef struct sim {
     bool corrupt[SIM_MAX][SIM_KEYS]; /* (node, key) corrupted on purpose at the source */
     kvp_store_t *checked_store[SIM_MAX]; /* the store and its counters at its last check */
     kvp_store_stats_t checked_stats[SIM_MAX];
+    /* Last: a run clears only ops[0..ops_hi) of the one before (sim_alloc). */
+    sim_op_t ops[SIM_OPS];
 } sim_t;
+
+/* One sim_t per process, reused: zeroing its 1.4 MB op table for every seed
+ * cost more than many a short run. A run starts from the same all-zero
+ * state as from calloc: the head is cleared, and of the op table the part
+ * the previous run used (ops[ops_hi..] are never touched). Freed at exit. */
+static sim_t *g_spare;
+
+static sim_t *sim_alloc(void)
+{
+    sim_t *s = g_spare;
+    g_spare = NULL;
+    if (s == NULL)
+        return calloc(1, sizeof(*s));
+    memset(s->ops, 0, (size_t)s->ops_hi * sizeof(s->ops[0]));
+    memset(s, 0, offsetof(sim_t, ops));
+    return s;
+}
+
+static void sim_free(sim_t *s)
+{
+    if (g_spare == NULL)
+        g_spare = s;
+    else
+        free(s);
+}
+
+__attribute__((destructor)) static void sim_spare_free(void)
+{
+    free(g_spare);
+    g_spare = NULL;
+}
 
 static void note_cap_release(sim_t *s, const char *prefix, uint64_t op_id)
 {
@@ -192,6 +226,17 @@ static void violation(sim_t *s, const char *fmt, ...)
         fprintf(stderr, "  %s\n", s->trace[i % TRACE_LEN]);
 }
 
+/* The nodes' random bytes (epochs, nonces): from a stream of the seed's
+ * own, not the workload's, instead of a getrandom call each. */
+static void sim_random_bytes(void *buf, size_t len, void *arg)
+{
+    kvp_rng_t *r = arg;
+    for (size_t i = 0; i < len; i += 8) {
+        uint64_t v = kvp_rng_next(r);
+        memcpy((uint8_t *)buf + i, &v, KVP_MIN(len - i, 8u));
+    }
+}
+
 static uint64_t rnd(sim_t *s, uint64_t bound)
 {
     return kvp_rng_below(&s->rng, bound);
@@ -229,7 +274,7 @@ static void node_cfg(sim_t *s, int i)
     s->seams[i] = (kvp_node_seams_t){&s->mc.clock, s->net, s->fab,
                                      i % 3 == 2 ? KVP_PATH_FAKE_UNFENCEABLE
                                                 : KVP_PATH_FAKE_FENCEABLE,
-                                     2 * MS};
+                                     2 * MS, .no_event_fd = true};
 }
 
 static bool node_start(sim_t *s, int i)
@@ -854,6 +899,10 @@ static void collect(sim_t *s)
             for (uint32_t e = 0; e < got; e++) {
                 s->r->trace_hash = kvp_hash64(&ev[e].type, sizeof(ev[e].type) * 2 + 8,
                                               s->r->trace_hash) ^ (uint64_t)ev[e].op_id;
+                uint64_t now = kvp_clock_now(&s->mc.clock);
+                s->r->digest = kvp_hash64(&ev[e], offsetof(kvp_event_t, reserved), s->r->digest);
+                s->r->digest = kvp_hash64(ev[e].peer, strnlen(ev[e].peer, sizeof(ev[e].peer)),
+                                          s->r->digest ^ now);
                 if (ev[e].type != KVP_EV_LOOKUP && ev[e].type != KVP_EV_LOAD)
                     continue;
                 sim_op_t *op = op_find(s, i, ev[e].op_id);
@@ -1149,13 +1198,17 @@ void sim_run(const sim_opts_t *o, sim_result_t *r)
 
 static void sim_run_once(const sim_opts_t *o, sim_result_t *r, bool tracing)
 {
-    sim_t *s = calloc(1, sizeof(*s));
+    sim_t *s = sim_alloc();
+    KVP_ASSERT(s != NULL);
     memset(r, 0, sizeof(*r));
     s->o = *o;
     s->r = r;
     s->tracing = tracing;
     s->o.nodes = KVP_MAX(3, KVP_MIN(o->nodes, SIM_MAX));
     kvp_rng_seed(&s->rng, o->seed);
+    kvp_rng_seed(&s->random_bytes, o->seed ^ 0x72616e646f6d2d62ull /* "random-b" */);
+    kvp__random_hook_arg = &s->random_bytes;
+    kvp__random_hook = sim_random_bytes;
     kvp_manual_clock_init(&s->mc, KVP_NSEC_PER_SEC);
     kvp_log_set_sink(sim_log_sink, s);
     kvp_fake_fabric_create(&s->mc.clock, &s->fab);
@@ -1202,11 +1255,19 @@ static void sim_run_once(const sim_opts_t *o, sim_result_t *r, bool tracing)
         r->trace_hash = kvp_hash64(calls, sizeof(calls), r->trace_hash);
         r->trace_hash = kvp_hash64(&fc, sizeof(fc), r->trace_hash);
     }
+    uint64_t sums[] = {r->trace_hash, r->violations, r->loads, r->loads_ok, r->lookups, r->puts,
+                       r->rest_ms, r->posted_fenced, r->post_cap_landings,
+                       (uint64_t)r->violation_step};
+    r->digest = kvp_hash64(sums, sizeof(sums), r->digest);
+    r->digest = kvp_hash64(r->faults, sizeof(r->faults), r->digest);
+    r->digest = kvp_hash64(r->first_violation, strlen(r->first_violation), r->digest);
     for (int i = 0; i < s->o.nodes; i++)
         node_stop(s, i);
     kvp_fake_fabric_destroy(s->fab);
     kvp_fake_net_destroy(s->net);
     kvp_log_set_sink(NULL, NULL);
+    kvp__random_hook = NULL;
+    kvp__random_hook_arg = NULL;
     free(s->blockbuf);
-    free(s);
+    sim_free(s);
 }

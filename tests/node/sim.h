@@ -63,6 +63,10 @@ typedef struct sim_result {
     uint64_t faults[SIM_F_KINDS];
     uint64_t loads, loads_ok, lookups, puts;
     uint64_t trace_hash;      /* every event observed, final stats: replay check */
+    /* trace_hash plus every event's virtual time and fields and the result
+     * counters (not rounds/store_checks, which measure the simulator's own
+     * work): the A/B check that a speed change left every run the same. */
+    uint64_t digest;
     uint64_t rounds;          /* node poll rounds run */
     uint64_t store_checks;    /* full store validations run */
     uint64_t rest_ms;         /* quiesce time until at rest (0: never) */

@@ -49,7 +49,7 @@ static void test_region_over_memory_refused(void **state)
         c.num_blocks = (uint32_t)(avail / c.block_size) + 2;        /* > MemAvailable */
         kvp_fake_fabric_t *fab = NULL;
         assert_int_equal(kvp_fake_fabric_create(kvp_clock_real(), &fab), KVP_OK);
-        kvp_node_seams_t seams = {NULL, NULL, fab, KVP_PATH_FAKE_FENCEABLE, 0};
+        kvp_node_seams_t seams = {NULL, NULL, fab, KVP_PATH_FAKE_FENCEABLE, 0, false};
         size_t nb = shm_entries(before, sizeof(before));
         kvp_node_t *n = NULL;
         uint64_t t0 = kvp_clock_now(kvp_clock_real());
@@ -190,7 +190,7 @@ static void test_caller_fd_wakes_for_frames_and_timers(void **state)
         c.num_blocks = 16;
         c.block_size = 4096;
         c.listen_addr = "127.0.0.1:0";
-        kvp_node_seams_t seams = {NULL, NULL, fab, KVP_PATH_FAKE_FENCEABLE, 0};
+        kvp_node_seams_t seams = {NULL, NULL, fab, KVP_PATH_FAKE_FENCEABLE, 0, false};
         assert_int_equal(kvp__node_create_ex(&c, &seams, &nd[i]), KVP_OK);
         assert_true(kvp_node_fd(nd[i]) >= 0);
     }
