@@ -8,7 +8,7 @@ JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
 CMAKE_FLAGS ?=
 
-.PHONY: all deps test test-tsan test-valgrind release bench fuzz sim sim-soak soak demo bench-e2e bench-e2e-api bench-peers bench-vllm-tiers install clean format bench-hostile death-loop death-loop-asan
+.PHONY: all deps test test-tsan test-valgrind release bench fuzz sim sim-soak soak demo bench-e2e bench-e2e-api bench-peers bench-vllm-tiers install clean format bench-hostile death-loop death-loop-asan partition-loop partition-loop-asan
 
 all: deps
 	@cmake -S . -B build/debug -DCMAKE_BUILD_TYPE=Debug -DKVP_SANITIZE=address,undefined $(CMAKE_FLAGS) >/dev/null
@@ -115,6 +115,19 @@ death-loop-asan: all
 	UCX_NET_DEVICES=lo KVPEER_TEST_TIME_SCALE=3 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitizer/lsan.supp UBSAN_OPTIONS=halt_on_error=1 \
 	  /usr/bin/python3 tests/reliability/death_loop.py build/debug/tests/node/e2e_node --runs $(RUNS) $(DEATH_ARGS)
+
+# Partitions never crash a daemon (issue 14): RUNS runs of partition.py
+# (needs root: network namespaces), PART_JOBS at a time; per run pass/fail and
+# any daemon death with its crash site; last line "partition-loop: N runs, X
+# daemon crashes, Y post-heal fetch failures". Release build, or the ASan+UBSan
+# build (partition-loop-asan). Not a ctest test (about 60 s a run).
+PART_JOBS ?= 1
+partition-loop: release
+	/usr/bin/python3 tests/reliability/partition_loop.py build/release/tools/kvpeerd --runs $(RUNS) --jobs $(PART_JOBS) $(PART_ARGS)
+partition-loop-asan: all
+	KVPEER_TEST_TIME_SCALE=3 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:disable_coredump=0 \
+	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitizer/lsan.supp UBSAN_OPTIONS=halt_on_error=1 \
+	  /usr/bin/python3 tests/reliability/partition_loop.py build/debug/tools/kvpeerd --runs $(RUNS) --jobs $(PART_JOBS) $(PART_ARGS)
 
 # The deterministic simulator: `make sim` runs SEEDS seeds (default 40),
 # `make sim SEED=x` replays one seed verbosely, `make sim SOAK=60` soaks.

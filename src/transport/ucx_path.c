@@ -57,12 +57,14 @@ void kvp__ucx_peer_classify(ucx_xport_t *x, ucx_peer_t *p)
              x->legacy_put && p->use_am ? " legacy-put(bench)" : "");
     KVP_INFO(PFX(x), "peer %llu: data path %s [%s]%s", (unsigned long long)p->id,
              kvp_data_path_str(p->path), p->lanes, p->same_host ? " (same host)" : "");
+    /* am-tcp to a same-host peer happens only when the configured transports
+     * leave out shared memory (shm_enabled false: UCX_TLS or the config's
+     * tls chose it); say that, not a guess at causes or a speed figure. */
     if (p->same_host && p->path == KVP_PATH_AM_TCP)
-        KVP_WARN(PFX(x),
-                 "peer %llu is on THIS host but its data path is tcp (%s): shared "
-                 "memory unavailable (UCX_TLS, shm error handling or /dev/shm size); "
-                 "expect ~20-40x lower bandwidth",
-                 (unsigned long long)p->id, p->lanes);
+        KVP_INFO(PFX(x),
+                 "peer %llu is on this host; UCX_TLS=%s has no shared-memory transport, "
+                 "so its data goes over tcp (%s)",
+                 (unsigned long long)p->id, x->tls[0] ? x->tls : "(default)", p->lanes);
     else if (p->same_host && p->path == KVP_PATH_AM_SHM)
         KVP_WARN(PFX(x),
                  "peer %llu: same-host writes go by active messages over shm "

@@ -363,6 +363,7 @@ static kvp_status_t ucx_config_apply(ucx_xport_t *x, ucp_config_t *c, const kvp_
     const char *tls = ucx_config_keys(cfg, kv);
 
     x->shm_enabled = kv[1].v != NULL;
+    snprintf(x->tls, sizeof(x->tls), "%s", tls ? tls : "");
     for (size_t i = 0; i < KVP_ARRAY_SIZE(kv); i++) {
         if (!kv[i].v)
             continue;

@@ -35,7 +35,29 @@ def log(msg):
 T0 = time.monotonic()
 
 
+def exit_report():
+    """One line per daemon: name, how it ended *before* cleanup killed it
+    ("alive", "exit N" or "signal N"), its log file. Written to
+    $KVPEER_REL_REPORT at exit (the repeat harnesses read it, e.g.
+    partition_loop.py); keep the logs with KVPEER_KEEP_TMP=1."""
+    path = os.environ.get("KVPEER_REL_REPORT")
+    if not path:
+        return
+    with open(path, "w") as f:
+        for d in DAEMONS:
+            rc = d.proc.poll() if d.proc is not None else None
+            how = ("alive" if rc is None else "signal %d" % -rc if rc < 0 else "exit %d" % rc)
+            if d.stopped and rc is not None:
+                how = "stopped " + how  # ended by stop(): the script asked for it
+            f.write("%s\t%s\t%s\t%s\n" % (d.name, how, d.proc.pid if d.proc else 0,
+                                           d.logpath))
+
+
 def cleanup():
+    try:
+        exit_report()
+    except OSError:
+        pass
     for d in DAEMONS:
         d.kill()
     for ns in reversed(NAMESPACES):
@@ -166,6 +188,7 @@ class Daemon:
         if "ASAN_OPTIONS" in self.env:  # a small free-quarantine: RSS then tracks leaks
             self.env["ASAN_OPTIONS"] += ":quarantine_size_mb=4"
         self.proc = None
+        self.stopped = False
         self.peer = self.http = None
         DAEMONS.append(self)
 
@@ -282,6 +305,7 @@ class Daemon:
     def stop(self, sig=signal.SIGTERM, timeout=30):
         if self.proc is None or self.proc.poll() is not None:
             return self.proc.returncode if self.proc else 0
+        self.stopped = True
         self.proc.send_signal(sig)
         try:
             rc = self.proc.wait(scaled(timeout))
