@@ -59,11 +59,12 @@ void kvp__ucx_peer_classify(ucx_xport_t *x, ucx_peer_t *p)
              kvp_data_path_str(p->path), p->lanes, p->same_host ? " (same host)" : "");
     /* am-tcp to a same-host peer happens only when the configured transports
      * leave out shared memory (shm_enabled false: UCX_TLS or the config's
-     * tls chose it); say that, not a guess at causes or a speed figure. */
+     * tls chose it); say that (loudly, F28), not a guess at other causes or
+     * a speed figure measured elsewhere. */
     if (p->same_host && p->path == KVP_PATH_AM_TCP)
-        KVP_INFO(PFX(x),
-                 "peer %llu is on this host; UCX_TLS=%s has no shared-memory transport, "
-                 "so its data goes over tcp (%s)",
+        KVP_WARN(PFX(x),
+                 "peer %llu is on this host but its data goes over tcp: the configured "
+                 "transports (UCX_TLS=%s) include no shared memory (%s)",
                  (unsigned long long)p->id, x->tls[0] ? x->tls : "(default)", p->lanes);
     else if (p->same_host && p->path == KVP_PATH_AM_SHM)
         KVP_WARN(PFX(x),

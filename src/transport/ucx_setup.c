@@ -316,7 +316,10 @@ typedef struct ucx_kv {
  * zero-copy sends in flight: tests/reliability/partition.py with kvpeer's
  * AM path, release build, loaded VM, 2026-12-03: 26 of 40 runs crashed the
  * source daemon with zero-copy, 9 of 50 with bcopy only (main, emulated
- * puts, which use bcopy: 2 of 10 the same day). Not a cure: see DESIGN.md.
+ * puts, which use bcopy: 2 of 10 the same day). Not the cure: the cause is
+ * UCX's lingering-endpoint teardown, worked around by draining a live tcp
+ * endpoint before closing it (ucx.c, ucx_peer_end_ep; DESIGN.md); zero-copy
+ * was not re-measured with that workaround, so bcopy stays the default.
  * Direct shm puts never use zero-copy; on tcp bcopy costs one more copy
  * into UCX's send buffer. */
 static const char *ucx_config_keys(const kvp_ucx_config_t *cfg, ucx_kv_t kv[5])

@@ -117,6 +117,9 @@ static void test_ucx_write_tcp_forced(void **state)
     /* F28: a same-host peer on tcp is reported loudly. */
     assert_true(cap.count[KVP_LOG_WARN] >= 1);
     assert_non_null(strstr(cap.last[KVP_LOG_WARN], "tcp"));
+    /* what is true when tcp was chosen: the transports named, no speed guess */
+    assert_non_null(strstr(cap.last[KVP_LOG_WARN], "UCX_TLS=tcp"));
+    assert_null(strstr(cap.last[KVP_LOG_WARN], "bandwidth"));
     write_and_verify(&p, 11);
     write_while_paused(&p, false, 12);
     ut_pair_close(&p);
