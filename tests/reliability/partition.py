@@ -79,6 +79,12 @@ def setup_net():
             relib.sh("ip", "link", "set", DEV, "up", ns=NS[n])
     except (RuntimeError, OSError) as e:
         skip("network namespaces unavailable: %s" % e)
+    # UCX takes only a running device (IFF_RUNNING: the veth's carrier, which
+    # comes up asynchronously); a daemon started before that fails with "no
+    # usable transports" (1 of ~190 partition-loop runs on 2026-12-03).
+    for n in ("a", "b", "c"):
+        wait_for(lambda: "LOWER_UP" in relib.sh("ip", "link", "show", DEV, ns=NS[n]).stdout,
+                 "%s's %s running" % (NS[n], DEV), 10)
 
 
 def throttle(on):

@@ -11,7 +11,9 @@ with its crash site: a core file's backtrace (gdb; cores are enabled for the
 run and written to the run's directory) or else UCX's own backtrace / fatal
 line / sanitizer report from the daemon's log. A post-heal fetch failure is a
 run whose "fetch from A after healing" failed for good ("no fetch from A
-succeeded after healing"). Last line:
+succeeded after healing"). A crash is a daemon killed by a signal (SIGSEGV,
+SIGABRT from an assertion, ...); a daemon that exited with an error code is
+listed but counted among the other failures. Last line:
 
     partition-loop: N runs, X daemon crashes, Y post-heal fetch failures
 
@@ -90,7 +92,7 @@ def one_run(a, i):
                 rc = p.wait()
     took = time.monotonic() - t0
     text = open(os.path.join(d, "partition.out"), errors="replace").read()
-    crashes = []
+    crashes, exits = [], []
     try:
         rows = [l.rstrip("\n").split("\t") for l in open(report)]
     except OSError:
@@ -99,6 +101,10 @@ def one_run(a, i):
     for name, how, pid, logpath in rows:
         if how in ("alive", "stopped exit 0"):
             continue  # still up when the script ended, or a clean exit on request
+        if "signal" not in how:  # an exit code: a failure partition.py reports, not a crash
+            exits.append("daemon %s: %s\n    %s" % (name, how, log_site(logpath, 8).replace(
+                "\n", "\n    ")))
+            continue
         site = None
         for c in cores:
             if c.endswith("." + pid) or len(cores) == 1:
@@ -112,7 +118,7 @@ def one_run(a, i):
     m = re.search(r"^FAIL.*$", text, re.M)
     if m:
         fail_line = m.group(0)[:300]
-    res = dict(i=i + 1, ok=ok, rc=rc, took=took, load=load0, crashes=crashes,
+    res = dict(i=i + 1, ok=ok, rc=rc, took=took, load=load0, crashes=crashes, exits=exits,
                heal_fail=heal_fail, fail=fail_line, dir=d,
                skipped=rc == 77)
     if ok or rc == 77:
@@ -154,6 +160,8 @@ def main():
                 for name, how, site in r["crashes"]:
                     print("  CRASH daemon %s: %s\n    %s" % (
                         name, how, site.replace("\n", "\n    ")), flush=True)
+                for e in r["exits"]:
+                    print("  EXIT (not a crash) " + e, flush=True)
                 if r["heal_fail"]:
                     print("  POST-HEAL FETCH FAILED", flush=True)
 
