@@ -302,7 +302,15 @@ static void ctl_want_link_gone(kvp_ctl_t *ctl, kvp_link_t *l)
         l->want = NULL;
         if (!l->was_ready) { /* a failed attempt: back off further */
             char why[128];
-            if (l->down_reason == KVP_DOWN_BYE)
+            if (l->peer_compat[0])
+                snprintf(why, sizeof(why), "compat mismatch: ours '%s', peer's '%s'",
+                         ctl->compat, l->peer_compat);
+            else if (l->down_reason == KVP_DOWN_INCOMPATIBLE && l->have_peer &&
+                     l->peer.fingerprint != ctl->cfg.fingerprint)
+                snprintf(why, sizeof(why), "compat mismatch: ours '%s', peer's fingerprint "
+                         "%016llx (it sent no string)", ctl->compat,
+                         (unsigned long long)l->peer.fingerprint);
+            else if (l->down_reason == KVP_DOWN_BYE)
                 snprintf(why, sizeof(why), "refused by the peer: %s",
                          kvp_bye_reason_str(l->down_bye));
             else if (l->down_reason == KVP_DOWN_EOF && l->have_peer)
@@ -474,6 +482,8 @@ static void ctl_set_ids(kvp_ctl_t *ctl, const kvp_ctl_config_t *cfg)
              cfg->instance_id ? cfg->instance_id : ctl->peer_id);
     ctl->cfg.peer_id = ctl->peer_id;
     ctl->cfg.instance_id = ctl->instance_id;
+    kvp_wire_compat_for_bye(cfg->compat, ctl->compat);
+    ctl->cfg.compat = ctl->compat;
     snprintf(ctl->prefix, sizeof(ctl->prefix), "%.63s",
              cfg->log_prefix ? cfg->log_prefix : ctl->peer_id);
     ctl->cfg.log_prefix = ctl->prefix;

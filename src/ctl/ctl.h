@@ -132,6 +132,10 @@ typedef struct kvp_ctl_config {
     const char *listen_addr; /* "host:port" (port 0 = ephemeral), IPv4 or [IPv6]; NULL = no listener */
     uint32_t num_blocks, block_size;
     uint64_t fingerprint, hash_seed;
+    /* Our compatibility string (its hash is `fingerprint`), NULL = "": only
+     * for the operator -- a refusal over the fingerprint names both strings
+     * (BYE INCOMPATIBLE of wire minor 1). Copied (bounded, see wire.h). */
+    const char *compat;
     const uint8_t *psk; /* pre-shared key or NULL; borrowed */
     size_t psk_len;
     const void *blob;   /* our data-transport blob; borrowed for the ctl's lifetime */

@@ -53,6 +53,12 @@ struct kvp_link {
     link_state_t state;
     bool outbound, have_peer, peer_acked, was_ready;
     bool claim_started, claim_ping_pending;
+    /* Refused over the fingerprint a peer of wire minor >= 1: our BYE with
+     * our compat string is out, the link waits (handshake timeout) for the
+     * peer's BYE with its string so the log can name both. */
+    bool compat_wait;
+    bool bye_out; /* that BYE was written: close gracefully so it gets out */
+    char peer_compat[KVP_WIRE_COMPAT_MAX + 1]; /* from the peer's BYE, "" = none */
     kvp_msg_hello_t peer; /* the peer's HELLO, valid once have_peer */
     kvp_epoch_t local_epoch, remote_epoch;
     uint8_t nonce[KVP_WIRE_NONCE_LEN];
@@ -92,6 +98,7 @@ struct ctl_want {
 struct kvp_ctl {
     kvp_ctl_config_t cfg; /* defaults applied; string fields point at the copies below */
     char peer_id[KVP_WIRE_STR_MAX + 1], instance_id[KVP_WIRE_STR_MAX + 1];
+    char compat[KVP_WIRE_COMPAT_MAX + 1]; /* the form a BYE carries */
     char prefix[64];
     kvp_loop_t *loop;
     kvp_listener_t *listener;
@@ -123,6 +130,11 @@ void ctl_link_send_ctl(kvp_link_t *l, kvp_msg_t *m);
 /* Refuse during the handshake: count, BYE, no callback (never ready). */
 void ctl_link_refuse(kvp_link_t *l, kvp_down_reason_t reason, uint16_t bye, uint64_t *counter);
 void ctl_link_protocol_error(kvp_link_t *l, const char *why);
+/* BYE INCOMPATIBLE carrying our compat string (peer of wire minor >= 1). */
+void ctl_link_send_bye_compat(kvp_link_t *l);
+/* compat_wait ends (the peer's BYE, its EOF or the handshake timeout): log
+ * the refusal naming what we know and take the link down INCOMPATIBLE. */
+void ctl_hs_compat_refused(kvp_link_t *l);
 void ctl_link_become_ready(kvp_link_t *l);
 kvp_status_t ctl_link_new(kvp_ctl_t *ctl, kvp_conn_t *conn, bool outbound, const char *addr,
                           kvp_link_t **out);

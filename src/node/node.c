@@ -648,6 +648,7 @@ static kvp_status_t node_make_ctl(kvp_node_t *n, const kvp_node_seams_t *seams)
     cc.num_blocks = n->cfg.num_blocks;
     cc.block_size = n->cfg.block_size;
     cc.fingerprint = n->fingerprint;
+    cc.compat = n->cfg.compat;
     cc.hash_seed = n->cfg.hash_seed;
     cc.psk = n->cfg.psk;
     cc.psk_len = n->cfg.psk_len;

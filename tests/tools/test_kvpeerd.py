@@ -626,6 +626,28 @@ def case_operator():
     b.check_clean_exit(b.stop())
 
 
+def case_compat():
+    """Issue 18: a compat mismatch names both strings (not two hashes) in both
+    logs and in the dialer's /peers last_error; counted as incompatible."""
+    a = Daemon("a", SMALL + ["--admin", "--compat", "llama-3-8b/bf16/16"]).start()
+    b = Daemon("b", SMALL + ["--compat", "llama-3-8b/fp8/16"]).start()
+    code, body = a.req("/admin/peer?add=" + b.peer, "POST")
+    check(code == 200, "add b: %d %r" % (code, body))
+    want = "compat mismatch: ours 'llama-3-8b/bf16/16', peer's 'llama-3-8b/fp8/16'"
+    wait_for(lambda: b.peer in peers_table(a) and peers_table(a)[b.peer]["last_error"] == want,
+             "a's /peers names both compat strings")
+    wait_for(lambda: "compat mismatch: ours 'llama-3-8b/fp8/16', peer's 'llama-3-8b/bf16/16'"
+             in b.logtext(), "b's log names both strings")
+    check(want in a.logtext(), "a's log names both strings:\n" + a.logtext()[-3000:])
+    for d in (a, b):
+        flat, _ = metrics(d)
+        check(flat['kvpeer_session_failures_total{reason="incompatible"}'] >= 1,
+              "%s counts the refusal" % d.name)
+    code, body = a.req("/admin/peer?remove=" + b.peer, "POST")
+    a.check_clean_exit(a.stop())
+    b.check_clean_exit(b.stop())
+
+
 def case_sighup():
     """SIGHUP reopens the log file (logrotate) and reloads the settings:
     log_level and new peers apply at once, other changes are named as
@@ -658,7 +680,7 @@ def case_sighup():
     check(a.proc.returncode == 0, "exit code")
 
 
-CASES = {"sighup": case_sighup, "operator": case_operator, "logging": case_logging, "visibility": case_visibility, "config": case_config, "bad_config": case_bad_config, "two_nodes": case_two_nodes,
+CASES = {"compat": case_compat, "sighup": case_sighup, "operator": case_operator, "logging": case_logging, "visibility": case_visibility, "config": case_config, "bad_config": case_bad_config, "two_nodes": case_two_nodes,
          "sigterm_drain": case_sigterm_drain, "install": case_install}
 
 if __name__ == "__main__":
