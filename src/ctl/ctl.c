@@ -440,6 +440,21 @@ static void ctl_apply_defaults(kvp_ctl_config_t *c)
         c->wbuf_max = 64u << 20;
 }
 
+void kvp_ctl_reconfigure(kvp_ctl_t *ctl, const kvp_ctl_config_t *c)
+{
+    kvp_ctl_config_t n = ctl->cfg;
+    n.heartbeat_ns = c->heartbeat_ns;
+    n.dead_after_ns = c->dead_after_ns;
+    n.handshake_timeout_ns = c->handshake_timeout_ns;
+    n.backoff_min_ns = c->backoff_min_ns;
+    n.backoff_max_ns = c->backoff_max_ns;
+    n.max_sessions = c->max_sessions;
+    n.psk = c->psk_len ? c->psk : NULL;
+    n.psk_len = c->psk_len;
+    ctl_apply_defaults(&n);
+    ctl->cfg = n;
+}
+
 static kvp_status_t ctl_check_config(const kvp_ctl_config_t *c)
 {
     if (!c->loop || !c->block_size || !c->num_blocks || c->blob_len > KVP_WIRE_BLOB_MAX ||

@@ -9,6 +9,7 @@
 #include "node/events.h"
 
 #include <errno.h>
+#include <sodium.h>
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
@@ -76,6 +77,85 @@ KVP_EXPORT kvp_status_t kvp_node_progress(kvp_node_t *n, int32_t timeout_ms)
     if (n == NULL)
         return KVP_ERR_INVALID;
     return kvp__node_progress(n, timeout_ms);
+}
+
+/* ---------------------------------------------------------- reconfigure */
+
+typedef struct reconf_args {
+    const kvp_config_t *cfg;
+    uint8_t *psk; /* the new key's copy (owned until swapped in) */
+} reconf_args_t;
+
+/* On the owner thread: the new values in n->cfg (read when each timer is
+ * armed) and in the ctl; the old key's copy is wiped and freed here, the new
+ * one then belongs to the node (freed by node_free). */
+static kvp_status_t do_reconfigure(kvp_node_t *n, void *arg)
+{
+    reconf_args_t *a = arg;
+    const kvp_config_t *c = a->cfg;
+    kvp_config_t *k = &n->cfg;
+    k->heartbeat_ms = c->heartbeat_ms;
+    k->dead_after_ms = c->dead_after_ms;
+    k->handshake_timeout_ms = c->handshake_timeout_ms;
+    k->lookup_pending_ms = c->lookup_pending_ms;
+    k->supply_pin_ms = c->supply_pin_ms;
+    k->pin_lease_ms = c->pin_lease_ms;
+    k->load_timeout_ms = c->load_timeout_ms;
+    k->abort_resend_ms = c->abort_resend_ms;
+    k->abort_ack_timeout_ms = c->abort_ack_timeout_ms;
+    k->parked_demand_ms = c->parked_demand_ms;
+    k->hold_cap_ms = c->hold_cap_ms;
+    k->idle_session_ms = c->idle_session_ms;
+    k->shutdown_drain_ms = c->shutdown_drain_ms;
+    k->backoff_min_ms = c->backoff_min_ms;
+    k->backoff_max_ms = c->backoff_max_ms;
+    k->max_sessions = c->max_sessions;
+    k->max_quarantined = c->max_quarantined ? c->max_quarantined : KVP_MAX(k->num_blocks / 4, 1);
+    k->max_inflight_bytes_per_peer = c->max_inflight_bytes_per_peer;
+    if (n->psk_copy)
+        sodium_memzero(n->psk_copy, k->psk_len);
+    kvp__free(n->psk_copy);
+    n->psk_copy = a->psk;
+    a->psk = NULL;
+    k->psk = n->psk_copy;
+    k->psk_len = n->psk_copy ? c->psk_len : 0;
+    kvp_ctl_config_t cc = {0};
+    cc.heartbeat_ns = (uint64_t)k->heartbeat_ms * KVP_NSEC_PER_MSEC;
+    cc.dead_after_ns = (uint64_t)k->dead_after_ms * KVP_NSEC_PER_MSEC;
+    cc.handshake_timeout_ns = (uint64_t)k->handshake_timeout_ms * KVP_NSEC_PER_MSEC;
+    cc.backoff_min_ns = (uint64_t)k->backoff_min_ms * KVP_NSEC_PER_MSEC;
+    cc.backoff_max_ns = (uint64_t)k->backoff_max_ms * KVP_NSEC_PER_MSEC;
+    cc.max_sessions = k->max_sessions;
+    cc.psk = k->psk;
+    cc.psk_len = k->psk_len;
+    kvp_ctl_reconfigure(n->ctl, &cc);
+    KVP_INFO(n->name, "reconfigured: heartbeat %u ms, dead after %u ms, load timeout %u ms, "
+             "hold cap %u ms, idle %u ms, max sessions %u, psk %s",
+             k->heartbeat_ms, k->dead_after_ms, k->load_timeout_ms, k->hold_cap_ms,
+             k->idle_session_ms, k->max_sessions, k->psk_len ? "set" : "none");
+    return KVP_OK;
+}
+
+KVP_EXPORT kvp_status_t kvp_node_reconfigure(kvp_node_t *n, const kvp_config_t *cfg)
+{
+    if (n == NULL || cfg == NULL)
+        return KVP_ERR_INVALID;
+    kvp__clear_last_error();
+    kvp_status_t st = kvp__config_check_runtime(cfg);
+    if (st != KVP_OK)
+        return st;
+    reconf_args_t a = {cfg, NULL};
+    if (cfg->psk_len) { /* cfg's buffers are borrowed for this call only */
+        if ((a.psk = kvp__malloc(cfg->psk_len)) == NULL)
+            return KVP_ERR_NOMEM;
+        memcpy(a.psk, cfg->psk, cfg->psk_len);
+    }
+    st = kvp__node_exec(n, do_reconfigure, &a);
+    if (a.psk) { /* not taken: the node is going down */
+        sodium_memzero(a.psk, cfg->psk_len);
+        kvp__free(a.psk);
+    }
+    return st;
 }
 
 /* --------------------------------------------------------------- peers */

@@ -405,6 +405,8 @@ void kvp__xfer_release(kvp_node_t *n, kvp_xfer_t *x);
 /* config.c: validation naming the field (kvp_last_error), the region
  * against the host's memory and /dev/shm. */
 kvp_status_t kvp__config_check(const kvp_config_t *cfg);
+/* The subset kvp_node_reconfigure() may change (called by the above). */
+kvp_status_t kvp__config_check_runtime(const kvp_config_t *cfg);
 void kvp__set_last_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void kvp__clear_last_error(void);
 /* kvp_node_create failed after validation: keep a last error if none is set. */

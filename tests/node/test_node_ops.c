@@ -267,6 +267,51 @@ static void test_fetch_with_missed_keys_delivers_the_hits(void **state)
     free(w);
 }
 
+/* kvp_node_reconfigure (SIGHUP of kvpeerd): values the node refuses change
+ * nothing, the error names the field; accepted ones act at once (here the
+ * idle timeout closes the idle session; a PSK set afterwards refuses a new
+ * handshake with a peer that has none). Mutations: apply before the check
+ * (the idle session closes after the refused call); drop the ctl PSK update
+ * in do_reconfigure (the redial succeeds). */
+static void test_reconfigure_runtime_settings(void **state)
+{
+    world_t *w = *state = malloc(sizeof(world_t));
+    world_init(w, 2, NULL);
+    world_connect(w, 1, 0);
+    kvp_config_t c = w->cfg[0];
+    c.idle_session_ms = 100;
+    c.heartbeat_ms = 500; /* >= dead_after_ms (200): refused whole */
+    assert_int_equal(kvp_node_reconfigure(w->node[0], &c), KVP_ERR_INVALID);
+    assert_non_null(strstr(kvp_last_error(), "dead_after_ms"));
+    c.heartbeat_ms = 50;
+    c.psk = (const uint8_t *)"short";
+    c.psk_len = 5;
+    assert_int_equal(kvp_node_reconfigure(w->node[0], &c), KVP_ERR_INVALID);
+    assert_non_null(strstr(kvp_last_error(), "psk"));
+    world_run(w, 400 * KVP_NSEC_PER_MSEC);
+    assert_true(world_peer_ready(w, 0, 1)); /* nothing of the refused calls applied */
+    assert_int_equal(world_event_count(w, 0, KVP_EV_PEER_DOWN, 0), 0);
+    c.psk = NULL;
+    c.psk_len = 0;
+    assert_int_equal(kvp_node_reconfigure(w->node[0], &c), KVP_OK);
+    world_run(w, 400 * KVP_NSEC_PER_MSEC);
+    /* closed as idle after 100 ms (node 1 still wants it: redialled) */
+    assert_true(world_event_count(w, 0, KVP_EV_PEER_DOWN, 0) >= 1);
+    /* A key from now on: the idle session closes, node 1 (no key) is refused
+     * on its redial. */
+    static const uint8_t key[] = "0123456789abcdef-new-key";
+    c.psk = key;
+    c.psk_len = sizeof(key) - 1;
+    assert_int_equal(kvp_node_reconfigure(w->node[0], &c), KVP_OK);
+    world_run(w, 600 * KVP_NSEC_PER_MSEC);
+    assert_false(world_peer_ready(w, 1, 0));
+    kvp_refusal_stats_t r;
+    assert_int_equal(kvp_node_refusals(w->node[0], &r), KVP_OK);
+    assert_true(r.refused_auth >= 1);
+    world_fini(w, false);
+    free(w);
+}
+
 static __attribute__((unused)) void unused_helpers(world_t *w) { (void)world_wait(w, 0, 0, 0, 0); }
 
 int main(void)
@@ -278,6 +323,7 @@ int main(void)
         cmocka_unit_test(test_event_ring_bounded_with_overflow),
         cmocka_unit_test(test_caller_fd_wakes_for_frames_and_timers),
         cmocka_unit_test(test_fetch_with_missed_keys_delivers_the_hits),
+        cmocka_unit_test(test_reconfigure_runtime_settings),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

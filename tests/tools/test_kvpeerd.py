@@ -123,13 +123,15 @@ class Daemon:
             check(m not in text, "%s: sanitizer report (%s):\n%s" % (self.name, m, text[-6000:]))
 
 
-def wait_for(cond, what, timeout=10):
+def wait_for(cond, what, timeout=10, dump=None):
+    """dump: a file whose tail the failure message shows (e.g. a log)."""
     end = time.time() + timeout * SCALE
     while time.time() < end:
         if cond():
             return
         time.sleep(0.05)
-    fail("timed out waiting for " + what)
+    fail("timed out waiting for " + what + ("" if dump is None else
+                                            ":\n" + open(dump).read()[-4000:]))
 
 
 # ------------------------------------------------------------- metrics format
@@ -650,8 +652,10 @@ def case_compat():
 
 def case_sighup():
     """SIGHUP reopens the log file (logrotate) and reloads the settings:
-    log_level and new peers apply at once, other changes are named as
-    needing a restart; a bad file keeps the running settings."""
+    log_level, new peers, timings, limits and the PSK apply at once (issue 18:
+    idle_session_ms is seen to act), other changes are named as needing a
+    restart; a bad file, or values the node refuses, keep the running
+    settings whole."""
     b = Daemon("b", SMALL).start()
     ini = os.path.join(TMP, "hup.ini")
     logf = os.path.join(TMP, "hup.log")
@@ -670,6 +674,25 @@ def case_sighup():
     check("log_level=debug" in text, "level not reloaded:\n" + text)
     wait_for(lambda: "state=ready" in a.req("/peers")[1], "the peer added by the reload")
     check("event=reload" not in open(logf + ".1").read(), "old file still written")
+    # Values the node refuses (heartbeat >= dead_after): refused whole, the
+    # idle timeout of the same file is not applied either.
+    base = "num_blocks = 32\nblock_size = 64K\nlog_level = debug\npeers = %s\n" % b.peer
+    open(ini, "w").write(base + "idle_session_ms = 300\nheartbeat_ms = 5000\n")
+    a.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: "reload_failed" in open(logf).read(), "the reload refused")
+    check("heartbeat_ms (5000) must be below dead_after_ms" in open(logf).read(),
+          "the refusal names the fields:\n" + open(logf).read()[-3000:])
+    time.sleep(1.0 * SCALE)
+    check("idle for" not in open(logf).read(), "a refused reload applied idle_session_ms")
+    check("state=ready" in a.req("/peers")[1], "session lost after a refused reload")
+    # A runtime setting applies at once: the idle session closes.
+    open(ini, "w").write(base + "idle_session_ms = 300\ndead_after_ms = 3000\n")
+    a.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: re.search(r'event=reload .*applied="[^"]*idle_session_ms', open(logf).read()),
+             "idle_session_ms named as applied", dump=logf)
+    text = open(logf).read()
+    check(re.search(r'event=reload .*applied="[^"]*dead_after_ms', text), "dead_after_ms:\n" + text)
+    wait_for(lambda: "idle for 300 ms: closing" in open(logf).read(), "the new idle timeout acts")
     open(ini, "w").write("num_blocks = lots\n")
     a.proc.send_signal(signal.SIGHUP)
     wait_for(lambda: "event=reload_failed" in open(logf).read(), "bad file refused")
