@@ -334,7 +334,19 @@ KVP_EXPORT kvp_status_t kvp_release(kvp_node_t *n, const kvp_block_t *b)
 
 /* ------------------------------------------------------------- remote */
 
-typedef struct remote_args {
+typedef struct remote_args remote_args_t;
+
+/* One remote call on the owner thread: the client function, whether it
+ * takes an op id (it completes through an event) and whether it leaves
+ * frames for the session's flush. */
+typedef struct remote_call {
+    kvp_status_t (*fn)(kvp_session_t *s, uint64_t op_id, const remote_args_t *a);
+    bool takes_op;
+    bool flush;
+} remote_call_t;
+
+struct remote_args {
+    const remote_call_t *call;
     const char *peer;
     uint64_t request_id;
     const uint8_t *keys;
@@ -344,7 +356,7 @@ typedef struct remote_args {
     uint8_t *results;
     int32_t *block_status;
     uint64_t op_id;
-} remote_args_t;
+};
 
 /* The session to use, or why there is none (the caller sees a MISS). */
 static kvp_status_t remote_session(kvp_node_t *n, const char *peer, kvp_session_t **out)
@@ -360,64 +372,51 @@ static kvp_status_t remote_session(kvp_node_t *n, const char *peer, kvp_session_
     return KVP_OK;
 }
 
-static kvp_status_t do_lookup(kvp_node_t *n, void *arg)
+/* Every remote call has this shape: the session, an op id, the client call,
+ * the flush queued. */
+static kvp_status_t do_remote(kvp_node_t *n, void *arg)
 {
     remote_args_t *a = arg;
     kvp_session_t *s;
     kvp_status_t st = remote_session(n, a->peer, &s);
     if (st != KVP_OK)
         return st;
-    uint64_t id = n->next_op_id++;
-    st = kvp__client_lookup(s, id, a->request_id, a->keys, a->lens, a->n, a->results);
+    uint64_t id = a->call->takes_op ? n->next_op_id++ : 0;
+    st = a->call->fn(s, id, a);
     if (st != KVP_OK)
         return st;
-    if (!kvp_list_linked(&s->flush_link))
+    if (a->call->flush && !kvp_list_linked(&s->flush_link))
         kvp_list_insert_tail(&n->flushq, &s->flush_link);
     a->op_id = id;
     return KVP_OK;
 }
 
-static kvp_status_t do_lookup_prefix(kvp_node_t *n, void *arg)
+static kvp_status_t call_lookup(kvp_session_t *s, uint64_t id, const remote_args_t *a)
 {
-    remote_args_t *a = arg;
-    kvp_session_t *s;
-    kvp_status_t st = remote_session(n, a->peer, &s);
-    if (st != KVP_OK)
-        return st;
-    uint64_t id = n->next_op_id++;
-    st = kvp__client_lookup_prefix(s, id, a->request_id, a->keys, a->lens, a->n, a->results);
-    if (st != KVP_OK)
-        return st;
-    if (!kvp_list_linked(&s->flush_link))
-        kvp_list_insert_tail(&n->flushq, &s->flush_link);
-    a->op_id = id;
-    return KVP_OK;
+    return kvp__client_lookup(s, id, a->request_id, a->keys, a->lens, a->n, a->results);
 }
 
-static kvp_status_t do_lease_renew(kvp_node_t *n, void *arg)
+static kvp_status_t call_lookup_prefix(kvp_session_t *s, uint64_t id, const remote_args_t *a)
 {
-    remote_args_t *a = arg;
-    kvp_session_t *s;
-    kvp_status_t st = remote_session(n, a->peer, &s);
-    if (st != KVP_OK)
-        return st;
+    return kvp__client_lookup_prefix(s, id, a->request_id, a->keys, a->lens, a->n, a->results);
+}
+
+static kvp_status_t call_lease_renew(kvp_session_t *s, uint64_t id, const remote_args_t *a)
+{
+    (void)id;
     return kvp__client_lease_renew(s, a->request_id);
 }
 
-static kvp_status_t do_fetch(kvp_node_t *n, void *arg)
+static kvp_status_t call_fetch(kvp_session_t *s, uint64_t id, const remote_args_t *a)
 {
-    remote_args_t *a = arg;
-    kvp_session_t *s;
-    kvp_status_t st = remote_session(n, a->peer, &s);
-    if (st != KVP_OK)
-        return st;
-    uint64_t id = n->next_op_id++;
-    st = kvp__client_fetch(s, id, a->request_id, a->keys, a->lens, a->n, a->flags,
-                           a->block_status);
-    if (st == KVP_OK)
-        a->op_id = id;
-    return st;
+    return kvp__client_fetch(s, id, a->request_id, a->keys, a->lens, a->n, a->flags,
+                             a->block_status);
 }
+
+static const remote_call_t CALL_LOOKUP = {call_lookup, true, true};
+static const remote_call_t CALL_LOOKUP_PREFIX = {call_lookup_prefix, true, true};
+static const remote_call_t CALL_LEASE_RENEW = {call_lease_renew, false, false};
+static const remote_call_t CALL_FETCH = {call_fetch, true, false};
 
 static kvp_status_t check_remote(kvp_node_t *n, const char *peer, const uint8_t *keys,
                                  const uint32_t *lens, uint32_t cnt, const uint64_t *op_id)
@@ -437,8 +436,8 @@ KVP_EXPORT kvp_status_t kvp_lookup(kvp_node_t *n, const char *peer, uint64_t req
 {
     if (check_remote(n, peer, keys, key_lens, cnt, op_id) != KVP_OK || results == NULL)
         return KVP_ERR_INVALID;
-    remote_args_t a = {peer, request_id, keys, key_lens, cnt, 0, results, NULL, 0};
-    kvp_status_t st = kvp__node_exec(n, do_lookup, &a);
+    remote_args_t a = {&CALL_LOOKUP, peer, request_id, keys, key_lens, cnt, 0, results, NULL, 0};
+    kvp_status_t st = kvp__node_exec(n, do_remote, &a);
     if (st == KVP_OK)
         *op_id = a.op_id;
     return st;
@@ -450,8 +449,9 @@ KVP_EXPORT kvp_status_t kvp_lookup_prefix(kvp_node_t *n, const char *peer, uint6
 {
     if (check_remote(n, peer, keys, key_lens, cnt, op_id) != KVP_OK)
         return KVP_ERR_INVALID;
-    remote_args_t a = {peer, request_id, keys, key_lens, cnt, 0, results, NULL, 0};
-    kvp_status_t st = kvp__node_exec(n, do_lookup_prefix, &a);
+    remote_args_t a = {&CALL_LOOKUP_PREFIX, peer, request_id, keys, key_lens, cnt, 0, results,
+                       NULL, 0};
+    kvp_status_t st = kvp__node_exec(n, do_remote, &a);
     if (st == KVP_OK)
         *op_id = a.op_id;
     return st;
@@ -461,8 +461,8 @@ KVP_EXPORT kvp_status_t kvp_lease_renew(kvp_node_t *n, const char *peer, uint64_
 {
     if (n == NULL || check_peer(peer) != KVP_OK)
         return KVP_ERR_INVALID;
-    remote_args_t a = {peer, request_id, NULL, NULL, 0, 0, NULL, NULL, 0};
-    return kvp__node_exec(n, do_lease_renew, &a);
+    remote_args_t a = {&CALL_LEASE_RENEW, peer, request_id, NULL, NULL, 0, 0, NULL, NULL, 0};
+    return kvp__node_exec(n, do_remote, &a);
 }
 
 KVP_EXPORT kvp_status_t kvp_fetch(kvp_node_t *n, const char *peer, uint64_t request_id,
@@ -473,8 +473,9 @@ KVP_EXPORT kvp_status_t kvp_fetch(kvp_node_t *n, const char *peer, uint64_t requ
     if (check_remote(n, peer, keys, key_lens, cnt, op_id) != KVP_OK || (flags & ~known) ||
         flags == known)
         return KVP_ERR_INVALID;
-    remote_args_t a = {peer, request_id, keys, key_lens, cnt, flags, NULL, block_status, 0};
-    kvp_status_t st = kvp__node_exec(n, do_fetch, &a);
+    remote_args_t a = {&CALL_FETCH, peer, request_id, keys, key_lens, cnt, flags, NULL,
+                       block_status, 0};
+    kvp_status_t st = kvp__node_exec(n, do_remote, &a);
     if (st == KVP_OK)
         *op_id = a.op_id;
     return st;
