@@ -196,6 +196,21 @@ static kvp_status_t do_peer_state(kvp_node_t *n, void *arg)
     return kvp_ctl_link_pending(n->ctl, arg) != NULL ? KVP_ERR_TIMEOUT : KVP_ERR_UNREACHABLE;
 }
 
+/* One step of a bounded wait for the owner thread's progress (at most 5 ms,
+ * not past `deadline` on the real clock): run a round ourselves in
+ * caller-driven mode, else sleep while the node thread works. */
+static void node_wait_step(kvp_node_t *n, uint64_t deadline)
+{
+    uint64_t now = kvp_clock_now(kvp_clock_real());
+    int left = now >= deadline ? 0 : (int)KVP_MIN((deadline - now) / KVP_NSEC_PER_MSEC + 1, 5);
+    if (!n->thread_running) {
+        kvp__node_progress(n, left);
+    } else {
+        struct timespec ts = {0, (long)left * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
 KVP_EXPORT kvp_status_t kvp_peer_wait(kvp_node_t *n, const char *addr, int32_t timeout_ms)
 {
     if (n == NULL || check_peer(addr) != KVP_OK || timeout_ms < 0)
@@ -206,16 +221,9 @@ KVP_EXPORT kvp_status_t kvp_peer_wait(kvp_node_t *n, const char *addr, int32_t t
         kvp_status_t st = kvp__node_exec(n, do_peer_state, (void *)addr);
         if (st == KVP_OK)
             return KVP_OK;
-        uint64_t now = kvp_clock_now(real);
-        if (now >= deadline)
+        if (kvp_clock_now(real) >= deadline)
             return st;
-        int left = (int)KVP_MIN((deadline - now) / KVP_NSEC_PER_MSEC + 1, 5);
-        if (!n->thread_running) {
-            kvp__node_progress(n, left);
-        } else {
-            struct timespec ts = {0, (long)left * 1000000L};
-            nanosleep(&ts, NULL);
-        }
+        node_wait_step(n, deadline);
     }
 }
 
@@ -356,13 +364,19 @@ struct remote_args {
     uint8_t *results;
     int32_t *block_status;
     uint64_t op_id;
+    uint64_t wait_ms; /* set with UNREACHABLE: the peer is dialing, worth this wait */
 };
 
-/* The session to use, or why there is none (the caller sees a MISS). */
-static kvp_status_t remote_session(kvp_node_t *n, const char *peer, kvp_session_t **out)
+/* The session to use, or why there is none (the caller sees a MISS). A
+ * peer whose connection or handshake is in progress (just added, or
+ * redialling) sets *wait_ms: the caller waits that long for it (remote_exec). */
+static kvp_status_t remote_session(kvp_node_t *n, const char *peer, kvp_session_t **out,
+                                   uint64_t *wait_ms)
 {
     kvp_session_t *s = kvp__node_find_session(n, peer);
     if (s == NULL || !kvp__session_open(s)) {
+        if (kvp_ctl_link_pending(n->ctl, peer) != NULL)
+            *wait_ms = KVP_MIN(n->cfg.handshake_timeout_ms, n->cfg.dead_after_ms);
         kvp_ctl_want(n->ctl, peer); /* work for a peer: (re)dial with backoff */
         return KVP_ERR_UNREACHABLE;
     }
@@ -378,7 +392,7 @@ static kvp_status_t do_remote(kvp_node_t *n, void *arg)
 {
     remote_args_t *a = arg;
     kvp_session_t *s;
-    kvp_status_t st = remote_session(n, a->peer, &s);
+    kvp_status_t st = remote_session(n, a->peer, &s, &a->wait_ms);
     if (st != KVP_OK)
         return st;
     uint64_t id = a->call->takes_op ? n->next_op_id++ : 0;
@@ -389,6 +403,29 @@ static kvp_status_t do_remote(kvp_node_t *n, void *arg)
         kvp_list_insert_tail(&n->flushq, &s->flush_link);
     a->op_id = id;
     return KVP_OK;
+}
+
+/* Run a remote call; while the peer is dialing (a connection or handshake
+ * in progress), wait for its session -- at most min(handshake_timeout_ms,
+ * dead_after_ms) from the first try -- then run it, so a lookup right after
+ * kvp_peer_add works. A peer that is unknown, failed (redial pending), on
+ * probation or closing answers KVP_ERR_UNREACHABLE at once. */
+static kvp_status_t remote_exec(kvp_node_t *n, remote_args_t *a)
+{
+    const kvp_clock_t *real = kvp_clock_real();
+    uint64_t deadline = 0;
+    for (;;) {
+        a->wait_ms = 0;
+        kvp_status_t st = kvp__node_exec(n, do_remote, a);
+        if (st != KVP_ERR_UNREACHABLE || a->wait_ms == 0)
+            return st;
+        uint64_t now = kvp_clock_now(real);
+        if (deadline == 0)
+            deadline = now + a->wait_ms * KVP_NSEC_PER_MSEC;
+        if (now >= deadline)
+            return st;
+        node_wait_step(n, deadline);
+    }
 }
 
 static kvp_status_t call_lookup(kvp_session_t *s, uint64_t id, const remote_args_t *a)
@@ -436,8 +473,8 @@ KVP_EXPORT kvp_status_t kvp_lookup(kvp_node_t *n, const char *peer, uint64_t req
 {
     if (check_remote(n, peer, keys, key_lens, cnt, op_id) != KVP_OK || results == NULL)
         return KVP_ERR_INVALID;
-    remote_args_t a = {&CALL_LOOKUP, peer, request_id, keys, key_lens, cnt, 0, results, NULL, 0};
-    kvp_status_t st = kvp__node_exec(n, do_remote, &a);
+    remote_args_t a = {&CALL_LOOKUP, peer, request_id, keys, key_lens, cnt, 0, results, NULL, 0, 0};
+    kvp_status_t st = remote_exec(n, &a);
     if (st == KVP_OK)
         *op_id = a.op_id;
     return st;
@@ -450,8 +487,8 @@ KVP_EXPORT kvp_status_t kvp_lookup_prefix(kvp_node_t *n, const char *peer, uint6
     if (check_remote(n, peer, keys, key_lens, cnt, op_id) != KVP_OK)
         return KVP_ERR_INVALID;
     remote_args_t a = {&CALL_LOOKUP_PREFIX, peer, request_id, keys, key_lens, cnt, 0, results,
-                       NULL, 0};
-    kvp_status_t st = kvp__node_exec(n, do_remote, &a);
+                       NULL, 0, 0};
+    kvp_status_t st = remote_exec(n, &a);
     if (st == KVP_OK)
         *op_id = a.op_id;
     return st;
@@ -461,8 +498,8 @@ KVP_EXPORT kvp_status_t kvp_lease_renew(kvp_node_t *n, const char *peer, uint64_
 {
     if (n == NULL || check_peer(peer) != KVP_OK)
         return KVP_ERR_INVALID;
-    remote_args_t a = {&CALL_LEASE_RENEW, peer, request_id, NULL, NULL, 0, 0, NULL, NULL, 0};
-    return kvp__node_exec(n, do_remote, &a);
+    remote_args_t a = {&CALL_LEASE_RENEW, peer, request_id, NULL, NULL, 0, 0, NULL, NULL, 0, 0};
+    return remote_exec(n, &a);
 }
 
 KVP_EXPORT kvp_status_t kvp_fetch(kvp_node_t *n, const char *peer, uint64_t request_id,
@@ -474,8 +511,8 @@ KVP_EXPORT kvp_status_t kvp_fetch(kvp_node_t *n, const char *peer, uint64_t requ
         flags == known)
         return KVP_ERR_INVALID;
     remote_args_t a = {&CALL_FETCH, peer, request_id, keys, key_lens, cnt, flags, NULL,
-                       block_status, 0};
-    kvp_status_t st = kvp__node_exec(n, do_remote, &a);
+                       block_status, 0, 0};
+    kvp_status_t st = remote_exec(n, &a);
     if (st == KVP_OK)
         *op_id = a.op_id;
     return st;
