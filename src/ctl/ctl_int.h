@@ -22,6 +22,9 @@
 
 #include "ctl/conn.h"
 
+#include <pthread.h>
+#include <sys/socket.h>
+
 typedef enum link_state {
     LINK_CONNECTING, /* outbound connect in progress; nothing sent */
     LINK_HELLO,      /* our HELLO sent; waiting for the peer's */
@@ -33,6 +36,8 @@ typedef enum link_state {
 } link_state_t;
 
 typedef struct ctl_want ctl_want_t;
+typedef struct ctl_resolve_req ctl_resolve_req_t;
+typedef struct ctl_resolver ctl_resolver_t;
 
 /* A frame queued before the link was ready: encoded with our epoch as a
  * placeholder target epoch, patched at flush. Owned by the link. */
@@ -91,6 +96,7 @@ struct ctl_want {
      * ready link, and why the last one failed */
     uint32_t failures;
     char last_error[128];
+    ctl_resolve_req_t *resolving; /* its host name is being resolved (resolve.c) */
 };
 
 /* Ownership: created by kvp_ctl_create, freed by kvp_ctl_destroy; the config
@@ -116,6 +122,7 @@ struct kvp_ctl {
     kvp_ratelimit_t rl_limit; /* refusals at max_sessions */
     kvp_ratelimit_t rl_refuse; /* handshakes refused or timed out (any peer can cause them) */
     const kvp_conn_handler_t *handler;
+    ctl_resolver_t *resolver; /* started at the first host name to resolve */
 };
 
 static inline uint64_t ctl_link_now(const kvp_link_t *l)
@@ -151,6 +158,13 @@ void ctl_hs_on_ack(kvp_link_t *l, const kvp_msg_hello_ack_t *a);
 void ctl_hs_send_ack(kvp_link_t *l);
 /* A HELLO of another wire major: refuse it cleanly. False if not that case. */
 bool ctl_hs_refuse_version(kvp_link_t *l, const uint8_t *frame, size_t len);
+
+/* resolve.c: host names resolved off the loop thread */
+kvp_status_t ctl_resolve_start(kvp_ctl_t *ctl, ctl_want_t *w);
+void ctl_resolve_forget(ctl_want_t *w); /* the want goes away */
+void ctl_resolve_destroy(kvp_ctl_t *ctl);
+/* ctl.c: a want's name resolved (st KVP_OK: dial sa) or not */
+void ctl_want_resolved(ctl_want_t *w, kvp_status_t st, const void *sa, unsigned sslen);
 
 /* ctl.c */
 void ctl_schedule_reap(kvp_ctl_t *ctl);

@@ -61,8 +61,9 @@ def run(args, env=None, timeout=30):
 class Daemon:
     """One kvpeerd child; stderr goes to a file kept for the failure message."""
 
-    def __init__(self, name, args):
+    def __init__(self, name, args, env=None):
         self.name = name
+        self.env = env
         self.ready = os.path.join(TMP, name + ".ready")
         self.logpath = os.path.join(TMP, name + ".log")
         self.args = [KVPEERD] + args + ["--ready_file", self.ready]
@@ -71,7 +72,8 @@ class Daemon:
 
     def start(self, timeout=20):
         self.log = open(self.logpath, "w")
-        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env=self.env)
         CHILDREN.append(self.proc)
         end = time.time() + timeout * SCALE
         while time.time() < end:
@@ -650,6 +652,67 @@ def case_compat():
     b.check_clean_exit(b.stop())
 
 
+SLOW_DNS_SHIM = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <netdb.h>
+#include <string.h>
+#include <unistd.h>
+/* getaddrinfo of a *.slow.invalid name takes 7 s and fails (a dead DNS
+ * server); numeric-only lookups and every other name are untouched. */
+int getaddrinfo(const char *node, const char *service, const struct addrinfo *hints,
+                struct addrinfo **res)
+{
+    static int (*real)(const char *, const char *, const struct addrinfo *, struct addrinfo **);
+    if (!real)
+        real = (int (*)(const char *, const char *, const struct addrinfo *,
+                        struct addrinfo **))dlsym(RTLD_NEXT, "getaddrinfo");
+    if (node && strstr(node, "slow.invalid") && !(hints && (hints->ai_flags & AI_NUMERICHOST))) {
+        sleep(7);
+        return EAI_NONAME;
+    }
+    return real(node, service, hints, res);
+}
+"""
+
+
+def case_slow_dns():
+    """Issue 18: a peer whose name takes 7 s to (not) resolve is resolved off
+    the node thread: meanwhile /healthz never reports a stall, the node thread
+    answers /peers at once and the session with another peer stays ready;
+    the name then shows as 'cannot resolve the host name'."""
+    src = os.path.join(TMP, "slowdns.c")
+    lib = os.path.join(TMP, "slowdns.so")
+    open(src, "w").write(SLOW_DNS_SHIM)
+    r = run([os.environ.get("CC", "cc"), "-shared", "-fPIC", "-o", lib, src, "-ldl"])
+    check(r.returncode == 0, "shim does not compile:\n" + r.stderr)
+    env = dict(os.environ, LD_PRELOAD=lib)
+    # the shim is preloaded ahead of the sanitizer runtime
+    env["ASAN_OPTIONS"] = env.get("ASAN_OPTIONS", "") + ":verify_asan_link_order=0"
+    b = Daemon("b", SMALL).start()
+    a = Daemon("a", SMALL + ["--admin", "--dead_after_ms", "1000", "--heartbeat_ms", "200",
+                             "--peers", b.peer], env=env).start()
+    wait_for(lambda: "ready=1" in a.req("/peers")[1], "a's session to b")
+    slow = "peer.slow.invalid:7400"
+    t0 = time.time()
+    code, body = a.req("/admin/peer?add=" + slow, "POST")
+    check(code == 200, "add %s: %d %r" % (slow, code, body))
+    check(time.time() - t0 < 1.5 * SCALE, "add took %.1f s" % (time.time() - t0))
+    end = t0 + 6.0
+    while time.time() < end:
+        t1 = time.time()
+        code, body = a.req("/healthz")
+        check(not body.startswith("stalled"), "/healthz: %r" % body)
+        peers = a.req("/peers")[1]
+        check(time.time() - t1 < 1.5 * SCALE, "/healthz + /peers took %.1f s" % (time.time() - t1))
+        check(re.search(r"peer=%s .*ready=1" % re.escape(b.peer), peers), "b not ready: " + peers)
+        time.sleep(0.2)
+    wait_for(lambda: slow in peers_table(a) and "resolve" in peers_table(a)[slow]["last_error"],
+             "the slow name failed as unresolvable", timeout=20, dump=a.logpath)
+    a.check_clean_exit(a.stop(timeout=60))
+    b.check_clean_exit(b.stop())
+
+
 def case_sighup():
     """SIGHUP reopens the log file (logrotate) and reloads the settings:
     log_level, new peers, timings, limits and the PSK apply at once (issue 18:
@@ -703,7 +766,7 @@ def case_sighup():
     check(a.proc.returncode == 0, "exit code")
 
 
-CASES = {"compat": case_compat, "sighup": case_sighup, "operator": case_operator, "logging": case_logging, "visibility": case_visibility, "config": case_config, "bad_config": case_bad_config, "two_nodes": case_two_nodes,
+CASES = {"slow_dns": case_slow_dns, "compat": case_compat, "sighup": case_sighup, "operator": case_operator, "logging": case_logging, "visibility": case_visibility, "config": case_config, "bad_config": case_bad_config, "two_nodes": case_two_nodes,
          "sigterm_drain": case_sigterm_drain, "install": case_install}
 
 if __name__ == "__main__":
