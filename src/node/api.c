@@ -120,14 +120,7 @@ static kvp_status_t do_reconfigure(kvp_node_t *n, void *arg)
     k->psk = n->psk_copy;
     k->psk_len = n->psk_copy ? c->psk_len : 0;
     kvp_ctl_config_t cc = {0};
-    cc.heartbeat_ns = (uint64_t)k->heartbeat_ms * KVP_NSEC_PER_MSEC;
-    cc.dead_after_ns = (uint64_t)k->dead_after_ms * KVP_NSEC_PER_MSEC;
-    cc.handshake_timeout_ns = (uint64_t)k->handshake_timeout_ms * KVP_NSEC_PER_MSEC;
-    cc.backoff_min_ns = (uint64_t)k->backoff_min_ms * KVP_NSEC_PER_MSEC;
-    cc.backoff_max_ns = (uint64_t)k->backoff_max_ms * KVP_NSEC_PER_MSEC;
-    cc.max_sessions = k->max_sessions;
-    cc.psk = k->psk;
-    cc.psk_len = k->psk_len;
+    kvp__node_ctl_runtime(k, &cc);
     kvp_ctl_reconfigure(n->ctl, &cc);
     KVP_INFO(n->name, "reconfigured: heartbeat %u ms, dead after %u ms, load timeout %u ms, "
              "hold cap %u ms, idle %u ms, max sessions %u, psk %s",
