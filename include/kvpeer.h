@@ -170,6 +170,13 @@ KVP_EXPORT kvp_status_t kvp_node_progress(kvp_node_t *node, int32_t timeout_ms);
  * next arm. */
 KVP_EXPORT kvp_status_t kvp_node_reconfigure(kvp_node_t *node, const kvp_config_t *cfg);
 
+/* Remote calls (kvp_lookup, kvp_lookup_prefix, kvp_fetch, kvp_lease_renew)
+ * to a peer whose connection or handshake is in progress (e.g. right after
+ * kvp_peer_add) wait for its session, at most min(handshake_timeout_ms,
+ * dead_after_ms), with the node's own thread; in caller-driven mode they
+ * never block. An unknown or failed peer answers KVP_ERR_UNREACHABLE at once
+ * (and is dialled). */
+
 /* Peers: want a session with a peer ("host:port"); redialled with backoff. */
 KVP_EXPORT kvp_status_t kvp_peer_add(kvp_node_t *node, const char *addr);
 /* Wait until the session with `addr` (added with kvp_peer_add) is ready for

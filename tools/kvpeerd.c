@@ -178,6 +178,7 @@ static void daemon_reload(kvpd_t *d, int argc, char **argv)
      * against them); the rest keep their running values. */
     bool new_log = strcmp(n.log_file, d->set.log_file) != 0;
     kvpd_settings_keep_runtime(&d->set, &n);
+    atomic_store(&d->dead_after_ms, d->set.cfg.dead_after_ms);
     kvpd_settings_free(&n);
     if (new_log && log_reopen(d->set.log_file) != 0)
         kvpd_log(KVPD_LOG_ERROR, "log_reopen_failed", "path=%s error=\"%s\"", d->set.log_file,
@@ -210,6 +211,7 @@ static int main_loop(kvpd_t *d, int sigfd, int argc, char **argv)
 
 static int daemon_start(kvpd_t *d)
 {
+    atomic_store(&d->dead_after_ms, d->set.cfg.dead_after_ms);
     kvp_status_t st = kvp_node_create(&d->set.cfg, &d->node);
     if (st != KVP_OK) {
         kvpd_log(KVPD_LOG_ERROR, "node_create_failed", "listen=%s status=\"%s\"",

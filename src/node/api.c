@@ -401,8 +401,11 @@ static kvp_status_t do_remote(kvp_node_t *n, void *arg)
 /* Run a remote call; while the peer is dialing (a connection or handshake
  * in progress), wait for its session -- at most min(handshake_timeout_ms,
  * dead_after_ms) from the first try -- then run it, so a lookup right after
- * kvp_peer_add works. A peer that is unknown, failed (redial pending), on
- * probation or closing answers KVP_ERR_UNREACHABLE at once. */
+ * kvp_peer_add works. Only with the node's own thread: in caller-driven mode
+ * the embedding drives progress and an API call never blocks (it answers
+ * UNREACHABLE; kvp_peer_wait or KVP_EV_PEER_UP say when to retry). A peer
+ * that is unknown, failed (redial pending), on probation or closing answers
+ * KVP_ERR_UNREACHABLE at once. */
 static kvp_status_t remote_exec(kvp_node_t *n, remote_args_t *a)
 {
     const kvp_clock_t *real = kvp_clock_real();
@@ -410,7 +413,7 @@ static kvp_status_t remote_exec(kvp_node_t *n, remote_args_t *a)
     for (;;) {
         a->wait_ms = 0;
         kvp_status_t st = kvp__node_exec(n, do_remote, a);
-        if (st != KVP_ERR_UNREACHABLE || a->wait_ms == 0)
+        if (st != KVP_ERR_UNREACHABLE || a->wait_ms == 0 || !n->thread_running)
             return st;
         uint64_t now = kvp_clock_now(real);
         if (deadline == 0)
