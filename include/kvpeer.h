@@ -156,6 +156,27 @@ KVP_EXPORT int kvp_node_fd(const kvp_node_t *node);
 /* Caller-driven mode: run one poll round, sleeping at most timeout_ms. */
 KVP_EXPORT kvp_status_t kvp_node_progress(kvp_node_t *node, int32_t timeout_ms);
 
+/* Change on a running node what needs no new memory registration: timings
+ * (heartbeat_ms, dead_after_ms, handshake_timeout_ms, lookup_pending_ms,
+ * supply_pin_ms, pin_lease_ms, load_timeout_ms, abort_resend_ms,
+ * abort_ack_timeout_ms, parked_demand_ms, hold_cap_ms, idle_session_ms,
+ * shutdown_drain_ms, backoff_min_ms, backoff_max_ms), limits (max_sessions,
+ * max_quarantined, max_inflight_bytes_per_peer) and the PSK (for handshakes
+ * that start afterwards; sessions up keep theirs). Every other field of cfg
+ * is ignored: it needs a new node (region, layout, identity, addresses,
+ * compat, hash seed, max_pins, max_retained, suspect_period_ms, checksums,
+ * KV events). The fields are checked together first: KVP_ERR_INVALID (see
+ * kvp_last_error) changes nothing. Timers use the new values from their
+ * next arm. */
+KVP_EXPORT kvp_status_t kvp_node_reconfigure(kvp_node_t *node, const kvp_config_t *cfg);
+
+/* Remote calls (kvp_lookup, kvp_lookup_prefix, kvp_fetch, kvp_lease_renew)
+ * to a peer whose connection or handshake is in progress (e.g. right after
+ * kvp_peer_add) wait for its session, at most min(handshake_timeout_ms,
+ * dead_after_ms), with the node's own thread; in caller-driven mode they
+ * never block. An unknown or failed peer answers KVP_ERR_UNREACHABLE at once
+ * (and is dialled). */
+
 /* Peers: want a session with a peer ("host:port"); redialled with backoff. */
 KVP_EXPORT kvp_status_t kvp_peer_add(kvp_node_t *node, const char *addr);
 /* Wait until the session with `addr` (added with kvp_peer_add) is ready for

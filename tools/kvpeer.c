@@ -37,18 +37,18 @@ static int usage_error(const char *cmd, const char *fmt, const char *arg)
     return CLI_EXIT_USAGE;
 }
 
-/* Shared flag parsing of the operator commands: [--timeout MS] [--all]
- * HOST:PORT (`all` NULL: the command has no --all). Returns -1 to run, else
- * an exit code. */
-static int parse_op_args(const char *cmd, const char *help, int argc, char **argv,
-                         const char **addr, int *timeout_ms, bool *all)
+/* The flags every command shares: --help, --timeout MS (1..max_ms, default
+ * def_ms) and, when `all` is not NULL, --all. Returns -1 to go on (the
+ * positional arguments are argv[optind..]), else an exit code. */
+static int parse_flags(const char *cmd, const char *help, int argc, char **argv, int def_ms,
+                       long max_ms, int *timeout_ms, bool *all)
 {
     static const struct option opts[] = {{"help", no_argument, NULL, 'h'},
                                          {"timeout", required_argument, NULL, 't'},
                                          {"all", no_argument, NULL, 'a'},
                                          {0}};
     int c;
-    *timeout_ms = 5000;
+    *timeout_ms = def_ms;
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "+ht:", opts, NULL)) != -1) {
@@ -58,8 +58,11 @@ static int parse_op_args(const char *cmd, const char *help, int argc, char **arg
         } else if (c == 't') {
             char *end = NULL;
             long v = strtol(optarg, &end, 10);
-            if (*end != '\0' || v <= 0 || v > 600000)
-                return usage_error(cmd, "bad --timeout '%s' (milliseconds, 1..600000)", optarg);
+            if (*end != '\0' || v <= 0 || v > max_ms) {
+                fprintf(stderr, "kvpeer %s: bad --timeout '%s' (milliseconds, 1..%ld)\n"
+                        "try 'kvpeer %s --help'\n", cmd, optarg, max_ms, cmd);
+                return CLI_EXIT_USAGE;
+            }
             *timeout_ms = (int)v;
         } else if (c == 'a' && all != NULL) {
             *all = true;
@@ -67,6 +70,17 @@ static int parse_op_args(const char *cmd, const char *help, int argc, char **arg
             return usage_error(cmd, "unknown or incomplete flag '%s'", argv[optind - 1]);
         }
     }
+    return -1;
+}
+
+/* The operator commands: [--timeout MS] [--all] HOST:PORT (`all` NULL: the
+ * command has no --all). Returns -1 to run, else an exit code. */
+static int parse_op_args(const char *cmd, const char *help, int argc, char **argv,
+                         const char **addr, int *timeout_ms, bool *all)
+{
+    int rc = parse_flags(cmd, help, argc, argv, 5000, 600000, timeout_ms, all);
+    if (rc >= 0)
+        return rc;
     if (optind != argc - 1)
         return usage_error(cmd, "%s", "expects exactly one HOST:PORT (a kvpeerd --http address)");
     *addr = argv[optind];
@@ -371,27 +385,9 @@ static int cmd_stat(int argc, char **argv)
 static int parse_verb_args(const char *cmd, const char *help, int argc, char **argv, int npos,
                            int *timeout_ms)
 {
-    static const struct option opts[] = {{"help", no_argument, NULL, 'h'},
-                                         {"timeout", required_argument, NULL, 't'},
-                                         {0}};
-    int c;
-    *timeout_ms = 60000;
-    optind = 1;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "+ht:", opts, NULL)) != -1) {
-        if (c == 'h') {
-            fputs(help, stdout);
-            return CLI_EXIT_OK;
-        } else if (c == 't') {
-            char *end = NULL;
-            long v = strtol(optarg, &end, 10);
-            if (*end != '\0' || v <= 0 || v > 3600000)
-                return usage_error(cmd, "bad --timeout '%s' (milliseconds, 1..3600000)", optarg);
-            *timeout_ms = (int)v;
-        } else {
-            return usage_error(cmd, "unknown or incomplete flag '%s'", argv[optind - 1]);
-        }
-    }
+    int rc = parse_flags(cmd, help, argc, argv, 60000, 3600000, timeout_ms, NULL);
+    if (rc >= 0)
+        return rc;
     if (argc - optind != npos) {
         fputs(help, stderr);
         return CLI_EXIT_USAGE;

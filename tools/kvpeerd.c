@@ -105,10 +105,24 @@ static char *settings_text(const kvpd_settings_t *s)
     return buf;
 }
 
+/* True if `text` holds `line` as a whole line (not as a prefix of a longer
+ * value: "x = 300" is not in "x = 300000"). */
+static bool has_line(const char *text, const char *line)
+{
+    size_t n = strlen(line);
+    for (const char *p = text; p && (p = strstr(p, line)) != NULL; p++)
+        if ((p == text || p[-1] == '\n') && (p[n] == '\n' || p[n] == '\0'))
+            return true;
+    return false;
+}
+
 /* SIGHUP: reopen the log file, then load the settings again (file,
- * environment, flags, as at start) and apply what can change while running
- * -- log_level and new peers -- naming every other changed option as
- * needing a restart. A bad file keeps the running settings. */
+ * environment, flags, as at start). What needs no new memory registration
+ * applies at once -- timings, limits, the PSK for new sessions
+ * (kvp_node_reconfigure), log_level, new peers -- and every other changed
+ * option is named as needing a restart, its running value unchanged. A bad
+ * file, or values the node refuses, are refused whole: the running
+ * settings stay. */
 static void daemon_reload(kvpd_t *d, int argc, char **argv)
 {
     if (log_reopen(d->set.log_file) != 0)
@@ -122,39 +136,53 @@ static void daemon_reload(kvpd_t *d, int argc, char **argv)
         kvpd_settings_free(&n);
         return;
     }
-    char *old = settings_text(&d->set), *neu = settings_text(&n), restart[512] = "";
+    kvp_status_t st = kvp_node_reconfigure(d->node, &n.cfg);
+    if (st != KVP_OK) {
+        kvpd_log(KVPD_LOG_ERROR, "reload_failed",
+                 "error=\"%s\" note=\"refused whole; running settings kept\"",
+                 kvp_last_error()[0] ? kvp_last_error() : kvp_status_str(st));
+        kvpd_settings_free(&n);
+        return;
+    }
+    char *old = settings_text(&d->set), *neu = settings_text(&n);
+    char restart[512] = "", applied[512] = "";
     for (char *save = NULL, *l = neu ? strtok_r(neu, "\n", &save) : NULL; l;
          l = strtok_r(NULL, "\n", &save)) {
         size_t k = strcspn(l, " ");
-        if (l[0] == ';' || (old && strstr(old, l) != NULL))
+        char name[64];
+        if (l[0] == ';' || (old && has_line(old, l)))
             continue; /* unchanged (or a comment) */
-        if (strncmp(l, "log_level ", 10) == 0 || strncmp(l, "peers ", 6) == 0 ||
-            strncmp(l, "log_file ", 9) == 0)
-            continue;
-        snprintf(restart + strlen(restart), sizeof(restart) - strlen(restart), "%s%.*s",
-                 restart[0] ? "," : "", (int)k, l);
+        snprintf(name, sizeof(name), "%.*s", (int)k, l);
+        char *list = kvpd_option_runtime(name) ? applied : restart;
+        snprintf(list + strlen(list), sizeof(restart) - strlen(list), "%s%s", list[0] ? "," : "",
+                 name);
     }
     free(old);
     free(neu);
+    if (n.psk_len != d->set.psk_len || memcmp(n.psk, d->set.psk, n.psk_len) != 0)
+        snprintf(applied + strlen(applied), sizeof(applied) - strlen(applied), "%spsk(new sessions)",
+                 applied[0] ? "," : "");
     kvpd_log_set_level(n.log_level);
     char *peers_saved = d->set.peers;
     d->set.peers = n.peers; /* add what is new (kvp_peer_add is idempotent) */
     peers_connect(d);
     d->set.peers = peers_saved;
-    kvpd_log(KVPD_LOG_INFO, "reload", "log_level=%s peers=\"%s\"%s%s%s", n.log_level_s,
-             n.peers, restart[0] ? " needs_restart=\"" : "", restart, restart[0] ? "\"" : "");
+    kvpd_log(KVPD_LOG_INFO, "reload", "log_level=%s peers=\"%s\" applied=\"%s\"%s%s%s",
+             n.log_level_s, n.peers, applied, restart[0] ? " needs_restart=\"" : "", restart,
+             restart[0] ? "\"" : "");
     if (restart[0])
         kvpd_log(KVPD_LOG_WARN, "reload_partial",
-                 "changed=\"%s\" note=\"these take effect at the next restart\"", restart);
-    /* keep the new level and the new peer list as the running ones */
-    d->set.log_level = n.log_level;
-    char *tmp = d->set.peers;
-    d->set.peers = n.peers;
-    n.peers = tmp;
-    tmp = d->set.log_level_s;
-    d->set.log_level_s = n.log_level_s;
-    n.log_level_s = tmp;
+                 "needs_restart=\"%s\" note=\"these need a restart: running values unchanged\"",
+                 restart);
+    /* The applied values become the running ones (the next reload compares
+     * against them); the rest keep their running values. */
+    bool new_log = strcmp(n.log_file, d->set.log_file) != 0;
+    kvpd_settings_keep_runtime(&d->set, &n);
+    atomic_store(&d->dead_after_ms, d->set.cfg.dead_after_ms);
     kvpd_settings_free(&n);
+    if (new_log && log_reopen(d->set.log_file) != 0)
+        kvpd_log(KVPD_LOG_ERROR, "log_reopen_failed", "path=%s error=\"%s\"", d->set.log_file,
+                 strerror(errno));
 }
 
 /* Returns the signal that ended the loop. */
@@ -183,6 +211,7 @@ static int main_loop(kvpd_t *d, int sigfd, int argc, char **argv)
 
 static int daemon_start(kvpd_t *d)
 {
+    atomic_store(&d->dead_after_ms, d->set.cfg.dead_after_ms);
     kvp_status_t st = kvp_node_create(&d->set.cfg, &d->node);
     if (st != KVP_OK) {
         kvpd_log(KVPD_LOG_ERROR, "node_create_failed", "listen=%s status=\"%s\"",

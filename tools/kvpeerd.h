@@ -15,6 +15,7 @@
 #include "options.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -45,6 +46,10 @@ typedef struct kvpd {
     kvpd_op_t *ops; /* registered ops (waited for or orphaned) */
     bool stopping;  /* shutdown began: waiters give up */
     int http_active; /* requests inside a handler (graceful HTTP stop) */
+    /* dead_after_ms for /healthz's stall limit: written by the main thread
+     * (start, SIGHUP), read by HTTP threads, so atomic -- `set` is the main
+     * thread's. */
+    _Atomic uint32_t dead_after_ms;
 } kvpd_t;
 
 /* ----------------------------------------------------------------- logging */

@@ -52,7 +52,7 @@ int kvpd_http_param_u64(struct MHD_Connection *c, const char *name, int required
 static int get_healthz(kvpd_t *d, struct MHD_Connection *c, kvpd_buf_t *out)
 {
     uint64_t stall = kvp_node_stall_ms(d->node);
-    uint64_t limit = 4ull * d->set.cfg.dead_after_ms;
+    uint64_t limit = 4ull * atomic_load(&d->dead_after_ms);
     if (limit < 5000)
         limit = 5000;
     if (stall > limit) {

@@ -6,6 +6,7 @@
 #include "metrics.h"
 
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -131,84 +132,95 @@ static void label_value(kvpd_buf_t *b, const char *v)
     }
 }
 
-static void labelled(kvpd_buf_t *b, const char *name, const char *label, const char *const *vals,
-                     const uint64_t *nums, int n)
+static void labelled(kvpd_buf_t *b, const char *name, const char *type, const char *help,
+                     const char *label, const char *const *vals, const uint64_t *nums, int n)
 {
+    family(b, name, type, help);
     for (int i = 0; i < n; i++)
         kvpd_buf_printf(b, "kvpeer_%s{%s=\"%s\"} %llu\n", name, label, vals[i],
                         (unsigned long long)nums[i]);
 }
 
-static void format_store(kvpd_buf_t *b, const kvp_stats_t *st)
+/* One family read from kvp_stats_t: one sample (label NULL, field offs[0])
+ * or one sample per label value (n of them, fields offs[0..n)). */
+typedef struct stat_family {
+    const char *name, *type, *help;
+    const char *label;
+    const char *const *vals;
+    size_t offs[5];
+    int n;
+} stat_family_t;
+
+#define F(f) offsetof(kvp_stats_t, f)
+#define ONE(name, type, field, help) {name, type, help, NULL, NULL, {F(field)}, 1}
+
+static void stat_families(kvpd_buf_t *b, const kvp_stats_t *st, const stat_family_t *fam,
+                          size_t nfam)
 {
-    static const char *const slot_states[] = {"free", "filling", "ready", "quarantined",
-                                              "suspect"};
-    uint64_t slots[] = {st->slots_free, st->slots_filling, st->slots_ready,
-                        st->slots_quarantined, st->slots_suspect};
-    family(b, "slots", "gauge", "Slots of the region by state.");
-    labelled(b, "slots", "state", slot_states, slots, 5);
-    one(b, "pins", "gauge", "Pinned slots (readers and in-flight sources).", st->pins);
-    static const char *const lk[] = {"hit", "miss", "pending"};
-    uint64_t lkv[] = {st->lookups_hit, st->lookups_miss, st->lookups_pending};
-    family(b, "lookups_total", "counter", "Keys looked up on this node, by answer.");
-    labelled(b, "lookups_total", "result", lk, lkv, 3);
-    static const char *const fr[] = {"ok", "failed", "aborted"};
-    uint64_t frv[] = {st->fetches_ok, st->fetches_failed, st->fetches_aborted};
-    family(b, "fetches_total", "counter", "Loads (fetches) by outcome.");
-    labelled(b, "fetches_total", "result", fr, frv, 3);
-    one(b, "evictions_total", "counter", "READY blocks evicted for space.", st->evictions);
+    for (size_t i = 0; i < nfam; i++) {
+        const stat_family_t *f = &fam[i];
+        uint64_t v[5];
+        for (int k = 0; k < f->n; k++)
+            memcpy(&v[k], (const char *)st + f->offs[k], sizeof(v[k]));
+        if (f->label == NULL)
+            one(b, f->name, f->type, f->help, v[0]);
+        else
+            labelled(b, f->name, f->type, f->help, f->label, f->vals, v, f->n);
+    }
 }
 
-static void format_transfers(kvpd_buf_t *b, const kvp_stats_t *st)
-{
-    one(b, "blocks_in_total", "counter", "Blocks received and committed.", st->blocks_in);
-    one(b, "bytes_in_total", "counter", "Bytes received and committed.", st->bytes_in);
-    one(b, "blocks_out_total", "counter", "Blocks sent to peers.", st->blocks_out);
-    one(b, "bytes_out_total", "counter", "Bytes sent to peers.", st->bytes_out);
-    family(b, "transfer_latency_seconds", "summary", "Latency of completed transfers.");
-    kvpd_buf_printf(b, "kvpeer_transfer_latency_seconds_sum %.9f\n",
-                    (double)st->transfer_latency_ns_sum / 1e9);
-    kvpd_buf_printf(b, "kvpeer_transfer_latency_seconds_count %llu\n",
-                    (unsigned long long)st->transfers_done);
-    one(b, "loads_inflight", "gauge", "Loads in flight.", st->loads_inflight);
-}
+static const char *const slot_states[] = {"free", "filling", "ready", "quarantined", "suspect"};
+static const char *const lookup_results[] = {"hit", "miss", "pending"};
+static const char *const fetch_results[] = {"ok", "failed", "aborted"};
+static const char *const session_states[] = {"ready", "handshaking"};
+static const char *const limits[] = {"sessions", "pins", "inflight_bytes", "quarantine",
+                                     "retained"};
 
-static void format_safety(kvpd_buf_t *b, const kvp_stats_t *st)
-{
-    static const char *const ss[] = {"ready", "handshaking"};
-    uint64_t ssv[] = {st->sessions_ready, st->sessions_handshaking};
-    family(b, "sessions", "gauge", "Peer sessions by state.");
-    labelled(b, "sessions", "state", ss, ssv, 2);
-    one(b, "retained_transfers", "gauge", "Transfers held after their session ended.",
-        st->retained_transfers);
-    one(b, "quarantined_slots", "gauge", "Slots held until proof no WRITE can land.",
-        st->quarantined_slots);
-    one(b, "force_releases_total", "counter", "Holds released at the hold cap.",
-        st->force_releases);
-    one(b, "checksum_mismatches_total", "counter", "Blocks whose checksum did not match.",
-        st->checksum_mismatches);
-    one(b, "stale_frames_total", "counter", "Frames of old epochs dropped.", st->stale_frames);
-    one(b, "protocol_errors_total", "counter", "Peers that broke the wire protocol.",
-        st->protocol_errors);
-    one(b, "peers_down_total", "counter", "Sessions that went down.", st->peers_down);
-    one(b, "probations_total", "counter", "Sibling sessions put on probation.", st->probations);
-    static const char *const lim[] = {"sessions", "pins", "inflight_bytes", "quarantine",
-                                      "retained"};
-    uint64_t limv[] = {st->sessions_refused, st->pins_refused, st->fetches_refused_inflight,
-                       st->fetches_refused_quarantine, st->fetches_refused_retained};
-    family(b, "limit_refusals_total", "counter", "Work refused at a resource limit (SPEC 8).");
-    labelled(b, "limit_refusals_total", "limit", lim, limv, 5);
-    one(b, "fetches_queued_total", "counter", "Fetches that waited for the bytes-in-flight budget.",
-        st->fetches_queued);
-    one(b, "pin_leases_renewed_total", "counter", "Lookup pin leases renewed by requesters.",
-        st->leases_renewed);
-    one(b, "pin_leases_expired_total", "counter", "Lookup rounds whose pin lease ran out.",
-        st->leases_expired);
-    one(b, "pin_lease_pins_expired_total", "counter", "Pins released by expired leases.",
-        st->lease_pins_expired);
-    one(b, "fetch_hints_stale_total", "counter", "Hinted fetches answered miss (stale hint).",
-        st->fetch_hints_stale);
-}
+static const stat_family_t store_families[] = {
+    {"slots", "gauge", "Slots of the region by state.", "state", slot_states,
+     {F(slots_free), F(slots_filling), F(slots_ready), F(slots_quarantined), F(slots_suspect)}, 5},
+    ONE("pins", "gauge", pins, "Pinned slots (readers and in-flight sources)."),
+    {"lookups_total", "counter", "Keys looked up on this node, by answer.", "result",
+     lookup_results, {F(lookups_hit), F(lookups_miss), F(lookups_pending)}, 3},
+    {"fetches_total", "counter", "Loads (fetches) by outcome.", "result", fetch_results,
+     {F(fetches_ok), F(fetches_failed), F(fetches_aborted)}, 3},
+    ONE("evictions_total", "counter", evictions, "READY blocks evicted for space."),
+    ONE("blocks_in_total", "counter", blocks_in, "Blocks received and committed."),
+    ONE("bytes_in_total", "counter", bytes_in, "Bytes received and committed."),
+    ONE("blocks_out_total", "counter", blocks_out, "Blocks sent to peers."),
+    ONE("bytes_out_total", "counter", bytes_out, "Bytes sent to peers."),
+};
+
+static const stat_family_t safety_families[] = {
+    ONE("loads_inflight", "gauge", loads_inflight, "Loads in flight."),
+    {"sessions", "gauge", "Peer sessions by state.", "state", session_states,
+     {F(sessions_ready), F(sessions_handshaking)}, 2},
+    ONE("retained_transfers", "gauge", retained_transfers,
+        "Transfers held after their session ended."),
+    ONE("quarantined_slots", "gauge", quarantined_slots,
+        "Slots held until proof no WRITE can land."),
+    ONE("force_releases_total", "counter", force_releases, "Holds released at the hold cap."),
+    ONE("checksum_mismatches_total", "counter", checksum_mismatches,
+        "Blocks whose checksum did not match."),
+    ONE("stale_frames_total", "counter", stale_frames, "Frames of old epochs dropped."),
+    ONE("protocol_errors_total", "counter", protocol_errors,
+        "Peers that broke the wire protocol."),
+    ONE("peers_down_total", "counter", peers_down, "Sessions that went down."),
+    ONE("probations_total", "counter", probations, "Sibling sessions put on probation."),
+    {"limit_refusals_total", "counter", "Work refused at a resource limit (SPEC 8).", "limit",
+     limits, {F(sessions_refused), F(pins_refused), F(fetches_refused_inflight),
+              F(fetches_refused_quarantine), F(fetches_refused_retained)}, 5},
+    ONE("fetches_queued_total", "counter", fetches_queued,
+        "Fetches that waited for the bytes-in-flight budget."),
+    ONE("pin_leases_renewed_total", "counter", leases_renewed,
+        "Lookup pin leases renewed by requesters."),
+    ONE("pin_leases_expired_total", "counter", leases_expired,
+        "Lookup rounds whose pin lease ran out."),
+    ONE("pin_lease_pins_expired_total", "counter", lease_pins_expired,
+        "Pins released by expired leases."),
+    ONE("fetch_hints_stale_total", "counter", fetch_hints_stale,
+        "Hinted fetches answered miss (stale hint)."),
+};
 
 static void format_peers(kvpd_buf_t *b, const kvp_peer_info_t *p, uint32_t n)
 {
@@ -234,9 +246,13 @@ void kvpd_metrics_format(kvpd_buf_t *b, const kvp_stats_t *st, const kvp_peer_in
                          uint32_t npeers)
 {
     one(b, "up", "gauge", "1 while the node is up.", 1);
-    format_store(b, st);
-    format_transfers(b, st);
-    format_safety(b, st);
+    stat_families(b, st, store_families, sizeof(store_families) / sizeof(store_families[0]));
+    family(b, "transfer_latency_seconds", "summary", "Latency of completed transfers.");
+    kvpd_buf_printf(b, "kvpeer_transfer_latency_seconds_sum %.9f\n",
+                    (double)st->transfer_latency_ns_sum / 1e9);
+    kvpd_buf_printf(b, "kvpeer_transfer_latency_seconds_count %llu\n",
+                    (unsigned long long)st->transfers_done);
+    stat_families(b, st, safety_families, sizeof(safety_families) / sizeof(safety_families[0]));
     format_peers(b, peers, npeers);
 }
 
@@ -255,17 +271,16 @@ void kvpd_metrics_format_states(kvpd_buf_t *b, const kvp_peer_state_t *ps, uint3
         if (ps[i].wanted && strcmp(ps[i].state, "ready") != 0)
             wanted_not_ready++;
     }
-    family(b, "peers", "gauge", "Known peers (wanted or with a session) by state.");
-    labelled(b, "peers", "state", states, cnt, 6);
+    labelled(b, "peers", "gauge", "Known peers (wanted or with a session) by state.", "state",
+             states, cnt, 6);
     one(b, "peers_wanted_not_ready", "gauge", "Wanted peers without a ready session.",
         wanted_not_ready);
     static const char *const reasons[] = {"dial_failed", "handshake_timeout", "incompatible",
                                           "auth", "duplicate", "limit", "dead"};
     uint64_t rv[] = {r->dial_failures, r->handshakes_timed_out, r->refused_incompatible,
                      r->refused_auth, r->refused_duplicate, r->refused_limit, r->peers_dead};
-    family(b, "session_failures_total", "counter",
-           "Sessions that did not come up or ended, by reason.");
-    labelled(b, "session_failures_total", "reason", reasons, rv, 7);
+    labelled(b, "session_failures_total", "counter",
+             "Sessions that did not come up or ended, by reason.", "reason", reasons, rv, 7);
     one(b, "dials_total", "counter", "Outbound connection attempts.", r->dials);
 }
 

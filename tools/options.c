@@ -29,6 +29,7 @@ typedef enum opt_type {
 enum {
     F_SIZE = 1,   /* integer accepts K/M/G suffixes (binary) */
     F_NOFILE = 2, /* not allowed in the config file (--config itself) */
+    F_RUNTIME = 4, /* SIGHUP applies it to the running daemon (kvp_node_reconfigure) */
 };
 
 typedef struct opt {
@@ -43,7 +44,7 @@ typedef struct opt {
 
 #define S(f) offsetof(kvpd_settings_t, f)
 #define C(f) offsetof(kvpd_settings_t, cfg.f)
-#define MS(f, lo, doc) {#f, OPT_U32, 0, C(f), lo, UINT32_MAX, NULL, doc}
+#define MS(f, lo, doc) {#f, OPT_U32, F_RUNTIME, C(f), lo, UINT32_MAX, NULL, doc}
 
 static const opt_t opts[] = {
     {"config", OPT_STR, F_NOFILE, S(config), 0, 0, "", "INI config file (flag or KVPEER_CONFIG)"},
@@ -53,23 +54,23 @@ static const opt_t opts[] = {
     {"instance_id", OPT_STR, 0, S(instance_id), 0, 0, "",
      "instance id shared by the ranks of one engine (empty = peer id)"},
     {"name", OPT_STR, 0, S(name), 0, 0, "", "log prefix (empty = peer id)"},
-    {"peers", OPT_STR, 0, S(peers), 0, 0, "", "peers to connect at start, comma list of host:port"},
+    {"peers", OPT_STR, F_RUNTIME, S(peers), 0, 0, "", "peers to connect at start, comma list of host:port"},
     {"http", OPT_STR, 0, S(http), 0, 0, "",
      "HTTP address host:port for /metrics etc. (empty = off, port 0 = ephemeral)"},
     {"admin", OPT_BOOL, 0, S(admin), 0, 1, "false", "serve the /admin/ endpoints (tests, demo)"},
-    {"log_file", OPT_STR, 0, S(log_file), 0, 0, "",
+    {"log_file", OPT_STR, F_RUNTIME, S(log_file), 0, 0, "",
      "append log lines to this file instead of stderr; reopened on SIGHUP"},
     {"ready_file", OPT_STR, 0, S(ready_file), 0, 0, "",
      "write 'peer=<id> http=<host:port>' here once up (empty = none)"},
-    {"log_level", OPT_LEVEL, 0, S(log_level), 0, 0, "info", "error|warn|info|debug|trace or 0..4 (daemon and library)"},
+    {"log_level", OPT_LEVEL, F_RUNTIME, S(log_level), 0, 0, "info", "error|warn|info|debug|trace or 0..4 (daemon and library)"},
     {"transport", OPT_STR, 0, S(transport), 0, 0, "ucx", "data transport (only ucx)"},
     {"num_blocks", OPT_U32, 0, C(num_blocks), 1, 1u << 30, NULL, "slots in the region"},
     {"block_size", OPT_U32, F_SIZE, C(block_size), 1, 1u << 30, NULL,
      "bytes per block, a multiple of the page size (K/M suffixes)"},
     {"compat", OPT_STR, 0, S(compat), 0, 0, "", "compatibility string (fingerprint source)"},
     {"hash_seed", OPT_U64, 0, C(hash_seed), 0, UINT64_MAX, NULL, "checksum/fingerprint seed"},
-    {"psk", OPT_STR, 0, S(psk_hex), 0, 0, "", "pre-shared key, hex (empty = none)"},
-    {"psk_file", OPT_STR, 0, S(psk_file), 0, 0, "", "file holding the pre-shared key (raw bytes)"},
+    {"psk", OPT_STR, F_RUNTIME, S(psk_hex), 0, 0, "", "pre-shared key, hex (empty = none)"},
+    {"psk_file", OPT_STR, F_RUNTIME, S(psk_file), 0, 0, "", "file holding the pre-shared key (raw bytes)"},
     {"verify_checksums", OPT_BOOL8, 0, C(verify_checksums), 0, 1, NULL, "verify block checksums"},
     {"huge_pages", OPT_BOOL8, 0, C(huge_pages), 0, 1, NULL, "map the region with huge pages"},
     MS(heartbeat_ms, 1, "PING interval on idle sessions"),
@@ -87,12 +88,12 @@ static const opt_t opts[] = {
      "re-verify suspect slots on acquire this long (0 = 10 x hold cap)"},
     MS(idle_session_ms, 1, "close sessions with no work"),
     MS(shutdown_drain_ms, 0, "bounded drain at shutdown (rolling restarts)"),
-    {"max_sessions", OPT_U32, 0, C(max_sessions), 1, UINT32_MAX, NULL, "sessions cap"},
+    {"max_sessions", OPT_U32, F_RUNTIME, C(max_sessions), 1, UINT32_MAX, NULL, "sessions cap"},
     {"max_pins", OPT_U32, 0, C(max_pins), 0, UINT32_MAX, NULL, "pins cap (0 = 4 x num_blocks)"},
     {"max_retained", OPT_U32, 0, C(max_retained), 1, UINT32_MAX, NULL, "retained transfers cap"},
-    {"max_quarantined", OPT_U32, 0, C(max_quarantined), 0, UINT32_MAX, NULL,
+    {"max_quarantined", OPT_U32, F_RUNTIME, C(max_quarantined), 0, UINT32_MAX, NULL,
      "quarantined slots cap (0 = 25% of the region)"},
-    {"max_inflight_bytes_per_peer", OPT_U64, F_SIZE, C(max_inflight_bytes_per_peer), 1,
+    {"max_inflight_bytes_per_peer", OPT_U64, F_SIZE | F_RUNTIME, C(max_inflight_bytes_per_peer), 1,
      UINT64_MAX, NULL, "bytes in flight per peer (K/M/G suffixes)"},
     MS(backoff_min_ms, 1, "redial backoff, first"),
     MS(backoff_max_ms, 1, "redial backoff, cap"),
@@ -722,4 +723,36 @@ void kvpd_settings_help(FILE *out)
     fprintf(out, "  --%-28s %s\n", "version", "print the version, exit");
     fprintf(out, "  --%-28s %s\n", "print-config", "print every option's effective value, exit");
     kvpd_settings_free(&d);
+}
+
+bool kvpd_option_runtime(const char *name)
+{
+    const opt_t *o = opt_find(name, strlen(name));
+    return o != NULL && (o->flags & F_RUNTIME);
+}
+
+void kvpd_settings_keep_runtime(kvpd_settings_t *dst, kvpd_settings_t *src)
+{
+    static const size_t width[] = {[OPT_U32] = sizeof(uint32_t), [OPT_U64] = sizeof(uint64_t),
+                                   [OPT_BOOL8] = sizeof(uint8_t), [OPT_BOOL] = sizeof(bool),
+                                   [OPT_LEVEL] = sizeof(int)};
+    for (size_t i = 0; i < N_OPTS; i++) {
+        const opt_t *o = &opts[i];
+        if (!(o->flags & F_RUNTIME))
+            continue;
+        if (o->type == OPT_STR) { /* swap: src frees the old string */
+            char **a = field(dst, o), **b = field(src, o), *t = *a;
+            *a = *b;
+            *b = t;
+        } else {
+            memcpy(field(dst, o), field(src, o), width[o->type]);
+        }
+    }
+    char *t = dst->log_level_s;
+    dst->log_level_s = src->log_level_s;
+    src->log_level_s = t;
+    memcpy(dst->psk, src->psk, sizeof(dst->psk));
+    dst->psk_len = src->psk_len;
+    dst->cfg.psk = dst->psk_len ? dst->psk : NULL;
+    dst->cfg.psk_len = dst->psk_len;
 }

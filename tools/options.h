@@ -76,5 +76,13 @@ int kvpd_settings_load_file(kvpd_settings_t *s, const char *path, FILE *err);
 /* Every option, one "name = value" line (INI syntax; the psk is redacted). */
 void kvpd_settings_print(const kvpd_settings_t *s, FILE *out);
 void kvpd_settings_help(FILE *out);
+/* True if SIGHUP applies option `name` to the running daemon (timings,
+ * limits, the PSK for new sessions, peers, log level and file); false if a
+ * change needs a restart (or `name` is unknown). */
+bool kvpd_option_runtime(const char *name);
+/* After a reload that the node accepted: the runtime options' values of
+ * `src` become `dst`'s (strings swapped: kvpd_settings_free(src) frees the
+ * old ones); the restart-only options of `dst` stay as they run. */
+void kvpd_settings_keep_runtime(kvpd_settings_t *dst, kvpd_settings_t *src);
 
 #endif

@@ -64,6 +64,7 @@ def seeds():
         "ping": frame(PING, epochs(struct.pack("<QQ", 1, 123456789))),
         "pong": frame(PONG, epochs(struct.pack("<QQ", 1, 123456789))),
         "bye": frame(BYE, epochs(struct.pack("<H", 2))),
+        "bye_compat": frame(BYE, epochs(struct.pack("<H", 5) + s8(b"llama-3-8b/bf16/16"))),
         "lookup": lookup(keys),
         "lookup_resp": lookup_resp([1, 0, 1]),
         "fetch": fetch([(k, i * 3, 9) for i, k in enumerate(keys)]),
@@ -89,6 +90,9 @@ def seeds():
         "ping_trailing": frame(PING, epochs(struct.pack("<QQ", 1, 2))[:-1]),
         "hello_ack_big_blob": frame(HELLO_ACK, epochs(DST + struct.pack("<I", 70000))),
         "truncated_header": valid["ping"][:5],
+        "bye_compat_unprintable": frame(BYE, epochs(struct.pack("<H", 5) + s8(b"a\x01b"))),
+        "bye_compat_other_reason": frame(BYE, epochs(struct.pack("<H", 3) + s8(b"x"))),
+        "bye_compat_41": frame(BYE, epochs(struct.pack("<H", 5) + s8(b"c" * 41))),
         "oversized": struct.pack("<IHH", 0x7FFFFFFF, LOOKUP, 0),
     }
     out.update({"bad_" + k: v for k, v in bad.items()})

@@ -353,6 +353,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "kvp_get_log_level": (c_int32, []),
         "kvp_set_log_callback": (None, [LOG_FN, c_void_p]),
         "kvp_peer_wait": (st, [node_p, c_char_p, c_int32]),
+        "kvp_node_reconfigure": (st, [node_p, POINTER(kvp_config_t)]),
         "kvp_node_peer_states": (st, [node_p, POINTER(kvp_peer_state_t), c_uint32, u32p]),
         "kvp_node_refusals": (st, [node_p, POINTER(kvp_refusal_stats_t)]),
     }

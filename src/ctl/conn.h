@@ -86,8 +86,16 @@ kvp_status_t kvp_tcp_listen(kvp_loop_t *loop, const char *addr, size_t wbuf_max,
  * loop. The handler is set before any event can arrive. */
 kvp_status_t kvp_tcp_dial(kvp_loop_t *loop, const char *addr, size_t wbuf_max,
                           const kvp_conn_handler_t *h, void *owner, kvp_conn_t **out);
-/* Parse "host:port" / "[v6]:port" (numeric or resolvable host). */
+/* The same with the address already resolved (sa, sslen); `addr` names it. */
+kvp_status_t kvp_tcp_dial_ss(kvp_loop_t *loop, const void *sa, unsigned sslen, const char *addr,
+                             size_t wbuf_max, const kvp_conn_handler_t *h, void *owner,
+                             kvp_conn_t **out);
+/* Parse "host:port" / "[v6]:port" (numeric or resolvable host: may block in
+ * getaddrinfo). */
 kvp_status_t kvp_tcp_parse_addr(const char *addr, void *ss, unsigned *sslen);
+/* numeric: never resolve; a host name answers KVP_ERR_BUSY (resolve it off
+ * the loop thread, resolve.c). */
+kvp_status_t kvp_tcp_parse_addr_ex(const char *addr, void *ss, unsigned *sslen, bool numeric);
 
 /* Fake backend (conn_fake.c). */
 kvp_status_t kvp_fake_listen(kvp_fake_net_t *net, kvp_loop_t *loop, const char *addr,

@@ -55,6 +55,11 @@ static const kvp_conn_ops_t tcp_ops;
 
 kvp_status_t kvp_tcp_parse_addr(const char *addr, void *ss, unsigned *sslen)
 {
+    return kvp_tcp_parse_addr_ex(addr, ss, sslen, false);
+}
+
+kvp_status_t kvp_tcp_parse_addr_ex(const char *addr, void *ss, unsigned *sslen, bool numeric)
+{
     char host[KVP_WIRE_STR_MAX + 1];
     const char *port;
     if (!addr || strlen(addr) > KVP_WIRE_STR_MAX)
@@ -83,9 +88,18 @@ kvp_status_t kvp_tcp_parse_addr(const char *addr, void *ss, unsigned *sslen)
     memset(&hints, 0, sizeof(hints));
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_NUMERICSERV;
-    if (!*port || getaddrinfo(host[0] ? host : NULL, port, &hints, &res) != 0 || !res)
+    hints.ai_flags = AI_NUMERICSERV | (numeric ? AI_NUMERICHOST : 0);
+    int rc = getaddrinfo(host[0] ? host : NULL, port, &hints, &res);
+    if (rc == EAI_NONAME && numeric && host[0]) {
+        if (res)
+            freeaddrinfo(res);
+        return KVP_ERR_BUSY; /* a name: resolve it with kvp_tcp_parse_addr (blocking) */
+    }
+    if (rc != 0 || !res) {
+        if (res)
+            freeaddrinfo(res);
         return KVP_ERR_INVALID;
+    }
     memcpy(ss, res->ai_addr, res->ai_addrlen);
     *sslen = (unsigned)res->ai_addrlen;
     freeaddrinfo(res);
@@ -350,6 +364,18 @@ kvp_status_t kvp_tcp_dial(kvp_loop_t *loop, const char *addr, size_t wbuf_max,
     kvp_status_t st = kvp_tcp_parse_addr(addr, &ss, &sslen);
     if (st != KVP_OK)
         return st;
+    return kvp_tcp_dial_ss(loop, &ss, sslen, addr, wbuf_max, h, owner, out);
+}
+
+kvp_status_t kvp_tcp_dial_ss(kvp_loop_t *loop, const void *sa, unsigned sslen, const char *addr,
+                             size_t wbuf_max, const kvp_conn_handler_t *h, void *owner,
+                             kvp_conn_t **out)
+{
+    struct sockaddr_storage ss;
+    kvp_status_t st;
+    if (sslen > sizeof(ss))
+        return KVP_ERR_INVALID;
+    memcpy(&ss, sa, sslen);
     int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return KVP_ERR_IO;

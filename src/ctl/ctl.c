@@ -211,7 +211,9 @@ static void ctl_want_arm(ctl_want_t *w)
     kvp_timer_start(ctl->loop, &w->t_redial, kvp_loop_now(ctl->loop) + delay);
 }
 
-static kvp_status_t ctl_dial(kvp_ctl_t *ctl, const char *addr, kvp_link_t **out)
+/* sa: the resolved address (TCP), NULL for the fake network. */
+static kvp_status_t ctl_dial(kvp_ctl_t *ctl, const char *addr, const void *sa, unsigned sslen,
+                             kvp_link_t **out)
 {
     kvp_conn_t *c = NULL;
     kvp_status_t st;
@@ -230,7 +232,8 @@ static kvp_status_t ctl_dial(kvp_ctl_t *ctl, const char *addr, kvp_link_t **out)
                            &ctl_link_handler, NULL, &c);
 #endif
     } else
-        st = kvp_tcp_dial(ctl->loop, addr, ctl->cfg.wbuf_max, &ctl_link_handler, NULL, &c);
+        st = kvp_tcp_dial_ss(ctl->loop, sa, sslen, addr, ctl->cfg.wbuf_max, &ctl_link_handler,
+                             NULL, &c);
     if (st != KVP_OK)
         return st;
     ctl->st.dials++;
@@ -252,13 +255,46 @@ static void ctl_want_failed(ctl_want_t *w, const char *why)
                  w->addr, why, w->failures);
 }
 
+static void ctl_want_dial_done(ctl_want_t *w, kvp_status_t st, kvp_link_t *l);
+
 static void ctl_want_dial(ctl_want_t *w)
 {
     kvp_ctl_t *ctl = w->ctl;
-    kvp_link_t *l;
-    if (ctl_has_link_to(ctl, w->addr))
+    kvp_link_t *l = NULL;
+    if (ctl_has_link_to(ctl, w->addr) || w->resolving)
         return;
-    kvp_status_t st = ctl_dial(ctl, w->addr, &l);
+    kvp_status_t st;
+    if (!ctl->cfg.fake_net) {
+        struct sockaddr_storage ss;
+        unsigned sslen;
+        st = kvp_tcp_parse_addr_ex(w->addr, &ss, &sslen, true);
+        if (st == KVP_ERR_BUSY) { /* a host name: resolved off this thread */
+            if ((st = ctl_resolve_start(ctl, w)) == KVP_OK)
+                return;
+        } else if (st == KVP_OK) {
+            ctl_want_resolved(w, st, &ss, sslen);
+            return;
+        }
+        ctl_want_dial_done(w, st, NULL);
+        return;
+    }
+    st = ctl_dial(ctl, w->addr, NULL, 0, &l);
+    ctl_want_dial_done(w, st, l);
+}
+
+void ctl_want_resolved(ctl_want_t *w, kvp_status_t st, const void *sa, unsigned sslen)
+{
+    kvp_link_t *l = NULL;
+    if (st == KVP_OK && !ctl_has_link_to(w->ctl, w->addr))
+        st = ctl_dial(w->ctl, w->addr, sa, sslen, &l);
+    else if (st == KVP_OK)
+        return; /* a link to it came up meanwhile */
+    ctl_want_dial_done(w, st, l);
+}
+
+static void ctl_want_dial_done(ctl_want_t *w, kvp_status_t st, kvp_link_t *l)
+{
+    kvp_ctl_t *ctl = w->ctl;
     if (st != KVP_OK) {
         ctl_want_failed(w, st == KVP_ERR_INVALID ? "cannot resolve the host name"
                                                  : kvp_status_str(st));
@@ -302,7 +338,15 @@ static void ctl_want_link_gone(kvp_ctl_t *ctl, kvp_link_t *l)
         l->want = NULL;
         if (!l->was_ready) { /* a failed attempt: back off further */
             char why[128];
-            if (l->down_reason == KVP_DOWN_BYE)
+            if (l->peer_compat[0])
+                snprintf(why, sizeof(why), "compat mismatch: ours '%s', peer's '%s'",
+                         ctl->compat, l->peer_compat);
+            else if (l->down_reason == KVP_DOWN_INCOMPATIBLE && l->have_peer &&
+                     l->peer.fingerprint != ctl->cfg.fingerprint)
+                snprintf(why, sizeof(why), "compat mismatch: ours '%s', peer's fingerprint "
+                         "%016llx (it sent no string)", ctl->compat,
+                         (unsigned long long)l->peer.fingerprint);
+            else if (l->down_reason == KVP_DOWN_BYE)
                 snprintf(why, sizeof(why), "refused by the peer: %s",
                          kvp_bye_reason_str(l->down_bye));
             else if (l->down_reason == KVP_DOWN_EOF && l->have_peer)
@@ -373,6 +417,7 @@ kvp_status_t kvp_ctl_want(kvp_ctl_t *ctl, const char *addr)
 static void ctl_want_free(kvp_ctl_t *ctl, ctl_want_t *w)
 {
     kvp_timer_stop(ctl->loop, &w->t_redial);
+    ctl_resolve_forget(w);
     if (w->link)
         w->link->want = NULL;
     kvp_list_remove(&w->node);
@@ -432,6 +477,21 @@ static void ctl_apply_defaults(kvp_ctl_config_t *c)
         c->wbuf_max = 64u << 20;
 }
 
+void kvp_ctl_reconfigure(kvp_ctl_t *ctl, const kvp_ctl_config_t *c)
+{
+    kvp_ctl_config_t n = ctl->cfg;
+    n.heartbeat_ns = c->heartbeat_ns;
+    n.dead_after_ns = c->dead_after_ns;
+    n.handshake_timeout_ns = c->handshake_timeout_ns;
+    n.backoff_min_ns = c->backoff_min_ns;
+    n.backoff_max_ns = c->backoff_max_ns;
+    n.max_sessions = c->max_sessions;
+    n.psk = c->psk_len ? c->psk : NULL;
+    n.psk_len = c->psk_len;
+    ctl_apply_defaults(&n);
+    ctl->cfg = n;
+}
+
 static kvp_status_t ctl_check_config(const kvp_ctl_config_t *c)
 {
     if (!c->loop || !c->block_size || !c->num_blocks || c->blob_len > KVP_WIRE_BLOB_MAX ||
@@ -474,6 +534,8 @@ static void ctl_set_ids(kvp_ctl_t *ctl, const kvp_ctl_config_t *cfg)
              cfg->instance_id ? cfg->instance_id : ctl->peer_id);
     ctl->cfg.peer_id = ctl->peer_id;
     ctl->cfg.instance_id = ctl->instance_id;
+    kvp_wire_compat_for_bye(cfg->compat, ctl->compat);
+    ctl->cfg.compat = ctl->compat;
     snprintf(ctl->prefix, sizeof(ctl->prefix), "%.63s",
              cfg->log_prefix ? cfg->log_prefix : ctl->peer_id);
     ctl->cfg.log_prefix = ctl->prefix;
@@ -530,6 +592,7 @@ void kvp_ctl_destroy(kvp_ctl_t *ctl)
         return;
     while (!kvp_list_empty(&ctl->wants))
         ctl_want_free(ctl, KVP_CONTAINER_OF(ctl->wants.next, ctl_want_t, node));
+    ctl_resolve_destroy(ctl);
     while (!kvp_list_empty(&ctl->links)) {
         kvp_link_t *l = KVP_CONTAINER_OF(ctl->links.next, kvp_link_t, node);
         l->was_ready = false; /* destroy: no callbacks */

@@ -132,6 +132,10 @@ typedef struct kvp_ctl_config {
     const char *listen_addr; /* "host:port" (port 0 = ephemeral), IPv4 or [IPv6]; NULL = no listener */
     uint32_t num_blocks, block_size;
     uint64_t fingerprint, hash_seed;
+    /* Our compatibility string (its hash is `fingerprint`), NULL = "": only
+     * for the operator -- a refusal over the fingerprint names both strings
+     * (BYE INCOMPATIBLE of wire minor 1). Copied (bounded, see wire.h). */
+    const char *compat;
     const uint8_t *psk; /* pre-shared key or NULL; borrowed */
     size_t psk_len;
     const void *blob;   /* our data-transport blob; borrowed for the ctl's lifetime */
@@ -206,6 +210,12 @@ void kvp_link_set_user(kvp_link_t *link, void *user);
 void *kvp_link_user(const kvp_link_t *link);
 
 void kvp_ctl_get_stats(const kvp_ctl_t *ctl, kvp_ctl_stats_t *st);
+/* At run time: take the timing, backoff, session cap and PSK of `c` (the
+ * other fields are ignored; zero timings get the defaults). Links already
+ * up keep running and use the new timings from their next timer arm; the
+ * PSK (borrowed like at create) counts for handshakes that start afterwards
+ * -- one in AUTH already may fail and be redialled. */
+void kvp_ctl_reconfigure(kvp_ctl_t *ctl, const kvp_ctl_config_t *c);
 
 /* --- additions (ctl layer) --- */
 /* The READY link whose peer id is `peer_id`, or NULL. Borrowed: valid until

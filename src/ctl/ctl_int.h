@@ -22,6 +22,9 @@
 
 #include "ctl/conn.h"
 
+#include <pthread.h>
+#include <sys/socket.h>
+
 typedef enum link_state {
     LINK_CONNECTING, /* outbound connect in progress; nothing sent */
     LINK_HELLO,      /* our HELLO sent; waiting for the peer's */
@@ -33,6 +36,8 @@ typedef enum link_state {
 } link_state_t;
 
 typedef struct ctl_want ctl_want_t;
+typedef struct ctl_resolve_req ctl_resolve_req_t;
+typedef struct ctl_resolver ctl_resolver_t;
 
 /* A frame queued before the link was ready: encoded with our epoch as a
  * placeholder target epoch, patched at flush. Owned by the link. */
@@ -53,6 +58,12 @@ struct kvp_link {
     link_state_t state;
     bool outbound, have_peer, peer_acked, was_ready;
     bool claim_started, claim_ping_pending;
+    /* Refused over the fingerprint a peer of wire minor >= 1: our BYE with
+     * our compat string is out, the link waits (handshake timeout) for the
+     * peer's BYE with its string so the log can name both. */
+    bool compat_wait;
+    bool bye_out; /* that BYE was written: close gracefully so it gets out */
+    char peer_compat[KVP_WIRE_COMPAT_MAX + 1]; /* from the peer's BYE, "" = none */
     kvp_msg_hello_t peer; /* the peer's HELLO, valid once have_peer */
     kvp_epoch_t local_epoch, remote_epoch;
     uint8_t nonce[KVP_WIRE_NONCE_LEN];
@@ -85,6 +96,7 @@ struct ctl_want {
      * ready link, and why the last one failed */
     uint32_t failures;
     char last_error[128];
+    ctl_resolve_req_t *resolving; /* its host name is being resolved (resolve.c) */
 };
 
 /* Ownership: created by kvp_ctl_create, freed by kvp_ctl_destroy; the config
@@ -92,6 +104,7 @@ struct ctl_want {
 struct kvp_ctl {
     kvp_ctl_config_t cfg; /* defaults applied; string fields point at the copies below */
     char peer_id[KVP_WIRE_STR_MAX + 1], instance_id[KVP_WIRE_STR_MAX + 1];
+    char compat[KVP_WIRE_COMPAT_MAX + 1]; /* the form a BYE carries */
     char prefix[64];
     kvp_loop_t *loop;
     kvp_listener_t *listener;
@@ -109,6 +122,7 @@ struct kvp_ctl {
     kvp_ratelimit_t rl_limit; /* refusals at max_sessions */
     kvp_ratelimit_t rl_refuse; /* handshakes refused or timed out (any peer can cause them) */
     const kvp_conn_handler_t *handler;
+    ctl_resolver_t *resolver; /* started at the first host name to resolve */
 };
 
 static inline uint64_t ctl_link_now(const kvp_link_t *l)
@@ -123,6 +137,11 @@ void ctl_link_send_ctl(kvp_link_t *l, kvp_msg_t *m);
 /* Refuse during the handshake: count, BYE, no callback (never ready). */
 void ctl_link_refuse(kvp_link_t *l, kvp_down_reason_t reason, uint16_t bye, uint64_t *counter);
 void ctl_link_protocol_error(kvp_link_t *l, const char *why);
+/* BYE INCOMPATIBLE carrying our compat string (peer of wire minor >= 1). */
+void ctl_link_send_bye_compat(kvp_link_t *l);
+/* compat_wait ends (the peer's BYE, its EOF or the handshake timeout): log
+ * the refusal naming what we know and take the link down INCOMPATIBLE. */
+void ctl_hs_compat_refused(kvp_link_t *l);
 void ctl_link_become_ready(kvp_link_t *l);
 kvp_status_t ctl_link_new(kvp_ctl_t *ctl, kvp_conn_t *conn, bool outbound, const char *addr,
                           kvp_link_t **out);
@@ -139,6 +158,13 @@ void ctl_hs_on_ack(kvp_link_t *l, const kvp_msg_hello_ack_t *a);
 void ctl_hs_send_ack(kvp_link_t *l);
 /* A HELLO of another wire major: refuse it cleanly. False if not that case. */
 bool ctl_hs_refuse_version(kvp_link_t *l, const uint8_t *frame, size_t len);
+
+/* resolve.c: host names resolved off the loop thread */
+kvp_status_t ctl_resolve_start(kvp_ctl_t *ctl, ctl_want_t *w);
+void ctl_resolve_forget(ctl_want_t *w); /* the want goes away */
+void ctl_resolve_destroy(kvp_ctl_t *ctl);
+/* ctl.c: a want's name resolved (st KVP_OK: dial sa) or not */
+void ctl_want_resolved(ctl_want_t *w, kvp_status_t st, const void *sa, unsigned sslen);
 
 /* ctl.c */
 void ctl_schedule_reap(kvp_ctl_t *ctl);

@@ -75,7 +75,7 @@ static void link_send_auth(kvp_link_t *l)
 static bool link_validate(kvp_link_t *l, const kvp_msg_hello_t *h)
 {
     kvp_ctl_t *ctl = l->ctl;
-    char why[160];
+    char why[224];
     why[0] = '\0';
     if (h->major != KVP_WIRE_MAJOR)
         snprintf(why, sizeof(why), "wire major version (ours %u, theirs %u)", KVP_WIRE_MAJOR,
@@ -83,9 +83,18 @@ static bool link_validate(kvp_link_t *l, const kvp_msg_hello_t *h)
     else if (h->block_size != ctl->cfg.block_size)
         snprintf(why, sizeof(why), "block_size (ours %u, theirs %u)", ctl->cfg.block_size,
                  h->block_size);
-    else if (h->fingerprint != ctl->cfg.fingerprint)
-        snprintf(why, sizeof(why), "config fingerprint (ours %016llx, theirs %016llx)",
-                 (unsigned long long)ctl->cfg.fingerprint, (unsigned long long)h->fingerprint);
+    else if (h->fingerprint != ctl->cfg.fingerprint && h->minor >= 1) {
+        /* Both sides see the mismatch; each sends its string in its BYE and
+         * waits for the other's, so both logs name both strings. */
+        ctl->st.refused_incompatible++;
+        l->compat_wait = true;
+        ctl_link_send_bye_compat(l);
+        return false;
+    } else if (h->fingerprint != ctl->cfg.fingerprint)
+        snprintf(why, sizeof(why), "compat string: ours '%s' (fingerprint %016llx), theirs "
+                 "fingerprint %016llx (wire minor %u sends no string)", ctl->compat,
+                 (unsigned long long)ctl->cfg.fingerprint, (unsigned long long)h->fingerprint,
+                 h->minor);
     else if (h->hash_seed != ctl->cfg.hash_seed)
         snprintf(why, sizeof(why), "hash seed (ours %016llx, theirs %016llx)",
                  (unsigned long long)ctl->cfg.hash_seed, (unsigned long long)h->hash_seed);
@@ -105,6 +114,24 @@ static bool link_validate(kvp_link_t *l, const kvp_msg_hello_t *h)
         return false;
     }
     return true;
+}
+
+void ctl_hs_compat_refused(kvp_link_t *l)
+{
+    kvp_ctl_t *ctl = l->ctl;
+    l->compat_wait = false;
+    if (l->peer_compat[0])
+        CTL_LOG_REFUSED(l, KVP_LOG_ERROR, "peer %s: compat mismatch: ours '%s', peer's '%s' "
+                        "(fingerprints %016llx, %016llx): refused", l->peer_id, ctl->compat,
+                        l->peer_compat, (unsigned long long)ctl->cfg.fingerprint,
+                        (unsigned long long)l->peer.fingerprint);
+    else
+        CTL_LOG_REFUSED(l, KVP_LOG_ERROR, "peer %s: compat mismatch: ours '%s' (fingerprint "
+                        "%016llx), peer's fingerprint %016llx (its string did not arrive): "
+                        "refused", l->peer_id, ctl->compat,
+                        (unsigned long long)ctl->cfg.fingerprint,
+                        (unsigned long long)l->peer.fingerprint);
+    ctl_link_down(l, KVP_DOWN_INCOMPATIBLE, -1, true);
 }
 
 static size_t ctl_count_sessions(const kvp_ctl_t *ctl)

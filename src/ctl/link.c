@@ -71,6 +71,16 @@ static void link_send_bye(kvp_link_t *l, uint16_t reason)
     (void)link_write(l, &m);
 }
 
+void ctl_link_send_bye_compat(kvp_link_t *l)
+{
+    kvp_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.type = KVP_MSG_BYE;
+    m.u.bye.reason = KVP_BYE_INCOMPATIBLE;
+    snprintf(m.u.bye.compat, sizeof(m.u.bye.compat), "%s", l->ctl->compat);
+    l->bye_out = link_write(l, &m) == KVP_OK;
+}
+
 static void link_send_ping(kvp_link_t *l, uint16_t type, uint64_t seq, uint64_t sent_ns)
 {
     kvp_msg_t m;
@@ -199,7 +209,7 @@ void ctl_link_down(kvp_link_t *l, kvp_down_reason_t reason, int bye, bool fault)
         sent_bye = true;
     }
     if (l->conn) {
-        l->conn->ops->close(l->conn, sent_bye);
+        l->conn->ops->close(l->conn, sent_bye || l->bye_out);
         l->conn = NULL;
     }
     kvp_timer_stop(ctl->loop, &l->t_handshake);
@@ -267,6 +277,10 @@ static void link_on_dead(kvp_timer_t *t)
 static void link_on_handshake_timeout(kvp_timer_t *t)
 {
     kvp_link_t *l = t->data;
+    if (l->compat_wait) { /* refused already; the peer's string never came */
+        ctl_hs_compat_refused(l);
+        return;
+    }
     l->ctl->st.handshakes_timed_out++;
     CTL_LOG_REFUSED(l, KVP_LOG_WARN, "peer %s: handshake not complete after %llu ms (%s): closed",
              l->peer_id, (unsigned long long)(l->ctl->cfg.handshake_timeout_ns / KVP_NSEC_PER_MSEC),
@@ -337,8 +351,15 @@ static void link_on_pong(kvp_link_t *l, const kvp_msg_ping_t *p)
         l->ctl->cfg.cb.on_pong(l->ctl->cfg.cb.arg, l, l->rtt_ns);
 }
 
-static void link_on_bye(kvp_link_t *l, uint16_t reason)
+static void link_on_bye(kvp_link_t *l, const kvp_msg_bye_t *b)
 {
+    uint16_t reason = b->reason;
+    if (b->compat[0])
+        snprintf(l->peer_compat, sizeof(l->peer_compat), "%s", b->compat);
+    if (l->compat_wait) {
+        ctl_hs_compat_refused(l);
+        return;
+    }
     bool fault = kvp_bye_reason_is_fault(reason);
     KVP_LOG(fault && l->state == LINK_READY ? KVP_LOG_WARN : KVP_LOG_INFO, l->ctl->prefix,
             "peer %s: BYE %s", l->peer_id, kvp_bye_reason_str(reason));
@@ -372,10 +393,12 @@ static void link_dispatch(kvp_link_t *l, const kvp_msg_t *m)
         ctl->st.stale_frames++; /* another incarnation's frame: dropped before any effect */
         return;
     }
+    if (l->compat_wait && m->type != KVP_MSG_BYE)
+        return; /* refused: only the peer's BYE still matters */
     switch (m->type) {
     case KVP_MSG_AUTH: ctl_hs_on_auth(l, &m->u.auth); return;
     case KVP_MSG_HELLO_ACK: ctl_hs_on_ack(l, &m->u.hello_ack); return;
-    case KVP_MSG_BYE: link_on_bye(l, m->u.bye.reason); return;
+    case KVP_MSG_BYE: link_on_bye(l, &m->u.bye); return;
     default: break;
     }
     if (l->state != LINK_READY) {
@@ -448,6 +471,10 @@ static void link_on_closed(kvp_conn_t *c, kvp_status_t why)
 {
     kvp_link_t *l = c->owner;
     kvp_ctl_t *ctl = l->ctl;
+    if (l->compat_wait) {
+        ctl_hs_compat_refused(l);
+        return;
+    }
     if (l->state == LINK_CONNECTING) {
         ctl->st.dial_failures++;
         KVP_DEBUG(ctl->prefix, "dial %s failed", l->peer_id);

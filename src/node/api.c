@@ -9,6 +9,7 @@
 #include "node/events.h"
 
 #include <errno.h>
+#include <sodium.h>
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
@@ -78,6 +79,78 @@ KVP_EXPORT kvp_status_t kvp_node_progress(kvp_node_t *n, int32_t timeout_ms)
     return kvp__node_progress(n, timeout_ms);
 }
 
+/* ---------------------------------------------------------- reconfigure */
+
+typedef struct reconf_args {
+    const kvp_config_t *cfg;
+    uint8_t *psk; /* the new key's copy (owned until swapped in) */
+} reconf_args_t;
+
+/* On the owner thread: the new values in n->cfg (read when each timer is
+ * armed) and in the ctl; the old key's copy is wiped and freed here, the new
+ * one then belongs to the node (freed by node_free). */
+static kvp_status_t do_reconfigure(kvp_node_t *n, void *arg)
+{
+    reconf_args_t *a = arg;
+    const kvp_config_t *c = a->cfg;
+    kvp_config_t *k = &n->cfg;
+    k->heartbeat_ms = c->heartbeat_ms;
+    k->dead_after_ms = c->dead_after_ms;
+    k->handshake_timeout_ms = c->handshake_timeout_ms;
+    k->lookup_pending_ms = c->lookup_pending_ms;
+    k->supply_pin_ms = c->supply_pin_ms;
+    k->pin_lease_ms = c->pin_lease_ms;
+    k->load_timeout_ms = c->load_timeout_ms;
+    k->abort_resend_ms = c->abort_resend_ms;
+    k->abort_ack_timeout_ms = c->abort_ack_timeout_ms;
+    k->parked_demand_ms = c->parked_demand_ms;
+    k->hold_cap_ms = c->hold_cap_ms;
+    k->idle_session_ms = c->idle_session_ms;
+    k->shutdown_drain_ms = c->shutdown_drain_ms;
+    k->backoff_min_ms = c->backoff_min_ms;
+    k->backoff_max_ms = c->backoff_max_ms;
+    k->max_sessions = c->max_sessions;
+    k->max_quarantined = c->max_quarantined ? c->max_quarantined : KVP_MAX(k->num_blocks / 4, 1);
+    k->max_inflight_bytes_per_peer = c->max_inflight_bytes_per_peer;
+    if (n->psk_copy)
+        sodium_memzero(n->psk_copy, k->psk_len);
+    kvp__free(n->psk_copy);
+    n->psk_copy = a->psk;
+    a->psk = NULL;
+    k->psk = n->psk_copy;
+    k->psk_len = n->psk_copy ? c->psk_len : 0;
+    kvp_ctl_config_t cc = {0};
+    kvp__node_ctl_runtime(k, &cc);
+    kvp_ctl_reconfigure(n->ctl, &cc);
+    KVP_INFO(n->name, "reconfigured: heartbeat %u ms, dead after %u ms, load timeout %u ms, "
+             "hold cap %u ms, idle %u ms, max sessions %u, psk %s",
+             k->heartbeat_ms, k->dead_after_ms, k->load_timeout_ms, k->hold_cap_ms,
+             k->idle_session_ms, k->max_sessions, k->psk_len ? "set" : "none");
+    return KVP_OK;
+}
+
+KVP_EXPORT kvp_status_t kvp_node_reconfigure(kvp_node_t *n, const kvp_config_t *cfg)
+{
+    if (n == NULL || cfg == NULL)
+        return KVP_ERR_INVALID;
+    kvp__clear_last_error();
+    kvp_status_t st = kvp__config_check_runtime(cfg);
+    if (st != KVP_OK)
+        return st;
+    reconf_args_t a = {cfg, NULL};
+    if (cfg->psk_len) { /* cfg's buffers are borrowed for this call only */
+        if ((a.psk = kvp__malloc(cfg->psk_len)) == NULL)
+            return KVP_ERR_NOMEM;
+        memcpy(a.psk, cfg->psk, cfg->psk_len);
+    }
+    st = kvp__node_exec(n, do_reconfigure, &a);
+    if (a.psk) { /* not taken: the node is going down */
+        sodium_memzero(a.psk, cfg->psk_len);
+        kvp__free(a.psk);
+    }
+    return st;
+}
+
 /* --------------------------------------------------------------- peers */
 
 static kvp_status_t do_peer_add(kvp_node_t *n, void *arg)
@@ -116,6 +189,21 @@ static kvp_status_t do_peer_state(kvp_node_t *n, void *arg)
     return kvp_ctl_link_pending(n->ctl, arg) != NULL ? KVP_ERR_TIMEOUT : KVP_ERR_UNREACHABLE;
 }
 
+/* One step of a bounded wait for the owner thread's progress (at most 5 ms,
+ * not past `deadline` on the real clock): run a round ourselves in
+ * caller-driven mode, else sleep while the node thread works. */
+static void node_wait_step(kvp_node_t *n, uint64_t deadline)
+{
+    uint64_t now = kvp_clock_now(kvp_clock_real());
+    int left = now >= deadline ? 0 : (int)KVP_MIN((deadline - now) / KVP_NSEC_PER_MSEC + 1, 5);
+    if (!n->thread_running) {
+        kvp__node_progress(n, left);
+    } else {
+        struct timespec ts = {0, (long)left * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
 KVP_EXPORT kvp_status_t kvp_peer_wait(kvp_node_t *n, const char *addr, int32_t timeout_ms)
 {
     if (n == NULL || check_peer(addr) != KVP_OK || timeout_ms < 0)
@@ -126,16 +214,9 @@ KVP_EXPORT kvp_status_t kvp_peer_wait(kvp_node_t *n, const char *addr, int32_t t
         kvp_status_t st = kvp__node_exec(n, do_peer_state, (void *)addr);
         if (st == KVP_OK)
             return KVP_OK;
-        uint64_t now = kvp_clock_now(real);
-        if (now >= deadline)
+        if (kvp_clock_now(real) >= deadline)
             return st;
-        int left = (int)KVP_MIN((deadline - now) / KVP_NSEC_PER_MSEC + 1, 5);
-        if (!n->thread_running) {
-            kvp__node_progress(n, left);
-        } else {
-            struct timespec ts = {0, (long)left * 1000000L};
-            nanosleep(&ts, NULL);
-        }
+        node_wait_step(n, deadline);
     }
 }
 
@@ -254,7 +335,19 @@ KVP_EXPORT kvp_status_t kvp_release(kvp_node_t *n, const kvp_block_t *b)
 
 /* ------------------------------------------------------------- remote */
 
-typedef struct remote_args {
+typedef struct remote_args remote_args_t;
+
+/* One remote call on the owner thread: the client function, whether it
+ * takes an op id (it completes through an event) and whether it leaves
+ * frames for the session's flush. */
+typedef struct remote_call {
+    kvp_status_t (*fn)(kvp_session_t *s, uint64_t op_id, const remote_args_t *a);
+    bool takes_op;
+    bool flush;
+} remote_call_t;
+
+struct remote_args {
+    const remote_call_t *call;
     const char *peer;
     uint64_t request_id;
     const uint8_t *keys;
@@ -264,13 +357,19 @@ typedef struct remote_args {
     uint8_t *results;
     int32_t *block_status;
     uint64_t op_id;
-} remote_args_t;
+    uint64_t wait_ms; /* set with UNREACHABLE: the peer is dialing, worth this wait */
+};
 
-/* The session to use, or why there is none (the caller sees a MISS). */
-static kvp_status_t remote_session(kvp_node_t *n, const char *peer, kvp_session_t **out)
+/* The session to use, or why there is none (the caller sees a MISS). A
+ * peer whose connection or handshake is in progress (just added, or
+ * redialling) sets *wait_ms: the caller waits that long for it (remote_exec). */
+static kvp_status_t remote_session(kvp_node_t *n, const char *peer, kvp_session_t **out,
+                                   uint64_t *wait_ms)
 {
     kvp_session_t *s = kvp__node_find_session(n, peer);
     if (s == NULL || !kvp__session_open(s)) {
+        if (kvp_ctl_link_pending(n->ctl, peer) != NULL)
+            *wait_ms = KVP_MIN(n->cfg.handshake_timeout_ms, n->cfg.dead_after_ms);
         kvp_ctl_want(n->ctl, peer); /* work for a peer: (re)dial with backoff */
         return KVP_ERR_UNREACHABLE;
     }
@@ -280,64 +379,77 @@ static kvp_status_t remote_session(kvp_node_t *n, const char *peer, kvp_session_
     return KVP_OK;
 }
 
-static kvp_status_t do_lookup(kvp_node_t *n, void *arg)
+/* Every remote call has this shape: the session, an op id, the client call,
+ * the flush queued. */
+static kvp_status_t do_remote(kvp_node_t *n, void *arg)
 {
     remote_args_t *a = arg;
     kvp_session_t *s;
-    kvp_status_t st = remote_session(n, a->peer, &s);
+    kvp_status_t st = remote_session(n, a->peer, &s, &a->wait_ms);
     if (st != KVP_OK)
         return st;
-    uint64_t id = n->next_op_id++;
-    st = kvp__client_lookup(s, id, a->request_id, a->keys, a->lens, a->n, a->results);
+    uint64_t id = a->call->takes_op ? n->next_op_id++ : 0;
+    st = a->call->fn(s, id, a);
     if (st != KVP_OK)
         return st;
-    if (!kvp_list_linked(&s->flush_link))
+    if (a->call->flush && !kvp_list_linked(&s->flush_link))
         kvp_list_insert_tail(&n->flushq, &s->flush_link);
     a->op_id = id;
     return KVP_OK;
 }
 
-static kvp_status_t do_lookup_prefix(kvp_node_t *n, void *arg)
+/* Run a remote call; while the peer is dialing (a connection or handshake
+ * in progress), wait for its session -- at most min(handshake_timeout_ms,
+ * dead_after_ms) from the first try -- then run it, so a lookup right after
+ * kvp_peer_add works. Only with the node's own thread: in caller-driven mode
+ * the embedding drives progress and an API call never blocks (it answers
+ * UNREACHABLE; kvp_peer_wait or KVP_EV_PEER_UP say when to retry). A peer
+ * that is unknown, failed (redial pending), on probation or closing answers
+ * KVP_ERR_UNREACHABLE at once. */
+static kvp_status_t remote_exec(kvp_node_t *n, remote_args_t *a)
 {
-    remote_args_t *a = arg;
-    kvp_session_t *s;
-    kvp_status_t st = remote_session(n, a->peer, &s);
-    if (st != KVP_OK)
-        return st;
-    uint64_t id = n->next_op_id++;
-    st = kvp__client_lookup_prefix(s, id, a->request_id, a->keys, a->lens, a->n, a->results);
-    if (st != KVP_OK)
-        return st;
-    if (!kvp_list_linked(&s->flush_link))
-        kvp_list_insert_tail(&n->flushq, &s->flush_link);
-    a->op_id = id;
-    return KVP_OK;
+    const kvp_clock_t *real = kvp_clock_real();
+    uint64_t deadline = 0;
+    for (;;) {
+        a->wait_ms = 0;
+        kvp_status_t st = kvp__node_exec(n, do_remote, a);
+        if (st != KVP_ERR_UNREACHABLE || a->wait_ms == 0 || !n->thread_running)
+            return st;
+        uint64_t now = kvp_clock_now(real);
+        if (deadline == 0)
+            deadline = now + a->wait_ms * KVP_NSEC_PER_MSEC;
+        if (now >= deadline)
+            return st;
+        node_wait_step(n, deadline);
+    }
 }
 
-static kvp_status_t do_lease_renew(kvp_node_t *n, void *arg)
+static kvp_status_t call_lookup(kvp_session_t *s, uint64_t id, const remote_args_t *a)
 {
-    remote_args_t *a = arg;
-    kvp_session_t *s;
-    kvp_status_t st = remote_session(n, a->peer, &s);
-    if (st != KVP_OK)
-        return st;
+    return kvp__client_lookup(s, id, a->request_id, a->keys, a->lens, a->n, a->results);
+}
+
+static kvp_status_t call_lookup_prefix(kvp_session_t *s, uint64_t id, const remote_args_t *a)
+{
+    return kvp__client_lookup_prefix(s, id, a->request_id, a->keys, a->lens, a->n, a->results);
+}
+
+static kvp_status_t call_lease_renew(kvp_session_t *s, uint64_t id, const remote_args_t *a)
+{
+    (void)id;
     return kvp__client_lease_renew(s, a->request_id);
 }
 
-static kvp_status_t do_fetch(kvp_node_t *n, void *arg)
+static kvp_status_t call_fetch(kvp_session_t *s, uint64_t id, const remote_args_t *a)
 {
-    remote_args_t *a = arg;
-    kvp_session_t *s;
-    kvp_status_t st = remote_session(n, a->peer, &s);
-    if (st != KVP_OK)
-        return st;
-    uint64_t id = n->next_op_id++;
-    st = kvp__client_fetch(s, id, a->request_id, a->keys, a->lens, a->n, a->flags,
-                           a->block_status);
-    if (st == KVP_OK)
-        a->op_id = id;
-    return st;
+    return kvp__client_fetch(s, id, a->request_id, a->keys, a->lens, a->n, a->flags,
+                             a->block_status);
 }
+
+static const remote_call_t CALL_LOOKUP = {call_lookup, true, true};
+static const remote_call_t CALL_LOOKUP_PREFIX = {call_lookup_prefix, true, true};
+static const remote_call_t CALL_LEASE_RENEW = {call_lease_renew, false, false};
+static const remote_call_t CALL_FETCH = {call_fetch, true, false};
 
 static kvp_status_t check_remote(kvp_node_t *n, const char *peer, const uint8_t *keys,
                                  const uint32_t *lens, uint32_t cnt, const uint64_t *op_id)
@@ -357,8 +469,8 @@ KVP_EXPORT kvp_status_t kvp_lookup(kvp_node_t *n, const char *peer, uint64_t req
 {
     if (check_remote(n, peer, keys, key_lens, cnt, op_id) != KVP_OK || results == NULL)
         return KVP_ERR_INVALID;
-    remote_args_t a = {peer, request_id, keys, key_lens, cnt, 0, results, NULL, 0};
-    kvp_status_t st = kvp__node_exec(n, do_lookup, &a);
+    remote_args_t a = {&CALL_LOOKUP, peer, request_id, keys, key_lens, cnt, 0, results, NULL, 0, 0};
+    kvp_status_t st = remote_exec(n, &a);
     if (st == KVP_OK)
         *op_id = a.op_id;
     return st;
@@ -370,8 +482,9 @@ KVP_EXPORT kvp_status_t kvp_lookup_prefix(kvp_node_t *n, const char *peer, uint6
 {
     if (check_remote(n, peer, keys, key_lens, cnt, op_id) != KVP_OK)
         return KVP_ERR_INVALID;
-    remote_args_t a = {peer, request_id, keys, key_lens, cnt, 0, results, NULL, 0};
-    kvp_status_t st = kvp__node_exec(n, do_lookup_prefix, &a);
+    remote_args_t a = {&CALL_LOOKUP_PREFIX, peer, request_id, keys, key_lens, cnt, 0, results,
+                       NULL, 0, 0};
+    kvp_status_t st = remote_exec(n, &a);
     if (st == KVP_OK)
         *op_id = a.op_id;
     return st;
@@ -381,8 +494,8 @@ KVP_EXPORT kvp_status_t kvp_lease_renew(kvp_node_t *n, const char *peer, uint64_
 {
     if (n == NULL || check_peer(peer) != KVP_OK)
         return KVP_ERR_INVALID;
-    remote_args_t a = {peer, request_id, NULL, NULL, 0, 0, NULL, NULL, 0};
-    return kvp__node_exec(n, do_lease_renew, &a);
+    remote_args_t a = {&CALL_LEASE_RENEW, peer, request_id, NULL, NULL, 0, 0, NULL, NULL, 0, 0};
+    return remote_exec(n, &a);
 }
 
 KVP_EXPORT kvp_status_t kvp_fetch(kvp_node_t *n, const char *peer, uint64_t request_id,
@@ -393,8 +506,9 @@ KVP_EXPORT kvp_status_t kvp_fetch(kvp_node_t *n, const char *peer, uint64_t requ
     if (check_remote(n, peer, keys, key_lens, cnt, op_id) != KVP_OK || (flags & ~known) ||
         flags == known)
         return KVP_ERR_INVALID;
-    remote_args_t a = {peer, request_id, keys, key_lens, cnt, flags, NULL, block_status, 0};
-    kvp_status_t st = kvp__node_exec(n, do_fetch, &a);
+    remote_args_t a = {&CALL_FETCH, peer, request_id, keys, key_lens, cnt, flags, NULL,
+                       block_status, 0, 0};
+    kvp_status_t st = remote_exec(n, &a);
     if (st == KVP_OK)
         *op_id = a.op_id;
     return st;

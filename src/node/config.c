@@ -116,6 +116,28 @@ static kvp_status_t check_region(const kvp_config_t *c)
     return KVP_OK;
 }
 
+/* The rules of the settings kvp_node_reconfigure() may change. */
+kvp_status_t kvp__config_check_runtime(const kvp_config_t *c)
+{
+    if ((c->psk == NULL) != (c->psk_len == 0))
+        BAD("psk / psk_len: a key needs its length and a length its key");
+    if (c->psk != NULL && c->psk_len < KVP_PSK_MIN)
+        BAD("psk: %u bytes is too short (at least %u bytes of secret)", c->psk_len,
+            (unsigned)KVP_PSK_MIN);
+    if (c->heartbeat_ms == 0)
+        BAD("heartbeat_ms: must be > 0");
+    if (c->dead_after_ms == 0 || c->heartbeat_ms >= c->dead_after_ms)
+        BAD("dead_after_ms: %u must be greater than heartbeat_ms (%u)", c->dead_after_ms,
+            c->heartbeat_ms);
+    if (c->max_sessions == 0)
+        BAD("max_sessions: must be > 0");
+    if (c->hold_cap_ms == 0)
+        BAD("hold_cap_ms: must be > 0");
+    if (c->load_timeout_ms == 0)
+        BAD("load_timeout_ms: must be > 0");
+    return KVP_OK;
+}
+
 kvp_status_t kvp__config_check(const kvp_config_t *c)
 {
     long page = sysconf(_SC_PAGESIZE);
@@ -132,34 +154,21 @@ kvp_status_t kvp__config_check(const kvp_config_t *c)
         BAD("transport: %d is neither UCX (0) nor FAKE (1)", c->transport);
     if (c->thread_mode != KVP_THREAD_OWN && c->thread_mode != KVP_THREAD_CALLER)
         BAD("thread_mode: %d is neither OWN (0) nor CALLER (1)", c->thread_mode);
-    if ((c->psk == NULL) != (c->psk_len == 0))
-        BAD("psk / psk_len: a key needs its length and a length its key");
-    if (c->psk != NULL && c->psk_len < KVP_PSK_MIN)
-        BAD("psk: %u bytes is too short (at least %u bytes of secret)", c->psk_len,
-            (unsigned)KVP_PSK_MIN);
+    kvp_status_t st = kvp__config_check_runtime(c);
+    if (st != KVP_OK)
+        return st;
     if (bad_str(c->peer_id))
         BAD("peer_id: empty or longer than %d bytes", KVP_WIRE_STR_MAX);
     if (bad_str(c->instance_id))
         BAD("instance_id: empty or longer than %d bytes", KVP_WIRE_STR_MAX);
     if (c->name && strlen(c->name) > KVP_WIRE_STR_MAX)
         BAD("name: longer than %d bytes", KVP_WIRE_STR_MAX);
-    if (c->heartbeat_ms == 0)
-        BAD("heartbeat_ms: must be > 0");
-    if (c->dead_after_ms == 0 || c->heartbeat_ms >= c->dead_after_ms)
-        BAD("dead_after_ms: %u must be greater than heartbeat_ms (%u)", c->dead_after_ms,
-            c->heartbeat_ms);
-    if (c->max_sessions == 0)
-        BAD("max_sessions: must be > 0");
-    if (c->hold_cap_ms == 0)
-        BAD("hold_cap_ms: must be > 0");
-    if (c->load_timeout_ms == 0)
-        BAD("load_timeout_ms: must be > 0");
     if (bad_str(c->kv_events_endpoint))
         BAD("kv_events_endpoint: empty or longer than %d bytes", KVP_WIRE_STR_MAX);
     if (bad_str(c->kv_events_replay_endpoint) ||
         (c->kv_events_replay_endpoint != NULL && c->kv_events_endpoint == NULL))
         BAD("kv_events_replay_endpoint: empty, too long, or set without kv_events_endpoint");
-    kvp_status_t st = check_region(c);
+    st = check_region(c);
     if (st == KVP_OK)
         KVP_DEBUG(c->name,
                   "config: %u blocks x %u B, transport %d, thread mode %d, psk %s, heartbeat %u "

@@ -639,6 +639,18 @@ kvp_store_t *kvp__node_store(kvp_node_t *n)
     return n->store;
 }
 
+void kvp__node_ctl_runtime(const kvp_config_t *c, kvp_ctl_config_t *cc)
+{
+    cc->heartbeat_ns = (uint64_t)c->heartbeat_ms * KVP_NSEC_PER_MSEC;
+    cc->dead_after_ns = (uint64_t)c->dead_after_ms * KVP_NSEC_PER_MSEC;
+    cc->handshake_timeout_ns = (uint64_t)c->handshake_timeout_ms * KVP_NSEC_PER_MSEC;
+    cc->backoff_min_ns = (uint64_t)c->backoff_min_ms * KVP_NSEC_PER_MSEC;
+    cc->backoff_max_ns = (uint64_t)c->backoff_max_ms * KVP_NSEC_PER_MSEC;
+    cc->max_sessions = c->max_sessions;
+    cc->psk = c->psk;
+    cc->psk_len = c->psk_len;
+}
+
 static kvp_status_t node_make_ctl(kvp_node_t *n, const kvp_node_seams_t *seams)
 {
     kvp_ctl_config_t cc = {0};
@@ -648,17 +660,11 @@ static kvp_status_t node_make_ctl(kvp_node_t *n, const kvp_node_seams_t *seams)
     cc.num_blocks = n->cfg.num_blocks;
     cc.block_size = n->cfg.block_size;
     cc.fingerprint = n->fingerprint;
+    cc.compat = n->cfg.compat;
     cc.hash_seed = n->cfg.hash_seed;
-    cc.psk = n->cfg.psk;
-    cc.psk_len = n->cfg.psk_len;
     cc.blob = n->blob;
     cc.blob_len = n->blob_len;
-    cc.heartbeat_ns = (uint64_t)n->cfg.heartbeat_ms * KVP_NSEC_PER_MSEC;
-    cc.dead_after_ns = (uint64_t)n->cfg.dead_after_ms * KVP_NSEC_PER_MSEC;
-    cc.handshake_timeout_ns = (uint64_t)n->cfg.handshake_timeout_ms * KVP_NSEC_PER_MSEC;
-    cc.backoff_min_ns = (uint64_t)n->cfg.backoff_min_ms * KVP_NSEC_PER_MSEC;
-    cc.backoff_max_ns = (uint64_t)n->cfg.backoff_max_ms * KVP_NSEC_PER_MSEC;
-    cc.max_sessions = n->cfg.max_sessions;
+    kvp__node_ctl_runtime(&n->cfg, &cc);
     cc.loop = n->loop;
     cc.fake_net = seams ? seams->fake_net : NULL;
     cc.cb = (kvp_ctl_callbacks_t){ctl_on_ready, ctl_on_frame, ctl_on_down, ctl_on_pong, n};

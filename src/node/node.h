@@ -405,6 +405,11 @@ void kvp__xfer_release(kvp_node_t *n, kvp_xfer_t *x);
 /* config.c: validation naming the field (kvp_last_error), the region
  * against the host's memory and /dev/shm. */
 kvp_status_t kvp__config_check(const kvp_config_t *cfg);
+/* The ctl settings kvp_node_reconfigure() may change, from a node config
+ * (timings in ns, backoff, session cap, PSK: borrowed from c). */
+void kvp__node_ctl_runtime(const kvp_config_t *c, kvp_ctl_config_t *cc);
+/* The subset kvp_node_reconfigure() may change (called by the above). */
+kvp_status_t kvp__config_check_runtime(const kvp_config_t *cfg);
 void kvp__set_last_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void kvp__clear_last_error(void);
 /* kvp_node_create failed after validation: keep a last error if none is set. */

@@ -305,10 +305,30 @@ static kvp_status_t dec_ping(wire_dec_t *d, kvp_msg_t *m)
     return KVP_OK;
 }
 
+/* Minor 1: an optional compat string after the reason, only with
+ * INCOMPATIBLE, 1..KVP_WIRE_COMPAT_MAX printable ASCII bytes. */
 static kvp_status_t dec_bye(wire_dec_t *d, kvp_msg_t *m)
 {
-    if (!kvp_wire_rd_u16(&d->r, &m->u.bye.reason))
+    kvp_msg_bye_t *b = &m->u.bye;
+    uint8_t n;
+    const uint8_t *p;
+    b->compat[0] = '\0';
+    if (!kvp_wire_rd_u16(&d->r, &b->reason))
         return DEC_TRUNC(d, "reason");
+    if (kvp_wire_rd_left(&d->r) == 0)
+        return KVP_OK;
+    if (b->reason != KVP_BYE_INCOMPATIBLE)
+        return DEC_FAIL(d, "compat string with reason %u", b->reason);
+    if (!kvp_wire_rd_u8(&d->r, &n))
+        return DEC_TRUNC(d, "compat");
+    if (n == 0 || n > KVP_WIRE_COMPAT_MAX)
+        return DEC_FAIL(d, "compat string length %u (1..%u)", n, KVP_WIRE_COMPAT_MAX);
+    if (!kvp_wire_rd_ptr(&d->r, n, &p))
+        return DEC_TRUNC(d, "compat");
+    if (!kvp_wire_printable(p, n))
+        return DEC_FAIL(d, "compat string not printable ASCII");
+    memcpy(b->compat, p, n);
+    b->compat[n] = '\0';
     return KVP_OK;
 }
 

@@ -19,7 +19,7 @@
  *               receiver epoch | sender nonce | receiver nonce | sender layout)
  *   HELLO_ACK   acked_epoch[16] (the receiver's epoch), u32 blob_len, blob
  *   PING/PONG   u64 seq, u64 sent_ns (echoed in PONG)
- *   BYE         u16 reason
+ *   BYE         u16 reason [, str compat]   (minor >= 1, see below)
  *   LOOKUP      u64 request_id, u64 round, u32 n, n x key
  *   LOOKUP_RESP u64 request_id, u64 round, u32 n, n x u8 result
  *   FETCH       u64 request_id, u64 round, u32 flags, u32 n,
@@ -29,6 +29,13 @@
  *   ABORT       u64 request_id, u64 round
  *   ABORT_ACK   u64 request_id, u64 round
  * str = u8 len (1..255) + bytes (no NUL); key = u8 len (1..64) + bytes.
+ *
+ * Minor 1: a BYE INCOMPATIBLE that refuses a peer over the compatibility
+ * fingerprint may carry the refuser's compatibility string (1..
+ * KVP_WIRE_COMPAT_MAX printable ASCII bytes; the hash stays the check, the
+ * string is for the operator). It is sent only to a peer whose HELLO said
+ * minor >= 1: a minor-0 decoder refuses trailing bytes, so an older peer gets
+ * the plain BYE as before.
  */
 #ifndef KVP_WIRE_H
 #define KVP_WIRE_H
@@ -36,7 +43,7 @@
 #include "common/common.h"
 
 #define KVP_WIRE_MAJOR 1
-#define KVP_WIRE_MINOR 0
+#define KVP_WIRE_MINOR 1
 #define KVP_WIRE_HDR_LEN 8u
 #define KVP_WIRE_EPOCH_LEN 16u
 #define KVP_WIRE_NONCE_LEN 16u
@@ -45,6 +52,8 @@
 #define KVP_WIRE_STR_MAX 255u
 #define KVP_WIRE_LIST_MAX 65536u
 #define KVP_WIRE_BLOB_MAX 65536u
+/* Longest compatibility string a BYE carries (longer ones are cut, "..."). */
+#define KVP_WIRE_COMPAT_MAX 40u
 /* Hard frame limits: before the handshake completes, only handshake frames
  * of bounded size are accepted. */
 #define KVP_WIRE_FRAME_MAX (8u * 1024 * 1024)
@@ -58,7 +67,7 @@
     X(HELLO_ACK, 3, 1, 2u * KVP_WIRE_EPOCH_LEN + 20u + KVP_WIRE_BLOB_MAX)                         \
     X(PING, 4, 0, 2u * KVP_WIRE_EPOCH_LEN + 16u)                                                   \
     X(PONG, 5, 0, 2u * KVP_WIRE_EPOCH_LEN + 16u)                                                   \
-    X(BYE, 6, 1, 2u * KVP_WIRE_EPOCH_LEN + 2u)                                                     \
+    X(BYE, 6, 1, 2u * KVP_WIRE_EPOCH_LEN + 3u + KVP_WIRE_COMPAT_MAX)                               \
     X(LOOKUP, 7, 0, KVP_WIRE_FRAME_MAX)                                                            \
     X(LOOKUP_RESP, 8, 0, KVP_WIRE_FRAME_MAX)                                                       \
     X(FETCH, 9, 0, KVP_WIRE_FRAME_MAX)                                                             \
@@ -156,6 +165,9 @@ typedef struct kvp_msg_ping {
 
 typedef struct kvp_msg_bye {
     uint16_t reason;
+    /* Minor 1, optional: the sender's compatibility string (NUL-terminated,
+     * "" = absent), only with KVP_BYE_INCOMPATIBLE; printable ASCII. */
+    char compat[KVP_WIRE_COMPAT_MAX + 1];
 } kvp_msg_bye_t;
 
 typedef struct kvp_msg_lookup {
@@ -283,6 +295,11 @@ typedef struct kvp_wire_hello_id {
 /* KVP_OK and *out written when frame[0..len) is a HELLO whose shared prefix
  * reads within bounds; KVP_ERR_PROTO otherwise (not a HELLO, truncated). */
 kvp_status_t kvp_wire_peek_hello(const uint8_t *frame, size_t len, kvp_wire_hello_id_t *out);
+
+/* The form of a compatibility string a BYE carries: bytes outside printable
+ * ASCII become '?', and a string over KVP_WIRE_COMPAT_MAX bytes is cut and
+ * ends in "..." (out has KVP_WIRE_COMPAT_MAX + 1 bytes). "" stays "". */
+void kvp_wire_compat_for_bye(const char *compat, char out[KVP_WIRE_COMPAT_MAX + 1]);
 
 /* Added helper: true if a and b carry the same message (type, flags,
  * epochs, and every field of the type's payload; lists compared by content,

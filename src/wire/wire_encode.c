@@ -95,7 +95,15 @@ static kvp_status_t meas_payload(const kvp_msg_t *m, size_t *sz)
         return KVP_OK;
     case KVP_MSG_PING:
     case KVP_MSG_PONG: *sz += 16; return KVP_OK;
-    case KVP_MSG_BYE: *sz += 2; return KVP_OK;
+    case KVP_MSG_BYE: {
+        size_t n = strnlen(m->u.bye.compat, sizeof(m->u.bye.compat));
+        if (n == sizeof(m->u.bye.compat) ||
+            (n > 0 && (m->u.bye.reason != KVP_BYE_INCOMPATIBLE ||
+                       !kvp_wire_printable((const uint8_t *)m->u.bye.compat, n))))
+            return KVP_ERR_INVALID;
+        *sz += 2 + (n ? 1 + n : 0);
+        return KVP_OK;
+    }
     case KVP_MSG_LOOKUP: return meas_lookup(&m->u.lookup, sz);
     case KVP_MSG_LOOKUP_RESP: return meas_lookup_resp(&m->u.lookup_resp, sz);
     case KVP_MSG_FETCH: return meas_fetch(&m->u.fetch, sz);
@@ -217,7 +225,15 @@ static void enc_payload(kvp_wire_wr_t *w, const kvp_msg_t *m)
         kvp_wire_wr_u64(w, m->u.ping.seq);
         kvp_wire_wr_u64(w, m->u.ping.sent_ns);
         break;
-    case KVP_MSG_BYE: kvp_wire_wr_u16(w, m->u.bye.reason); break;
+    case KVP_MSG_BYE: {
+        size_t n = strlen(m->u.bye.compat); /* validated by wire_measure */
+        kvp_wire_wr_u16(w, m->u.bye.reason);
+        if (n) {
+            kvp_wire_wr_u8(w, (uint8_t)n);
+            kvp_wire_wr_bytes(w, m->u.bye.compat, n);
+        }
+        break;
+    }
     case KVP_MSG_LOOKUP: enc_lookup(w, &m->u.lookup); break;
     case KVP_MSG_LOOKUP_RESP:
         enc_list_hdr(w, m->u.lookup_resp.request_id, m->u.lookup_resp.round);
@@ -253,4 +269,16 @@ kvp_status_t kvp_wire_encode(const kvp_msg_t *m, uint8_t *buf, size_t cap, size_
     KVP_ASSERT(!w.overflow && w.pos == len);
     *len_out = len;
     return KVP_OK;
+}
+
+void kvp_wire_compat_for_bye(const char *compat, char out[KVP_WIRE_COMPAT_MAX + 1])
+{
+    size_t n = compat ? strlen(compat) : 0, k = KVP_MIN(n, (size_t)KVP_WIRE_COMPAT_MAX);
+    for (size_t i = 0; i < k; i++) {
+        unsigned char c = (unsigned char)compat[i];
+        out[i] = c >= 0x20 && c <= 0x7e ? (char)c : '?';
+    }
+    if (n > KVP_WIRE_COMPAT_MAX)
+        memcpy(out + KVP_WIRE_COMPAT_MAX - 3, "...", 3);
+    out[k] = '\0';
 }

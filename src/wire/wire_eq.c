@@ -68,7 +68,7 @@ static bool payload_eq(const kvp_msg_t *a, const kvp_msg_t *b)
                 memcmp(x->hello_ack.blob, y->hello_ack.blob, x->hello_ack.blob_len) == 0);
     case KVP_MSG_PING:
     case KVP_MSG_PONG: return x->ping.seq == y->ping.seq && x->ping.sent_ns == y->ping.sent_ns;
-    case KVP_MSG_BYE: return x->bye.reason == y->bye.reason;
+    case KVP_MSG_BYE: return x->bye.reason == y->bye.reason && !strcmp(x->bye.compat, y->bye.compat);
     case KVP_MSG_LOOKUP: return lookup_eq(&x->lookup, &y->lookup);
     case KVP_MSG_LOOKUP_RESP:
         return x->lookup_resp.request_id == y->lookup_resp.request_id &&

@@ -170,4 +170,13 @@ static inline void kvp_wire_wr_bytes(kvp_wire_wr_t *w, const void *src, size_t n
     w->pos += n;
 }
 
+/* Printable ASCII (0x20..0x7e) only: strings an operator reads in logs. */
+static inline bool kvp_wire_printable(const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i] < 0x20 || p[i] > 0x7e)
+            return false;
+    return true;
+}
+
 #endif /* KVP_WIRE_INT_H */

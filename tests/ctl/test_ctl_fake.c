@@ -113,6 +113,51 @@ static void test_fake_refusals(void **state)
     }
 }
 
+/* Every error line of the run, in order (both nodes log into one process). */
+static char compat_log[8192];
+static void compat_sink(kvp_log_level_t level, const char *prefix, const char *line, void *arg)
+{
+    (void)arg;
+    if (level == KVP_LOG_ERROR)
+        snprintf(compat_log + strlen(compat_log), sizeof(compat_log) - strlen(compat_log),
+                 "%s: %s\n", prefix ? prefix : "-", line);
+}
+
+static void want_error_cb(void *arg, const kvp_ctl_want_info_t *wi)
+{
+    snprintf(arg, 128, "%s", wi->last_error);
+}
+
+/* Issue 18: a compat mismatch names both strings (the BYE of wire minor 1
+ * carries each side's), in both logs and in the dialer's want last_error;
+ * the refusal is still counted and no blob crosses. */
+static void test_fake_compat_names_both(void **state)
+{
+    env_t *e = env_new();
+    e->a.cfg.compat = "llama-3-8b/bf16/16";
+    e->b.cfg.compat = "llama-3-8b/fp8/16";
+    e->b.cfg.fingerprint = 0x5678;
+    tn_start(&e->a);
+    tn_start(&e->b);
+    compat_log[0] = '\0';
+    kvp_log_set_sink(compat_sink, NULL);
+    assert_int_equal(kvp_ctl_want(e->a.ctl, "B"), KVP_OK);
+    run(e, 50 * MS);
+    char a_err[128] = "";
+    kvp_ctl_wants_foreach(e->a.ctl, want_error_cb, a_err);
+    kvp_log_set_sink(NULL, NULL);
+    kvp_ctl_stats_t sa = tn_stats(&e->a), sb = tn_stats(&e->b);
+    assert_int_equal(e->a.ready + e->b.ready, 0);
+    assert_int_equal(sa.blobs_out + sb.blobs_out, 0);
+    assert_true(sa.refused_incompatible >= 1 && sb.refused_incompatible >= 1);
+    assert_int_equal(sa.protocol_errors + sb.protocol_errors, 0);
+    if (!strstr(compat_log, "compat mismatch: ours 'llama-3-8b/bf16/16', peer's 'llama-3-8b/fp8/16'") ||
+        !strstr(compat_log, "compat mismatch: ours 'llama-3-8b/fp8/16', peer's 'llama-3-8b/bf16/16'"))
+        fail_msg("log does not name both strings on both sides:\n%s", compat_log);
+    assert_string_equal(a_err, "compat mismatch: ours 'llama-3-8b/bf16/16', peer's 'llama-3-8b/fp8/16'");
+    env_free(e);
+}
+
 static void test_fake_auth_ok(void **state)
 {
     static const uint8_t k[] = "shared-secret";
@@ -444,6 +489,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fake_handshake),
         cmocka_unit_test(test_fake_refusals),
+        cmocka_unit_test(test_fake_compat_names_both),
         cmocka_unit_test(test_fake_auth_ok),
         cmocka_unit_test(test_fake_queued_order),
         cmocka_unit_test(test_fake_partition),

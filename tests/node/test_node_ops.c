@@ -267,6 +267,136 @@ static void test_fetch_with_missed_keys_delivers_the_hits(void **state)
     free(w);
 }
 
+/* kvp_node_reconfigure (SIGHUP of kvpeerd): values the node refuses change
+ * nothing, the error names the field; accepted ones act at once (here the
+ * idle timeout closes the idle session; a PSK set afterwards refuses a new
+ * handshake with a peer that has none). Mutations: apply before the check
+ * (the idle session closes after the refused call); drop the ctl PSK update
+ * in do_reconfigure (the redial succeeds). */
+static void test_reconfigure_runtime_settings(void **state)
+{
+    world_t *w = *state = malloc(sizeof(world_t));
+    world_init(w, 2, NULL);
+    world_connect(w, 1, 0);
+    kvp_config_t c = w->cfg[0];
+    c.idle_session_ms = 100;
+    c.heartbeat_ms = 500; /* >= dead_after_ms (200): refused whole */
+    assert_int_equal(kvp_node_reconfigure(w->node[0], &c), KVP_ERR_INVALID);
+    assert_non_null(strstr(kvp_last_error(), "dead_after_ms"));
+    c.heartbeat_ms = 50;
+    c.psk = (const uint8_t *)"short";
+    c.psk_len = 5;
+    assert_int_equal(kvp_node_reconfigure(w->node[0], &c), KVP_ERR_INVALID);
+    assert_non_null(strstr(kvp_last_error(), "psk"));
+    world_run(w, 400 * KVP_NSEC_PER_MSEC);
+    assert_true(world_peer_ready(w, 0, 1)); /* nothing of the refused calls applied */
+    assert_int_equal(world_event_count(w, 0, KVP_EV_PEER_DOWN, 0), 0);
+    c.psk = NULL;
+    c.psk_len = 0;
+    assert_int_equal(kvp_node_reconfigure(w->node[0], &c), KVP_OK);
+    world_run(w, 400 * KVP_NSEC_PER_MSEC);
+    /* closed as idle after 100 ms (node 1 still wants it: redialled) */
+    assert_true(world_event_count(w, 0, KVP_EV_PEER_DOWN, 0) >= 1);
+    /* A key from now on: the idle session closes, node 1 (no key) is refused
+     * on its redial. */
+    static const uint8_t key[] = "0123456789abcdef-new-key";
+    c.psk = key;
+    c.psk_len = sizeof(key) - 1;
+    assert_int_equal(kvp_node_reconfigure(w->node[0], &c), KVP_OK);
+    world_run(w, 600 * KVP_NSEC_PER_MSEC);
+    assert_false(world_peer_ready(w, 1, 0));
+    kvp_refusal_stats_t r;
+    assert_int_equal(kvp_node_refusals(w->node[0], &r), KVP_OK);
+    assert_true(r.refused_auth >= 1);
+    world_fini(w, false);
+    free(w);
+}
+
+static uint64_t real_ms(void)
+{
+    return kvp_clock_now(kvp_clock_real()) / KVP_NSEC_PER_MSEC;
+}
+
+/* Issue 18: an unknown or failed peer answers UNREACHABLE at once, and in
+ * caller-driven mode (the fake world) an API call never blocks, even for a
+ * peer still dialing: the embedding drives progress (the wait for a dialing
+ * peer is the node thread's: test_lookup_right_after_peer_add_ucx).
+ * Mutations: wait in caller-driven mode too (the dialing lookup takes the
+ * 200 ms bound: node 0 never runs meanwhile); wait for any wanted peer. */
+static void test_lookup_waits_for_dialing_peer_fake(void **state)
+{
+    world_t *w = *state = malloc(sizeof(world_t));
+    world_init(w, 2, NULL);
+    wkeys_t ks;
+    wkeys_make(&ks, 1, 1);
+    uint8_t res[1];
+    uint64_t op = 0, t0 = real_ms();
+    /* unknown: at once */
+    assert_int_equal(kvp_lookup(w->node[1], "n9:7000", 1, ks.buf, ks.len, 1, res, &op),
+                     KVP_ERR_UNREACHABLE);
+    /* failed: the dial to a node nobody runs fails; then at once */
+    world_run(w, 300 * KVP_NSEC_PER_MSEC);
+    assert_int_equal(kvp_lookup(w->node[1], "n9:7000", 1, ks.buf, ks.len, 1, res, &op),
+                     KVP_ERR_UNREACHABLE);
+    assert_true(real_ms() - t0 < 150); /* the bound is 200 ms */
+    /* dialing, caller-driven: at once, no progress run inside the call */
+    assert_int_equal(kvp_peer_add(w->node[1], w->addr[0]), KVP_OK);
+    t0 = real_ms();
+    assert_int_equal(kvp_lookup(w->node[1], w->addr[0], 1, ks.buf, ks.len, 1, res, &op),
+                     KVP_ERR_UNREACHABLE);
+    assert_true(real_ms() - t0 < 150);
+    /* ... and the session comes up as the world runs */
+    world_run(w, 300 * KVP_NSEC_PER_MSEC);
+    assert_true(world_peer_ready(w, 1, 0));
+    assert_int_equal(kvp_lookup(w->node[1], w->addr[0], 1, ks.buf, ks.len, 1, res, &op), KVP_OK);
+    world_fini(w, false);
+    free(w);
+}
+
+/* The real path (UCX, TCP, node threads): kvp_lookup and kvp_fetch right
+ * after kvp_peer_add, no kvp_peer_wait, succeed (the README example without
+ * kvp_peer_wait). It answered UNREACHABLE before (3 of 3 runs). Mutation:
+ * no wait in remote_exec. */
+static void test_lookup_right_after_peer_add_ucx(void **state)
+{
+    (void)state;
+    kvp_node_t *nd[2];
+    for (int i = 0; i < 2; i++) {
+        kvp_config_t c;
+        kvp_config_init(&c);
+        c.num_blocks = 8;
+        c.block_size = 4096;
+        c.listen_addr = "127.0.0.1:0";
+        c.dead_after_ms = (uint32_t)(2000 * kvp_test_time_scale());
+        c.handshake_timeout_ms = c.dead_after_ms;
+        assert_int_equal(kvp_node_create(&c, &nd[i]), KVP_OK);
+    }
+    static const uint8_t blk[4096] = {7};
+    assert_int_equal(kvp_put(nd[0], "k1", 2, blk, sizeof(blk), 0), KVP_OK);
+    const char *src = kvp_node_peer_id(nd[0]);
+    assert_int_equal(kvp_peer_add(nd[1], src), KVP_OK);
+    uint8_t res[1];
+    uint32_t len = 2;
+    uint64_t op = 0;
+    assert_int_equal(kvp_lookup(nd[1], src, 3, (const uint8_t *)"k1", &len, 1, res, &op), KVP_OK);
+    kvp_event_t ev;
+    uint32_t got = 0;
+    uint64_t end = real_ms() + (uint64_t)(10000 * kvp_test_time_scale());
+    while (got == 0 && real_ms() < end) {
+        struct pollfd p = {kvp_node_fd(nd[1]), POLLIN, 0};
+        poll(&p, 1, 100);
+        kvp_poll_events(nd[1], &ev, 1, &got);
+        if (got && ev.op_id != op)
+            got = 0; /* PEER_UP */
+    }
+    assert_int_equal(got, 1);
+    assert_int_equal(ev.type, KVP_EV_LOOKUP);
+    assert_int_equal(ev.n_ok, 1);
+    kvp_finish_request(nd[1], 3);
+    for (int i = 1; i >= 0; i--)
+        kvp_node_destroy(nd[i]);
+}
+
 static __attribute__((unused)) void unused_helpers(world_t *w) { (void)world_wait(w, 0, 0, 0, 0); }
 
 int main(void)
@@ -278,6 +408,9 @@ int main(void)
         cmocka_unit_test(test_event_ring_bounded_with_overflow),
         cmocka_unit_test(test_caller_fd_wakes_for_frames_and_timers),
         cmocka_unit_test(test_fetch_with_missed_keys_delivers_the_hits),
+        cmocka_unit_test(test_reconfigure_runtime_settings),
+        cmocka_unit_test(test_lookup_waits_for_dialing_peer_fake),
+        cmocka_unit_test(test_lookup_right_after_peer_add_ucx),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

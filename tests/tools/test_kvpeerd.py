@@ -61,8 +61,9 @@ def run(args, env=None, timeout=30):
 class Daemon:
     """One kvpeerd child; stderr goes to a file kept for the failure message."""
 
-    def __init__(self, name, args):
+    def __init__(self, name, args, env=None):
         self.name = name
+        self.env = env
         self.ready = os.path.join(TMP, name + ".ready")
         self.logpath = os.path.join(TMP, name + ".log")
         self.args = [KVPEERD] + args + ["--ready_file", self.ready]
@@ -71,7 +72,8 @@ class Daemon:
 
     def start(self, timeout=20):
         self.log = open(self.logpath, "w")
-        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env=self.env)
         CHILDREN.append(self.proc)
         end = time.time() + timeout * SCALE
         while time.time() < end:
@@ -123,13 +125,15 @@ class Daemon:
             check(m not in text, "%s: sanitizer report (%s):\n%s" % (self.name, m, text[-6000:]))
 
 
-def wait_for(cond, what, timeout=10):
+def wait_for(cond, what, timeout=10, dump=None):
+    """dump: a file whose tail the failure message shows (e.g. a log)."""
     end = time.time() + timeout * SCALE
     while time.time() < end:
         if cond():
             return
         time.sleep(0.05)
-    fail("timed out waiting for " + what)
+    fail("timed out waiting for " + what + ("" if dump is None else
+                                            ":\n" + open(dump).read()[-4000:]))
 
 
 # ------------------------------------------------------------- metrics format
@@ -626,10 +630,95 @@ def case_operator():
     b.check_clean_exit(b.stop())
 
 
+def case_compat():
+    """Issue 18: a compat mismatch names both strings (not two hashes) in both
+    logs and in the dialer's /peers last_error; counted as incompatible."""
+    a = Daemon("a", SMALL + ["--admin", "--compat", "llama-3-8b/bf16/16"]).start()
+    b = Daemon("b", SMALL + ["--compat", "llama-3-8b/fp8/16"]).start()
+    code, body = a.req("/admin/peer?add=" + b.peer, "POST")
+    check(code == 200, "add b: %d %r" % (code, body))
+    want = "compat mismatch: ours 'llama-3-8b/bf16/16', peer's 'llama-3-8b/fp8/16'"
+    wait_for(lambda: b.peer in peers_table(a) and peers_table(a)[b.peer]["last_error"] == want,
+             "a's /peers names both compat strings")
+    wait_for(lambda: "compat mismatch: ours 'llama-3-8b/fp8/16', peer's 'llama-3-8b/bf16/16'"
+             in b.logtext(), "b's log names both strings")
+    check(want in a.logtext(), "a's log names both strings:\n" + a.logtext()[-3000:])
+    for d in (a, b):
+        flat, _ = metrics(d)
+        check(flat['kvpeer_session_failures_total{reason="incompatible"}'] >= 1,
+              "%s counts the refusal" % d.name)
+    code, body = a.req("/admin/peer?remove=" + b.peer, "POST")
+    a.check_clean_exit(a.stop())
+    b.check_clean_exit(b.stop())
+
+
+SLOW_DNS_SHIM = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <netdb.h>
+#include <string.h>
+#include <unistd.h>
+/* getaddrinfo of a *.slow.invalid name takes 7 s and fails (a dead DNS
+ * server); numeric-only lookups and every other name are untouched. */
+int getaddrinfo(const char *node, const char *service, const struct addrinfo *hints,
+                struct addrinfo **res)
+{
+    static int (*real)(const char *, const char *, const struct addrinfo *, struct addrinfo **);
+    if (!real)
+        real = (int (*)(const char *, const char *, const struct addrinfo *,
+                        struct addrinfo **))dlsym(RTLD_NEXT, "getaddrinfo");
+    if (node && strstr(node, "slow.invalid") && !(hints && (hints->ai_flags & AI_NUMERICHOST))) {
+        sleep(7);
+        return EAI_NONAME;
+    }
+    return real(node, service, hints, res);
+}
+"""
+
+
+def case_slow_dns():
+    """Issue 18: a peer whose name takes 7 s to (not) resolve is resolved off
+    the node thread: meanwhile /healthz never reports a stall, the node thread
+    answers /peers at once and the session with another peer stays ready;
+    the name then shows as 'cannot resolve the host name'."""
+    src = os.path.join(TMP, "slowdns.c")
+    lib = os.path.join(TMP, "slowdns.so")
+    open(src, "w").write(SLOW_DNS_SHIM)
+    r = run([os.environ.get("CC", "cc"), "-shared", "-fPIC", "-o", lib, src, "-ldl"])
+    check(r.returncode == 0, "shim does not compile:\n" + r.stderr)
+    env = dict(os.environ, LD_PRELOAD=lib)
+    # the shim is preloaded ahead of the sanitizer runtime
+    env["ASAN_OPTIONS"] = env.get("ASAN_OPTIONS", "") + ":verify_asan_link_order=0"
+    b = Daemon("b", SMALL).start()
+    a = Daemon("a", SMALL + ["--admin", "--dead_after_ms", "1000", "--heartbeat_ms", "200",
+                             "--peers", b.peer], env=env).start()
+    wait_for(lambda: "ready=1" in a.req("/peers")[1], "a's session to b")
+    slow = "peer.slow.invalid:7400"
+    t0 = time.time()
+    code, body = a.req("/admin/peer?add=" + slow, "POST")
+    check(code == 200, "add %s: %d %r" % (slow, code, body))
+    check(time.time() - t0 < 1.5 * SCALE, "add took %.1f s" % (time.time() - t0))
+    end = t0 + 6.0
+    while time.time() < end:
+        t1 = time.time()
+        code, body = a.req("/healthz")
+        check(not body.startswith("stalled"), "/healthz: %r" % body)
+        peers = a.req("/peers")[1]
+        check(time.time() - t1 < 1.5 * SCALE, "/healthz + /peers took %.1f s" % (time.time() - t1))
+        check(re.search(r"peer=%s .*ready=1" % re.escape(b.peer), peers), "b not ready: " + peers)
+        time.sleep(0.2)
+    wait_for(lambda: slow in peers_table(a) and "resolve" in peers_table(a)[slow]["last_error"],
+             "the slow name failed as unresolvable", timeout=20, dump=a.logpath)
+    a.check_clean_exit(a.stop(timeout=60))
+    b.check_clean_exit(b.stop())
+
+
 def case_sighup():
     """SIGHUP reopens the log file (logrotate) and reloads the settings:
-    log_level and new peers apply at once, other changes are named as
-    needing a restart; a bad file keeps the running settings."""
+    log_level, new peers, timings, limits and the PSK apply at once (issue 18:
+    idle_session_ms is seen to act), other changes are named as needing a
+    restart; a bad file, or values the node refuses, keep the running
+    settings whole."""
     b = Daemon("b", SMALL).start()
     ini = os.path.join(TMP, "hup.ini")
     logf = os.path.join(TMP, "hup.log")
@@ -648,6 +737,25 @@ def case_sighup():
     check("log_level=debug" in text, "level not reloaded:\n" + text)
     wait_for(lambda: "state=ready" in a.req("/peers")[1], "the peer added by the reload")
     check("event=reload" not in open(logf + ".1").read(), "old file still written")
+    # Values the node refuses (heartbeat >= dead_after): refused whole, the
+    # idle timeout of the same file is not applied either.
+    base = "num_blocks = 32\nblock_size = 64K\nlog_level = debug\npeers = %s\n" % b.peer
+    open(ini, "w").write(base + "idle_session_ms = 300\nheartbeat_ms = 5000\n")
+    a.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: "reload_failed" in open(logf).read(), "the reload refused")
+    check("heartbeat_ms (5000) must be below dead_after_ms" in open(logf).read(),
+          "the refusal names the fields:\n" + open(logf).read()[-3000:])
+    time.sleep(1.0 * SCALE)
+    check("idle for" not in open(logf).read(), "a refused reload applied idle_session_ms")
+    check("state=ready" in a.req("/peers")[1], "session lost after a refused reload")
+    # A runtime setting applies at once: the idle session closes.
+    open(ini, "w").write(base + "idle_session_ms = 300\ndead_after_ms = 3000\n")
+    a.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: re.search(r'event=reload .*applied="[^"]*idle_session_ms', open(logf).read()),
+             "idle_session_ms named as applied", dump=logf)
+    text = open(logf).read()
+    check(re.search(r'event=reload .*applied="[^"]*dead_after_ms', text), "dead_after_ms:\n" + text)
+    wait_for(lambda: "idle for 300 ms: closing" in open(logf).read(), "the new idle timeout acts")
     open(ini, "w").write("num_blocks = lots\n")
     a.proc.send_signal(signal.SIGHUP)
     wait_for(lambda: "event=reload_failed" in open(logf).read(), "bad file refused")
@@ -658,7 +766,7 @@ def case_sighup():
     check(a.proc.returncode == 0, "exit code")
 
 
-CASES = {"sighup": case_sighup, "operator": case_operator, "logging": case_logging, "visibility": case_visibility, "config": case_config, "bad_config": case_bad_config, "two_nodes": case_two_nodes,
+CASES = {"slow_dns": case_slow_dns, "compat": case_compat, "sighup": case_sighup, "operator": case_operator, "logging": case_logging, "visibility": case_visibility, "config": case_config, "bad_config": case_bad_config, "two_nodes": case_two_nodes,
          "sigterm_drain": case_sigterm_drain, "install": case_install}
 
 if __name__ == "__main__":

@@ -163,7 +163,10 @@ static void assert_msg_fields_eq(const kvp_msg_t *a, const kvp_msg_t *b)
         assert_int_equal(a->u.ping.seq, b->u.ping.seq);
         assert_int_equal(a->u.ping.sent_ns, b->u.ping.sent_ns);
         break;
-    case KVP_MSG_BYE: assert_int_equal(a->u.bye.reason, b->u.bye.reason); break;
+    case KVP_MSG_BYE:
+        assert_int_equal(a->u.bye.reason, b->u.bye.reason);
+        assert_string_equal(a->u.bye.compat, b->u.bye.compat);
+        break;
     case KVP_MSG_ABORT:
     case KVP_MSG_ABORT_ACK:
         assert_int_equal(a->u.abort.request_id, b->u.abort.request_id);

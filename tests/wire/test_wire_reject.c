@@ -110,8 +110,69 @@ static void test_reject_over_type_limit(void **state)
     set_payload_len(1025);
     expect_hdr_reject(&ctx_pre, "type limit");
     enc_sample(KVP_MSG_BYE);
-    set_payload_len(2 * 16 + 3);
+    set_payload_len(2 * 16 + 2 + 1 + KVP_WIRE_COMPAT_MAX + 1);
     expect_hdr_reject(&ctx_post, "type limit");
+}
+
+/* Minor 1: BYE INCOMPATIBLE may carry 1..KVP_WIRE_COMPAT_MAX printable
+ * bytes of compat string, nothing else does; the encoder keeps the same rules
+ * and kvp_wire_compat_for_bye makes any string sendable. */
+static void bye_frame(uint16_t reason, const char *s, size_t n)
+{
+    uint8_t *p = frame + KVP_WIRE_HDR_LEN + 2 * KVP_WIRE_EPOCH_LEN;
+    enc_sample(KVP_MSG_BYE);
+    p[0] = (uint8_t)reason;
+    p[1] = (uint8_t)(reason >> 8);
+    p[2] = (uint8_t)n;
+    memcpy(p + 3, s, n);
+    set_payload_len((uint32_t)(2 * KVP_WIRE_EPOCH_LEN + 3 + n));
+}
+
+static void test_bye_compat_rules(void **state)
+{
+    size_t flen = KVP_WIRE_HDR_LEN + 2 * KVP_WIRE_EPOCH_LEN;
+    kvp_msg_t m;
+    char why[160] = "";
+    char s41[KVP_WIRE_COMPAT_MAX + 1];
+    memset(s41, 'c', sizeof(s41));
+    bye_frame(KVP_BYE_INCOMPATIBLE, s41, KVP_WIRE_COMPAT_MAX);
+    assert_int_equal(kvp_wire_decode(&ctx_post, frame, flen + 3 + KVP_WIRE_COMPAT_MAX, *state, &m,
+                                     why, sizeof(why)), KVP_OK);
+    assert_int_equal(strlen(m.u.bye.compat), KVP_WIRE_COMPAT_MAX);
+    bye_frame(KVP_BYE_INCOMPATIBLE, s41, KVP_WIRE_COMPAT_MAX + 1);
+    expect_reject(state, &ctx_post, flen + 3 + KVP_WIRE_COMPAT_MAX + 1, "type limit");
+    bye_frame(KVP_BYE_INCOMPATIBLE, "", 0);
+    expect_reject(state, &ctx_post, flen + 3, "compat string length 0");
+    bye_frame(KVP_BYE_INCOMPATIBLE, "a\x7f" "b", 3);
+    expect_reject(state, &ctx_post, flen + 3 + 3, "not printable");
+    bye_frame(KVP_BYE_DEAD, "model", 5);
+    expect_reject(state, &ctx_post, flen + 3 + 5, "compat string with reason");
+    /* Without a string: a minor-0 BYE, decoded with compat "". */
+    enc_sample(KVP_MSG_BYE);
+    set_payload_len(2 * KVP_WIRE_EPOCH_LEN + 2);
+    assert_int_equal(kvp_wire_decode(&ctx_post, frame, flen + 2, *state, &m, why, sizeof(why)),
+                     KVP_OK);
+    assert_string_equal(m.u.bye.compat, "");
+    /* The encoder refuses what the decoder would. */
+    wt_sample_t s;
+    size_t len;
+    wt_sample(&s, KVP_MSG_BYE);
+    s.m.u.bye.reason = KVP_BYE_DEAD;
+    assert_int_equal(kvp_wire_encode(&s.m, frame, sizeof(frame), &len), KVP_ERR_INVALID);
+    wt_sample(&s, KVP_MSG_BYE);
+    s.m.u.bye.compat[2] = '\n';
+    assert_int_equal(kvp_wire_encode(&s.m, frame, sizeof(frame), &len), KVP_ERR_INVALID);
+    wt_sample(&s, KVP_MSG_BYE);
+    memset(s.m.u.bye.compat, 'x', sizeof(s.m.u.bye.compat)); /* no NUL */
+    assert_int_equal(kvp_wire_encode(&s.m, frame, sizeof(frame), &len), KVP_ERR_INVALID);
+    /* Any string becomes sendable: cut with "...", bytes outside ASCII -> '?'. */
+    char out[KVP_WIRE_COMPAT_MAX + 1];
+    kvp_wire_compat_for_bye("m\xc3\xa9\tx", out);
+    assert_string_equal(out, "m???x");
+    kvp_wire_compat_for_bye("0123456789012345678901234567890123456789-and-more", out);
+    assert_string_equal(out, "0123456789012345678901234567890123456...");
+    kvp_wire_compat_for_bye(NULL, out);
+    assert_string_equal(out, "");
 }
 
 static void test_reject_over_frame_max(void **state)
@@ -238,6 +299,8 @@ static void test_reject_every_truncation(void **state)
     for (size_t t = 0; t < KVP_ARRAY_SIZE(wt_all_types); t++) {
         size_t len = enc_sample(wt_all_types[t]);
         for (size_t cut = 8; cut < len; cut++) {
+            if (wt_all_types[t] == KVP_MSG_BYE && cut == 8 + 2 * KVP_WIRE_EPOCH_LEN + 2)
+                continue; /* BYE without its optional compat string: valid */
             uint8_t *buf = malloc(cut);
             kvp_msg_t m;
             char why[160] = "";
@@ -398,6 +461,7 @@ int main(void)
         T(test_reject_unknown_type),
         T(test_reject_type_before_handshake),
         T(test_reject_over_type_limit),
+        T(test_bye_compat_rules),
         T(test_reject_over_frame_max),
         T(test_reject_over_prehs_frame_max),
         T(test_reject_unknown_major),

@@ -96,7 +96,10 @@ static inline void wt_sample(wt_sample_t *s, uint16_t type)
         m->u.ping.seq = 0x0000000100000002ull + type;
         m->u.ping.sent_ns = 0x7FFF000011112222ull;
         break;
-    case KVP_MSG_BYE: m->u.bye.reason = KVP_BYE_ABORT_ACK_TIMEOUT; break;
+    case KVP_MSG_BYE: /* minor 1: the refusal names our compat string */
+        m->u.bye.reason = KVP_BYE_INCOMPATIBLE;
+        snprintf(m->u.bye.compat, sizeof(m->u.bye.compat), "llama-3-8b/bf16/16");
+        break;
     case KVP_MSG_LOOKUP:
         m->u.lookup = (kvp_msg_lookup_t){0x1111222233334444ull, 5, WT_NKEYS, s->keys};
         break;
