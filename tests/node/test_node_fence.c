@@ -27,18 +27,6 @@ static int teardown_free(void **state)
     return 0;
 }
 
-static void lookup_hits(world_t *w, int cons, int src, wkeys_t *ks, uint64_t req)
-{
-    uint8_t res[64];
-    uint64_t op;
-    assert_int_equal(kvp_lookup(w->node[cons], w->addr[src], req, ks->buf, ks->len, ks->n, res,
-                                &op),
-                     KVP_OK);
-    const kvp_event_t *e = world_wait(w, cons, KVP_EV_LOOKUP, op, 100 * MS);
-    assert_non_null(e);
-    assert_int_equal(e->n_ok, ks->n);
-}
-
 /* Seeds 7307, 4082 (and the race of 5245, 5390, 6713, 6834): a FETCH is
  * held by a partition; the consumer closes the session (its fence releases
  * the destinations at once: a fenceable path); the partition heals, the
@@ -55,7 +43,7 @@ static void test_fence_holds_for_fetch_delivered_after_heal(void **state)
     world_put(w, 0, 1, 0);
     world_put(w, 0, 2, 0);
     wkeys_make(&ks, 1, 2);
-    lookup_hits(w, 1, 0, &ks, 7);
+    world_lookup_hits(w, 1, 0, &ks, 7);
     kvp_fake_script_t sc = kvp_fake_script_wedge_then_copy(100 * MS);
     assert_int_equal(kvp_fake_script_next(kvp__node_xport(w->node[0]), &sc), KVP_OK);
     kvp_fake_net_partition(w->net, w->addr[0], w->addr[1], true);
@@ -203,7 +191,7 @@ static void test_fence_does_not_cover_the_next_incarnation(void **state)
     world_put(w, 0, 30, 0);
     world_put(w, 0, 31, 0);
     wkeys_make(&ks, 30, 2);
-    lookup_hits(w, 1, 0, &ks, 9);
+    world_lookup_hits(w, 1, 0, &ks, 9);
     uint64_t op;
     assert_int_equal(kvp_fetch(w->node[1], w->addr[0], 9, ks.buf, ks.len, 2, 0, NULL, &op),
                      KVP_OK);

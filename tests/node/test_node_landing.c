@@ -37,24 +37,27 @@ static int teardown_world(void **state)
     return 0;
 }
 
-static void lookup_hits(world_t *w, int cons, int src, wkeys_t *ks, uint64_t req)
-{
-    uint8_t res[64];
-    uint64_t op;
-    assert_int_equal(kvp_lookup(w->node[cons], w->addr[src], req, ks->buf, ks->len, ks->n, res,
-                                &op),
-                     KVP_OK);
-    const kvp_event_t *e = world_wait(w, cons, KVP_EV_LOOKUP, op, 100 * MS);
-    assert_non_null(e);
-    assert_int_equal(e->n_ok, ks->n);
-}
-
 /* Node 1 consumes from node 0 and node 2. */
 static void world_am3(world_t *w)
 {
     world_init(w, 3, tweak_am);
     world_connect(w, 1, 0);
     world_connect(w, 1, 2);
+}
+
+/* Keys 1 and 2 on node 0, looked up by node 1 (request 7); node 0's next
+ * transfer reports DONE after 1 ms and its bytes land after 300 ms. */
+static world_t *world_late_pair(void **state, wkeys_t *ka)
+{
+    world_t *w = *state = malloc(sizeof(world_t));
+    world_am3(w);
+    world_put(w, 0, 1, 0);
+    world_put(w, 0, 2, 0);
+    wkeys_make(ka, 1, 2);
+    world_lookup_hits(w, 1, 0, ka, 7);
+    kvp_fake_script_t sc = kvp_fake_script_late(1 * MS, 300 * MS, KVP_OK);
+    assert_int_equal(kvp_fake_script_next(kvp__node_xport(w->node[0]), &sc), KVP_OK);
+    return w;
 }
 
 static void test_slow_landing_does_not_block_other_session(void **state)
@@ -68,8 +71,8 @@ static void test_slow_landing_does_not_block_other_session(void **state)
         world_put(w, 2, k, 0);
     wkeys_make(&ka, 1, 4);
     wkeys_make(&kb, 11, 4);
-    lookup_hits(w, 1, 0, &ka, 7);
-    lookup_hits(w, 1, 2, &kb, 8);
+    world_lookup_hits(w, 1, 0, &ka, 7);
+    world_lookup_hits(w, 1, 2, &kb, 8);
     /* Source 0 reports DONE after 1 ms; its bytes land after 300 ms. */
     kvp_fake_script_t sc = kvp_fake_script_late(1 * MS, 300 * MS, KVP_OK);
     assert_int_equal(kvp_fake_script_next(kvp__node_xport(w->node[0]), &sc), KVP_OK);
@@ -106,7 +109,7 @@ static void test_missing_block_fails_after_bound(void **state)
     world_put(w, 0, 1, 0);
     world_put(w, 0, 2, 0);
     wkeys_make(&ka, 1, 2);
-    lookup_hits(w, 1, 0, &ka, 7);
+    world_lookup_hits(w, 1, 0, &ka, 7);
     /* DONE after 1 ms; only the first block ever lands (at 5 ms). */
     kvp_fake_script_t sc = {KVP_FAKE_LATE, 1 * MS, 5 * MS, 1, KVP_OK};
     assert_int_equal(kvp_fake_script_next(kvp__node_xport(w->node[0]), &sc), KVP_OK);
@@ -137,15 +140,8 @@ static void test_missing_block_fails_after_bound(void **state)
  * reset of l->block_status in kvp__load_publish. */
 static void test_block_status_untouched_after_event(void **state)
 {
-    world_t *w = *state = malloc(sizeof(world_t));
-    world_am3(w);
     wkeys_t ka;
-    world_put(w, 0, 1, 0);
-    world_put(w, 0, 2, 0);
-    wkeys_make(&ka, 1, 2);
-    lookup_hits(w, 1, 0, &ka, 7);
-    kvp_fake_script_t sc = kvp_fake_script_late(1 * MS, 300 * MS, KVP_OK);
-    assert_int_equal(kvp_fake_script_next(kvp__node_xport(w->node[0]), &sc), KVP_OK);
+    world_t *w = world_late_pair(state, &ka);
     int32_t bst[2] = {1, 1};
     uint64_t op;
     assert_int_equal(kvp_fetch(w->node[1], w->addr[0], 7, ka.buf, ka.len, 2, 0, bst, &op), KVP_OK);
@@ -171,15 +167,8 @@ static void test_block_status_untouched_after_event(void **state)
 
 static void test_session_down_while_landing(void **state)
 {
-    world_t *w = *state = malloc(sizeof(world_t));
-    world_am3(w);
     wkeys_t ka;
-    world_put(w, 0, 1, 0);
-    world_put(w, 0, 2, 0);
-    wkeys_make(&ka, 1, 2);
-    lookup_hits(w, 1, 0, &ka, 7);
-    kvp_fake_script_t sc = kvp_fake_script_late(1 * MS, 300 * MS, KVP_OK);
-    assert_int_equal(kvp_fake_script_next(kvp__node_xport(w->node[0]), &sc), KVP_OK);
+    world_t *w = world_late_pair(state, &ka);
     uint64_t op;
     assert_int_equal(kvp_fetch(w->node[1], w->addr[0], 7, ka.buf, ka.len, 2, 0, NULL, &op), KVP_OK);
     world_run(w, 20 * MS);

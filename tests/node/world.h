@@ -206,6 +206,21 @@ static __attribute__((unused)) void wkeys_make(wkeys_t *ks, uint32_t k0, uint32_
 }
 
 /* Byte-exact check that node i holds block k as READY. */
+/* Node `cons` looks keys `ks` up on `src` for request `req`; every one must hit. */
+static __attribute__((unused)) void world_lookup_hits(world_t *w, int cons, int src, wkeys_t *ks,
+                                                      uint64_t req)
+{
+    uint8_t res[64];
+    uint64_t op;
+    assert_true(ks->n <= sizeof(res));
+    assert_int_equal(kvp_lookup(w->node[cons], w->addr[src], req, ks->buf, ks->len, ks->n, res,
+                                &op),
+                     KVP_OK);
+    const kvp_event_t *e = world_wait(w, cons, KVP_EV_LOOKUP, op, 100 * KVP_NSEC_PER_MSEC);
+    assert_non_null(e);
+    assert_int_equal(e->n_ok, ks->n);
+}
+
 static __attribute__((unused)) bool world_verify(world_t *w, int i, uint32_t k)
 {
     uint8_t key[32], *buf = malloc(w->cfg[i].block_size);
