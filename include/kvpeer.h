@@ -319,6 +319,14 @@ typedef struct kvp_stats {
     uint64_t am_refuse_releases;
     uint64_t late_bytes_dropped;
     uint64_t am_bytes_landed;
+    /* Releases of memory a WRITE may touch (our destination slots leaving
+     * FILLING or QUARANTINED; source pins of a transfer), by the proof that
+     * allowed each: the transport handed the transfer back (terminal),
+     * FETCH_DONE, ABORT_ACK, a completed fence, our AM handler's refusal, the
+     * hold cap (no proof: slots suspect, pins force-released), or nothing
+     * was ever sent (a FETCH or transfer that never left us). */
+    uint64_t released_terminal, released_fetch_done, released_abort_ack, released_fence;
+    uint64_t released_am_refuse, released_hold_cap, released_not_sent;
 } kvp_stats_t;
 
 KVP_EXPORT kvp_status_t kvp_node_stats(kvp_node_t *node, kvp_stats_t *out);

@@ -147,7 +147,7 @@ typedef struct stat_family {
     const char *name, *type, *help;
     const char *label;
     const char *const *vals;
-    size_t offs[5];
+    size_t offs[7];
     int n;
 } stat_family_t;
 
@@ -159,7 +159,7 @@ static void stat_families(kvpd_buf_t *b, const kvp_stats_t *st, const stat_famil
 {
     for (size_t i = 0; i < nfam; i++) {
         const stat_family_t *f = &fam[i];
-        uint64_t v[5];
+        uint64_t v[7];
         for (int k = 0; k < f->n; k++)
             memcpy(&v[k], (const char *)st + f->offs[k], sizeof(v[k]));
         if (f->label == NULL)
@@ -173,6 +173,8 @@ static const char *const slot_states[] = {"free", "filling", "ready", "quarantin
 static const char *const lookup_results[] = {"hit", "miss", "pending"};
 static const char *const fetch_results[] = {"ok", "failed", "aborted"};
 static const char *const session_states[] = {"ready", "handshaking"};
+static const char *const proofs[] = {"terminal",  "fetch-done", "abort-ack", "fence",
+                                     "am-refuse", "hold-cap",   "not-sent"};
 static const char *const limits[] = {"sessions", "pins", "inflight_bytes", "quarantine",
                                      "retained"};
 
@@ -200,6 +202,10 @@ static const stat_family_t safety_families[] = {
     ONE("quarantined_slots", "gauge", quarantined_slots,
         "Slots held until proof no WRITE can land."),
     ONE("force_releases_total", "counter", force_releases, "Holds released at the hold cap."),
+    {"releases_total", "counter",
+     "Slots and source pins a WRITE may touch, released, by proof (SPEC 7).", "proof", proofs,
+     {F(released_terminal), F(released_fetch_done), F(released_abort_ack), F(released_fence),
+      F(released_am_refuse), F(released_hold_cap), F(released_not_sent)}, 7},
     ONE("checksum_mismatches_total", "counter", checksum_mismatches,
         "Blocks whose checksum did not match."),
     ONE("stale_frames_total", "counter", stale_frames, "Frames of old epochs dropped."),

@@ -173,7 +173,9 @@ STATS_FIELDS = (
     "fetches_refused_quarantine fetches_refused_retained "
     "leases_renewed leases_expired lease_pins_expired fetch_hints_stale "
     "kv_event_batches kv_event_batches_dropped kv_events kv_event_replays "
-    "am_refuse_releases late_bytes_dropped am_bytes_landed"
+    "am_refuse_releases late_bytes_dropped am_bytes_landed "
+    "released_terminal released_fetch_done released_abort_ack released_fence "
+    "released_am_refuse released_hold_cap released_not_sent"
 ).split()
 
 

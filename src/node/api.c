@@ -599,6 +599,13 @@ static kvp_status_t do_stats(kvp_node_t *n, void *arg)
     n->xport->ops->get_stats(n->xport, &xs);
     o->late_bytes_dropped = xs.late_bytes_dropped;
     o->am_bytes_landed = xs.am_bytes_landed;
+    o->released_terminal = n->releases[KVP_PROOF_TERMINAL];
+    o->released_fetch_done = n->releases[KVP_PROOF_FETCH_DONE];
+    o->released_abort_ack = n->releases[KVP_PROOF_ABORT_ACK];
+    o->released_fence = n->releases[KVP_PROOF_FENCE];
+    o->released_am_refuse = n->releases[KVP_PROOF_AM_REFUSE];
+    o->released_hold_cap = n->releases[KVP_PROOF_HOLD_CAP];
+    o->released_not_sent = n->releases[KVP_PROOF_NOT_SENT];
     uint64_t inflight = 0;
     kvp_list_t *p, *t;
     kvp_list_foreach_safe(p, t, &n->sessions)

@@ -226,7 +226,7 @@ static void node_poll_retired(kvp_node_t *n)
                     continue;
                 KVP_INFO(n->name, "peer %s: retained transfer %llu stopped (%s): released", x->peer,
                          (unsigned long long)x->id, kvp_status_str(n->results[i].status));
-                kvp__xfer_release(n, x); /* terminal: proof; unpin the store job */
+                kvp__xfer_release(n, x, KVP_PROOF_TERMINAL); /* poll_retired handed it back */
                 n->n_retained--;
                 break;
             }
@@ -240,7 +240,7 @@ static void node_force_release_retired(kvp_node_t *n, kvp_xfer_t *x, const char 
                        "may still be read",
               x->peer, (unsigned long long)x->id, why);
     n->xport->ops->force_release_retired(n->xport, &x->id, 1);
-    kvp__xfer_release(n, x);
+    kvp__xfer_release(n, x, KVP_PROOF_HOLD_CAP);
     n->n_retained--;
     n->st.force_releases++;
 }
@@ -250,7 +250,7 @@ static void node_force_release_quarantine(kvp_node_t *n, kvp_load_t *l, const ch
     KVP_ERROR(n->name, "peer %s: %u quarantined slots of load %llu released (%s): marked suspect",
               l->peer, l->n, (unsigned long long)l->op_id, why);
     n->st.force_releases++;
-    kvp__load_release_quarantine(l, true);
+    kvp__load_release_quarantine(l, KVP_PROOF_HOLD_CAP);
 }
 
 static bool session_idle(const kvp_session_t *s)

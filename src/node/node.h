@@ -72,8 +72,9 @@ kvp_store_t *kvp__node_store(kvp_node_t *n);
 kvp_status_t kvp__node_create_ex(const kvp_config_t *cfg, const kvp_node_seams_t *seams,
                                  kvp_node_t **out);
 
-/* Which proof releases memory a WRITE may touch (STYLE §5). Named at every
- * release; a later issue routes all of them through one helper. */
+/* Which proof releases memory a WRITE may touch (STYLE §5). Every release
+ * goes through kvp__release_* (session/release.c), which names, counts and
+ * logs it; docs/DESIGN.md maps each to its rule of SPEC §7. */
 typedef enum kvp_proof {
     KVP_PROOF_TERMINAL = 0,   /* the transport handed the transfer back as terminal */
     KVP_PROOF_FETCH_DONE = 1, /* the source finished writing (control channel) */
@@ -81,6 +82,8 @@ typedef enum kvp_proof {
     KVP_PROOF_FENCE = 3,      /* our endpoint to the source FORCE-closed on a fenceable path */
     KVP_PROOF_AM_REFUSE = 4,  /* AM path: our handler refuses the slots; nothing else writes them */
     KVP_PROOF_HOLD_CAP = 5,   /* no proof: the hold cap expired (slots marked suspect) */
+    KVP_PROOF_NOT_SENT = 6,   /* the FETCH / transfer never left us: nothing can write or read */
+    KVP_PROOF_COUNT = 7,
 } kvp_proof_t;
 
 const char *kvp__proof_str(kvp_proof_t p);
@@ -319,6 +322,7 @@ struct kvp_node {
 
     struct kvp_kvevents *kvevents; /* KV-event publisher (events.h), or NULL */
     kvp_stats_t st; /* counters owned by the node (store/ctl stats merged on read) */
+    uint64_t releases[KVP_PROOF_COUNT]; /* slots / pins released, per proof (release.c) */
     kvp_ratelimit_t rl_proto, rl_cap, rl_local; /* rl_local: refusals of local readers */
 };
 
@@ -385,8 +389,9 @@ void kvp__client_finish_request(kvp_session_t *s, uint64_t request_id);
 void kvp__client_fail_unknown(kvp_load_t *l, kvp_status_t why);
 void kvp__client_teardown(kvp_session_t *s, bool fault);
 void kvp__load_publish(kvp_load_t *l, kvp_status_t st, uint32_t n_ok);
-/* Release a quarantined load's slots (proof, or cap = suspect). Frees it. */
-void kvp__load_release_quarantine(kvp_load_t *l, bool by_cap);
+/* Release a quarantined load's slots by `proof` (KVP_PROOF_HOLD_CAP: the
+ * slots become suspect). Frees it. */
+void kvp__load_release_quarantine(kvp_load_t *l, kvp_proof_t proof);
 void kvp__load_free(kvp_load_t *l);
 
 /* server.c: the source role */
@@ -400,7 +405,22 @@ void kvp__server_on_xfer_done(kvp_session_t *s, kvp_xfer_id_t id, kvp_status_t s
 void kvp__server_finish_request(kvp_session_t *s, uint64_t request_id);
 /* Teardown: cancel in WAIT mode; running transfers move to node->retained. */
 void kvp__server_teardown(kvp_session_t *s);
-void kvp__xfer_release(kvp_node_t *n, kvp_xfer_t *x);
+/* Unlink and free a transfer, dropping its source pins by `proof`. */
+void kvp__xfer_release(kvp_node_t *n, kvp_xfer_t *x, kvp_proof_t proof);
+
+/* release.c: the one place memory a WRITE may touch is released. Each call
+ * names its proof, counts it (n->releases) and logs it at DEBUG. */
+/* A destination slot of ours FILLING (or QUARANTINED) -> FREE. */
+void kvp__release_dst(kvp_node_t *n, const char *peer, kvp_slot_ref_t dst, bool quarantined,
+                      kvp_proof_t proof);
+/* FILLING -> READY with the source's digest: verified against it with
+ * `verify`, else taken as the slot's (kvp_store_commit_digest). On error
+ * (e.g. KVP_ERR_CHECKSUM) the slot stays FILLING and nothing is counted: the
+ * caller releases it with kvp__release_dst. */
+kvp_status_t kvp__release_dst_commit(kvp_node_t *n, const char *peer, kvp_slot_ref_t dst,
+                                     const kvp_digest_t *digest, bool verify, kvp_proof_t proof);
+/* Drop every pin of the transfer's store job (x->n becomes 0). */
+void kvp__release_src(kvp_node_t *n, kvp_xfer_t *x, kvp_proof_t proof);
 
 /* config.c: validation naming the field (kvp_last_error), the region
  * against the host's memory and /dev/shm. */

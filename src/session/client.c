@@ -398,8 +398,8 @@ static kvp_status_t load_reserve(kvp_load_t *l, uint32_t *to_fetch)
 
 const char *kvp__proof_str(kvp_proof_t p)
 {
-    static const char *const names[] = {"terminal", "fetch-done", "abort-ack",
-                                        "fence",    "am-refuse",  "hold-cap"};
+    static const char *const names[] = {"terminal",  "fetch-done", "abort-ack", "fence",
+                                        "am-refuse", "hold-cap",   "not-sent"};
     return (unsigned)p < KVP_ARRAY_SIZE(names) ? names[p] : "invalid";
 }
 
@@ -428,12 +428,14 @@ static void block_refuse(kvp_load_t *l, const kvp_load_block_t *b)
         x->ops->refuse(x, &xs, 1);
 }
 
-static void load_abandon_all(kvp_load_t *l)
+/* Every FILLING slot of the load -> FREE by `proof` (refused first on an AM
+ * path, so nothing lands after). */
+static void load_abandon_all(kvp_load_t *l, kvp_proof_t proof)
 {
     for (uint32_t i = 0; i < l->n; i++) {
         if (l->blocks[i].reserved) {
             block_refuse(l, &l->blocks[i]);
-            KVP_ASSERT(kvp_store_abandon(l->node->store, l->blocks[i].dst) == KVP_OK);
+            kvp__release_dst(l->node, l->peer, l->blocks[i].dst, false, proof);
             l->blocks[i].reserved = false;
         }
     }
@@ -569,7 +571,7 @@ static kvp_status_t load_launch(kvp_load_t *l)
     uint32_t to_fetch = 0;
     kvp_status_t st = load_reserve(l, &to_fetch);
     if (st != KVP_OK) {
-        load_abandon_all(l);
+        load_abandon_all(l, KVP_PROOF_NOT_SENT); /* no FETCH yet */
         return st;
     }
     if (l->round == 0)
@@ -585,7 +587,7 @@ static kvp_status_t load_launch(kvp_load_t *l)
     l->bytes = (uint64_t)to_fetch * node->cfg.block_size;
     s->bytes_inflight += l->bytes;
     if ((st = load_send_fetch(l, to_fetch)) != KVP_OK) {
-        load_abandon_all(l); /* nothing reached the wire: no WRITE can come */
+        load_abandon_all(l, KVP_PROOF_NOT_SENT); /* nothing reached the wire: no WRITE can come */
         kvp_list_remove(&l->link);
         s->bytes_inflight -= l->bytes;
         l->bytes = 0;
@@ -731,13 +733,12 @@ kvp_load_t *kvp__client_find_load(kvp_node_t *n, uint64_t op_id)
 
 /* Release a quarantined load's slots: by proof, or by the hold cap (then
  * the slots are suspect). Frees the load. */
-void kvp__load_release_quarantine(kvp_load_t *l, bool by_cap)
+void kvp__load_release_quarantine(kvp_load_t *l, kvp_proof_t proof)
 {
-    kvp_node_t *n = l->node;
     for (uint32_t i = 0; i < l->n; i++) {
         if (!l->blocks[i].reserved)
             continue;
-        KVP_ASSERT(kvp_store_release_quarantined(n->store, l->blocks[i].dst, by_cap) == KVP_OK);
+        kvp__release_dst(l->node, l->peer, l->blocks[i].dst, true, proof);
         l->blocks[i].reserved = false;
     }
     kvp__load_free(l);
@@ -805,15 +806,18 @@ static void load_settle_done(kvp_load_t *l, kvp_status_t done_status, bool landi
         } else if (done_status == KVP_OK && b->sent) {
             /* Verification off: the slot takes the source's digest, no hash
              * of the block on the node thread. */
-            st = n->cfg.verify_checksums && !KVP_MUTATED(KVP_MUT_SKIP_CHECKSUM)
-                     ? kvp_store_commit_verify(n->store, b->dst, &b->digest)
-                     : kvp_store_commit_digest(n->store, b->dst, &b->digest);
+            bool verify = n->cfg.verify_checksums && !KVP_MUTATED(KVP_MUT_SKIP_CHECKSUM);
+            st = kvp__release_dst_commit(n, l->peer, b->dst, &b->digest, verify,
+                                         KVP_PROOF_FETCH_DONE);
         }
         if (st == KVP_ERR_CHECKSUM)
             KVP_ERROR(n->name, "peer %s: block %u of round %llu fails its checksum: dropped",
                       l->peer, i, (unsigned long long)l->round);
         if (st != KVP_OK) {
-            KVP_ASSERT(kvp_store_abandon(n->store, b->dst) == KVP_OK);
+            /* A sent block that never landed is safe to free because our
+             * handler refused it above (AM path), not because of FETCH_DONE. */
+            kvp__release_dst(n, l->peer, b->dst, false,
+                             b->sent && !here ? KVP_PROOF_AM_REFUSE : KVP_PROOF_FETCH_DONE);
             if (first_err == KVP_OK)
                 first_err = st;
         } else {
@@ -854,7 +858,7 @@ void kvp__client_on_fetch_done(kvp_session_t *s, const kvp_msg_fetch_done_t *m)
         return;
     }
     if (l->quarantined) { /* proof from the live session: release */
-        kvp__load_release_quarantine(l, false);
+        kvp__load_release_quarantine(l, KVP_PROOF_FETCH_DONE);
         return;
     }
     /* Record the answer in the load (no allocation): settled now, or once
@@ -917,7 +921,7 @@ void kvp__client_on_abort_ack(kvp_session_t *s, const kvp_msg_abort_t *m)
         return;
     }
     if (l->quarantined) {
-        kvp__load_release_quarantine(l, false);
+        kvp__load_release_quarantine(l, KVP_PROOF_ABORT_ACK);
         return;
     }
     if (l->am_refused) { /* released at once earlier (AM_REFUSE) */
@@ -925,7 +929,7 @@ void kvp__client_on_abort_ack(kvp_session_t *s, const kvp_msg_abort_t *m)
         kvp__load_free(l);
         return;
     }
-    load_abandon_all(l);
+    load_abandon_all(l, KVP_PROOF_ABORT_ACK);
     if (!l->published)
         kvp__load_publish(l, KVP_ERR_CANCELED, 0);
     load_set_phase(l, KVP_LOAD_SETTLED);
@@ -1002,8 +1006,9 @@ void kvp__client_fail_unknown(kvp_load_t *l, kvp_status_t why)
         kvp__load_publish(l, why, 0);
     if (l->quarantined || l->am_refused)
         return;
-    if (KVP_MUTATED(KVP_MUT_RELEASE_QUARANTINE_AT_ONCE)) { /* test-only: the bug */
-        load_abandon_all(l);
+    if (KVP_MUTATED(KVP_MUT_RELEASE_QUARANTINE_AT_ONCE)) {
+        /* The bug: claims AM_REFUSE on a path our handler cannot refuse. */
+        load_abandon_all(l, KVP_PROOF_AM_REFUSE); /* test-only mutation: a false proof */
         return;
     }
     kvp_xport_t *x = n->xport;
@@ -1014,7 +1019,7 @@ void kvp__client_fail_unknown(kvp_load_t *l, kvp_status_t why)
         uint32_t k = 0;
         for (uint32_t i = 0; i < l->n; i++)
             k += l->blocks[i].reserved;
-        load_abandon_all(l); /* refuse, then FILLING -> FREE */
+        load_abandon_all(l, KVP_PROOF_AM_REFUSE); /* refuse, then FILLING -> FREE */
         l->am_refused = true;
         n->st.am_refuse_releases += k;
         KVP_INFO(n->name, "peer %s: load %llu failed (%s): %u slots released at once (proof=%s)",
@@ -1025,7 +1030,8 @@ void kvp__client_fail_unknown(kvp_load_t *l, kvp_status_t why)
     for (uint32_t i = 0; i < l->n; i++)
         if (l->blocks[i].reserved) {
             block_refuse(l, &l->blocks[i]);
-            KVP_ASSERT(kvp_store_quarantine(n->store, l->blocks[i].dst) == KVP_OK);
+            kvp_status_t st = kvp_store_quarantine(n->store, l->blocks[i].dst);
+            KVP_ASSERT(st == KVP_OK); /* FILLING -> QUARANTINED: held, not released */
         }
     l->quarantined = true;
     l->quarantined_ns = kvp__node_now(n);

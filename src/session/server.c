@@ -118,7 +118,9 @@ static void sround_unpin_supply(kvp_sround_t *r)
     kvp_store_t *st = r->sess->node->store;
     for (uint32_t i = 0; i < r->n_supply; i++) {
         if (r->supply[i].pinned) {
-            KVP_ASSERT(kvp_store_unpin(st, r->supply[i].ref) == KVP_OK);
+            /* A supply pin: no transfer reads it (those moved to a kvp_xfer_t). */
+            kvp_status_t rc = kvp_store_unpin(st, r->supply[i].ref);
+            KVP_ASSERT(rc == KVP_OK);
             r->supply[i].pinned = false;
         }
     }
@@ -250,7 +252,8 @@ static uint32_t prefix_trim(kvp_sround_t *r)
     for (uint32_t i = 0; i < r->n_supply; i++) {
         kvp_supply_t *sp = &r->supply[i];
         if (cut && sp->pinned && (r->lookup_flags & KVP_LOOKUP_F_PREFIX)) {
-            KVP_ASSERT(kvp_store_unpin(st, sp->ref) == KVP_OK);
+            kvp_status_t rc = kvp_store_unpin(st, sp->ref); /* supply: no transfer reads it */
+            KVP_ASSERT(rc == KVP_OK);
             sp->pinned = false;
         }
         cut |= !sp->pinned && !sp->pending;
@@ -562,11 +565,11 @@ static kvp_status_t xfer_take_pins(kvp_sround_t *r, kvp_xfer_t *x)
     return KVP_OK;
 }
 
-/* Unpin and free a transfer that is on no list (never posted, or unlinked). */
-static void xfer_drop(kvp_node_t *n, kvp_xfer_t *x)
+/* Unpin (by `proof`) and free a transfer that is on no list (never posted,
+ * or unlinked). */
+static void xfer_drop(kvp_node_t *n, kvp_xfer_t *x, kvp_proof_t proof)
 {
-    for (uint32_t i = 0; i < x->n; i++)
-        KVP_ASSERT(kvp_store_unpin(n->store, x->src[i]) == KVP_OK);
+    kvp__release_src(n, x, proof);
     kvp__free(x->src);
     kvp__free(x);
 }
@@ -597,7 +600,7 @@ static void sround_post(kvp_sround_t *r)
     kvp__free(blocks);
     if (st != KVP_OK) {
         if (x != NULL)
-            xfer_drop(n, x);
+            xfer_drop(n, x, KVP_PROOF_NOT_SENT); /* write() refused it: nothing reads */
         sround_finish(r, false, st);
         return;
     }
@@ -612,10 +615,10 @@ static void sround_post(kvp_sround_t *r)
 
 /* ---------------------------------------------------------- completions */
 
-void kvp__xfer_release(kvp_node_t *n, kvp_xfer_t *x)
+void kvp__xfer_release(kvp_node_t *n, kvp_xfer_t *x, kvp_proof_t proof)
 {
     kvp_list_remove(&x->link);
-    xfer_drop(n, x);
+    xfer_drop(n, x, proof);
 }
 
 void kvp__server_on_xfer_done(kvp_session_t *s, kvp_xfer_id_t id, kvp_status_t st)
@@ -639,7 +642,7 @@ void kvp__server_on_xfer_done(kvp_session_t *s, kvp_xfer_id_t id, kvp_status_t s
                 r->block_ok[i] = r->demand[i].supply >= 0;
         }
         r->xfer = NULL;
-        kvp__xfer_release(n, x); /* terminal: proof that frees the source pins */
+        kvp__xfer_release(n, x, KVP_PROOF_TERMINAL); /* poll handed it back */
         sround_finish(r, r->phase == KVP_SR_ABORTING, st);
         return;
     }
@@ -679,7 +682,7 @@ void kvp__server_on_abort(kvp_session_t *s, const kvp_msg_abort_t *m)
         sround_set_phase(r, KVP_SR_ABORTING);
         if (n_running == 0) { /* terminal already: released by cancel */
             s->xfers_inflight--;
-            kvp__xfer_release(n, r->xfer);
+            kvp__xfer_release(n, r->xfer, KVP_PROOF_TERMINAL);
             r->xfer = NULL;
             sround_finish(r, true, KVP_ERR_CANCELED);
         }
@@ -807,15 +810,12 @@ void kvp__server_teardown(kvp_session_t *s)
             n->xport->ops->cancel(n->xport, &x->id, 1, KVP_CANCEL_WAIT, running, &n_running);
         x->round->xfer = NULL;
         x->round = NULL;
-        if (n_running == 0) {
-            kvp__xfer_release(n, x);
+        if (n_running == 0) { /* cancel (WAIT) handed it back terminal */
+            kvp__xfer_release(n, x, KVP_PROOF_TERMINAL);
             continue;
         }
-        if (KVP_MUTATED(KVP_MUT_UNPIN_AT_CLOSE)) { /* test-only: the bug */
-            for (uint32_t i = 0; i < x->n; i++)
-                kvp_store_unpin(n->store, x->src[i]);
-            x->n = 0;
-        }
+        if (KVP_MUTATED(KVP_MUT_UNPIN_AT_CLOSE)) /* the bug: the transfer is still running */
+            kvp__release_src(n, x, KVP_PROOF_TERMINAL); /* test-only mutation: a false proof */
         kvp_list_remove(&x->link);
         x->retained_ns = kvp__node_now(n);
         kvp_list_insert_tail(&n->retained, &x->link);

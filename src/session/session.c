@@ -165,7 +165,7 @@ void kvp__session_teardown(kvp_session_t *s, bool fault, const char *why)
         {
             kvp_load_t *l = KVP_CONTAINER_OF(p, kvp_load_t, link);
             if (l->xpeer == s->xpeer)
-                kvp__load_release_quarantine(l, false); /* fenced: no byte can land */
+                kvp__load_release_quarantine(l, KVP_PROOF_FENCE); /* no byte can land */
         }
     }
     kvp__server_teardown(s);

@@ -60,8 +60,10 @@ static void test_lookup_fetch_roundtrip(void **state)
         assert_true(world_verify(w, 1, k));
     s0 = world_stats(w, 0);
     assert_int_equal(s0.pins, 0); /* unpinned after remote completion */
+    assert_int_equal(s0.released_terminal, 8); /* the transfer's store job */
     assert_int_equal(s0.blocks_out, 8);
     kvp_stats_t s1 = world_stats(w, 1);
+    assert_int_equal(s1.released_fetch_done, 8); /* committed by FETCH_DONE */
     assert_int_equal(s1.blocks_in, 8);
     assert_int_equal(s1.slots_ready, 8);
     assert_int_equal(s1.slots_filling, 0);
@@ -195,6 +197,8 @@ static void test_F7_finish_during_load(void **state)
     kvp_stats_t s1 = world_stats(w, 1);
     assert_int_equal(s1.slots_filling, 0);
     assert_int_equal(s1.slots_quarantined, 0);
+    assert_int_equal(s1.released_abort_ack, 4); /* the source acked once its copy stopped */
+    assert_int_equal(s1.released_hold_cap, 0);
     assert_int_equal(world_stats(w, 0).pins, 0);
     world_fini(w, false);
     free(w);

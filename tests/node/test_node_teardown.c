@@ -66,6 +66,10 @@ static void test_F1_source_dies_fenceable(void **state)
     assert_int_equal(s1.slots_quarantined, 0);
     assert_int_equal(s1.slots_ready, 0);
     assert_int_equal(s1.force_releases, 0);
+    /* Released by the named proof (release.c), not by the cap. */
+    assert_int_equal(s1.released_fence, 4);
+    assert_int_equal(s1.released_hold_cap, 0);
+    assert_int_equal(s1.released_fetch_done + s1.released_abort_ack + s1.released_am_refuse, 0);
     kvp_fake_counters_t fc;
     kvp_fake_get_counters(kvp__node_xport(w->node[0]), &fc);
     assert_int_equal(fc.blocks_fenced, 4);
@@ -110,6 +114,8 @@ static void test_F6_unfenceable_late_write_then_cap(void **state)
     assert_int_equal(s1.slots_quarantined, 0);
     assert_int_equal(s1.slots_suspect, 4);
     assert_true(s1.force_releases >= 1);
+    assert_int_equal(s1.released_hold_cap, 4); /* no proof: the cap */
+    assert_int_equal(s1.released_fence, 0);
     assert_true(log_errors_with(&cap) >= 1);
     world_fini(w, false);
     free(w);
@@ -159,6 +165,8 @@ static void test_F2_consumer_dies_source_retains(void **state)
     assert_int_equal(s0.retained_transfers, 0);
     assert_int_equal(s0.pins, 0);
     assert_int_equal(s0.force_releases, 1);
+    assert_int_equal(s0.released_hold_cap, 4); /* the 4 source pins, no proof */
+    assert_int_equal(s0.released_terminal, 0);
     assert_true(log_errors_with(&cap) >= 1);
     assert_int_equal(kvp_fake_call_count(x0, KVP_FAKE_CALL_FORCE_RELEASE), 1);
     world_fini(w, false);
@@ -192,6 +200,8 @@ static void test_F3_F4_close_retain_reconnect(void **state)
     assert_int_equal(s0.retained_transfers, 0);
     assert_int_equal(s0.force_releases, 0);
     assert_int_equal(s0.pins, 0);
+    assert_int_equal(s0.released_terminal, 4 + 2); /* retained (poll_retired) + new */
+    assert_int_equal(s0.released_hold_cap, 0);
     assert_true(world_verify(w, 1, 10));
     assert_int_equal(world_event_count(w, 1, KVP_EV_LOAD, op), 1);
     assert_int_equal(world_stats(w, 1).slots_quarantined, 0);

@@ -1,0 +1,62 @@
+/*
+ * release.c -- the one place memory a WRITE may touch is released (STYLE §5,
+ * SPEC §7). Every call names its proof (kvp_proof_t, node.h); the release
+ * is counted per proof (kvp_stats_t released_*) and logged at DEBUG. The
+ * hold cap, which is no proof, is logged loudly by its caller (node.c,
+ * once per held record) and counted here like the others.
+ *
+ * `grep -n KVP_PROOF_ src` lists every release and so the whole safety
+ * argument; docs/DESIGN.md ("Which proof releases which memory") maps each
+ * proof to its rule of SPEC §7.
+ *
+ * Memory covered:
+ *   consumer  a destination slot of ours leaving FILLING (commit, abandon)
+ *             or QUARANTINED (release; suspect when the proof is the cap);
+ *   source    the pins of a transfer's store job (the source slots it reads).
+ * Store calls are never made inside KVP_ASSERT: the assert checks the
+ * status the call returned.
+ */
+#include "node/node.h"
+
+static void release_count(kvp_node_t *n, kvp_proof_t proof, uint64_t count)
+{
+    KVP_ASSERT((unsigned)proof < KVP_PROOF_COUNT);
+    n->releases[proof] += count;
+}
+
+void kvp__release_dst(kvp_node_t *n, const char *peer, kvp_slot_ref_t dst, bool quarantined,
+                      kvp_proof_t proof)
+{
+    bool suspect = proof == KVP_PROOF_HOLD_CAP; /* no proof: re-verified on acquire */
+    kvp_status_t st = quarantined ? kvp_store_release_quarantined(n->store, dst, suspect)
+                                  : kvp_store_abandon(n->store, dst);
+    KVP_ASSERT(st == KVP_OK); /* the load held this slot at this generation */
+    release_count(n, proof, 1);
+    KVP_DEBUG(n->name, "peer %s: slot %u gen %u %s -> free (proof=%s)", peer, dst.slot, dst.gen,
+              quarantined ? "quarantined" : "filling", kvp__proof_str(proof));
+}
+
+kvp_status_t kvp__release_dst_commit(kvp_node_t *n, const char *peer, kvp_slot_ref_t dst,
+                                     const kvp_digest_t *digest, bool verify, kvp_proof_t proof)
+{
+    kvp_status_t st = verify ? kvp_store_commit_verify(n->store, dst, digest)
+                             : kvp_store_commit_digest(n->store, dst, digest);
+    if (st != KVP_OK)
+        return st; /* still FILLING: the caller releases it (kvp__release_dst) */
+    release_count(n, proof, 1);
+    KVP_DEBUG(n->name, "peer %s: slot %u gen %u filling -> ready (proof=%s)", peer, dst.slot,
+              dst.gen, kvp__proof_str(proof));
+    return KVP_OK;
+}
+
+void kvp__release_src(kvp_node_t *n, kvp_xfer_t *x, kvp_proof_t proof)
+{
+    for (uint32_t i = 0; i < x->n; i++) {
+        kvp_status_t st = kvp_store_unpin(n->store, x->src[i]);
+        KVP_ASSERT(st == KVP_OK); /* the store job holds one pin per source slot */
+    }
+    release_count(n, proof, x->n);
+    KVP_DEBUG(n->name, "peer %s: transfer %llu: %u source pins dropped (proof=%s)", x->peer,
+              (unsigned long long)x->id, x->n, kvp__proof_str(proof));
+    x->n = 0;
+}
