@@ -253,7 +253,7 @@ static kvp_status_t do_put(kvp_node_t *n, void *arg)
         kvp_store_abandon(n->store, ref);
         return st;
     }
-    kvp__server_on_commit(n, a->key, a->key_len); /* pending lookups, parked demand */
+    kvp__server_on_commit(&n->env, a->key, a->key_len); /* pending lookups, parked demand */
     return KVP_OK;
 }
 
@@ -516,7 +516,7 @@ KVP_EXPORT kvp_status_t kvp_fetch(kvp_node_t *n, const char *peer, uint64_t requ
 
 static kvp_status_t do_cancel(kvp_node_t *n, void *arg)
 {
-    kvp_load_t *l = kvp__client_find_load(n, *(uint64_t *)arg);
+    kvp_load_t *l = kvp__node_find_load(n, *(uint64_t *)arg);
     if (l == NULL || l->published)
         return KVP_ERR_NOT_FOUND;
     kvp__client_abort(l, KVP_ERR_CANCELED);
@@ -583,7 +583,7 @@ static kvp_status_t do_stats(kvp_node_t *n, void *arg)
     o->sessions_handshaking = cs.links_handshaking;
     o->stale_frames = cs.stale_frames;
     o->protocol_errors += cs.protocol_errors;
-    o->retained_transfers = n->n_retained;
+    o->retained_transfers = n->env.n_retained;
     o->quarantined_slots = ss.slots[KVP_SLOT_QUARANTINED];
     o->sessions_refused += cs.refused_limit; /* ctl (HELLO) + session layer */
     o->pins_refused = ss.pin_limit_refusals;
@@ -599,13 +599,13 @@ static kvp_status_t do_stats(kvp_node_t *n, void *arg)
     n->xport->ops->get_stats(n->xport, &xs);
     o->late_bytes_dropped = xs.late_bytes_dropped;
     o->am_bytes_landed = xs.am_bytes_landed;
-    o->released_terminal = n->releases[KVP_PROOF_TERMINAL];
-    o->released_fetch_done = n->releases[KVP_PROOF_FETCH_DONE];
-    o->released_abort_ack = n->releases[KVP_PROOF_ABORT_ACK];
-    o->released_fence = n->releases[KVP_PROOF_FENCE];
-    o->released_am_refuse = n->releases[KVP_PROOF_AM_REFUSE];
-    o->released_hold_cap = n->releases[KVP_PROOF_HOLD_CAP];
-    o->released_not_sent = n->releases[KVP_PROOF_NOT_SENT];
+    o->released_terminal = n->env.releases[KVP_PROOF_TERMINAL];
+    o->released_fetch_done = n->env.releases[KVP_PROOF_FETCH_DONE];
+    o->released_abort_ack = n->env.releases[KVP_PROOF_ABORT_ACK];
+    o->released_fence = n->env.releases[KVP_PROOF_FENCE];
+    o->released_am_refuse = n->env.releases[KVP_PROOF_AM_REFUSE];
+    o->released_hold_cap = n->env.releases[KVP_PROOF_HOLD_CAP];
+    o->released_not_sent = n->env.releases[KVP_PROOF_NOT_SENT];
     uint64_t inflight = 0;
     kvp_list_t *p, *t;
     kvp_list_foreach_safe(p, t, &n->sessions)
@@ -694,12 +694,12 @@ static kvp_status_t do_held(kvp_node_t *n, void *arg)
 {
     held_args_t *a = arg;
     kvp_list_t *p, *t;
-    kvp_list_foreach_safe(p, t, &n->retained)
+    kvp_list_foreach_safe(p, t, &n->env.retained)
     {
         kvp_xfer_t *x = KVP_CONTAINER_OF(p, kvp_xfer_t, link);
         held_add(n, a, 1, 0, x->id, x->retained_ns, x->peer);
     }
-    kvp_list_foreach_safe(p, t, &n->quarantined)
+    kvp_list_foreach_safe(p, t, &n->env.quarantined)
     {
         kvp_load_t *l = KVP_CONTAINER_OF(p, kvp_load_t, link);
         for (uint32_t i = 0; i < l->n; i++)

@@ -126,31 +126,82 @@ kvp_session_t *kvp__node_find_session(kvp_node_t *n, const char *peer)
     return NULL;
 }
 
-kvp_status_t kvp__session_send(kvp_session_t *s, kvp_msg_t *m)
+kvp_load_t *kvp__node_find_load(kvp_node_t *n, uint64_t op_id)
 {
-    if (!kvp__session_open(s))
-        return KVP_ERR_CLOSED;
-    return kvp_link_send(s->link, m);
+    kvp_list_t *p, *t;
+    kvp_list_foreach_safe(p, t, &n->sessions)
+    {
+        kvp_load_t *l = kvp__client_find_load(KVP_CONTAINER_OF(p, kvp_session_t, node_link), op_id);
+        if (l != NULL)
+            return l;
+    }
+    return NULL;
 }
 
-void kvp__session_mark_active(kvp_session_t *s)
+void kvp__node_schedule(kvp_node_t *n, kvp_session_t *s)
 {
+    if (!kvp_list_linked(&s->flush_link))
+        kvp_list_insert_tail(&n->flushq, &s->flush_link);
+}
+
+/* The session layer's upcalls (kvp_session_up_t). */
+static void up_emit(void *arg, const kvp_event_t *ev)
+{
+    kvp__node_emit(arg, ev);
+}
+
+static void up_mark_active(void *arg, kvp_session_t *s)
+{
+    kvp_node_t *n = arg;
     if (!kvp_list_linked(&s->active_link))
-        kvp_list_insert_tail(&s->node->active, &s->active_link);
+        kvp_list_insert_tail(&n->active, &s->active_link);
 }
 
-void kvp__session_fault(kvp_session_t *s, kvp_bye_reason_t reason, const char *why)
+static void up_schedule(void *arg, kvp_session_t *s)
 {
-    kvp_node_t *n = s->node;
-    if (!kvp__session_open(s))
-        return;
-    if (reason == KVP_BYE_PROTOCOL)
-        n->st.protocol_errors++;
-    KVP_LOG_RL(&s->rl, kvp__node_now(n), KVP_LOG_ERROR, n->name,
-               "peer %s: closing session as fault (%s): %s", s->peer_id,
-               kvp_bye_reason_str(reason), why);
-    kvp__session_set_state(s, KVP_SESS_CLOSING);
-    kvp_link_close(s->link, reason); /* teardown runs from on_down */
+    kvp__node_schedule(arg, s);
+}
+
+static const kvp_session_up_t node_session_up = {
+    .emit = up_emit,
+    .mark_active = up_mark_active,
+    .schedule = up_schedule,
+};
+
+/* Sibling probation (SPEC §8): a session of this instance died by a fault;
+ * every other session to the same instance is put on probation. */
+static void node_probation_siblings(kvp_node_t *n, const char *instance_id)
+{
+    kvp_list_t *p, *t;
+    kvp_list_foreach_safe(p, t, &n->sessions)
+    {
+        kvp_session_t *o = KVP_CONTAINER_OF(p, kvp_session_t, node_link);
+        if (strcmp(o->instance_id, instance_id) == 0)
+            kvp__session_probation(o, true);
+    }
+}
+
+/* The session's link is down (s->link NULL, state DOWN): out of the tables,
+ * teardown (SPEC §7), then the node's part: probation of its siblings after
+ * a fault, the PEER_DOWN event. */
+static void node_session_down(kvp_node_t *n, kvp_session_t *s, bool fault, const char *why)
+{
+    char peer[KVP_WIRE_STR_MAX + 1], instance[KVP_WIRE_STR_MAX + 1];
+    kvp_session_close_t closed;
+    snprintf(peer, sizeof(peer), "%s", s->peer_id);
+    snprintf(instance, sizeof(instance), "%s", s->instance_id);
+    if (kvp_list_linked(&s->flush_link))
+        kvp_list_remove(&s->flush_link);
+    kvp_list_remove(&s->node_link);
+    n->n_sessions--;
+    n->st.peers_down++;
+    kvp__session_teardown(s, fault, why, &closed); /* frees s */
+    if (fault)
+        node_probation_siblings(n, instance);
+    kvp_event_t ev = {.type = KVP_EV_PEER_DOWN, .status = fault ? KVP_ERR_UNREACHABLE : KVP_OK};
+    ev.fault = fault;
+    snprintf(ev.peer, sizeof(ev.peer), "%s", peer);
+    kvp__node_emit(n, &ev);
 }
 
 static kvp_status_t ctl_on_ready(void *arg, kvp_link_t *link, const kvp_msg_hello_t *peer,
@@ -160,9 +211,19 @@ static kvp_status_t ctl_on_ready(void *arg, kvp_link_t *link, const kvp_msg_hell
     kvp_session_t *s;
     if (n->draining)
         return KVP_ERR_CLOSED; /* a peer (re)connecting while we shut down: BYE shutdown */
-    kvp_status_t st = kvp__session_create(n, link, peer, blob, blob_len, &s);
+    if (n->n_sessions >= n->cfg.max_sessions) {
+        /* The ctl refuses at the HELLO already (sessions_refused counts both). */
+        n->st.sessions_refused++;
+        KVP_LOG_RL(&n->rl_cap, kvp__node_now(n), KVP_LOG_WARN, n->name,
+                   "peer %s: session refused: max_sessions (%u) reached", peer->peer_id,
+                   n->cfg.max_sessions);
+        return KVP_ERR_LIMIT;
+    }
+    kvp_status_t st = kvp__session_create(&n->env, link, peer, blob, blob_len, &s);
     if (st != KVP_OK)
         return st;
+    kvp_list_insert_tail(&n->sessions, &s->node_link);
+    n->n_sessions++;
     kvp_link_set_user(link, s);
     kvp_event_t ev = {.type = KVP_EV_PEER_UP};
     snprintf(ev.peer, sizeof(ev.peer), "%s", s->peer_id);
@@ -188,12 +249,10 @@ static void ctl_on_down(void *arg, kvp_link_t *link, kvp_down_reason_t reason, u
     kvp_link_set_user(link, NULL);
     s->link = NULL;
     kvp__session_set_state(s, KVP_SESS_DOWN);
-    if (kvp_list_linked(&s->flush_link))
-        kvp_list_remove(&s->flush_link);
     char why[128];
     snprintf(why, sizeof(why), "%s%s%s", kvp_down_reason_str(reason),
              reason == KVP_DOWN_BYE ? " " : "", reason == KVP_DOWN_BYE ? kvp_bye_reason_str(bye_reason) : "");
-    kvp__session_teardown(s, fault, why);
+    node_session_down(arg, s, fault, why);
 }
 
 static void ctl_on_pong(void *arg, kvp_link_t *link, uint64_t rtt_ns)
@@ -212,22 +271,22 @@ static void ctl_on_pong(void *arg, kvp_link_t *link, uint64_t rtt_ns)
 static void node_poll_retired(kvp_node_t *n)
 {
     size_t got;
-    if (kvp_list_empty(&n->retained))
+    if (kvp_list_empty(&n->env.retained))
         return;
     do {
         got = 0;
         n->xport->ops->poll_retired(n->xport, n->results, KVP_ARRAY_SIZE(n->results), &got);
         for (size_t i = 0; i < got; i++) {
             kvp_list_t *p, *t;
-            kvp_list_foreach_safe(p, t, &n->retained)
+            kvp_list_foreach_safe(p, t, &n->env.retained)
             {
                 kvp_xfer_t *x = KVP_CONTAINER_OF(p, kvp_xfer_t, link);
                 if (x->id != n->results[i].id)
                     continue;
                 KVP_INFO(n->name, "peer %s: retained transfer %llu stopped (%s): released", x->peer,
                          (unsigned long long)x->id, kvp_status_str(n->results[i].status));
-                kvp__xfer_release(n, x, KVP_PROOF_TERMINAL); /* poll_retired handed it back */
-                n->n_retained--;
+                kvp__xfer_release(&n->env, x, KVP_PROOF_TERMINAL); /* poll_retired handed it back */
+                n->env.n_retained--;
                 break;
             }
         }
@@ -240,8 +299,8 @@ static void node_force_release_retired(kvp_node_t *n, kvp_xfer_t *x, const char 
                        "may still be read",
               x->peer, (unsigned long long)x->id, why);
     n->xport->ops->force_release_retired(n->xport, &x->id, 1);
-    kvp__xfer_release(n, x, KVP_PROOF_HOLD_CAP);
-    n->n_retained--;
+    kvp__xfer_release(&n->env, x, KVP_PROOF_HOLD_CAP);
+    n->env.n_retained--;
     n->st.force_releases++;
 }
 
@@ -288,13 +347,13 @@ static void node_hold_check(kvp_node_t *n)
 {
     uint64_t now = kvp__node_now(n), cap = (uint64_t)n->cfg.hold_cap_ms * KVP_NSEC_PER_MSEC;
     kvp_list_t *p, *t;
-    kvp_list_foreach_safe(p, t, &n->retained)
+    kvp_list_foreach_safe(p, t, &n->env.retained)
     {
         kvp_xfer_t *x = KVP_CONTAINER_OF(p, kvp_xfer_t, link);
         if (now - x->retained_ns >= cap)
             node_force_release_retired(n, x, "hold cap");
     }
-    kvp_list_foreach_safe(p, t, &n->quarantined)
+    kvp_list_foreach_safe(p, t, &n->env.quarantined)
     {
         kvp_load_t *l = KVP_CONTAINER_OF(p, kvp_load_t, link);
         if (now - l->quarantined_ns >= cap)
@@ -399,8 +458,8 @@ static void node_settle(kvp_node_t *n)
 {
     for (int i = 0; i < 64 && n->xport->ops->progress(n->xport); i++)
         ;
-    if (!kvp_list_empty(&n->landing))
-        kvp__client_check_landing(n);
+    if (!kvp_list_empty(&n->env.landing))
+        kvp__client_check_landing(&n->env);
     node_poll_sessions(n);
     if (n->xport->ep_failures != n->ep_failures_seen)
         node_check_endpoints(n);
@@ -417,7 +476,7 @@ static void node_round(kvp_node_t *n, int timeout_ms)
     /* Transfers in flight: UCX completes a direct shared-memory put and its
      * flush only inside progress(), without always signalling the event fd,
      * so sleep at most 1 ms while any is in flight (a bounded spin). */
-    if (timeout_ms != 0 && (!kvp_list_empty(&n->active) || !kvp_list_empty(&n->landing)))
+    if (timeout_ms != 0 && (!kvp_list_empty(&n->active) || !kvp_list_empty(&n->env.landing)))
         timeout_ms = 1; /* LANDING loads: blocks arrive inside progress() too */
     if (timeout_ms != 0 && (n->xport->ops->caps & KVP_XPORT_CAP_EVENT_FD)) {
         while (n->xport->ops->arm(n->xport) == KVP_ERR_BUSY && busy++ < busy_limit)
@@ -696,13 +755,16 @@ kvp_status_t kvp__node_create_ex(const kvp_config_t *cfg, const kvp_node_seams_t
                                 cfg->compat ? strlen(cfg->compat) : 0, cfg->hash_seed);
     n->clock = seams && seams->clock ? seams->clock : kvp_clock_real();
     n->next_op_id = 1;
-    n->next_round = 1;
+    kvp__session_env_init(&n->env);
+    n->env.cfg = &n->cfg;
+    n->env.name = n->name;
+    n->env.clock = n->clock;
+    n->env.st = &n->st;
+    n->env.rl_proto = &n->rl_proto;
+    n->env.up = &node_session_up;
+    n->env.up_arg = n;
     kvp_list_init(&n->sessions);
     kvp_list_init(&n->active);
-    kvp_list_init(&n->waiting);
-    kvp_list_init(&n->retained);
-    kvp_list_init(&n->quarantined);
-    kvp_list_init(&n->landing);
     kvp_list_init(&n->flushq);
     kvp_list_init(&n->cmds);
     kvp_ratelimit_init(&n->rl_proto, KVP_NSEC_PER_SEC, 5);
@@ -737,6 +799,9 @@ kvp_status_t kvp__node_create_ex(const kvp_config_t *cfg, const kvp_node_seams_t
         goto fail;
     if ((st = n->xport->ops->local_blob(n->xport, &n->blob, &n->blob_len)) != KVP_OK)
         goto fail;
+    n->env.loop = n->loop; /* before the ctl: sessions start with it */
+    n->env.store = n->store;
+    n->env.xport = n->xport;
     if ((st = node_make_ctl(n, seams)) != KVP_OK)
         goto fail;
     snprintf(n->peer_id, sizeof(n->peer_id), "%s", kvp_ctl_peer_id(n->ctl));
@@ -780,7 +845,7 @@ KVP_EXPORT kvp_status_t kvp_node_create(const kvp_config_t *cfg, kvp_node_t **ou
 static bool node_busy(kvp_node_t *n)
 {
     kvp_list_t *p, *t;
-    if (!kvp_list_empty(&n->retained) || !kvp_list_empty(&n->quarantined) ||
+    if (!kvp_list_empty(&n->env.retained) || !kvp_list_empty(&n->env.quarantined) ||
         !kvp_list_empty(&n->active))
         return true;
     kvp_list_foreach_safe(p, t, &n->sessions)
@@ -814,18 +879,16 @@ static void node_drain(kvp_node_t *n)
             s->link = NULL;
             kvp__session_set_state(s, KVP_SESS_DOWN);
         }
-        if (kvp_list_linked(&s->flush_link))
-            kvp_list_remove(&s->flush_link);
-        kvp__session_teardown(s, false, "node shutdown");
+        node_session_down(n, s, false, "node shutdown");
     }
     rounds = 0;
     while (node_busy(n) && kvp__node_now(n) < deadline && (real || rounds++ < 100))
         node_round(n, real ? 5 : 0);
-    while (!kvp_list_empty(&n->retained))
-        node_force_release_retired(n, KVP_CONTAINER_OF(n->retained.next, kvp_xfer_t, link),
+    while (!kvp_list_empty(&n->env.retained))
+        node_force_release_retired(n, KVP_CONTAINER_OF(n->env.retained.next, kvp_xfer_t, link),
                                    "shutdown drain over");
-    while (!kvp_list_empty(&n->quarantined))
-        node_force_release_quarantine(n, KVP_CONTAINER_OF(n->quarantined.next, kvp_load_t, link),
+    while (!kvp_list_empty(&n->env.quarantined))
+        node_force_release_quarantine(n, KVP_CONTAINER_OF(n->env.quarantined.next, kvp_load_t, link),
                                       "shutdown drain over");
     for (int i = 0; i < 10; i++) /* let the BYEs go out */
         kvp_loop_run_once(n->loop, 0);

@@ -1,32 +1,11 @@
 /*
- * node.h -- internal header of the session and node layers (SPEC §2 layers
- * 5 and 6). The public surface is include/kvpeer.h; this header is shared by
- * src/session/ (client and server roles of one session) and src/node/ (the
- * session table, the poll round, teardown, threads, the API).
- *
- * Records that hold memory a WRITE may touch, and the proof that frees them:
- *
- *   kvp_load_t    consumer side. Its destination slots are FILLING from the
- *                 FETCH until FETCH_DONE (commit / abandon) or ABORT_ACK
- *                 (abandon). If the outcome becomes unknown (session fault,
- *                 probation, escalation, endpoint error) they become
- *                 QUARANTINED and the load moves to node->quarantined; they
- *                 return to FREE only on proof (FETCH_DONE / ABORT_ACK on a
- *                 live session, a completed fence on a fenceable path) or at
- *                 the hold cap (then suspect). The load's outcome is
- *                 published exactly once, separately from slot release.
- *
- *   kvp_xfer_t    source side: one posted transfer and its store job (the
- *                 pinned source slots it reads). The pins are dropped only
- *                 when the transport hands the transfer back as terminal
- *                 (poll on the live peer, poll_retired after the session
- *                 ended) or at the hold cap (force_release, logged).
- *                 A transfer outliving its session is "retained" on
- *                 node->retained.
- *
- *   kvp_sround_t  source side: one round (lookup->fetch generation) of a
- *                 request on a session: supply pinned by LOOKUP, demand from
- *                 FETCH, parked demand, the transfer in flight.
+ * node.h -- internal header of the node layer (SPEC §2 layer 6): the session
+ * table, the poll round, retained transfers and quarantined loads past
+ * their session (hold cap, drain), sibling probation, threads, the API. The
+ * public surface is include/kvpeer.h. The node sits above the session layer
+ * (session/session.h): it embeds the sessions' environment
+ * (kvp_session_env_t) and answers their upcalls (kvp_session_up_t); no
+ * session file includes this header.
  */
 #ifndef KVP_NODE_H
 #define KVP_NODE_H
@@ -34,18 +13,13 @@
 #include "kvpeer.h"
 #include "common/common.h"
 #include "ctl/ctl.h"
+#include "session/session.h"
 #include "store/store.h"
 #include "transport/transport.h"
 #include "wire/wire.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
-
-typedef struct kvp_session kvp_session_t;
-typedef struct kvp_load kvp_load_t;
-typedef struct kvp_xfer kvp_xfer_t;
-typedef struct kvp_sround kvp_sround_t;
-typedef struct kvp_lookup_op kvp_lookup_op_t;
 
 /* Test seams: an injected clock, the fake control network and a prebuilt
  * data transport (e.g. the fake). Borrowed; must outlive the node. */
@@ -72,202 +46,6 @@ kvp_store_t *kvp__node_store(kvp_node_t *n);
 kvp_status_t kvp__node_create_ex(const kvp_config_t *cfg, const kvp_node_seams_t *seams,
                                  kvp_node_t **out);
 
-/* Which proof releases memory a WRITE may touch (STYLE §5). Every release
- * goes through kvp__release_* (session/release.c), which names, counts and
- * logs it; docs/DESIGN.md maps each to its rule of SPEC §7. */
-typedef enum kvp_proof {
-    KVP_PROOF_TERMINAL = 0,   /* the transport handed the transfer back as terminal */
-    KVP_PROOF_FETCH_DONE = 1, /* the source finished writing (control channel) */
-    KVP_PROOF_ABORT_ACK = 2,  /* the source stopped writing (control channel) */
-    KVP_PROOF_FENCE = 3,      /* our endpoint to the source FORCE-closed on a fenceable path */
-    KVP_PROOF_AM_REFUSE = 4,  /* AM path: our handler refuses the slots; nothing else writes them */
-    KVP_PROOF_HOLD_CAP = 5,   /* no proof: the hold cap expired (slots marked suspect) */
-    KVP_PROOF_NOT_SENT = 6,   /* the FETCH / transfer never left us: nothing can write or read */
-    KVP_PROOF_COUNT = 7,
-} kvp_proof_t;
-
-const char *kvp__proof_str(kvp_proof_t p);
-
-/* ------------------------------------------------------------- records */
-
-typedef struct kvp_key_buf {
-    uint8_t len;
-    uint8_t data[KVP_KEY_MAX];
-} kvp_key_buf_t;
-
-typedef enum kvp_load_phase {
-    KVP_LOAD_QUEUED = 0,   /* on session->fetchq waiting for byte budget; nothing reserved */
-    KVP_LOAD_SENT = 1,     /* FETCH sent; load timer running */
-    KVP_LOAD_ABORTING = 2, /* ABORT sent; re-sent until ABORT_ACK / FETCH_DONE */
-    KVP_LOAD_LANDING = 3,  /* AM path: FETCH_DONE here, some blocks not yet landed;
-                            * on node->landing, timer = the landing bound */
-    KVP_LOAD_SETTLED = 4,  /* slots committed/abandoned or quarantined */
-} kvp_load_phase_t;
-
-typedef struct kvp_load_block {
-    kvp_key_buf_t key;
-    kvp_slot_ref_t dst;
-    bool reserved; /* dst holds a FILLING/QUARANTINED slot of ours */
-    bool sent;     /* FETCH_DONE: the source sent it (ok), with this digest */
-    kvp_digest_t digest;
-} kvp_load_block_t;
-
-/* Fetches waiting for the bytes-in-flight budget of their session (SPEC §8
- * "further fetches queue, then MISS"): at most this many per session, each
- * for at most half the load timeout (kvp__client_fetch). */
-#define KVP_FETCHQ_MAX 1024u
-
-struct kvp_load {
-    kvp_list_t link; /* session->fetchq (QUEUED), session->loads, or node->quarantined */
-    kvp_list_t land_link; /* node->landing while LANDING */
-    uint32_t land_next;   /* LANDING: blocks before this one are known landed (or not sent) */
-    int32_t done_status;  /* LANDING: the FETCH_DONE's status */
-    kvp_node_t *node;
-    kvp_session_t *sess; /* NULL once the session is gone */
-    kvp_xpeer_id_t xpeer; /* the transport peer WRITEs come through (fence scope) */
-    uint64_t op_id, request_id, round;
-    uint32_t flags;
-    kvp_load_phase_t phase;
-    bool published;   /* the single outcome was published */
-    bool quarantined; /* slots are QUARANTINED awaiting proof or the cap */
-    bool am_refused;  /* AM path: refused by our handler, slots released (KVP_PROOF_AM_REFUSE) */
-    uint32_t n;
-    kvp_load_block_t *blocks;
-    int32_t *block_status; /* caller-owned, may be NULL */
-    uint64_t bytes;
-    uint64_t queued_ns; /* kvp_fetch() of a fetch that had to queue, else 0 */
-    uint64_t started_ns, quarantined_ns, abort_started_ns;
-    char peer[KVP_WIRE_STR_MAX + 1];
-    kvp_timer_t timer; /* queue wait, load timeout, then abort resend / abort-ack timeout */
-};
-
-struct kvp_xfer {
-    kvp_list_t link; /* session->xfers, or node->retained */
-    kvp_xfer_id_t id;
-    kvp_sround_t *round; /* NULL once retained */
-    uint32_t n;
-    kvp_slot_ref_t *src; /* the store job: pinned source slots */
-    uint64_t posted_ns, retained_ns;
-    char peer[KVP_WIRE_STR_MAX + 1];
-};
-
-typedef enum kvp_sround_phase {
-    KVP_SR_LOOKUP_PENDING = 0, /* LOOKUP with FILLING keys: answer deferred */
-    KVP_SR_SUPPLIED = 1,       /* LOOKUP answered; supply pinned until FETCH */
-    KVP_SR_PARKED = 2,         /* WAIT_FOR_SUPPLY demand waiting for commits */
-    KVP_SR_TRANSFERRING = 3,   /* transfer posted */
-    KVP_SR_ABORTING = 4,       /* ABORT received; waiting for the transfer */
-    KVP_SR_FINISHED = 5,       /* FETCH_DONE or ABORT_ACK sent */
-} kvp_sround_phase_t;
-
-typedef struct kvp_supply {
-    kvp_key_buf_t key;
-    kvp_slot_ref_t ref;
-    bool pinned;
-    bool pending; /* LOOKUP_PENDING: key was FILLING */
-} kvp_supply_t;
-
-typedef struct kvp_demand {
-    kvp_key_buf_t key;
-    uint32_t dst_slot, dst_gen;
-    int32_t supply; /* index into supply[], -1 = not (yet) supplied */
-} kvp_demand_t;
-
-struct kvp_sround {
-    kvp_list_t link; /* session->srounds, or session->srounds_done once FINISHED */
-    kvp_list_t wait_link; /* node->waiting (pending lookups, parked demand) */
-    kvp_session_t *sess;
-    uint64_t request_id, round;
-    kvp_sround_phase_t phase;
-    uint32_t n_supply, cap_supply;
-    kvp_supply_t *supply;
-    uint32_t n_demand;
-    kvp_demand_t *demand;
-    uint32_t flags;
-    uint16_t lookup_flags;  /* KVP_LOOKUP_F_PREFIX: only the held prefix is supplied */
-    kvp_xfer_t *xfer;       /* in flight, or NULL */
-    int32_t final_status;   /* what FETCH_DONE said / will say */
-    bool sent_done, sent_ack;
-    kvp_digest_t *digests;  /* per demand, for FETCH_DONE */
-    uint8_t *block_ok;
-    kvp_timer_t timer;      /* pending deadline / supply-pin / parked demand */
-};
-
-/* Client-side lookup: aggregated per (session, request) per poll round. */
-struct kvp_lookup_op {
-    kvp_list_t link; /* session->lookups_queued, then session->lookups_sent */
-    uint64_t op_id, request_id, round;
-    uint32_t n;
-    kvp_key_buf_t *keys;
-    uint8_t *results; /* caller-owned, or owned by the op when owns_results */
-    bool owns_results; /* kvp_lookup_prefix() without a results array */
-    uint16_t mode;     /* LOOKUP header flags (KVP_LOOKUP_F_PREFIX); such ops are never merged */
-    kvp_timer_t timer; /* answer deadline */
-    kvp_session_t *sess;
-};
-
-/* What the consumer learned from the latest lookup of a request. */
-typedef struct kvp_creq {
-    kvp_list_t link;
-    uint64_t request_id;
-    uint64_t round;  /* latest lookup round answered */
-    bool fetched;    /* that round already carries a FETCH */
-} kvp_creq_t;
-
-/* Session lifecycle (session.c, kvp__session_set_state):
- *
- *   kvp__session_create          close asked: kvp__session_fault, idle
- *   ------------------> READY -----------------------------------> CLOSING
- *                         |      timeout, kvp_peer_remove              |
- *                         |                                            |
- *                         | link down (ctl_on_down), node shutdown     | link down
- *                         +------------------> DOWN <------------------+
- *                                  (kvp__session_teardown, then freed)
- *
- * Probation (SPEC §8) is orthogonal: a READY session on probation answers
- * MISS to new work until a fresh PONG. */
-typedef enum kvp_session_state {
-    KVP_SESS_READY = 0,   /* link up: both roles serve; frames dispatched */
-    KVP_SESS_CLOSING = 1, /* close asked, link closing: frames ignored, no new work */
-    KVP_SESS_DOWN = 2,    /* link gone (s->link == NULL): teardown runs, then freed */
-} kvp_session_state_t;
-
-struct kvp_session {
-    kvp_list_t node_link; /* node->sessions */
-    kvp_list_t active_link; /* node->active: sessions with transfers in flight */
-    kvp_list_t flush_link;  /* node->flushq: lookups to send, queued fetches to start */
-    kvp_node_t *node;
-    kvp_link_t *link; /* control link; NULL once down */
-    char peer_id[KVP_WIRE_STR_MAX + 1];
-    char instance_id[KVP_WIRE_STR_MAX + 1];
-    uint32_t peer_num_blocks, peer_block_size;
-    kvp_xpeer_id_t xpeer;
-    kvp_data_path_t path;
-    kvp_session_state_t state; /* kvp__session_set_state() only */
-    bool probation;
-    /* A frame of the peer's own ready session arrived (a node frame, or a
-     * PONG, answered only by a READY link): the peer had registered our blob,
-     * so its endpoint to us existed. Only then does our fence cover it. */
-    bool peer_heard;
-    uint64_t probation_ns;
-    uint64_t bytes_inflight; /* consumer side: bytes of loads not settled */
-    /* client role */
-    kvp_list_t lookups_queued, lookups_sent, loads, creqs;
-    kvp_list_t fetchq; /* QUEUED loads, FIFO, waiting for bytes_inflight budget */
-    uint32_t n_fetchq;
-    /* server role */
-    kvp_list_t srounds, xfers;
-    /* FINISHED rounds kept to replay their answer (F5) until their timer
-     * frees them; apart so the live list stays short (kvp__server_*). */
-    kvp_list_t srounds_done;
-    uint64_t sround_max; /* the highest round token seen, if sround_seen */
-    bool sround_seen;
-    uint32_t xfers_inflight;
-    uint64_t last_work_ns;
-    kvp_ratelimit_t rl;       /* repeated log lines of this peer */
-    kvp_ratelimit_t rl_limit; /* this peer's refusals at a limit of SPEC §8 */
-};
-
 /* ------------------------------------------------------------------ node */
 
 typedef struct kvp_cmd kvp_cmd_t;
@@ -289,15 +67,15 @@ struct kvp_node {
     size_t blob_len;
     uint64_t fingerprint;
 
-    kvp_list_t sessions;    /* kvp_session_t, ready */
-    kvp_list_t active;      /* sessions with transfers in flight */
-    kvp_list_t waiting;     /* srounds waiting for commits (pending lookups, parked) */
-    kvp_list_t retained;    /* kvp_xfer_t retained after their session ended */
-    kvp_list_t quarantined; /* kvp_load_t whose slots are QUARANTINED */
-    kvp_list_t landing;     /* kvp_load_t LANDING: checked after each transport progress */
-    kvp_list_t flushq;      /* sessions with queued lookups or startable queued fetches */
-    uint32_t n_sessions, n_retained;
-    uint64_t next_op_id, next_round;
+    /* The session layer's environment (lists of retained transfers,
+     * quarantined loads, waiting rounds; round tokens; per-proof release
+     * counters), shared by every session of this node. */
+    kvp_session_env_t env;
+    kvp_list_t sessions; /* kvp_session_t, ready */
+    kvp_list_t active;   /* sessions with transfers in flight (up->mark_active) */
+    kvp_list_t flushq;   /* sessions with queued lookups or startable queued fetches */
+    uint32_t n_sessions;
+    uint64_t next_op_id;
     kvp_io_t xport_io;
     kvp_timer_t hold_timer;
 
@@ -322,7 +100,6 @@ struct kvp_node {
 
     struct kvp_kvevents *kvevents; /* KV-event publisher (events.h), or NULL */
     kvp_stats_t st; /* counters owned by the node (store/ctl stats merged on read) */
-    uint64_t releases[KVP_PROOF_COUNT]; /* slots / pins released, per proof (release.c) */
     kvp_ratelimit_t rl_proto, rl_cap, rl_local; /* rl_local: refusals of local readers */
 };
 
@@ -334,94 +111,10 @@ kvp_status_t kvp__node_take_events(kvp_node_t *n, kvp_event_t *out, uint32_t cap
 uint64_t kvp__node_now(const kvp_node_t *n);
 void kvp__node_emit(kvp_node_t *n, const kvp_event_t *ev);
 kvp_session_t *kvp__node_find_session(kvp_node_t *n, const char *peer);
-/* Serialise and send a message on a session (stamped by ctl). */
-kvp_status_t kvp__session_send(kvp_session_t *s, kvp_msg_t *m);
-void kvp__session_mark_active(kvp_session_t *s);
-/* Close a session from inside a callback: BYE, teardown runs from on_down. */
-void kvp__session_fault(kvp_session_t *s, kvp_bye_reason_t reason, const char *why);
-
-/* session.c: lifecycle and dispatch */
-kvp_status_t kvp__session_create(kvp_node_t *n, kvp_link_t *link, const kvp_msg_hello_t *hello,
-                                 const void *blob, size_t blob_len, kvp_session_t **out);
-void kvp__session_on_frame(kvp_session_t *s, const kvp_msg_t *m);
-/* The link is down: teardown per SPEC §7, then free the session. */
-void kvp__session_teardown(kvp_session_t *s, bool fault, const char *why);
-/* The one place a session changes state; asserts the diagram above. */
-void kvp__session_set_state(kvp_session_t *s, kvp_session_state_t to);
-/* READY: the link is up and no close was asked (probation aside). */
-static inline bool kvp__session_open(const kvp_session_t *s)
-{
-    return s->state == KVP_SESS_READY;
-}
-void kvp__session_probation(kvp_session_t *s, bool on);
-
-/* client.c: the consumer role */
-kvp_status_t kvp__client_lookup(kvp_session_t *s, uint64_t op_id, uint64_t request_id,
-                                const uint8_t *keys, const uint32_t *lens, uint32_t n,
-                                uint8_t *results);
-/* Prefix mode (KVP_LOOKUP_F_PREFIX): one LOOKUP of its own; the event's
- * n_ok is the held prefix length. results may be NULL. */
-kvp_status_t kvp__client_lookup_prefix(kvp_session_t *s, uint64_t op_id, uint64_t request_id,
-                                       const uint8_t *keys, const uint32_t *lens, uint32_t n,
-                                       uint8_t *results);
-/* Lease heartbeat: a LOOKUP with KVP_LOOKUP_F_RENEW and no keys, sent now. */
-kvp_status_t kvp__client_lease_renew(kvp_session_t *s, uint64_t request_id);
-void kvp__client_flush_lookups(kvp_session_t *s);
-/* Start queued fetches (FIFO) while the session's byte budget allows. */
-void kvp__client_start_queued(kvp_session_t *s);
-/* Fail every queued fetch of the session with `why` (one outcome each). */
-void kvp__client_fail_queued(kvp_session_t *s, kvp_status_t why);
-kvp_status_t kvp__client_fetch(kvp_session_t *s, uint64_t op_id, uint64_t request_id,
-                               const uint8_t *keys, const uint32_t *lens, uint32_t n,
-                               uint32_t flags, int32_t *block_status);
-void kvp__client_on_lookup_resp(kvp_session_t *s, const kvp_msg_lookup_resp_t *m);
-void kvp__client_on_fetch_done(kvp_session_t *s, const kvp_msg_fetch_done_t *m);
-void kvp__client_on_abort_ack(kvp_session_t *s, const kvp_msg_abort_t *m);
-/* After each transport progress: settle the LANDING loads whose blocks all
- * landed or whose endpoint failed. O(landing loads) plus the blocks that
- * landed since the last call. */
-void kvp__client_check_landing(kvp_node_t *n);
-kvp_load_t *kvp__client_find_load(kvp_node_t *n, uint64_t op_id);
-void kvp__client_abort(kvp_load_t *l, kvp_status_t why);
-void kvp__client_finish_request(kvp_session_t *s, uint64_t request_id);
-/* Outcome unknown (fault, probation, endpoint error): publish routing
- * failure, quarantine the load's slots. */
-void kvp__client_fail_unknown(kvp_load_t *l, kvp_status_t why);
-void kvp__client_teardown(kvp_session_t *s, bool fault);
-void kvp__load_publish(kvp_load_t *l, kvp_status_t st, uint32_t n_ok);
-/* Release a quarantined load's slots by `proof` (KVP_PROOF_HOLD_CAP: the
- * slots become suspect). Frees it. */
-void kvp__load_release_quarantine(kvp_load_t *l, kvp_proof_t proof);
-void kvp__load_free(kvp_load_t *l);
-
-/* server.c: the source role */
-void kvp__server_on_lookup(kvp_session_t *s, const kvp_msg_lookup_t *m, uint16_t flags);
-void kvp__server_on_fetch(kvp_session_t *s, const kvp_msg_fetch_t *m);
-void kvp__server_on_abort(kvp_session_t *s, const kvp_msg_abort_t *m);
-/* A key was committed locally: serve pending lookups and parked demand. */
-void kvp__server_on_commit(kvp_node_t *n, const void *key, uint32_t key_len);
-/* Transfers of this session reported terminal by poll. */
-void kvp__server_on_xfer_done(kvp_session_t *s, kvp_xfer_id_t id, kvp_status_t st);
-void kvp__server_finish_request(kvp_session_t *s, uint64_t request_id);
-/* Teardown: cancel in WAIT mode; running transfers move to node->retained. */
-void kvp__server_teardown(kvp_session_t *s);
-/* Unlink and free a transfer, dropping its source pins by `proof`. */
-void kvp__xfer_release(kvp_node_t *n, kvp_xfer_t *x, kvp_proof_t proof);
-
-/* release.c: the one place memory a WRITE may touch is released. Each call
- * names its proof, counts it (n->releases) and logs it at DEBUG. */
-/* A destination slot of ours FILLING (or QUARANTINED) -> FREE. */
-void kvp__release_dst(kvp_node_t *n, const char *peer, kvp_slot_ref_t dst, bool quarantined,
-                      kvp_proof_t proof);
-/* FILLING -> READY with the source's digest: verified against it with
- * `verify`, else taken as the slot's (kvp_store_commit_digest). On error
- * (e.g. KVP_ERR_CHECKSUM) the slot stays FILLING and nothing is counted: the
- * caller releases it with kvp__release_dst. */
-kvp_status_t kvp__release_dst_commit(kvp_node_t *n, const char *peer, kvp_slot_ref_t dst,
-                                     const kvp_digest_t *digest, bool verify, kvp_proof_t proof);
-/* Drop every pin of the transfer's store job (x->n becomes 0). */
-void kvp__release_src(kvp_node_t *n, kvp_xfer_t *x, kvp_proof_t proof);
-
+/* The load with this op id on any session (queued or in flight), or NULL. */
+kvp_load_t *kvp__node_find_load(kvp_node_t *n, uint64_t op_id);
+/* Have the node run the session's queued work at the end of the call. */
+void kvp__node_schedule(kvp_node_t *n, kvp_session_t *s);
 /* config.c: validation naming the field (kvp_last_error), the region
  * against the host's memory and /dev/shm. */
 kvp_status_t kvp__config_check(const kvp_config_t *cfg);

@@ -23,7 +23,7 @@
  *       holds max_quarantined QUARANTINED slots, fetches from faulty peers
  *       are refused with KVP_ERR_LIMIT; healthy peers are still served.
  */
-#include "node/node.h"
+#include "session/session.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -56,7 +56,7 @@ static void load_set_phase(kvp_load_t *l, kvp_load_phase_t to)
                              (1u << KVP_LOAD_ABORTING) | (1u << KVP_LOAD_LANDING),
     };
     KVP_ASSERT(legal[to] & (1u << l->phase));
-    KVP_TRACE(l->node->name, "peer %s load %llu: %s -> %s", l->peer, (unsigned long long)l->op_id,
+    KVP_TRACE(l->env->name, "peer %s load %llu: %s -> %s", l->peer, (unsigned long long)l->op_id,
               load_phase_names[l->phase], load_phase_names[to]);
     l->phase = to;
 }
@@ -152,14 +152,14 @@ kvp_status_t kvp__client_lookup_prefix(kvp_session_t *s, uint64_t op_id, uint64_
 kvp_status_t kvp__client_lease_renew(kvp_session_t *s, uint64_t request_id)
 {
     kvp_msg_t m = {.type = KVP_MSG_LOOKUP, .flags = KVP_LOOKUP_F_RENEW};
-    m.u.lookup = (kvp_msg_lookup_t){request_id, s->node->next_round++, 0, NULL};
+    m.u.lookup = (kvp_msg_lookup_t){request_id, s->env->next_round++, 0, NULL};
     /* Its empty LOOKUP_RESP matches no op and is ignored (on_lookup_resp). */
     return kvp__session_send(s, &m);
 }
 
 static void lookup_op_finish(kvp_lookup_op_t *op, kvp_status_t st, uint32_t hits)
 {
-    kvp_node_t *n = op->sess->node;
+    kvp_session_env_t *n = op->sess->env;
     kvp_event_t ev = {.type = KVP_EV_LOOKUP, .status = st, .op_id = op->op_id};
     ev.request_id = op->request_id;
     ev.n_keys = op->n;
@@ -173,7 +173,7 @@ static void lookup_op_finish(kvp_lookup_op_t *op, kvp_status_t st, uint32_t hits
         kvp__free(op->results);
     kvp__free(op->keys);
     kvp__free(op);
-    kvp__node_emit(n, &ev);
+    kvp__env_emit(n, &ev);
 }
 
 static void lookup_timer_cb(kvp_timer_t *t)
@@ -197,7 +197,7 @@ static bool lookup_batch_with(const kvp_lookup_op_t *first, const kvp_lookup_op_
  * that request (a key asked twice in the same round is sent once). */
 void kvp__client_flush_lookups(kvp_session_t *s)
 {
-    kvp_node_t *n = s->node;
+    kvp_session_env_t *n = s->env;
     while (!kvp_list_empty(&s->lookups_queued)) {
         kvp_lookup_op_t *first = KVP_CONTAINER_OF(s->lookups_queued.next, kvp_lookup_op_t, link);
         uint64_t req = first->request_id, round = n->next_round++;
@@ -232,8 +232,8 @@ void kvp__client_flush_lookups(kvp_session_t *s)
             kvp_list_insert_tail(&s->lookups_sent, &op->link);
             kvp_timer_init(&op->timer, "lookup", lookup_timer_cb, op);
             kvp_timer_start(n->loop, &op->timer,
-                            kvp__node_now(n) + ((uint64_t)n->cfg.lookup_pending_ms +
-                                                n->cfg.dead_after_ms) * KVP_NSEC_PER_MSEC);
+                            kvp__env_now(n) + ((uint64_t)n->cfg->lookup_pending_ms +
+                                                n->cfg->dead_after_ms) * KVP_NSEC_PER_MSEC);
         }
         if (keys == NULL) {
             kvp__session_fault(s, KVP_BYE_PROTOCOL, "out of memory sending LOOKUP");
@@ -316,12 +316,11 @@ void kvp__client_on_lookup_resp(kvp_session_t *s, const kvp_msg_lookup_resp_t *m
 /* ---------------------------------------------------------------- fetch */
 
 /* Have the node start this session's queued fetches at the end of the
- * current call (node_flush_lookups), never inside the caller's chain. */
+ * current call (up->schedule), never inside the caller's chain. */
 static void fetchq_kick(kvp_session_t *s)
 {
-    if (!kvp_list_empty(&s->fetchq) && kvp__session_open(s) &&
-        !kvp_list_linked(&s->flush_link))
-        kvp_list_insert_tail(&s->node->flushq, &s->flush_link);
+    if (!kvp_list_empty(&s->fetchq) && kvp__session_open(s))
+        s->env->up->schedule(s->env->up_arg, s);
 }
 
 static void load_free_blocks(kvp_load_t *l)
@@ -332,7 +331,7 @@ static void load_free_blocks(kvp_load_t *l)
 
 void kvp__load_free(kvp_load_t *l)
 {
-    kvp_node_t *n = l->node;
+    kvp_session_env_t *n = l->env;
     kvp_timer_stop(n->loop, &l->timer);
     if (kvp_list_linked(&l->link))
         kvp_list_remove(&l->link);
@@ -348,7 +347,7 @@ void kvp__load_free(kvp_load_t *l)
 
 void kvp__load_publish(kvp_load_t *l, kvp_status_t st, uint32_t n_ok)
 {
-    kvp_node_t *n = l->node;
+    kvp_session_env_t *n = l->env;
     KVP_ASSERT(!l->published); /* I4: exactly one outcome */
     l->published = true;
     /* The caller's block_status is theirs again once the event is out: the
@@ -360,24 +359,24 @@ void kvp__load_publish(kvp_load_t *l, kvp_status_t st, uint32_t n_ok)
                 l->block_status[i] = st;
     l->block_status = NULL;
     if (st == KVP_OK)
-        n->st.fetches_ok++;
+        n->st->fetches_ok++;
     else if (st == KVP_ERR_CANCELED || st == KVP_ERR_TIMEOUT)
-        n->st.fetches_aborted++;
+        n->st->fetches_aborted++;
     else
-        n->st.fetches_failed++;
+        n->st->fetches_failed++;
     kvp_event_t ev = {.type = KVP_EV_LOAD, .status = st, .op_id = l->op_id};
     ev.request_id = l->request_id;
     ev.n_keys = l->n;
     ev.n_ok = n_ok;
     snprintf(ev.peer, sizeof(ev.peer), "%s", l->peer);
-    kvp__node_emit(n, &ev);
+    kvp__env_emit(n, &ev);
 }
 
 /* Reserve one FILLING slot per key. Keys already READY or FILLING here are
  * not fetched (their block_status says so). */
 static kvp_status_t load_reserve(kvp_load_t *l, uint32_t *to_fetch)
 {
-    kvp_node_t *n = l->node;
+    kvp_session_env_t *n = l->env;
     *to_fetch = 0;
     for (uint32_t i = 0; i < l->n; i++) {
         kvp_load_block_t *b = &l->blocks[i];
@@ -409,7 +408,7 @@ const char *kvp__proof_str(kvp_proof_t p)
  * nothing lands after. Per block: O(1) each, no allocation. */
 static void load_expect(kvp_load_t *l)
 {
-    kvp_xport_t *x = l->node->xport;
+    kvp_xport_t *x = l->env->xport;
     if (x->ops->expect == NULL)
         return;
     for (uint32_t i = 0; i < l->n; i++) {
@@ -422,7 +421,7 @@ static void load_expect(kvp_load_t *l)
 
 static void block_refuse(kvp_load_t *l, const kvp_load_block_t *b)
 {
-    kvp_xport_t *x = l->node->xport;
+    kvp_xport_t *x = l->env->xport;
     kvp_xslot_t xs = {b->dst.slot, b->dst.gen};
     if (x->ops->refuse != NULL)
         x->ops->refuse(x, &xs, 1);
@@ -435,7 +434,7 @@ static void load_abandon_all(kvp_load_t *l, kvp_proof_t proof)
     for (uint32_t i = 0; i < l->n; i++) {
         if (l->blocks[i].reserved) {
             block_refuse(l, &l->blocks[i]);
-            kvp__release_dst(l->node, l->peer, l->blocks[i].dst, false, proof);
+            kvp__release_dst(l->env, l->peer, l->blocks[i].dst, false, proof);
             l->blocks[i].reserved = false;
         }
     }
@@ -463,11 +462,11 @@ static kvp_status_t load_send_fetch(kvp_load_t *l, uint32_t to_fetch)
 /* ------------------------------------------------------------- limits */
 
 /* Slots held QUARANTINED by loads from this peer: loads of a dead
- * incarnation wait on node->quarantined under the same peer id, loads of a
+ * incarnation wait on env->quarantined under the same peer id, loads of a
  * session on probation stay on its list. Only scanned at the limit. */
 static uint64_t peer_quarantined_slots(const kvp_session_t *s)
 {
-    const kvp_list_t *lists[2] = {&s->node->quarantined, &s->loads};
+    const kvp_list_t *lists[2] = {&s->env->quarantined, &s->loads};
     uint64_t slots = 0;
     for (int k = 0; k < 2; k++) {
         for (const kvp_list_t *p = lists[k]->next; p != lists[k]; p = p->next) {
@@ -486,30 +485,30 @@ static uint64_t peer_quarantined_slots(const kvp_session_t *s)
  * slots attributed to them) answer MISS; healthy peers are served. */
 static kvp_status_t quarantine_check(kvp_session_t *s)
 {
-    kvp_node_t *n = s->node;
+    kvp_session_env_t *n = s->env;
     kvp_store_stats_t ss;
     kvp_store_get_stats(n->store, &ss);
     uint64_t total = ss.slots[KVP_SLOT_QUARANTINED], mine;
-    if (total < n->cfg.max_quarantined || (mine = peer_quarantined_slots(s)) == 0)
+    if (total < n->cfg->max_quarantined || (mine = peer_quarantined_slots(s)) == 0)
         return KVP_OK;
-    n->st.fetches_refused_quarantine++;
-    KVP_LOG_RL(&s->rl_limit, kvp__node_now(n), KVP_LOG_WARN, n->name,
+    n->st->fetches_refused_quarantine++;
+    KVP_LOG_RL(&s->rl_limit, kvp__env_now(n), KVP_LOG_WARN, n->name,
                "peer %s: fetch refused: max_quarantined reached (%llu of %u slots quarantined, "
                "%llu by this peer)",
-               s->peer_id, (unsigned long long)total, n->cfg.max_quarantined,
+               s->peer_id, (unsigned long long)total, n->cfg->max_quarantined,
                (unsigned long long)mine);
     return KVP_ERR_LIMIT;
 }
 
 static void inflight_refused(kvp_session_t *s, const char *why, uint64_t op_id)
 {
-    kvp_node_t *n = s->node;
-    n->st.fetches_refused_inflight++;
-    KVP_LOG_RL(&s->rl_limit, kvp__node_now(n), KVP_LOG_WARN, n->name,
+    kvp_session_env_t *n = s->env;
+    n->st->fetches_refused_inflight++;
+    KVP_LOG_RL(&s->rl_limit, kvp__env_now(n), KVP_LOG_WARN, n->name,
                "peer %s: fetch %llu refused: max_inflight_bytes_per_peer (%llu B, %llu B in "
                "flight): %s",
                s->peer_id, (unsigned long long)op_id,
-               (unsigned long long)n->cfg.max_inflight_bytes_per_peer,
+               (unsigned long long)n->cfg->max_inflight_bytes_per_peer,
                (unsigned long long)s->bytes_inflight, why);
 }
 
@@ -524,7 +523,7 @@ static kvp_load_t *load_new(kvp_session_t *s, uint64_t op_id, uint64_t request_i
         kvp__free(l);
         return NULL;
     }
-    l->node = s->node;
+    l->env = s->env;
     l->sess = s;
     l->xpeer = s->xpeer;
     l->op_id = op_id;
@@ -556,7 +555,7 @@ static void load_bind_round(kvp_load_t *l)
         l->round = c->round;
         c->fetched = true;
     } else {
-        l->round = s->node->next_round++;
+        l->round = s->env->next_round++;
     }
 }
 
@@ -567,7 +566,7 @@ static void load_bind_round(kvp_load_t *l)
 static kvp_status_t load_launch(kvp_load_t *l)
 {
     kvp_session_t *s = l->sess;
-    kvp_node_t *node = l->node;
+    kvp_session_env_t *node = l->env;
     uint32_t to_fetch = 0;
     kvp_status_t st = load_reserve(l, &to_fetch);
     if (st != KVP_OK) {
@@ -576,7 +575,7 @@ static kvp_status_t load_launch(kvp_load_t *l)
     }
     if (l->round == 0)
         load_bind_round(l);
-    l->started_ns = kvp__node_now(node);
+    l->started_ns = kvp__env_now(node);
     if (to_fetch == 0) { /* everything is here already */
         load_set_phase(l, KVP_LOAD_SETTLED);
         kvp__load_publish(l, KVP_OK, 0);
@@ -584,7 +583,7 @@ static kvp_status_t load_launch(kvp_load_t *l)
         return KVP_OK;
     }
     kvp_list_insert_tail(&s->loads, &l->link);
-    l->bytes = (uint64_t)to_fetch * node->cfg.block_size;
+    l->bytes = (uint64_t)to_fetch * node->cfg->block_size;
     s->bytes_inflight += l->bytes;
     if ((st = load_send_fetch(l, to_fetch)) != KVP_OK) {
         load_abandon_all(l, KVP_PROOF_NOT_SENT); /* nothing reached the wire: no WRITE can come */
@@ -595,28 +594,28 @@ static kvp_status_t load_launch(kvp_load_t *l)
     }
     load_set_phase(l, KVP_LOAD_SENT);
     kvp_timer_start(node->loop, &l->timer,
-                    l->started_ns + (uint64_t)node->cfg.load_timeout_ms * KVP_NSEC_PER_MSEC);
+                    l->started_ns + (uint64_t)node->cfg->load_timeout_ms * KVP_NSEC_PER_MSEC);
     return KVP_OK;
 }
 
 /* How long a fetch may wait for budget: half the load timeout, so that a
  * fetch that starts late still ends (SENT gets the full load timeout)
  * within 1.5 load timeouts of kvp_fetch(). */
-static uint64_t fetchq_wait_ns(const kvp_node_t *n)
+static uint64_t fetchq_wait_ns(const kvp_session_env_t *n)
 {
-    return (uint64_t)n->cfg.load_timeout_ms * KVP_NSEC_PER_MSEC / 2;
+    return (uint64_t)n->cfg->load_timeout_ms * KVP_NSEC_PER_MSEC / 2;
 }
 
 static void fetchq_push(kvp_load_t *l)
 {
     kvp_session_t *s = l->sess;
-    kvp_node_t *n = l->node;
+    kvp_session_env_t *n = l->env;
     load_set_phase(l, KVP_LOAD_QUEUED);
-    l->queued_ns = kvp__node_now(n);
+    l->queued_ns = kvp__env_now(n);
     load_bind_round(l);
     kvp_list_insert_tail(&s->fetchq, &l->link);
     s->n_fetchq++;
-    n->st.fetches_queued++;
+    n->st->fetches_queued++;
     kvp_timer_start(n->loop, &l->timer, l->queued_ns + fetchq_wait_ns(n));
     KVP_DEBUG(n->name, "peer %s: fetch %llu queued: %llu B in flight (%u waiting)", s->peer_id,
               (unsigned long long)l->op_id, (unsigned long long)s->bytes_inflight, s->n_fetchq);
@@ -625,7 +624,7 @@ static void fetchq_push(kvp_load_t *l)
 static void fetchq_take(kvp_load_t *l)
 {
     KVP_ASSERT(l->phase == KVP_LOAD_QUEUED && l->sess->n_fetchq > 0);
-    kvp_timer_stop(l->node->loop, &l->timer);
+    kvp_timer_stop(l->env->loop, &l->timer);
     kvp_list_remove(&l->link);
     l->sess->n_fetchq--;
 }
@@ -643,11 +642,11 @@ static void fetchq_fail(kvp_load_t *l, kvp_status_t why)
 
 void kvp__client_start_queued(kvp_session_t *s)
 {
-    kvp_node_t *n = s->node;
+    kvp_session_env_t *n = s->env;
     while (!kvp_list_empty(&s->fetchq) && kvp__session_open(s) && !s->probation) {
         kvp_load_t *l = KVP_CONTAINER_OF(s->fetchq.next, kvp_load_t, link);
-        if (s->bytes_inflight + (uint64_t)l->n * n->cfg.block_size >
-            n->cfg.max_inflight_bytes_per_peer)
+        if (s->bytes_inflight + (uint64_t)l->n * n->cfg->block_size >
+            n->cfg->max_inflight_bytes_per_peer)
             break; /* FIFO: nothing overtakes the head */
         fetchq_take(l);
         kvp_status_t st = quarantine_check(s);
@@ -668,12 +667,12 @@ kvp_status_t kvp__client_fetch(kvp_session_t *s, uint64_t op_id, uint64_t reques
                                const uint8_t *keys, const uint32_t *lens, uint32_t n,
                                uint32_t flags, int32_t *block_status)
 {
-    kvp_node_t *node = s->node;
+    kvp_session_env_t *node = s->env;
     kvp_status_t st = check_keys(keys, lens, n);
     if (st != KVP_OK)
         return st;
-    uint64_t bytes = (uint64_t)n * node->cfg.block_size;
-    uint64_t budget = node->cfg.max_inflight_bytes_per_peer;
+    uint64_t bytes = (uint64_t)n * node->cfg->block_size;
+    uint64_t budget = node->cfg->max_inflight_bytes_per_peer;
     if (bytes > budget) {
         inflight_refused(s, "larger than the whole budget", op_id);
         return KVP_ERR_LIMIT;
@@ -710,20 +709,16 @@ static kvp_load_t *load_find(kvp_session_t *s, uint64_t round, uint64_t request_
     return NULL;
 }
 
-kvp_load_t *kvp__client_find_load(kvp_node_t *n, uint64_t op_id)
+kvp_load_t *kvp__client_find_load(kvp_session_t *s, uint64_t op_id)
 {
-    kvp_list_t *sp, *st, *p, *t;
-    kvp_list_foreach_safe(sp, st, &n->sessions)
-    {
-        kvp_session_t *s = KVP_CONTAINER_OF(sp, kvp_session_t, node_link);
-        for (int k = 0; k < 2; k++) {
-            kvp_list_t *head = k == 0 ? &s->loads : &s->fetchq;
-            kvp_list_foreach_safe(p, t, head)
-            {
-                kvp_load_t *l = KVP_CONTAINER_OF(p, kvp_load_t, link);
-                if (l->op_id == op_id)
-                    return l;
-            }
+    kvp_list_t *p, *t;
+    for (int k = 0; k < 2; k++) {
+        kvp_list_t *head = k == 0 ? &s->loads : &s->fetchq;
+        kvp_list_foreach_safe(p, t, head)
+        {
+            kvp_load_t *l = KVP_CONTAINER_OF(p, kvp_load_t, link);
+            if (l->op_id == op_id)
+                return l;
         }
     }
     return NULL;
@@ -738,7 +733,7 @@ void kvp__load_release_quarantine(kvp_load_t *l, kvp_proof_t proof)
     for (uint32_t i = 0; i < l->n; i++) {
         if (!l->blocks[i].reserved)
             continue;
-        kvp__release_dst(l->node, l->peer, l->blocks[i].dst, true, proof);
+        kvp__release_dst(l->env, l->peer, l->blocks[i].dst, true, proof);
         l->blocks[i].reserved = false;
     }
     kvp__load_free(l);
@@ -747,7 +742,7 @@ void kvp__load_release_quarantine(kvp_load_t *l, kvp_proof_t proof)
 /* AM path: FETCH_DONE is sent once the source's sends and flush completed,
  * i.e. once the blocks left its memory; on the control connection it can
  * overtake their tail on the data connection. Such a load waits LANDING
- * (on node->landing; the node thread goes on serving everything else)
+ * (on env->landing; the node thread goes on serving everything else)
  * until our handler saw every block the source sent, its endpoint fails,
  * or the bound passes; a block not landed by then fails (refused,
  * abandoned) instead of being committed. */
@@ -755,7 +750,7 @@ void kvp__load_release_quarantine(kvp_load_t *l, kvp_proof_t proof)
 
 static bool load_awaits_landing(const kvp_session_t *s, const kvp_msg_fetch_done_t *m)
 {
-    kvp_xport_t *x = s->node->xport;
+    kvp_xport_t *x = s->env->xport;
     return m->status == KVP_OK && m->n > 0 && x->ops->is_landed != NULL &&
            x->ops->inbound_refusable != NULL && x->ops->inbound_refusable(x, s->xpeer) &&
            !KVP_MUTATED(KVP_MUT_AM_SKIP_AWAIT);
@@ -763,7 +758,7 @@ static bool load_awaits_landing(const kvp_session_t *s, const kvp_msg_fetch_done
 
 static bool block_landed(const kvp_load_t *l, const kvp_load_block_t *b)
 {
-    kvp_xport_t *x = l->node->xport;
+    kvp_xport_t *x = l->env->xport;
     return x->ops->is_landed(x, (kvp_xslot_t){b->dst.slot, b->dst.gen});
 }
 
@@ -787,7 +782,7 @@ static bool load_all_landed(kvp_load_t *l)
  * leaves FILLING, so nothing can land after. */
 static void load_settle_done(kvp_load_t *l, kvp_status_t done_status, bool landing)
 {
-    kvp_node_t *n = l->node;
+    kvp_session_env_t *n = l->env;
     uint32_t ok = 0, missing = 0, k = 0;
     kvp_status_t first_err = done_status;
     for (uint32_t i = 0; i < l->n; i++) {
@@ -806,7 +801,7 @@ static void load_settle_done(kvp_load_t *l, kvp_status_t done_status, bool landi
         } else if (done_status == KVP_OK && b->sent) {
             /* Verification off: the slot takes the source's digest, no hash
              * of the block on the node thread. */
-            bool verify = n->cfg.verify_checksums && !KVP_MUTATED(KVP_MUT_SKIP_CHECKSUM);
+            bool verify = n->cfg->verify_checksums && !KVP_MUTATED(KVP_MUT_SKIP_CHECKSUM);
             st = kvp__release_dst_commit(n, l->peer, b->dst, &b->digest, verify,
                                          KVP_PROOF_FETCH_DONE);
         }
@@ -831,8 +826,8 @@ static void load_settle_done(kvp_load_t *l, kvp_status_t done_status, bool landi
     if (missing)
         KVP_WARN(n->name, "peer %s: %u of %u blocks of round %llu never reached us "
                  "after FETCH_DONE: failed", l->peer, missing, k, (unsigned long long)l->round);
-    n->st.blocks_in += ok;
-    n->st.bytes_in += (uint64_t)ok * n->cfg.block_size;
+    n->st->blocks_in += ok;
+    n->st->bytes_in += (uint64_t)ok * n->cfg->block_size;
     if (!l->published)
         kvp__load_publish(l, first_err, ok);
     load_set_phase(l, KVP_LOAD_SETTLED);
@@ -841,7 +836,7 @@ static void load_settle_done(kvp_load_t *l, kvp_status_t done_status, bool landi
 
 void kvp__client_on_fetch_done(kvp_session_t *s, const kvp_msg_fetch_done_t *m)
 {
-    kvp_node_t *n = s->node;
+    kvp_session_env_t *n = s->env;
     kvp_load_t *l = load_find(s, m->round, m->request_id);
     if (l == NULL || l->phase == KVP_LOAD_LANDING)
         return; /* duplicate of an answer already applied (or being applied): idempotent */
@@ -885,10 +880,10 @@ void kvp__client_on_fetch_done(kvp_session_t *s, const kvp_msg_fetch_done_t *m)
     load_set_phase(l, KVP_LOAD_LANDING);
     kvp_list_insert_tail(&n->landing, &l->land_link);
     kvp_timer_stop(n->loop, &l->timer); /* the load / abort deadlines are over */
-    kvp_timer_start(n->loop, &l->timer, kvp__node_now(n) + KVP_AM_LAND_WAIT_NS);
+    kvp_timer_start(n->loop, &l->timer, kvp__env_now(n) + KVP_AM_LAND_WAIT_NS);
 }
 
-void kvp__client_check_landing(kvp_node_t *n)
+void kvp__client_check_landing(kvp_session_env_t *n)
 {
     kvp_list_t *p, *t;
     kvp_list_foreach_safe(p, t, &n->landing)
@@ -949,7 +944,7 @@ static void send_abort(kvp_load_t *l)
  * the session is closed as a fault after the abort-ack timeout. */
 void kvp__client_abort(kvp_load_t *l, kvp_status_t why)
 {
-    kvp_node_t *n = l->node;
+    kvp_session_env_t *n = l->env;
     if (l->phase == KVP_LOAD_QUEUED) { /* never started: nothing to abort */
         fetchq_fail(l, why);
         return;
@@ -959,16 +954,16 @@ void kvp__client_abort(kvp_load_t *l, kvp_status_t why)
     if (l->phase != KVP_LOAD_SENT)
         return;
     load_set_phase(l, KVP_LOAD_ABORTING);
-    l->abort_started_ns = kvp__node_now(n);
+    l->abort_started_ns = kvp__env_now(n);
     send_abort(l);
     kvp_timer_start(n->loop, &l->timer,
-                    l->abort_started_ns + (uint64_t)n->cfg.abort_resend_ms * KVP_NSEC_PER_MSEC);
+                    l->abort_started_ns + (uint64_t)n->cfg->abort_resend_ms * KVP_NSEC_PER_MSEC);
 }
 
 static void load_timer_cb(kvp_timer_t *t)
 {
     kvp_load_t *l = t->data;
-    kvp_node_t *n = l->node;
+    kvp_session_env_t *n = l->env;
     if (l->phase == KVP_LOAD_QUEUED) {
         inflight_refused(l->sess, "waited too long in the fetch queue", l->op_id);
         fetchq_fail(l, KVP_ERR_LIMIT);
@@ -986,14 +981,14 @@ static void load_timer_cb(kvp_timer_t *t)
     }
     if (l->phase != KVP_LOAD_ABORTING || l->sess == NULL)
         return;
-    uint64_t now = kvp__node_now(n);
-    if (now - l->abort_started_ns >= (uint64_t)n->cfg.abort_ack_timeout_ms * KVP_NSEC_PER_MSEC) {
+    uint64_t now = kvp__env_now(n);
+    if (now - l->abort_started_ns >= (uint64_t)n->cfg->abort_ack_timeout_ms * KVP_NSEC_PER_MSEC) {
         kvp__session_fault(l->sess, KVP_BYE_ABORT_ACK_TIMEOUT, "no ABORT_ACK in time");
         return;
     }
     send_abort(l); /* F5: re-send until ABORT_ACK or FETCH_DONE */
-    uint64_t next = now + (uint64_t)n->cfg.abort_resend_ms * KVP_NSEC_PER_MSEC;
-    uint64_t limit = l->abort_started_ns + (uint64_t)n->cfg.abort_ack_timeout_ms * KVP_NSEC_PER_MSEC;
+    uint64_t next = now + (uint64_t)n->cfg->abort_resend_ms * KVP_NSEC_PER_MSEC;
+    uint64_t limit = l->abort_started_ns + (uint64_t)n->cfg->abort_ack_timeout_ms * KVP_NSEC_PER_MSEC;
     kvp_timer_start(n->loop, &l->timer, KVP_MIN(next, limit));
 }
 
@@ -1001,7 +996,7 @@ static void load_timer_cb(kvp_timer_t *t)
  * destination slots (a WRITE may still land in them). */
 void kvp__client_fail_unknown(kvp_load_t *l, kvp_status_t why)
 {
-    kvp_node_t *n = l->node;
+    kvp_session_env_t *n = l->env;
     if (!l->published)
         kvp__load_publish(l, why, 0);
     if (l->quarantined || l->am_refused)
@@ -1021,7 +1016,7 @@ void kvp__client_fail_unknown(kvp_load_t *l, kvp_status_t why)
             k += l->blocks[i].reserved;
         load_abandon_all(l, KVP_PROOF_AM_REFUSE); /* refuse, then FILLING -> FREE */
         l->am_refused = true;
-        n->st.am_refuse_releases += k;
+        n->st->am_refuse_releases += k;
         KVP_INFO(n->name, "peer %s: load %llu failed (%s): %u slots released at once (proof=%s)",
                  l->peer, (unsigned long long)l->op_id, kvp_status_str(why), k,
                  kvp__proof_str(KVP_PROOF_AM_REFUSE));
@@ -1034,7 +1029,7 @@ void kvp__client_fail_unknown(kvp_load_t *l, kvp_status_t why)
             KVP_ASSERT(st == KVP_OK); /* FILLING -> QUARANTINED: held, not released */
         }
     l->quarantined = true;
-    l->quarantined_ns = kvp__node_now(n);
+    l->quarantined_ns = kvp__env_now(n);
 }
 
 /* The engine finished the request locally: its loads fail (exactly once) and
@@ -1060,7 +1055,7 @@ void kvp__client_finish_request(kvp_session_t *s, uint64_t request_id)
     kvp_creq_t *c = creq_get(s, request_id, false);
     if (c != NULL || any) {
         kvp_msg_t m = {.type = KVP_MSG_FETCH};
-        m.u.fetch = (kvp_msg_fetch_t){request_id, s->node->next_round++, 0, 0, NULL};
+        m.u.fetch = (kvp_msg_fetch_t){request_id, s->env->next_round++, 0, 0, NULL};
         kvp__session_send(s, &m);
     }
     if (c != NULL) {
@@ -1071,10 +1066,10 @@ void kvp__client_finish_request(kvp_session_t *s, uint64_t request_id)
 
 /* Session teardown, consumer side (SPEC §7.4): every load whose outcome is
  * unknown fails for routing and its slots are quarantined; the loads move
- * to node->quarantined to wait for proof or the hold cap. */
-void kvp__client_teardown(kvp_session_t *s, bool fault)
+ * to env->quarantined to wait for proof or the hold cap. */
+void kvp__client_teardown(kvp_session_t *s, bool fault, kvp_session_close_t *out)
 {
-    kvp_node_t *n = s->node;
+    kvp_session_env_t *n = s->env;
     kvp_list_t *p, *t;
     (void)fault;
     kvp__client_fail_queued(s, KVP_ERR_UNREACHABLE); /* nothing reserved: nothing to hold */
@@ -1091,6 +1086,10 @@ void kvp__client_teardown(kvp_session_t *s, bool fault)
     kvp_list_foreach_safe(p, t, &s->loads)
     {
         kvp_load_t *l = KVP_CONTAINER_OF(p, kvp_load_t, link);
+        uint32_t k = 0;
+        for (uint32_t i = 0; i < l->n; i++)
+            k += l->blocks[i].reserved;
+        out->loads_failed += !l->published;
         kvp_timer_stop(n->loop, &l->timer);
         kvp__client_fail_unknown(l, KVP_ERR_UNREACHABLE);
         kvp_list_remove(&l->link);
@@ -1099,9 +1098,12 @@ void kvp__client_teardown(kvp_session_t *s, bool fault)
         l->sess = NULL;
         load_set_phase(l, KVP_LOAD_SETTLED);
         if (l->am_refused) { /* nothing held: no proof to wait for */
+            out->slots_refused += k; /* 0 if refused before (probation) */
             kvp__load_free(l);
             continue;
         }
+        out->loads_quarantined++;
+        out->slots_quarantined += k;
         kvp_list_insert_tail(&n->quarantined, &l->link);
     }
     while (!kvp_list_empty(&s->creqs)) {

@@ -16,15 +16,15 @@
  * Store calls are never made inside KVP_ASSERT: the assert checks the
  * status the call returned.
  */
-#include "node/node.h"
+#include "session/session.h"
 
-static void release_count(kvp_node_t *n, kvp_proof_t proof, uint64_t count)
+static void release_count(kvp_session_env_t *n, kvp_proof_t proof, uint64_t count)
 {
     KVP_ASSERT((unsigned)proof < KVP_PROOF_COUNT);
     n->releases[proof] += count;
 }
 
-void kvp__release_dst(kvp_node_t *n, const char *peer, kvp_slot_ref_t dst, bool quarantined,
+void kvp__release_dst(kvp_session_env_t *n, const char *peer, kvp_slot_ref_t dst, bool quarantined,
                       kvp_proof_t proof)
 {
     bool suspect = proof == KVP_PROOF_HOLD_CAP; /* no proof: re-verified on acquire */
@@ -36,7 +36,7 @@ void kvp__release_dst(kvp_node_t *n, const char *peer, kvp_slot_ref_t dst, bool 
               quarantined ? "quarantined" : "filling", kvp__proof_str(proof));
 }
 
-kvp_status_t kvp__release_dst_commit(kvp_node_t *n, const char *peer, kvp_slot_ref_t dst,
+kvp_status_t kvp__release_dst_commit(kvp_session_env_t *n, const char *peer, kvp_slot_ref_t dst,
                                      const kvp_digest_t *digest, bool verify, kvp_proof_t proof)
 {
     kvp_status_t st = verify ? kvp_store_commit_verify(n->store, dst, digest)
@@ -49,7 +49,7 @@ kvp_status_t kvp__release_dst_commit(kvp_node_t *n, const char *peer, kvp_slot_r
     return KVP_OK;
 }
 
-void kvp__release_src(kvp_node_t *n, kvp_xfer_t *x, kvp_proof_t proof)
+void kvp__release_src(kvp_session_env_t *n, kvp_xfer_t *x, kvp_proof_t proof)
 {
     for (uint32_t i = 0; i < x->n; i++) {
         kvp_status_t st = kvp_store_unpin(n->store, x->src[i]);

@@ -19,7 +19,7 @@
  * kvp_xfer_t (the store job) and are dropped only when the transport hands
  * the transfer back as terminal, or at the hold cap.
  */
-#include "node/node.h"
+#include "session/session.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,7 +39,7 @@ static void sround_set_phase(kvp_sround_t *r, kvp_sround_phase_t to)
         [KVP_SR_FINISHED] = 0x3f & ~(1u << KVP_SR_FINISHED),
     };
     KVP_ASSERT(legal[to] & (1u << r->phase));
-    KVP_TRACE(r->sess->node->name, "peer %s round %llu: %s -> %s", r->sess->peer_id,
+    KVP_TRACE(r->sess->env->name, "peer %s round %llu: %s -> %s", r->sess->peer_id,
               (unsigned long long)r->round, sr_phase_names[r->phase], sr_phase_names[to]);
     r->phase = to;
     if (to == KVP_SR_FINISHED) { /* kept only to replay its answer: off the live list */
@@ -115,7 +115,7 @@ static kvp_sround_t *sround_new(kvp_session_t *s, uint64_t request_id, uint64_t 
  * transfer). */
 static void sround_unpin_supply(kvp_sround_t *r)
 {
-    kvp_store_t *st = r->sess->node->store;
+    kvp_store_t *st = r->sess->env->store;
     for (uint32_t i = 0; i < r->n_supply; i++) {
         if (r->supply[i].pinned) {
             /* A supply pin: no transfer reads it (those moved to a kvp_xfer_t). */
@@ -128,7 +128,7 @@ static void sround_unpin_supply(kvp_sround_t *r)
 
 static void sround_free(kvp_sround_t *r)
 {
-    kvp_node_t *n = r->sess->node;
+    kvp_session_env_t *n = r->sess->env;
     KVP_ASSERT(r->xfer == NULL);
     sround_unpin_supply(r);
     kvp_timer_stop(n->loop, &r->timer);
@@ -170,7 +170,7 @@ static void send_lookup_resp(kvp_sround_t *r)
 static void sround_finish(kvp_sround_t *r, bool ack, kvp_status_t status)
 {
     kvp_session_t *s = r->sess;
-    kvp_node_t *n = s->node;
+    kvp_session_env_t *n = s->env;
     kvp_msg_t m = {0};
     sround_unpin_supply(r);
     if (kvp_list_linked(&r->wait_link))
@@ -209,8 +209,8 @@ static void sround_finish(kvp_sround_t *r, bool ack, kvp_status_t status)
     /* Keep the answer for replays until the consumer's abort machinery is
      * surely over. */
     kvp_timer_start(n->loop, &r->timer,
-                    kvp__node_now(n) +
-                        ((uint64_t)n->cfg.abort_ack_timeout_ms + n->cfg.abort_resend_ms) *
+                    kvp__env_now(n) +
+                        ((uint64_t)n->cfg->abort_ack_timeout_ms + n->cfg->abort_resend_ms) *
                             KVP_NSEC_PER_MSEC);
 }
 
@@ -221,22 +221,22 @@ static void sround_finish(kvp_sround_t *r, bool ack, kvp_status_t status)
  * a FETCH or LOOKUP of the same request on this session, or a lease
  * heartbeat (LOOKUP with KVP_LOOKUP_F_RENEW). When the lease runs out the
  * round's pins are released and counted (sround_timer_cb). */
-static uint64_t lease_deadline(const kvp_node_t *n)
+static uint64_t lease_deadline(const kvp_session_env_t *n)
 {
-    uint32_t ms = n->cfg.pin_lease_ms ? n->cfg.pin_lease_ms : n->cfg.supply_pin_ms;
-    return kvp__node_now(n) + (uint64_t)ms * KVP_NSEC_PER_MSEC;
+    uint32_t ms = n->cfg->pin_lease_ms ? n->cfg->pin_lease_ms : n->cfg->supply_pin_ms;
+    return kvp__env_now(n) + (uint64_t)ms * KVP_NSEC_PER_MSEC;
 }
 
 static void lease_renew(kvp_session_t *s, uint64_t request_id)
 {
-    kvp_node_t *n = s->node;
+    kvp_session_env_t *n = s->env;
     kvp_list_t *p, *t;
     kvp_list_foreach_safe(p, t, &s->srounds)
     {
         kvp_sround_t *r = KVP_CONTAINER_OF(p, kvp_sround_t, link);
         if (r->request_id == request_id && r->phase == KVP_SR_SUPPLIED) {
             kvp_timer_start(n->loop, &r->timer, lease_deadline(n));
-            n->st.leases_renewed++;
+            n->st->leases_renewed++;
         }
     }
 }
@@ -246,7 +246,7 @@ static void lease_renew(kvp_session_t *s, uint64_t request_id)
  * keys still pinned. */
 static uint32_t prefix_trim(kvp_sround_t *r)
 {
-    kvp_store_t *st = r->sess->node->store;
+    kvp_store_t *st = r->sess->env->store;
     uint32_t held = 0;
     bool cut = false;
     for (uint32_t i = 0; i < r->n_supply; i++) {
@@ -266,7 +266,7 @@ static uint32_t prefix_trim(kvp_sround_t *r)
 
 void kvp__server_on_lookup(kvp_session_t *s, const kvp_msg_lookup_t *m, uint16_t flags)
 {
-    kvp_node_t *n = s->node;
+    kvp_session_env_t *n = s->env;
     if (sround_find(s, m->round) != NULL) {
         kvp__session_fault(s, KVP_BYE_PROTOCOL, "LOOKUP reuses a round token");
         return;
@@ -301,14 +301,14 @@ void kvp__server_on_lookup(kvp_session_t *s, const kvp_msg_lookup_t *m, uint16_t
         missed = prefix && !sp->pinned && !sp->pending;
     }
     if (refused > 0)
-        KVP_LOG_RL(&s->rl_limit, kvp__node_now(n), KVP_LOG_WARN, n->name,
+        KVP_LOG_RL(&s->rl_limit, kvp__env_now(n), KVP_LOG_WARN, n->name,
                    "peer %s: %u keys of LOOKUP answered MISS: max_pins reached", s->peer_id,
                    refused);
     if (pending > 0) {
         sround_set_phase(r, KVP_SR_LOOKUP_PENDING);
         kvp_list_insert_tail(&n->waiting, &r->wait_link);
         kvp_timer_start(n->loop, &r->timer,
-                        kvp__node_now(n) + (uint64_t)n->cfg.lookup_pending_ms * KVP_NSEC_PER_MSEC);
+                        kvp__env_now(n) + (uint64_t)n->cfg->lookup_pending_ms * KVP_NSEC_PER_MSEC);
         return;
     }
     hits = prefix_trim(r);
@@ -323,7 +323,7 @@ void kvp__server_on_lookup(kvp_session_t *s, const kvp_msg_lookup_t *m, uint16_t
 /* Pending keys that did not commit in time answer MISS; the rest HIT. */
 static void lookup_pending_resolve(kvp_sround_t *r)
 {
-    kvp_node_t *n = r->sess->node;
+    kvp_session_env_t *n = r->sess->env;
     bool any = false;
     for (uint32_t i = 0; i < r->n_supply; i++) {
         r->supply[i].pending = false;
@@ -378,7 +378,7 @@ static int32_t supply_find(kvp_sround_t *r, const kvp_key_t *k, uint32_t *cursor
 /* Try to supply demand d from the store now (WAIT_FOR_SUPPLY). */
 static bool supply_from_store(kvp_sround_t *r, kvp_demand_t *d)
 {
-    kvp_node_t *n = r->sess->node;
+    kvp_session_env_t *n = r->sess->env;
     kvp_slot_ref_t ref;
     if (r->n_supply == r->cap_supply)
         return false;
@@ -455,7 +455,7 @@ static kvp_status_t fetch_dsts_distinct(const kvp_msg_fetch_t *m)
 
 void kvp__server_on_fetch(kvp_session_t *s, const kvp_msg_fetch_t *m)
 {
-    kvp_node_t *n = s->node;
+    kvp_session_env_t *n = s->env;
     if (m->n == 0) { /* terminal: the consumer finished the request */
         kvp__server_finish_request(s, m->request_id);
         return;
@@ -475,9 +475,9 @@ void kvp__server_on_fetch(kvp_session_t *s, const kvp_msg_fetch_t *m)
         kvp__session_fault(s, KVP_BYE_PROTOCOL, "second FETCH for a round");
         return;
     }
-    if (n->n_retained >= n->cfg.max_retained) {
-        n->st.fetches_refused_retained++;
-        KVP_LOG_RL(&s->rl_limit, kvp__node_now(n), KVP_LOG_WARN, n->name,
+    if (n->n_retained >= n->cfg->max_retained) {
+        n->st->fetches_refused_retained++;
+        KVP_LOG_RL(&s->rl_limit, kvp__env_now(n), KVP_LOG_WARN, n->name,
                    "peer %s: FETCH refused: max_retained reached (%u retained transfers)",
                    s->peer_id, n->n_retained);
         fetch_fail_now(s, m, KVP_ERR_LIMIT);
@@ -500,7 +500,7 @@ void kvp__server_on_fetch(kvp_session_t *s, const kvp_msg_fetch_t *m)
         return;
     }
     if (missing > 0 && hint)
-        n->st.fetch_hints_stale++; /* the router's map was (partly) out of date: quick misses */
+        n->st->fetch_hints_stale++; /* the router's map was (partly) out of date: quick misses */
     if (missing > 0 && !wait && missing == r->n_demand) {
         sround_finish(r, false, KVP_ERR_NOT_FOUND); /* F9: at once, never a silent wait */
         return;
@@ -513,7 +513,7 @@ void kvp__server_on_fetch(kvp_session_t *s, const kvp_msg_fetch_t *m)
         sround_set_phase(r, KVP_SR_PARKED);
         kvp_list_insert_tail(&n->waiting, &r->wait_link);
         kvp_timer_start(n->loop, &r->timer,
-                        kvp__node_now(n) + (uint64_t)n->cfg.parked_demand_ms * KVP_NSEC_PER_MSEC);
+                        kvp__env_now(n) + (uint64_t)n->cfg->parked_demand_ms * KVP_NSEC_PER_MSEC);
         return;
     }
     sround_post(r);
@@ -547,7 +547,7 @@ static kvp_xfer_t *xfer_new(kvp_sround_t *r)
  * pins taken so far are in x->src[0..x->n). */
 static kvp_status_t xfer_take_pins(kvp_sround_t *r, kvp_xfer_t *x)
 {
-    kvp_store_t *st = r->sess->node->store;
+    kvp_store_t *st = r->sess->env->store;
     x->n = 0;
     for (uint32_t i = 0; i < r->n_demand; i++) {
         if (r->demand[i].supply < 0)
@@ -567,7 +567,7 @@ static kvp_status_t xfer_take_pins(kvp_sround_t *r, kvp_xfer_t *x)
 
 /* Unpin (by `proof`) and free a transfer that is on no list (never posted,
  * or unlinked). */
-static void xfer_drop(kvp_node_t *n, kvp_xfer_t *x, kvp_proof_t proof)
+static void xfer_drop(kvp_session_env_t *n, kvp_xfer_t *x, kvp_proof_t proof)
 {
     kvp__release_src(n, x, proof);
     kvp__free(x->src);
@@ -577,7 +577,7 @@ static void xfer_drop(kvp_node_t *n, kvp_xfer_t *x, kvp_proof_t proof)
 static void sround_post(kvp_sround_t *r)
 {
     kvp_session_t *s = r->sess;
-    kvp_node_t *n = s->node;
+    kvp_session_env_t *n = s->env;
     kvp_xfer_t *x = xfer_new(r);
     kvp_xfer_block_t *blocks = kvp__calloc(r->n_demand, sizeof(*blocks));
     kvp_status_t st = x && blocks ? xfer_take_pins(r, x) : KVP_ERR_NOMEM;
@@ -604,7 +604,7 @@ static void sround_post(kvp_sround_t *r)
         sround_finish(r, false, st);
         return;
     }
-    x->posted_ns = kvp__node_now(n);
+    x->posted_ns = kvp__env_now(n);
     r->xfer = x;
     kvp_list_insert_tail(&s->xfers, &x->link);
     s->xfers_inflight++;
@@ -615,7 +615,7 @@ static void sround_post(kvp_sround_t *r)
 
 /* ---------------------------------------------------------- completions */
 
-void kvp__xfer_release(kvp_node_t *n, kvp_xfer_t *x, kvp_proof_t proof)
+void kvp__xfer_release(kvp_session_env_t *n, kvp_xfer_t *x, kvp_proof_t proof)
 {
     kvp_list_remove(&x->link);
     xfer_drop(n, x, proof);
@@ -623,7 +623,7 @@ void kvp__xfer_release(kvp_node_t *n, kvp_xfer_t *x, kvp_proof_t proof)
 
 void kvp__server_on_xfer_done(kvp_session_t *s, kvp_xfer_id_t id, kvp_status_t st)
 {
-    kvp_node_t *n = s->node;
+    kvp_session_env_t *n = s->env;
     kvp_list_t *p, *t;
     kvp_list_foreach_safe(p, t, &s->xfers)
     {
@@ -631,13 +631,13 @@ void kvp__server_on_xfer_done(kvp_session_t *s, kvp_xfer_id_t id, kvp_status_t s
         if (x->id != id)
             continue;
         kvp_sround_t *r = x->round;
-        uint64_t now = kvp__node_now(n);
+        uint64_t now = kvp__env_now(n);
         s->xfers_inflight--;
         if (st == KVP_OK) {
-            n->st.blocks_out += x->n;
-            n->st.bytes_out += (uint64_t)x->n * n->cfg.block_size;
-            n->st.transfers_done++;
-            n->st.transfer_latency_ns_sum += now - x->posted_ns;
+            n->st->blocks_out += x->n;
+            n->st->bytes_out += (uint64_t)x->n * n->cfg->block_size;
+            n->st->transfers_done++;
+            n->st->transfer_latency_ns_sum += now - x->posted_ns;
             for (uint32_t i = 0; i < r->n_demand; i++)
                 r->block_ok[i] = r->demand[i].supply >= 0;
         }
@@ -654,7 +654,7 @@ void kvp__server_on_xfer_done(kvp_session_t *s, kvp_xfer_id_t id, kvp_status_t s
 
 void kvp__server_on_abort(kvp_session_t *s, const kvp_msg_abort_t *m)
 {
-    kvp_node_t *n = s->node;
+    kvp_session_env_t *n = s->env;
     kvp_sround_t *r = sround_find(s, m->round);
     if (r == NULL) {
         /* Nothing of this round was ever posted in this incarnation: proven. */
@@ -704,12 +704,12 @@ static void sround_timer_cb(kvp_timer_t *t)
         lookup_pending_resolve(r);
         return;
     case KVP_SR_SUPPLIED: { /* the pin lease ran out: never fetched, never renewed */
-        kvp_node_t *n = r->sess->node;
+        kvp_session_env_t *n = r->sess->env;
         uint32_t pinned = 0;
         for (uint32_t i = 0; i < r->n_supply; i++)
             pinned += r->supply[i].pinned;
-        n->st.leases_expired++;
-        n->st.lease_pins_expired += pinned;
+        n->st->leases_expired++;
+        n->st->lease_pins_expired += pinned;
         KVP_DEBUG(n->name, "peer %s request %llu round %llu: pin lease expired, %u pins released",
                   r->sess->peer_id, (unsigned long long)r->request_id,
                   (unsigned long long)r->round, pinned);
@@ -729,7 +729,7 @@ static void sround_timer_cb(kvp_timer_t *t)
 
 static bool sround_take_commit(kvp_sround_t *r, const void *key, uint32_t key_len)
 {
-    kvp_store_t *st = r->sess->node->store;
+    kvp_store_t *st = r->sess->env->store;
     bool changed = false;
     if (r->phase == KVP_SR_LOOKUP_PENDING) {
         bool still = false;
@@ -755,7 +755,7 @@ static bool sround_take_commit(kvp_sround_t *r, const void *key, uint32_t key_le
     return changed;
 }
 
-void kvp__server_on_commit(kvp_node_t *n, const void *key, uint32_t key_len)
+void kvp__server_on_commit(kvp_session_env_t *n, const void *key, uint32_t key_len)
 {
     kvp_list_t *p, *t;
     kvp_list_foreach_safe(p, t, &n->waiting)
@@ -795,9 +795,9 @@ void kvp__server_finish_request(kvp_session_t *s, uint64_t request_id)
 /* Session teardown, source side (SPEC §7.1): cancel in WAIT mode; transfers
  * still running are retained with their store jobs; nothing is unpinned
  * that a running transfer reads. */
-void kvp__server_teardown(kvp_session_t *s)
+void kvp__server_teardown(kvp_session_t *s, kvp_session_close_t *out)
 {
-    kvp_node_t *n = s->node;
+    kvp_session_env_t *n = s->env;
     kvp_list_t *p, *t;
     kvp_list_foreach_safe(p, t, &s->xfers)
     {
@@ -811,15 +811,18 @@ void kvp__server_teardown(kvp_session_t *s)
         x->round->xfer = NULL;
         x->round = NULL;
         if (n_running == 0) { /* cancel (WAIT) handed it back terminal */
+            out->xfers_released++;
             kvp__xfer_release(n, x, KVP_PROOF_TERMINAL);
             continue;
         }
         if (KVP_MUTATED(KVP_MUT_UNPIN_AT_CLOSE)) /* the bug: the transfer is still running */
             kvp__release_src(n, x, KVP_PROOF_TERMINAL); /* test-only mutation: a false proof */
         kvp_list_remove(&x->link);
-        x->retained_ns = kvp__node_now(n);
+        x->retained_ns = kvp__env_now(n);
         kvp_list_insert_tail(&n->retained, &x->link);
         n->n_retained++;
+        out->xfers_retained++;
+        out->pins_retained += x->n;
         KVP_WARN(n->name, "peer %s: transfer %llu still running at teardown: retained", s->peer_id,
                  (unsigned long long)x->id);
     }

@@ -7,37 +7,41 @@
  * Incarnation isolation (I3): frames of another incarnation never reach
  * here (the ctl drops frames whose epochs do not match); transfers of an old
  * incarnation are retired by remove_peer and never reported by poll() of the
- * new peer handle; loads of the old incarnation live on node->quarantined,
+ * new peer handle; loads of the old incarnation live on env->quarantined,
  * unreachable from the new session's frames.
  */
-#include "node/node.h"
+#include "session/session.h"
 
 #include <stdio.h>
 #include <string.h>
 
-kvp_status_t kvp__session_create(kvp_node_t *n, kvp_link_t *link, const kvp_msg_hello_t *hello,
-                                 const void *blob, size_t blob_len, kvp_session_t **out)
+void kvp__session_env_init(kvp_session_env_t *e)
 {
-    if (n->n_sessions >= n->cfg.max_sessions) {
-        /* The ctl refuses at the HELLO already (sessions_refused counts both). */
-        n->st.sessions_refused++;
-        KVP_LOG_RL(&n->rl_cap, kvp__node_now(n), KVP_LOG_WARN, n->name,
-                   "peer %s: session refused: max_sessions (%u) reached", hello->peer_id,
-                   n->cfg.max_sessions);
-        return KVP_ERR_LIMIT;
-    }
+    kvp_list_init(&e->waiting);
+    kvp_list_init(&e->retained);
+    kvp_list_init(&e->quarantined);
+    kvp_list_init(&e->landing);
+    e->n_retained = 0;
+    e->next_round = 1;
+    memset(e->releases, 0, sizeof(e->releases));
+}
+
+kvp_status_t kvp__session_create(kvp_session_env_t *n, kvp_link_t *link,
+                                 const kvp_msg_hello_t *hello, const void *blob, size_t blob_len,
+                                 kvp_session_t **out)
+{
     kvp_session_t *s = kvp__calloc(1, sizeof(*s));
     if (s == NULL)
         return KVP_ERR_NOMEM;
     kvp_layout_t layout = {hello->num_blocks, hello->block_size};
     kvp_status_t st = n->xport->ops->add_peer(n->xport, blob, blob_len, &layout, &s->xpeer);
     if (st != KVP_OK) {
-        KVP_LOG_RL(&n->rl_proto, kvp__node_now(n), KVP_LOG_ERROR, n->name,
+        KVP_LOG_RL(n->rl_proto, kvp__env_now(n), KVP_LOG_ERROR, n->name,
                    "peer %s: data-transport blob refused: %s", hello->peer_id, kvp_status_str(st));
         kvp__free(s);
         return st;
     }
-    s->node = n;
+    s->env = n;
     s->link = link;
     s->state = KVP_SESS_READY;
     snprintf(s->peer_id, sizeof(s->peer_id), "%s", hello->peer_id);
@@ -45,9 +49,10 @@ kvp_status_t kvp__session_create(kvp_node_t *n, kvp_link_t *link, const kvp_msg_
     s->peer_num_blocks = hello->num_blocks;
     s->peer_block_size = hello->block_size;
     s->path = n->xport->ops->peer_path(n->xport, s->xpeer);
-    s->last_work_ns = kvp__node_now(n);
+    s->last_work_ns = kvp__env_now(n);
     kvp_ratelimit_init(&s->rl, KVP_NSEC_PER_SEC, 5);
     kvp_ratelimit_init(&s->rl_limit, KVP_NSEC_PER_SEC, 5);
+    kvp_list_init(&s->node_link);
     kvp_list_init(&s->active_link);
     kvp_list_init(&s->flush_link);
     kvp_list_init(&s->lookups_queued);
@@ -58,8 +63,6 @@ kvp_status_t kvp__session_create(kvp_node_t *n, kvp_link_t *link, const kvp_msg_
     kvp_list_init(&s->srounds);
     kvp_list_init(&s->srounds_done);
     kvp_list_init(&s->xfers);
-    kvp_list_insert_tail(&n->sessions, &s->node_link);
-    n->n_sessions++;
     KVP_INFO(n->name, "peer %s (instance %s) up, data path %s", s->peer_id, s->instance_id,
              kvp_data_path_str(s->path));
     *out = s;
@@ -67,6 +70,32 @@ kvp_status_t kvp__session_create(kvp_node_t *n, kvp_link_t *link, const kvp_msg_
 }
 
 static const char *const sess_state_names[] = {"ready", "closing", "down"};
+
+kvp_status_t kvp__session_send(kvp_session_t *s, kvp_msg_t *m)
+{
+    if (!kvp__session_open(s))
+        return KVP_ERR_CLOSED;
+    return kvp_link_send(s->link, m);
+}
+
+void kvp__session_mark_active(kvp_session_t *s)
+{
+    s->env->up->mark_active(s->env->up_arg, s);
+}
+
+void kvp__session_fault(kvp_session_t *s, kvp_bye_reason_t reason, const char *why)
+{
+    kvp_session_env_t *n = s->env;
+    if (!kvp__session_open(s))
+        return;
+    if (reason == KVP_BYE_PROTOCOL)
+        n->st->protocol_errors++;
+    KVP_LOG_RL(&s->rl, kvp__env_now(n), KVP_LOG_ERROR, n->name,
+               "peer %s: closing session as fault (%s): %s", s->peer_id,
+               kvp_bye_reason_str(reason), why);
+    kvp__session_set_state(s, KVP_SESS_CLOSING);
+    kvp_link_close(s->link, reason); /* teardown runs from on_down */
+}
 
 void kvp__session_set_state(kvp_session_t *s, kvp_session_state_t to)
 {
@@ -76,7 +105,7 @@ void kvp__session_set_state(kvp_session_t *s, kvp_session_state_t to)
         [KVP_SESS_DOWN] = (1u << KVP_SESS_READY) | (1u << KVP_SESS_CLOSING),
     };
     KVP_ASSERT(legal[to] & (1u << s->state));
-    KVP_TRACE(s->node->name, "peer %s: session %s -> %s", s->peer_id, sess_state_names[s->state],
+    KVP_TRACE(s->env->name, "peer %s: session %s -> %s", s->peer_id, sess_state_names[s->state],
               sess_state_names[to]);
     s->state = to;
 }
@@ -86,7 +115,7 @@ void kvp__session_on_frame(kvp_session_t *s, const kvp_msg_t *m)
     s->peer_heard = true; /* sent by the peer's session: its endpoint to us exists */
     if (!kvp__session_open(s))
         return;
-    s->last_work_ns = kvp__node_now(s->node);
+    s->last_work_ns = kvp__env_now(s->env);
     switch (m->type) {
     case KVP_MSG_LOOKUP:
         kvp__server_on_lookup(s, &m->u.lookup, m->flags);
@@ -117,7 +146,7 @@ void kvp__session_on_frame(kvp_session_t *s, const kvp_msg_t *m)
  * FETCH_DONE proves them), new work answers MISS until a fresh PONG. */
 void kvp__session_probation(kvp_session_t *s, bool on)
 {
-    kvp_node_t *n = s->node;
+    kvp_session_env_t *n = s->env;
     if (on == s->probation)
         return;
     s->probation = on;
@@ -125,8 +154,8 @@ void kvp__session_probation(kvp_session_t *s, bool on)
         KVP_INFO(n->name, "peer %s: proven alive, probation over", s->peer_id);
         return;
     }
-    n->st.probations++;
-    s->probation_ns = kvp__node_now(n);
+    n->st->probations++;
+    s->probation_ns = kvp__env_now(n);
     KVP_WARN(n->name, "peer %s: sibling of instance %s died: on probation", s->peer_id,
              s->instance_id);
     kvp__client_fail_queued(s, KVP_ERR_UNREACHABLE); /* never started: fail now */
@@ -145,13 +174,17 @@ void kvp__session_probation(kvp_session_t *s, bool on)
 
 /* Teardown per SPEC §7: consumer side quarantines, fence (proof on a
  * fenceable path), source side cancels in WAIT mode and retains, then the
- * peer is removed from the transport (retire; endpoint release deferred). */
-void kvp__session_teardown(kvp_session_t *s, bool fault, const char *why)
+ * peer is removed from the transport (retire; endpoint release deferred).
+ * The caller (the node) unlinked the session from its tables; probation of
+ * siblings after a fault is the node's. */
+void kvp__session_teardown(kvp_session_t *s, bool fault, const char *why,
+                           kvp_session_close_t *out)
 {
-    kvp_node_t *n = s->node;
+    kvp_session_env_t *n = s->env;
     kvp_xport_t *x = n->xport;
     KVP_ASSERT(s->state == KVP_SESS_DOWN && s->link == NULL); /* set by the caller */
-    kvp__client_teardown(s, fault);
+    memset(out, 0, sizeof(*out));
+    kvp__client_teardown(s, fault, out);
     bool proof = false;
     /* The fence covers the peer's endpoints to us that exist when it
      * completes. Until we heard from the peer's ready session, its endpoint
@@ -161,34 +194,32 @@ void kvp__session_teardown(kvp_session_t *s, bool fault, const char *why)
      * wait for the hold cap (issue 15, sim seeds 1045551, 1087982). */
     if (x->ops->fence_peer(x, s->xpeer, &proof) == KVP_OK && proof && s->peer_heard) {
         kvp_list_t *p, *t;
+        out->fenced = true;
         kvp_list_foreach_safe(p, t, &n->quarantined)
         {
             kvp_load_t *l = KVP_CONTAINER_OF(p, kvp_load_t, link);
-            if (l->xpeer == s->xpeer)
-                kvp__load_release_quarantine(l, KVP_PROOF_FENCE); /* no byte can land */
+            if (l->xpeer != s->xpeer)
+                continue;
+            uint32_t k = 0;
+            for (uint32_t i = 0; i < l->n; i++)
+                k += l->blocks[i].reserved;
+            out->loads_quarantined--;
+            out->slots_quarantined -= k;
+            out->slots_fenced += k;
+            kvp__load_release_quarantine(l, KVP_PROOF_FENCE); /* no byte can land */
         }
     }
-    kvp__server_teardown(s);
+    kvp__server_teardown(s, out);
     x->ops->remove_peer(x, s->xpeer);
     if (kvp_list_linked(&s->active_link))
         kvp_list_remove(&s->active_link);
-    kvp_list_remove(&s->node_link);
-    n->n_sessions--;
-    n->st.peers_down++;
     KVP_LOG(fault ? KVP_LOG_WARN : KVP_LOG_INFO, n->name, "peer %s down (%s): %s", s->peer_id,
             fault ? "fault" : "graceful", why);
-    if (fault) {
-        kvp_list_t *p, *t;
-        kvp_list_foreach_safe(p, t, &n->sessions)
-        {
-            kvp_session_t *o = KVP_CONTAINER_OF(p, kvp_session_t, node_link);
-            if (strcmp(o->instance_id, s->instance_id) == 0)
-                kvp__session_probation(o, true);
-        }
-    }
-    kvp_event_t ev = {.type = KVP_EV_PEER_DOWN, .status = fault ? KVP_ERR_UNREACHABLE : KVP_OK};
-    ev.fault = fault;
-    snprintf(ev.peer, sizeof(ev.peer), "%s", s->peer_id);
-    kvp__node_emit(n, &ev);
+    KVP_DEBUG(n->name,
+              "peer %s closed: %u loads failed, %u quarantined (%u slots), %u slots fenced, "
+              "%u refused; %u transfers retained (%u pins), %u released",
+              s->peer_id, out->loads_failed, out->loads_quarantined, out->slots_quarantined,
+              out->slots_fenced, out->slots_refused, out->xfers_retained, out->pins_retained,
+              out->xfers_released);
     kvp__free(s);
 }

@@ -128,7 +128,7 @@ static void note_cap_release(sim_t *s, const char *prefix, uint64_t op_id)
         kvp_node_t *n = s->node[i];
         if (n == NULL || strcmp(s->addr[i], prefix) != 0)
             continue;
-        for (kvp_list_t *p = n->quarantined.next; p != &n->quarantined; p = p->next) {
+        for (kvp_list_t *p = n->env.quarantined.next; p != &n->env.quarantined; p = p->next) {
             const kvp_load_t *l = KVP_CONTAINER_OF(p, kvp_load_t, link);
             if (l->op_id != op_id)
                 continue;
@@ -1061,14 +1061,14 @@ static void check(sim_t *s, bool final)
         /* I5, bounded in time: what kvp_node_held reports as retained
          * transfers and quarantined slots, read in place. */
         uint64_t now = kvp_clock_now(&s->mc.clock);
-        for (kvp_list_t *p = n->retained.next; p != &n->retained; p = p->next) {
+        for (kvp_list_t *p = n->env.retained.next; p != &n->env.retained; p = p->next) {
             const kvp_xfer_t *x = KVP_CONTAINER_OF(p, kvp_xfer_t, link);
             if ((now - x->retained_ns) / MS * MS > cap) /* whole ms, as kvp_node_held */
                 violation(s, "n%d holds transfer %llu for %llu ms (cap %u)", i,
                           (unsigned long long)x->id,
                           (unsigned long long)((now - x->retained_ns) / MS), s->cfg[0].hold_cap_ms);
         }
-        for (kvp_list_t *p = n->quarantined.next; p != &n->quarantined; p = p->next) {
+        for (kvp_list_t *p = n->env.quarantined.next; p != &n->env.quarantined; p = p->next) {
             const kvp_load_t *l = KVP_CONTAINER_OF(p, kvp_load_t, link);
             for (uint32_t b = 0; b < l->n && (now - l->quarantined_ns) / MS * MS > cap; b++)
                 if (l->blocks[b].reserved)
@@ -1114,8 +1114,8 @@ static bool at_rest(sim_t *s)
         kvp_stats_t st;
         kvp_node_stats(n, &st);
         if (st.pins || st.slots_filling || st.slots_quarantined || st.retained_transfers ||
-            !kvp_list_empty(&n->retained) || !kvp_list_empty(&n->quarantined) ||
-            !kvp_list_empty(&n->waiting) || !kvp_list_empty(&n->active))
+            !kvp_list_empty(&n->env.retained) || !kvp_list_empty(&n->env.quarantined) ||
+            !kvp_list_empty(&n->env.waiting) || !kvp_list_empty(&n->active))
             return false;
         for (kvp_list_t *p = n->sessions.next; p != &n->sessions; p = p->next) {
             const kvp_session_t *ss = KVP_CONTAINER_OF(p, kvp_session_t, node_link);

@@ -31,7 +31,7 @@ static size_t stale_ack_scenario(int mutation)
     assert_int_equal(kvp_fetch(w->node[1], w->addr[0], 5, ks.buf, ks.len, 2, 0, NULL, &op), KVP_OK);
     world_run(w, 5 * MS);
     kvp_session_t *s = kvp__node_find_session(w->node[0], w->addr[1]);
-    kvp_load_t *l = kvp__client_find_load(w->node[1], op);
+    kvp_load_t *l = kvp__node_find_load(w->node[1], op);
     assert_non_null(s);
     assert_non_null(l);
     /* The engine cancels: ABORT is on its way and the slots wait for the
