@@ -138,7 +138,8 @@ kvp_load_t *kvp__node_find_load(kvp_node_t *n, uint64_t op_id)
     return NULL;
 }
 
-void kvp__node_schedule(kvp_node_t *n, kvp_session_t *s)
+/* Have the node run the session's queued work at the end of the call. */
+static void node_schedule(kvp_node_t *n, kvp_session_t *s)
 {
     if (!kvp_list_linked(&s->flush_link))
         kvp_list_insert_tail(&n->flushq, &s->flush_link);
@@ -159,7 +160,7 @@ static void up_mark_active(void *arg, kvp_session_t *s)
 
 static void up_schedule(void *arg, kvp_session_t *s)
 {
-    kvp__node_schedule(arg, s);
+    node_schedule(arg, s);
 }
 
 static const kvp_session_up_t node_session_up = {

@@ -113,8 +113,6 @@ void kvp__node_emit(kvp_node_t *n, const kvp_event_t *ev);
 kvp_session_t *kvp__node_find_session(kvp_node_t *n, const char *peer);
 /* The load with this op id on any session (queued or in flight), or NULL. */
 kvp_load_t *kvp__node_find_load(kvp_node_t *n, uint64_t op_id);
-/* Have the node run the session's queued work at the end of the call. */
-void kvp__node_schedule(kvp_node_t *n, kvp_session_t *s);
 /* config.c: validation naming the field (kvp_last_error), the region
  * against the host's memory and /dev/shm. */
 kvp_status_t kvp__config_check(const kvp_config_t *cfg);
