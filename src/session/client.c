@@ -1,6 +1,6 @@
 /*
- * client.c -- the consumer role of a session (SPEC §5): lookups aggregated
- * per request per poll round, fetches into reserved FILLING slots, FETCH_DONE
+ * client.c -- the consumer role of a session (SPEC §5), its loads: fetches
+ * into reserved FILLING slots (lookups: lookup.c), FETCH_DONE
  * verification and commit, abort with resend and escalation, and the
  * consumer half of teardown (quarantine).
  *
@@ -61,13 +61,7 @@ static void load_set_phase(kvp_load_t *l, kvp_load_phase_t to)
     l->phase = to;
 }
 
-static void key_copy(kvp_key_buf_t *dst, const uint8_t *data, uint32_t len)
-{
-    dst->len = (uint8_t)len;
-    memcpy(dst->data, data, len);
-}
-
-static kvp_status_t check_keys(const uint8_t *keys, const uint32_t *lens, uint32_t n)
+kvp_status_t kvp__client_check_keys(const uint8_t *keys, const uint32_t *lens, uint32_t n)
 {
     if (n == 0 || n > KVP_WIRE_LIST_MAX || keys == NULL || lens == NULL)
         return KVP_ERR_INVALID;
@@ -77,7 +71,7 @@ static kvp_status_t check_keys(const uint8_t *keys, const uint32_t *lens, uint32
     return KVP_OK;
 }
 
-static kvp_creq_t *creq_get(kvp_session_t *s, uint64_t request_id, bool create)
+kvp_creq_t *kvp__client_creq(kvp_session_t *s, uint64_t request_id, bool create)
 {
     kvp_list_t *p, *t;
     kvp_list_foreach_safe(p, t, &s->creqs)
@@ -95,222 +89,6 @@ static kvp_creq_t *creq_get(kvp_session_t *s, uint64_t request_id, bool create)
     c->fetched = true; /* no lookup round to fetch against yet */
     kvp_list_insert_tail(&s->creqs, &c->link);
     return c;
-}
-
-/* --------------------------------------------------------------- lookup */
-
-kvp_status_t kvp__client_lookup(kvp_session_t *s, uint64_t op_id, uint64_t request_id,
-                                const uint8_t *keys, const uint32_t *lens, uint32_t n,
-                                uint8_t *results)
-{
-    kvp_status_t st = check_keys(keys, lens, n);
-    if (st != KVP_OK || results == NULL)
-        return KVP_ERR_INVALID;
-    kvp_lookup_op_t *op = kvp__calloc(1, sizeof(*op));
-    kvp_key_buf_t *kb = kvp__calloc(n, sizeof(*kb));
-    if (op == NULL || kb == NULL) {
-        kvp__free(op);
-        kvp__free(kb);
-        return KVP_ERR_NOMEM;
-    }
-    size_t off = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        key_copy(&kb[i], keys + off, lens[i]);
-        off += lens[i];
-    }
-    op->op_id = op_id;
-    op->request_id = request_id;
-    op->n = n;
-    op->keys = kb;
-    op->results = results;
-    op->sess = s;
-    kvp_list_insert_tail(&s->lookups_queued, &op->link);
-    return KVP_OK;
-}
-
-kvp_status_t kvp__client_lookup_prefix(kvp_session_t *s, uint64_t op_id, uint64_t request_id,
-                                       const uint8_t *keys, const uint32_t *lens, uint32_t n,
-                                       uint8_t *results)
-{
-    uint8_t *own = NULL;
-    if (check_keys(keys, lens, n) != KVP_OK)
-        return KVP_ERR_INVALID;
-    if (results == NULL && (results = own = kvp__malloc(n)) == NULL)
-        return KVP_ERR_NOMEM;
-    kvp_status_t st = kvp__client_lookup(s, op_id, request_id, keys, lens, n, results);
-    if (st != KVP_OK) {
-        kvp__free(own);
-        return st;
-    }
-    /* kvp__client_lookup queued it last. */
-    kvp_lookup_op_t *op = KVP_CONTAINER_OF(s->lookups_queued.prev, kvp_lookup_op_t, link);
-    op->mode = KVP_LOOKUP_F_PREFIX;
-    op->owns_results = own != NULL;
-    return KVP_OK;
-}
-
-kvp_status_t kvp__client_lease_renew(kvp_session_t *s, uint64_t request_id)
-{
-    kvp_msg_t m = {.type = KVP_MSG_LOOKUP, .flags = KVP_LOOKUP_F_RENEW};
-    m.u.lookup = (kvp_msg_lookup_t){request_id, s->env->next_round++, 0, NULL};
-    /* Its empty LOOKUP_RESP matches no op and is ignored (on_lookup_resp). */
-    return kvp__session_send(s, &m);
-}
-
-static void lookup_op_finish(kvp_lookup_op_t *op, kvp_status_t st, uint32_t hits)
-{
-    kvp_session_env_t *n = op->sess->env;
-    kvp_event_t ev = {.type = KVP_EV_LOOKUP, .status = st, .op_id = op->op_id};
-    ev.request_id = op->request_id;
-    ev.n_keys = op->n;
-    ev.n_ok = hits;
-    snprintf(ev.peer, sizeof(ev.peer), "%s", op->sess->peer_id);
-    if (st != KVP_OK)
-        memset(op->results, KVP_LOOKUP_MISS, op->n);
-    kvp_list_remove(&op->link);
-    kvp_timer_stop(n->loop, &op->timer);
-    if (op->owns_results)
-        kvp__free(op->results);
-    kvp__free(op->keys);
-    kvp__free(op);
-    kvp__env_emit(n, &ev);
-}
-
-static void lookup_timer_cb(kvp_timer_t *t)
-{
-    kvp_lookup_op_t *op = t->data;
-    /* F13: a LOOKUP never answered -- the session is not serving us. */
-    kvp__session_fault(op->sess, KVP_BYE_PROTOCOL, "LOOKUP not answered in time");
-}
-
-/* Whether op goes into the same LOOKUP as `first`: general-mode lookups of
- * one request merge; a prefix lookup is a LOOKUP of its own (its key order
- * is the request's block order). */
-static bool lookup_batch_with(const kvp_lookup_op_t *first, const kvp_lookup_op_t *op)
-{
-    if (op == first)
-        return true;
-    return op->request_id == first->request_id && op->mode == 0 && first->mode == 0;
-}
-
-/* One LOOKUP per request per poll round with the union of the queued keys of
- * that request (a key asked twice in the same round is sent once). */
-void kvp__client_flush_lookups(kvp_session_t *s)
-{
-    kvp_session_env_t *n = s->env;
-    while (!kvp_list_empty(&s->lookups_queued)) {
-        kvp_lookup_op_t *first = KVP_CONTAINER_OF(s->lookups_queued.next, kvp_lookup_op_t, link);
-        uint64_t req = first->request_id, round = n->next_round++;
-        uint16_t mode = first->mode;
-        uint32_t total = 0, nops = 0;
-        kvp_list_t *p, *t;
-        kvp_list_foreach_safe(p, t, &s->lookups_queued)
-        {
-            kvp_lookup_op_t *op = KVP_CONTAINER_OF(p, kvp_lookup_op_t, link);
-            if (lookup_batch_with(first, op)) {
-                total += op->n;
-                nops++;
-            }
-        }
-        kvp_key_t *keys = kvp__calloc(total, sizeof(*keys));
-        uint32_t nk = 0;
-        kvp_list_foreach_safe(p, t, &s->lookups_queued)
-        {
-            kvp_lookup_op_t *op = KVP_CONTAINER_OF(p, kvp_lookup_op_t, link);
-            if (!lookup_batch_with(first, op))
-                continue;
-            op->round = round;
-            for (uint32_t i = 0; keys && i < op->n; i++) {
-                uint32_t j = nops == 1 ? nk : 0; /* one op: sent as given, no O(n^2) merge */
-                while (j < nk && !(keys[j].len == op->keys[i].len &&
-                                   memcmp(keys[j].data, op->keys[i].data, keys[j].len) == 0))
-                    j++;
-                if (j == nk)
-                    keys[nk++] = (kvp_key_t){op->keys[i].data, op->keys[i].len};
-            }
-            kvp_list_remove(&op->link);
-            kvp_list_insert_tail(&s->lookups_sent, &op->link);
-            kvp_timer_init(&op->timer, "lookup", lookup_timer_cb, op);
-            kvp_timer_start(n->loop, &op->timer,
-                            kvp__env_now(n) + ((uint64_t)n->cfg->lookup_pending_ms +
-                                                n->cfg->dead_after_ms) * KVP_NSEC_PER_MSEC);
-        }
-        if (keys == NULL) {
-            kvp__session_fault(s, KVP_BYE_PROTOCOL, "out of memory sending LOOKUP");
-            return;
-        }
-        kvp_msg_t m = {.type = KVP_MSG_LOOKUP, .flags = mode};
-        m.u.lookup = (kvp_msg_lookup_t){req, round, nk, keys};
-        kvp__session_send(s, &m);
-        kvp__free(keys);
-    }
-}
-
-void kvp__client_on_lookup_resp(kvp_session_t *s, const kvp_msg_lookup_resp_t *m)
-{
-    /* Rebuild the key order of the LOOKUP we sent from the ops of that round. */
-    kvp_list_t *p, *t;
-    kvp_key_buf_t *order[256];
-    kvp_key_buf_t **keys = m->n <= 256 ? order : kvp__calloc(m->n, sizeof(*keys));
-    uint32_t nk = 0, nops = 0;
-    bool found = false;
-    kvp_list_foreach_safe(p, t, &s->lookups_sent)
-    {
-        kvp_lookup_op_t *op = KVP_CONTAINER_OF(p, kvp_lookup_op_t, link);
-        nops += op->round == m->round;
-    }
-    if (keys == NULL) {
-        kvp__session_fault(s, KVP_BYE_PROTOCOL, "out of memory on LOOKUP_RESP");
-        return;
-    }
-    kvp_list_foreach_safe(p, t, &s->lookups_sent)
-    {
-        kvp_lookup_op_t *op = KVP_CONTAINER_OF(p, kvp_lookup_op_t, link);
-        if (op->round != m->round)
-            continue;
-        found = true;
-        for (uint32_t i = 0; i < op->n; i++) {
-            uint32_t j = nops == 1 ? nk : 0; /* as flush_lookups: one op, no merge */
-            while (j < nk && !(keys[j]->len == op->keys[i].len &&
-                               memcmp(keys[j]->data, op->keys[i].data, keys[j]->len) == 0))
-                j++;
-            if (j == nk && nk < m->n)
-                keys[nk++] = &op->keys[i];
-            op->results[i] = j < m->n ? m->results[j] : KVP_LOOKUP_MISS;
-        }
-    }
-    if (keys != order)
-        kvp__free(keys);
-    if (!found)
-        return; /* a response to a lookup we already failed: ignore */
-    if (nk != m->n) {
-        kvp__session_fault(s, KVP_BYE_PROTOCOL, "LOOKUP_RESP has the wrong number of results");
-        return;
-    }
-    kvp_creq_t *c = creq_get(s, m->request_id, true);
-    if (c != NULL) {
-        c->round = m->round;
-        c->fetched = false;
-    }
-    kvp_list_foreach_safe(p, t, &s->lookups_sent)
-    {
-        kvp_lookup_op_t *op = KVP_CONTAINER_OF(p, kvp_lookup_op_t, link);
-        if (op->round != m->round)
-            continue;
-        uint32_t hits = 0;
-        for (uint32_t i = 0; i < op->n; i++)
-            hits += op->results[i] == KVP_LOOKUP_HIT;
-        if (op->mode & KVP_LOOKUP_F_PREFIX) {
-            /* The held prefix. A source that predates prefix mode answers
-             * every key (and pins every hit until the lease or the request
-             * ends): what follows the first miss is not part of the prefix. */
-            hits = 0;
-            while (hits < op->n && op->results[hits] == KVP_LOOKUP_HIT)
-                hits++;
-            memset(op->results + hits, KVP_LOOKUP_MISS, op->n - hits);
-        }
-        lookup_op_finish(op, KVP_OK, hits);
-    }
 }
 
 /* ---------------------------------------------------------------- fetch */
@@ -533,7 +311,7 @@ static kvp_load_t *load_new(kvp_session_t *s, uint64_t op_id, uint64_t request_i
     l->block_status = block_status;
     size_t off = 0;
     for (uint32_t i = 0; i < n; i++) {
-        key_copy(&l->blocks[i].key, keys + off, lens[i]);
+        kvp__key_copy(&l->blocks[i].key, keys + off, lens[i]);
         off += lens[i];
     }
     snprintf(l->peer, sizeof(l->peer), "%s", s->peer_id);
@@ -549,7 +327,7 @@ static kvp_load_t *load_new(kvp_session_t *s, uint64_t op_id, uint64_t request_i
 static void load_bind_round(kvp_load_t *l)
 {
     kvp_session_t *s = l->sess;
-    kvp_creq_t *c = creq_get(s, l->request_id, true);
+    kvp_creq_t *c = kvp__client_creq(s, l->request_id, true);
     if (c != NULL && !c->fetched &&
         !(l->flags & (KVP_FETCH_WAIT_FOR_SUPPLY | KVP_FETCH_HINT))) {
         l->round = c->round;
@@ -668,7 +446,7 @@ kvp_status_t kvp__client_fetch(kvp_session_t *s, uint64_t op_id, uint64_t reques
                                uint32_t flags, int32_t *block_status)
 {
     kvp_session_env_t *node = s->env;
-    kvp_status_t st = check_keys(keys, lens, n);
+    kvp_status_t st = kvp__client_check_keys(keys, lens, n);
     if (st != KVP_OK)
         return st;
     uint64_t bytes = (uint64_t)n * node->cfg->block_size;
@@ -1052,7 +830,7 @@ void kvp__client_finish_request(kvp_session_t *s, uint64_t request_id)
         any = true;
         kvp__client_abort(l, KVP_ERR_CANCELED);
     }
-    kvp_creq_t *c = creq_get(s, request_id, false);
+    kvp_creq_t *c = kvp__client_creq(s, request_id, false);
     if (c != NULL || any) {
         kvp_msg_t m = {.type = KVP_MSG_FETCH};
         m.u.fetch = (kvp_msg_fetch_t){request_id, s->env->next_round++, 0, 0, NULL};
@@ -1079,10 +857,7 @@ void kvp__client_teardown(kvp_session_t *s, bool fault, kvp_session_close_t *out
         if (l->phase == KVP_LOAD_LANDING) /* answered: what landed counts, the rest fails */
             load_landing_give_up(l);
     }
-    kvp_list_foreach_safe(p, t, &s->lookups_queued)
-        lookup_op_finish(KVP_CONTAINER_OF(p, kvp_lookup_op_t, link), KVP_ERR_UNREACHABLE, 0);
-    kvp_list_foreach_safe(p, t, &s->lookups_sent)
-        lookup_op_finish(KVP_CONTAINER_OF(p, kvp_lookup_op_t, link), KVP_ERR_UNREACHABLE, 0);
+    kvp__client_fail_lookups(s, KVP_ERR_UNREACHABLE);
     kvp_list_foreach_safe(p, t, &s->loads)
     {
         kvp_load_t *l = KVP_CONTAINER_OF(p, kvp_load_t, link);

@@ -42,6 +42,8 @@
 #include "transport/transport.h"
 #include "wire/wire.h"
 
+#include <string.h>
+
 typedef struct kvp_session kvp_session_t;
 typedef struct kvp_load kvp_load_t;
 typedef struct kvp_xfer kvp_xfer_t;
@@ -345,7 +347,20 @@ static inline bool kvp__session_open(const kvp_session_t *s)
 }
 void kvp__session_probation(kvp_session_t *s, bool on);
 
-/* client.c: the consumer role */
+/* client.c + lookup.c: the consumer role */
+/* Keys given by a caller: 1..KVP_WIRE_LIST_MAX keys of 1..KVP_KEY_MAX bytes. */
+kvp_status_t kvp__client_check_keys(const uint8_t *keys, const uint32_t *lens, uint32_t n);
+/* What the consumer learned from the latest lookup of a request (created
+ * when `create`; NULL if absent or out of memory). Freed at teardown or
+ * when the request finishes. */
+kvp_creq_t *kvp__client_creq(kvp_session_t *s, uint64_t request_id, bool create);
+/* Every queued or sent lookup of the session answers `why` (lookup.c). */
+void kvp__client_fail_lookups(kvp_session_t *s, kvp_status_t why);
+static inline void kvp__key_copy(kvp_key_buf_t *dst, const uint8_t *data, uint32_t len)
+{
+    dst->len = (uint8_t)len;
+    memcpy(dst->data, data, len);
+}
 kvp_status_t kvp__client_lookup(kvp_session_t *s, uint64_t op_id, uint64_t request_id,
                                 const uint8_t *keys, const uint32_t *lens, uint32_t n,
                                 uint8_t *results);
