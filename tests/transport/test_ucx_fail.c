@@ -17,19 +17,6 @@ static kvp_test_logcap_t cap; /* file-static: survives a failed assert */
 #define SC(ns) kvp_test_scaled_ns(ns)
 #define SC_MS(ms) (kvp_test_scaled_ns((uint64_t)(ms)*MSEC) / MSEC)
 
-/* Post transfer number k: 4 adjacent blocks, cycling over the region. */
-static kvp_xfer_id_t post_one(ut_pair_t *p, uint32_t k)
-{
-    kvp_xfer_block_t b[4];
-    kvp_xfer_id_t id = 0;
-    for (uint32_t i = 0; i < 4; i++) {
-        uint32_t s = (k * 4 + i) % UT_NB;
-        b[i] = (kvp_xfer_block_t){s, 0, s, 0};
-    }
-    assert_int_equal(p->x->ops->write(p->x, p->peer, b, 4, &id), KVP_OK);
-    return id;
-}
-
 typedef struct stream {
     uint64_t posted, ok, failed;
     kvp_xfer_id_t live[8];
@@ -62,7 +49,7 @@ static void stream_run(ut_pair_t *p, stream_t *s, uint64_t ns)
     uint64_t end = ut_now_ns() + ns;
     while (ut_now_ns() < end) {
         while (s->nlive < 8 && p->x->ops->peer_status(p->x, p->peer) == KVP_OK)
-            s->live[s->nlive++] = post_one(p, (uint32_t)s->posted++);
+            s->live[s->nlive++] = ut_post4(p, (uint32_t)s->posted++);
         p->x->ops->progress(p->x);
         stream_reap(p, s);
     }
@@ -226,7 +213,7 @@ static void fence_case(bool fenced, bool emulated_shm)
     /* the consumer's endpoint to us: its side of the path (our region is
      * UCX-allocated, so on shm it sees a direct path towards us) */
     consumer_add_producer(&p, emulated_shm ? KVP_PATH_DIRECT_SHM : KVP_PATH_AM_TCP);
-    kvp_xfer_id_t id0 = post_one(&p, 0);
+    kvp_xfer_id_t id0 = ut_post4(&p, 0);
     assert_true(ut_wait_xfer(p.x, p.peer, id0, kvp_test_scaled_ns(5 * SEC), &st));
     assert_int_equal(st, KVP_OK);
     assert_true(ut_call(&p.child, UT_FILL, 0xAA, 0, NULL, 0, &r, NULL, 0));
@@ -236,7 +223,7 @@ static void fence_case(bool fenced, bool emulated_shm)
         assert_int_equal(r.v1, 1); /* proof on tcp / emulated shm */
     }
     for (uint32_t k = 0; k < 5; k++) { /* late writes, 20 ms apart */
-        ids[k] = post_one(&p, k + 1);
+        ids[k] = ut_post4(&p, k + 1);
         ut_progress_for(p.x, 20 * MSEC);
     }
     ut_progress_for(p.x, SC(200 * MSEC));
@@ -300,8 +287,8 @@ static void am_refuse_case(const char *tls, kvp_data_path_t path, bool caller_me
     ut_pair_open_ex(&p, tls, path, caller_mem);
     assert_true(ut_call(&p.child, UT_FILL, 0xAA, 0, NULL, 0, &r, NULL, 0));
     assert_true(ut_call(&p.child, UT_REFUSE, 0, 8, NULL, 0, &r, NULL, 0)); /* slots 0..7 */
-    kvp_xfer_id_t a = post_one(&p, 0), b = post_one(&p, 1); /* slots 0..3, 4..7: refused */
-    kvp_xfer_id_t c = post_one(&p, 2);                       /* slots 8..11: expected */
+    kvp_xfer_id_t a = ut_post4(&p, 0), b = ut_post4(&p, 1); /* slots 0..3, 4..7: refused */
+    kvp_xfer_id_t c = ut_post4(&p, 2);                       /* slots 8..11: expected */
     assert_true(ut_wait_xfer(p.x, p.peer, a, kvp_test_scaled_ns(5 * SEC), &st));
     assert_true(ut_wait_xfer(p.x, p.peer, b, kvp_test_scaled_ns(5 * SEC), &st));
     assert_true(ut_wait_xfer(p.x, p.peer, c, kvp_test_scaled_ns(5 * SEC), &st));
@@ -341,7 +328,7 @@ static void test_ucx_fence_shm_no_proof(void **state)
     assert_int_equal(r.status, KVP_OK);
     assert_int_equal(r.v1, 0); /* NOT a proof */
     assert_int_equal(kvp_ucx_peer_inbound_path(p.x, p.peer), KVP_PATH_DIRECT_SHM);
-    kvp_xfer_id_t id = post_one(&p, 1);
+    kvp_xfer_id_t id = ut_post4(&p, 1);
     assert_true(ut_wait_xfer(p.x, p.peer, id, kvp_test_scaled_ns(2 * SEC), &st));
     assert_int_equal(child_count_not(&p, 0xAA), 4 * (int64_t)UT_BS);
     assert_int_equal(p.x->ops->remove_peer(p.x, p.peer), KVP_OK);
@@ -365,7 +352,7 @@ static void test_ucx_remove_defers_release(void **state)
     ut_pair_open(&p, "tcp", KVP_PATH_AM_TCP);
     assert_true(ut_send(&p.child, UT_PAUSE, SC_MS(700), 0, NULL, 0)); /* target stops progressing */
     ut_progress_for(p.x, SC(50 * MSEC));
-    kvp_xfer_id_t a = post_one(&p, 0), b = post_one(&p, 1), c = post_one(&p, 2);
+    kvp_xfer_id_t a = ut_post4(&p, 0), b = ut_post4(&p, 1), c = ut_post4(&p, 2);
     ut_progress_for(p.x, SC(50 * MSEC));
     assert_int_equal(p.x->ops->poll(p.x, p.peer, res, 8, &n), KVP_OK);
     assert_int_equal(n, 0); /* emulated puts wait for the target */
@@ -419,7 +406,7 @@ static void test_ucx_cancel_modes(void **state)
     ut_pair_open(&p, "tcp", KVP_PATH_AM_TCP);
     assert_true(ut_send(&p.child, UT_PAUSE, SC_MS(500), 0, NULL, 0));
     ut_progress_for(p.x, SC(50 * MSEC));
-    kvp_xfer_id_t ids[2] = {post_one(&p, 0), post_one(&p, 1)};
+    kvp_xfer_id_t ids[2] = {ut_post4(&p, 0), ut_post4(&p, 1)};
     kvp_xfer_id_t bogus = ids[1] + (1ull << 24);
     assert_int_equal(p.x->ops->cancel(p.x, &bogus, 1, KVP_CANCEL_WAIT, running, &nr),
                      KVP_ERR_NOT_FOUND);

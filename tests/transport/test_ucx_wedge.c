@@ -46,18 +46,6 @@ const char *__asan_default_options(void)
  * all, more than loopback's socket buffers hold. */
 #define NXFER 160
 
-static kvp_xfer_id_t post_one(ut_pair_t *p, uint32_t k)
-{
-    kvp_xfer_block_t b[4];
-    kvp_xfer_id_t id = 0;
-    for (uint32_t i = 0; i < 4; i++) {
-        uint32_t s = (k * 4 + i) % UT_NB;
-        b[i] = (kvp_xfer_block_t){s, 0, s, 0};
-    }
-    assert_int_equal(p->x->ops->write(p->x, p->peer, b, 4, &id), KVP_OK);
-    return id;
-}
-
 static void test_ucx_fence_wedged_tcp(void **state)
 {
     ut_pair_t p;
@@ -78,7 +66,7 @@ static void test_ucx_fence_wedged_tcp(void **state)
     assert_int_equal(r.status, KVP_OK);
     assert_int_equal(r.v1, KVP_PATH_AM_TCP);
     ut_progress_for(p.x, SC(20 * MSEC));
-    kvp_xfer_id_t id0 = post_one(&p, 0);
+    kvp_xfer_id_t id0 = ut_post4(&p, 0);
     assert_true(ut_wait_xfer(p.x, p.peer, id0, SC(5 * SEC), &st));
     assert_int_equal(st, KVP_OK);
 
@@ -88,7 +76,7 @@ static void test_ucx_fence_wedged_tcp(void **state)
     struct timespec ts = {0, 100 * 1000 * 1000}; /* it is asleep before we write */
     nanosleep(&ts, NULL);
     for (uint32_t k = 0; k < NXFER; k++)
-        ids[k] = post_one(&p, k + 1);
+        ids[k] = ut_post4(&p, k + 1);
     ut_progress_for(p.x, SC(300 * MSEC));
     size_t done_before = 0;
     {

@@ -492,3 +492,15 @@ void ut_pair_close(ut_pair_t *p)
     assert_int_equal(p->x->ops->close(p->x, false), KVP_OK);
     assert_true(ut_child_stop(&p->child));
 }
+
+kvp_xfer_id_t ut_post4(ut_pair_t *p, uint32_t k)
+{
+    kvp_xfer_block_t b[4];
+    kvp_xfer_id_t id = 0;
+    for (uint32_t i = 0; i < 4; i++) {
+        uint32_t s = (k * 4 + i) % UT_NB;
+        b[i] = (kvp_xfer_block_t){s, 0, s, 0};
+    }
+    assert_int_equal(p->x->ops->write(p->x, p->peer, b, 4, &id), KVP_OK);
+    return id;
+}

@@ -100,5 +100,8 @@ void ut_pair_open_ex(ut_pair_t *p, const char *tls, kvp_data_path_t want_path,
                      bool target_caller_mem);
 /* Asserts nothing in flight, removes the peer, closes, stops the child. */
 void ut_pair_close(ut_pair_t *p);
+/* Post transfer number k to the pair's peer: 4 adjacent blocks (slots
+ * 4k..4k+3, cycling over the UT_NB-slot region); asserts the post. */
+kvp_xfer_id_t ut_post4(ut_pair_t *p, uint32_t k);
 
 #endif
