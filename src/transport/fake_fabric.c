@@ -400,28 +400,28 @@ bool kvp_fake_fabric_progress(kvp_fake_fabric_t *f)
     return any;
 }
 
-uint64_t kvp_fake_fabric_quiet_until(kvp_fake_fabric_t *f)
+/* One of the cached times: its lock-free hint while set, else recomputed
+ * under the lock. */
+static uint64_t fabric_cached(kvp_fake_fabric_t *f, const uint64_t *hint, const uint64_t *cache)
 {
-    uint64_t hint = __atomic_load_n(&f->quiet_hint, __ATOMIC_RELAXED);
-    if (hint != 0)
-        return hint;
+    uint64_t h = __atomic_load_n(hint, __ATOMIC_RELAXED);
+    if (h != 0)
+        return h;
     pthread_mutex_lock(&f->mu);
     fabric_cache(f);
-    uint64_t t = f->quiet_cache;
+    uint64_t t = *cache;
     pthread_mutex_unlock(&f->mu);
     return t;
 }
 
+uint64_t kvp_fake_fabric_quiet_until(kvp_fake_fabric_t *f)
+{
+    return fabric_cached(f, &f->quiet_hint, &f->quiet_cache);
+}
+
 uint64_t kvp_fake_fabric_next_event_ns(kvp_fake_fabric_t *f)
 {
-    uint64_t hint = __atomic_load_n(&f->next_hint, __ATOMIC_RELAXED);
-    if (hint != 0)
-        return hint;
-    pthread_mutex_lock(&f->mu);
-    fabric_cache(f);
-    uint64_t t = f->next_cache;
-    pthread_mutex_unlock(&f->mu);
-    return t;
+    return fabric_cached(f, &f->next_hint, &f->next_cache);
 }
 
 size_t kvp_fake_violations(kvp_fake_fabric_t *f, const kvp_fake_violation_t **list)
