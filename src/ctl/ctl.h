@@ -6,7 +6,9 @@
  * epochs, heartbeats, identity conflicts. Knows nothing of KV.
  *
  * Threading: everything here runs on the loop's owner thread, except
- * kvp_loop_wakeup(), which any thread may call.
+ * kvp_loop_wakeup(), which any thread may call. An owner that guards its
+ * state with a lock (kvp_loop_set_wait_hooks) may let another thread holding
+ * that lock act as the owner while the loop sleeps.
  */
 #ifndef KVP_CTL_H
 #define KVP_CTL_H
@@ -77,6 +79,14 @@ int kvp_loop_run_once(kvp_loop_t *loop, int timeout_ms);
 void kvp_loop_wakeup(kvp_loop_t *loop);
 /* Called on the owner thread after a wakeup was consumed. */
 void kvp_loop_set_wakeup_cb(kvp_loop_t *loop, void (*cb)(void *arg), void *arg);
+/* begin(arg) runs before run_once sleeps in epoll_wait and end(arg) after
+ * it wakes (not for a round that does not sleep): an owner thread that holds
+ * a lock over its state releases it there, so that another thread may take
+ * the lock and act as the owner meanwhile (start and stop ios and timers,
+ * write to connections). A batch of events collected while an io was
+ * stopped is dropped and polled again after end(). */
+void kvp_loop_set_wait_hooks(kvp_loop_t *loop, void (*begin)(void *arg), void (*end)(void *arg),
+                             void *arg);
 /* The epoll fd: readable when run_once has work (caller-driven mode). */
 int kvp_loop_fd(const kvp_loop_t *loop);
 

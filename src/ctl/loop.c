@@ -40,6 +40,12 @@ struct kvp_loop {
      * eventfd and timerfd, and a wakeup that may be unread. */
     uint32_t n_user_io;
     atomic_bool wake_pending;
+    /* kvp_loop_set_wait_hooks: released around a sleeping epoll_wait; ios
+     * stopped meanwhile (by the thread that took the owner's lock) bump
+     * io_stops, and a batch collected across such a stop is not trusted. */
+    void (*wait_begin)(void *arg), (*wait_end)(void *arg);
+    void *wait_arg;
+    uint64_t io_stops;
 };
 
 /* ------------------------------------------------------------------ heap */
@@ -287,12 +293,21 @@ kvp_status_t kvp_io_modify(kvp_loop_t *loop, kvp_io_t *io, uint32_t events)
     return KVP_OK;
 }
 
+void kvp_loop_set_wait_hooks(kvp_loop_t *loop, void (*begin)(void *arg), void (*end)(void *arg),
+                             void *arg)
+{
+    loop->wait_begin = begin;
+    loop->wait_end = end;
+    loop->wait_arg = arg;
+}
+
 void kvp_io_stop(kvp_loop_t *loop, kvp_io_t *io)
 {
     if (!io->active)
         return;
     epoll_ctl(loop->epfd, EPOLL_CTL_DEL, io->fd, NULL);
     io->active = false;
+    loop->io_stops++;
     if (io != &loop->wake_io && io != &loop->timer_io)
         loop->n_user_io--;
     /* The owner may free io right after this: forget it in the batch being
@@ -389,8 +404,20 @@ int kvp_loop_run_once(kvp_loop_t *loop, int timeout_ms)
      * only on the real clock) has nothing epoll could report unless a
      * wakeup was written: skip the syscall (the simulator runs ~10^4 such
      * rounds per seed). A wakeup written while we skip is seen next round. */
-    if (wait != 0 || loop->real_clock || loop->n_user_io != 0 || atomic_load(&loop->wake_pending))
+    if (wait != 0 && loop->wait_begin != NULL) {
+        /* Sleeping: the owner's lock is released, so another thread may run
+         * the owner's work meanwhile. An io it stopped may be freed, and its
+         * event may already be in this batch: then poll again, locked. */
+        uint64_t stops = loop->io_stops;
+        loop->wait_begin(loop->wait_arg);
         n = epoll_wait(loop->epfd, loop->events, LOOP_MAX_EVENTS, wait);
+        loop->wait_end(loop->wait_arg);
+        if (loop->io_stops != stops)
+            n = epoll_wait(loop->epfd, loop->events, LOOP_MAX_EVENTS, 0);
+    } else if (wait != 0 || loop->real_clock || loop->n_user_io != 0 ||
+               atomic_load(&loop->wake_pending)) {
+        n = epoll_wait(loop->epfd, loop->events, LOOP_MAX_EVENTS, wait);
+    }
     if (n < 0)
         n = 0; /* EINTR: fall through to the timers */
     int ran = 0;

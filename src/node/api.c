@@ -344,6 +344,7 @@ typedef struct remote_call {
     kvp_status_t (*fn)(kvp_session_t *s, uint64_t op_id, const remote_args_t *a);
     bool takes_op;
     bool flush;
+    bool quiet; /* frames and bookkeeping only (kvp__node_exec_quiet) */
 } remote_call_t;
 
 struct remote_args {
@@ -412,7 +413,8 @@ static kvp_status_t remote_exec(kvp_node_t *n, remote_args_t *a)
     uint64_t deadline = 0;
     for (;;) {
         a->wait_ms = 0;
-        kvp_status_t st = kvp__node_exec(n, do_remote, a);
+        kvp_status_t st = a->call->quiet ? kvp__node_exec_quiet(n, do_remote, a)
+                                         : kvp__node_exec(n, do_remote, a);
         if (st != KVP_ERR_UNREACHABLE || a->wait_ms == 0 || !n->thread_running)
             return st;
         uint64_t now = kvp_clock_now(real);
@@ -446,10 +448,10 @@ static kvp_status_t call_fetch(kvp_session_t *s, uint64_t id, const remote_args_
                              a->block_status);
 }
 
-static const remote_call_t CALL_LOOKUP = {call_lookup, true, true};
-static const remote_call_t CALL_LOOKUP_PREFIX = {call_lookup_prefix, true, true};
-static const remote_call_t CALL_LEASE_RENEW = {call_lease_renew, false, false};
-static const remote_call_t CALL_FETCH = {call_fetch, true, false};
+static const remote_call_t CALL_LOOKUP = {call_lookup, true, true, true};
+static const remote_call_t CALL_LOOKUP_PREFIX = {call_lookup_prefix, true, true, true};
+static const remote_call_t CALL_LEASE_RENEW = {call_lease_renew, false, false, true};
+static const remote_call_t CALL_FETCH = {call_fetch, true, false, true};
 
 static kvp_status_t check_remote(kvp_node_t *n, const char *peer, const uint8_t *keys,
                                  const uint32_t *lens, uint32_t cnt, const uint64_t *op_id)
@@ -547,7 +549,9 @@ KVP_EXPORT kvp_status_t kvp_finish_request(kvp_node_t *n, uint64_t request_id)
 {
     if (n == NULL)
         return KVP_ERR_INVALID;
-    return kvp__node_exec(n, do_finish, &request_id);
+    /* Frames, events and unpinning; transfers it leaves running keep the
+     * node thread polling (kvp__node_exec_quiet). */
+    return kvp__node_exec_quiet(n, do_finish, &request_id);
 }
 
 KVP_EXPORT kvp_status_t kvp_poll_events(kvp_node_t *n, kvp_event_t *out, uint32_t cap,

@@ -492,9 +492,20 @@ static void node_round(kvp_node_t *n, int timeout_ms)
     atomic_store_explicit(&n->round_ns, kvp_clock_now(kvp_clock_real()), memory_order_relaxed);
 }
 
+static void node_wait_begin(void *arg)
+{
+    pthread_mutex_unlock(&((kvp_node_t *)arg)->owner);
+}
+
+static void node_wait_end(void *arg)
+{
+    pthread_mutex_lock(&((kvp_node_t *)arg)->owner);
+}
+
 static void *node_thread_main(void *arg)
 {
     kvp_node_t *n = arg;
+    pthread_mutex_lock(&n->owner); /* released only while the loop sleeps */
     for (;;) {
         pthread_mutex_lock(&n->lock);
         bool stop = n->stopping;
@@ -504,6 +515,7 @@ static void *node_thread_main(void *arg)
         node_round(n, 100);
     }
     node_run_commands(n); /* nobody waits forever on a command */
+    pthread_mutex_unlock(&n->owner);
     return NULL;
 }
 
@@ -518,13 +530,52 @@ static void xport_io_cb(kvp_io_t *io, uint32_t events)
     (void)events; /* progress runs in every round */
 }
 
-kvp_status_t kvp__node_exec(kvp_node_t *n, kvp_status_t (*fn)(kvp_node_t *, void *), void *arg)
+/* The node this thread runs a command for on the fast path (a command that
+ * calls back into the API then runs inline). */
+static _Thread_local const kvp_node_t *tl_owner_of;
+
+/* Fast path: the node thread is asleep in the loop (it holds `owner` at
+ * every other moment), so this thread runs the command itself and sends the
+ * frames it queued: no wake-up of the node thread before the frame leaves,
+ * none of the caller after. The node thread is woken afterwards, so that it
+ * re-arms its sleep for what the command started (transfers, landing loads),
+ * off the request's path. A busy node thread keeps the queue (batching). */
+static bool node_exec_fast(kvp_node_t *n, kvp_status_t (*fn)(kvp_node_t *, void *), void *arg,
+                           bool quiet, kvp_status_t *out)
 {
-    if (!n->thread_running || pthread_equal(pthread_self(), n->thread)) {
+    if (pthread_mutex_trylock(&n->owner) != 0)
+        return false;
+    pthread_mutex_lock(&n->lock);
+    bool stopping = n->stopping;
+    pthread_mutex_unlock(&n->lock);
+    if (stopping) {
+        *out = KVP_ERR_CLOSED;
+    } else {
+        tl_owner_of = n;
+        *out = fn(n, arg);
+        node_flush_lookups(n);
+        tl_owner_of = NULL;
+    }
+    /* Sockets, the transport's event fd and the timer fd wake the node thread
+     * by themselves; transfers and landing loads are polled (1 ms bound). */
+    bool wake = !quiet || !kvp_list_empty(&n->active) || !kvp_list_empty(&n->env.landing);
+    pthread_mutex_unlock(&n->owner);
+    if (wake)
+        kvp_loop_wakeup(n->loop);
+    return true;
+}
+
+static kvp_status_t node_exec(kvp_node_t *n, kvp_status_t (*fn)(kvp_node_t *, void *), void *arg,
+                              bool quiet)
+{
+    if (!n->thread_running || pthread_equal(pthread_self(), n->thread) || tl_owner_of == n) {
         kvp_status_t r = fn(n, arg);
         node_flush_lookups(n);
         return r;
     }
+    kvp_status_t r;
+    if (node_exec_fast(n, fn, arg, quiet, &r))
+        return r;
     kvp_cmd_t c = {.fn = fn, .arg = arg};
     pthread_mutex_lock(&n->lock);
     if (n->stopping) {
@@ -539,6 +590,17 @@ kvp_status_t kvp__node_exec(kvp_node_t *n, kvp_status_t (*fn)(kvp_node_t *, void
         pthread_cond_wait(&n->cond, &n->lock);
     pthread_mutex_unlock(&n->lock);
     return c.result;
+}
+
+kvp_status_t kvp__node_exec(kvp_node_t *n, kvp_status_t (*fn)(kvp_node_t *, void *), void *arg)
+{
+    return node_exec(n, fn, arg, false);
+}
+
+kvp_status_t kvp__node_exec_quiet(kvp_node_t *n, kvp_status_t (*fn)(kvp_node_t *, void *),
+                                  void *arg)
+{
+    return node_exec(n, fn, arg, true);
 }
 
 kvp_status_t kvp__node_progress(kvp_node_t *n, int timeout_ms)
@@ -771,6 +833,7 @@ kvp_status_t kvp__node_create_ex(const kvp_config_t *cfg, const kvp_node_seams_t
     kvp_ratelimit_init(&n->rl_proto, KVP_NSEC_PER_SEC, 5);
     kvp_ratelimit_init(&n->rl_cap, KVP_NSEC_PER_SEC, 1);
     kvp_ratelimit_init(&n->rl_local, KVP_NSEC_PER_SEC, 1);
+    pthread_mutex_init(&n->owner, NULL);
     pthread_mutex_init(&n->lock, NULL);
     pthread_cond_init(&n->cond, NULL);
     n->xport_io.fd = -1;
@@ -819,6 +882,7 @@ kvp_status_t kvp__node_create_ex(const kvp_config_t *cfg, const kvp_node_seams_t
         goto fail;
     atomic_store_explicit(&n->round_ns, kvp_clock_now(kvp_clock_real()), memory_order_relaxed);
     if (cfg->thread_mode == KVP_THREAD_OWN) {
+        kvp_loop_set_wait_hooks(n->loop, node_wait_begin, node_wait_end, n);
         if (pthread_create(&n->thread, NULL, node_thread_main, n) != 0) {
             st = KVP_ERR_IO;
             goto fail;
@@ -919,6 +983,7 @@ static void node_free(kvp_node_t *n)
     if (n->pollfd >= 0)
         close(n->pollfd);
     kvp__free(n->engine_pins);
+    pthread_mutex_destroy(&n->owner);
     pthread_mutex_destroy(&n->lock);
     pthread_cond_destroy(&n->cond);
     kvp__free(n->events);
@@ -940,6 +1005,7 @@ KVP_EXPORT void kvp_node_destroy(kvp_node_t *n)
         kvp_loop_wakeup(n->loop);
         pthread_join(n->thread, NULL);
         n->thread_running = false;
+        kvp_loop_set_wait_hooks(n->loop, NULL, NULL, NULL); /* the drain runs here, alone */
     }
     node_drain(n);
     KVP_INFO(n->name, "node down");

@@ -84,7 +84,11 @@ struct kvp_node {
     size_t txcap;
     kvp_xfer_result_t results[256];
 
-    /* threads: commands in, events out */
+    /* threads: commands in, events out. `owner` guards everything the node
+     * thread owns; the node thread holds it except while it sleeps in the
+     * loop, when a caller may take it and run its command itself
+     * (kvp__node_exec's fast path). Order: owner before lock. */
+    pthread_mutex_t owner;
     pthread_mutex_t lock;
     pthread_cond_t cond;
     kvp_list_t cmds;
@@ -105,6 +109,11 @@ struct kvp_node {
 
 /* node.c */
 kvp_status_t kvp__node_exec(kvp_node_t *n, kvp_status_t (*fn)(kvp_node_t *, void *), void *arg);
+/* kvp__node_exec for a command that only queues frames and bookkeeping
+ * (lookups, a consumer's fetch): run on the fast path, it does not wake the
+ * node thread unless transfers or landing loads need its polling. */
+kvp_status_t kvp__node_exec_quiet(kvp_node_t *n, kvp_status_t (*fn)(kvp_node_t *, void *),
+                                  void *arg);
 kvp_status_t kvp__node_progress(kvp_node_t *n, int timeout_ms);
 kvp_status_t kvp__node_take_events(kvp_node_t *n, kvp_event_t *out, uint32_t cap,
                                    uint32_t *n_out);

@@ -188,6 +188,74 @@ static void test_wakeup_and_sleep(void **state)
     KVP_TEST_ASSERT_NO_LEAKS();
 }
 
+/* Wait hooks (kvp_loop_set_wait_hooks): while the loop sleeps unlocked,
+ * another thread holding the owner's lock may stop an io whose event is
+ * already in the batch and reuse its memory for another fd. The batch must
+ * not reach the reused io: here the "other thread" is the end hook itself,
+ * which runs after epoll_wait collected the pipe's event. */
+typedef struct reuse {
+    kvp_loop_t *loop;
+    kvp_io_t io;
+    int old_pipe[2], new_pipe[2];
+    int old_hits, new_hits, begins, ends;
+} reuse_t;
+
+static void reuse_old_cb(kvp_io_t *io, uint32_t events)
+{
+    (void)events;
+    ((reuse_t *)io->data)->old_hits++;
+}
+
+static void reuse_new_cb(kvp_io_t *io, uint32_t events)
+{
+    (void)events;
+    ((reuse_t *)io->data)->new_hits++;
+}
+
+static void reuse_begin(void *arg)
+{
+    ((reuse_t *)arg)->begins++;
+}
+
+static void reuse_end(void *arg)
+{
+    reuse_t *r = arg;
+    if (r->ends++ == 0) {
+        kvp_io_stop(r->loop, &r->io);
+        assert_int_equal(kvp_io_start(r->loop, &r->io, r->new_pipe[0], EPOLLIN, reuse_new_cb, r),
+                         KVP_OK);
+    }
+}
+
+static void test_wait_hooks_stale_batch(void **state)
+{
+    reuse_t r;
+    memset(&r, 0, sizeof(r));
+    assert_int_equal(kvp_loop_create(NULL, &r.loop), KVP_OK);
+    assert_int_equal(pipe(r.old_pipe), 0);
+    assert_int_equal(pipe(r.new_pipe), 0);
+    assert_int_equal(kvp_io_start(r.loop, &r.io, r.old_pipe[0], EPOLLIN, reuse_old_cb, &r), KVP_OK);
+    kvp_loop_set_wait_hooks(r.loop, reuse_begin, reuse_end, &r);
+    assert_int_equal(write(r.old_pipe[1], "a", 1), 1);
+    kvp_loop_run_once(r.loop, 100);
+    assert_int_equal(r.begins, 1); /* it slept, so the hooks ran */
+    assert_int_equal(r.ends, 1);
+    assert_int_equal(r.old_hits, 0); /* stopped before dispatch */
+    assert_int_equal(r.new_hits, 0); /* the stale event did not reach the reused io */
+    kvp_loop_run_once(r.loop, 0);    /* no sleep: no hooks */
+    assert_int_equal(r.begins, 1);
+    assert_int_equal(write(r.new_pipe[1], "b", 1), 1);
+    kvp_loop_run_once(r.loop, 100);
+    assert_int_equal(r.new_hits, 1); /* the reused io works */
+    kvp_io_stop(r.loop, &r.io);
+    for (int i = 0; i < 2; i++) {
+        close(r.old_pipe[i]);
+        close(r.new_pipe[i]);
+    }
+    kvp_loop_destroy(r.loop);
+    KVP_TEST_ASSERT_NO_LEAKS();
+}
+
 /* Real clock: run_once(-1) sleeps until the nearest deadline, and the loop fd
  * becomes readable when it passes (caller-driven embedding). */
 static void hit_cb(kvp_timer_t *t)
@@ -224,7 +292,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_timers_order),   cmocka_unit_test(test_timers_heap),
         cmocka_unit_test(test_fd_events),      cmocka_unit_test(test_wakeup_and_sleep),
-        cmocka_unit_test(test_deadline_wakes),
+        cmocka_unit_test(test_deadline_wakes), cmocka_unit_test(test_wait_hooks_stale_batch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

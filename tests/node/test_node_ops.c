@@ -8,6 +8,7 @@
 
 #include <dirent.h>
 #include <poll.h>
+#include <pthread.h>
 
 /* Names in /dev/shm, as one sorted-free concatenation (for before/after). */
 static size_t shm_entries(char *buf, size_t cap)
@@ -397,6 +398,206 @@ static void test_lookup_right_after_peer_add_ucx(void **state)
         kvp_node_destroy(nd[i]);
 }
 
+
+/* Callers racing the node thread (kvp__node_exec's fast path: a caller runs
+ * its command itself while the node thread sleeps, else queues it). Three
+ * engine threads on the consumer each look up, fetch, read back and finish
+ * their own keys while an event thread hands out outcomes, a stats reader
+ * polls, and a thread on the source puts new blocks: every lookup hits,
+ * every load commits byte-exact, nothing hangs, and under TSan no access
+ * to the node's state goes unordered. */
+enum { RACE_THREADS = 3, RACE_ITERS = 12, RACE_KEYS = 2, RACE_BS = 4096 };
+
+typedef struct race {
+    kvp_node_t *src, *dst;
+    const char *peer;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    kvp_event_t evs[RACE_THREADS * RACE_ITERS * 2 + 64];
+    uint32_t nev;
+    bool stop;
+    int failures;
+} race_t;
+
+static void race_key(uint32_t t, uint32_t it, uint32_t k, char key[16])
+{
+    snprintf(key, 16, "r%u-%u-%u", t, it, k);
+}
+
+static void race_fill(const char *key, uint8_t *buf)
+{
+    for (uint32_t i = 0; i < RACE_BS; i++)
+        buf[i] = (uint8_t)(key[1] * 31 + key[3] * 7 + key[5] + i);
+}
+
+static void *race_events(void *arg)
+{
+    race_t *r = arg;
+    for (;;) {
+        struct pollfd p = {kvp_node_fd(r->dst), POLLIN, 0};
+        poll(&p, 1, 20);
+        kvp_event_t ev[16];
+        uint32_t got = 0;
+        kvp_poll_events(r->dst, ev, 16, &got);
+        pthread_mutex_lock(&r->mu);
+        for (uint32_t i = 0; i < got && r->nev < KVP_ARRAY_SIZE(r->evs); i++)
+            if (ev[i].type == KVP_EV_LOOKUP || ev[i].type == KVP_EV_LOAD)
+                r->evs[r->nev++] = ev[i];
+        bool stop = r->stop;
+        pthread_cond_broadcast(&r->cv);
+        pthread_mutex_unlock(&r->mu);
+        if (stop)
+            return NULL;
+    }
+}
+
+static bool race_wait(race_t *r, uint64_t op, kvp_event_t *out)
+{
+    uint64_t end = real_ms() + (uint64_t)(20000 * kvp_test_time_scale());
+    pthread_mutex_lock(&r->mu);
+    for (;;) {
+        for (uint32_t i = 0; i < r->nev; i++)
+            if (r->evs[i].op_id == op) {
+                *out = r->evs[i];
+                pthread_mutex_unlock(&r->mu);
+                return true;
+            }
+        if (real_ms() > end)
+            break;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 50 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return false;
+}
+
+typedef struct race_arg {
+    race_t *r;
+    uint32_t t;
+} race_arg_t;
+
+static void *race_engine(void *arg)
+{
+    race_arg_t *a = arg;
+    race_t *r = a->r;
+    int bad = 0;
+    for (uint32_t it = 0; it < RACE_ITERS && !bad; it++) {
+        char keys[RACE_KEYS][16];
+        uint8_t buf[RACE_KEYS * 16], res[RACE_KEYS];
+        uint32_t lens[RACE_KEYS], off = 0;
+        for (uint32_t k = 0; k < RACE_KEYS; k++) {
+            race_key(a->t, it, k, keys[k]);
+            lens[k] = (uint32_t)strlen(keys[k]);
+            memcpy(buf + off, keys[k], lens[k]);
+            off += lens[k];
+        }
+        uint64_t req = 1000 + a->t * 100 + it, op = 0;
+        kvp_event_t ev;
+        bad |= kvp_lookup(r->dst, r->peer, req, buf, lens, RACE_KEYS, res, &op) != KVP_OK;
+        bad |= !bad && (!race_wait(r, op, &ev) || ev.status != KVP_OK || ev.n_ok != RACE_KEYS);
+        int32_t st[RACE_KEYS];
+        bad |= !bad && kvp_fetch(r->dst, r->peer, req, buf, lens, RACE_KEYS, 0, st, &op) != KVP_OK;
+        bad |= !bad && (!race_wait(r, op, &ev) || ev.status != KVP_OK);
+        for (uint32_t k = 0; k < RACE_KEYS && !bad; k++) {
+            kvp_block_t b;
+            uint8_t want[RACE_BS];
+            race_fill(keys[k], want);
+            bad |= kvp_get(r->dst, keys[k], lens[k], &b) != KVP_OK;
+            if (!bad) {
+                bad |= b.len != RACE_BS || memcmp(b.data, want, RACE_BS) != 0;
+                kvp_release(r->dst, &b);
+            }
+        }
+        kvp_finish_request(r->dst, req);
+    }
+    if (bad) {
+        pthread_mutex_lock(&r->mu);
+        r->failures++;
+        pthread_mutex_unlock(&r->mu);
+    }
+    return NULL;
+}
+
+static void *race_side(void *arg)
+{
+    race_t *r = arg;
+    uint8_t blk[RACE_BS] = {1};
+    for (uint32_t i = 0; i < 200; i++) {
+        kvp_stats_t st;
+        kvp_node_stats(r->dst, &st);
+        char key[16];
+        snprintf(key, sizeof(key), "side%u", i % 32);
+        kvp_put(r->src, key, (uint32_t)strlen(key), blk, sizeof(blk), 0);
+    }
+    return NULL;
+}
+
+static void test_callers_race_the_node_thread_ucx(void **state)
+{
+    (void)state;
+    race_t r;
+    memset(&r, 0, sizeof(r));
+    pthread_mutex_init(&r.mu, NULL);
+    pthread_cond_init(&r.cv, NULL);
+    kvp_node_t *nd[2];
+    for (int i = 0; i < 2; i++) {
+        kvp_config_t c;
+        kvp_config_init(&c);
+        c.num_blocks = 256;
+        c.block_size = RACE_BS;
+        c.listen_addr = "127.0.0.1:0";
+        c.dead_after_ms = (uint32_t)(2000 * kvp_test_time_scale());
+        c.handshake_timeout_ms = c.dead_after_ms;
+        assert_int_equal(kvp_node_create(&c, &nd[i]), KVP_OK);
+    }
+    r.src = nd[0];
+    r.dst = nd[1];
+    r.peer = kvp_node_peer_id(nd[0]);
+    for (uint32_t t = 0; t < RACE_THREADS; t++)
+        for (uint32_t it = 0; it < RACE_ITERS; it++)
+            for (uint32_t k = 0; k < RACE_KEYS; k++) {
+                char key[16];
+                uint8_t blk[RACE_BS];
+                race_key(t, it, k, key);
+                race_fill(key, blk);
+                assert_int_equal(kvp_put(nd[0], key, (uint32_t)strlen(key), blk, RACE_BS, 0),
+                                 KVP_OK);
+            }
+    assert_int_equal(kvp_peer_add(nd[1], r.peer), KVP_OK);
+    assert_int_equal(kvp_peer_wait(nd[1], r.peer, (int32_t)(10000 * kvp_test_time_scale())),
+                     KVP_OK);
+    pthread_t evt, side, eng[RACE_THREADS];
+    race_arg_t args[RACE_THREADS];
+    assert_int_equal(pthread_create(&evt, NULL, race_events, &r), 0);
+    assert_int_equal(pthread_create(&side, NULL, race_side, &r), 0);
+    for (uint32_t t = 0; t < RACE_THREADS; t++) {
+        args[t] = (race_arg_t){&r, t};
+        assert_int_equal(pthread_create(&eng[t], NULL, race_engine, &args[t]), 0);
+    }
+    for (uint32_t t = 0; t < RACE_THREADS; t++)
+        pthread_join(eng[t], NULL);
+    pthread_join(side, NULL);
+    pthread_mutex_lock(&r.mu);
+    r.stop = true;
+    pthread_mutex_unlock(&r.mu);
+    pthread_join(evt, NULL);
+    assert_int_equal(r.failures, 0);
+    kvp_stats_t st;
+    assert_int_equal(kvp_node_stats(nd[1], &st), KVP_OK);
+    assert_int_equal(st.fetches_ok, RACE_THREADS * RACE_ITERS);
+    assert_int_equal(st.pins, 0);
+    for (int i = 1; i >= 0; i--)
+        kvp_node_destroy(nd[i]);
+    pthread_mutex_destroy(&r.mu);
+    pthread_cond_destroy(&r.cv);
+}
+
 static __attribute__((unused)) void unused_helpers(world_t *w) { (void)world_wait(w, 0, 0, 0, 0); }
 
 int main(void)
@@ -411,6 +612,7 @@ int main(void)
         cmocka_unit_test(test_reconfigure_runtime_settings),
         cmocka_unit_test(test_lookup_waits_for_dialing_peer_fake),
         cmocka_unit_test(test_lookup_right_after_peer_add_ucx),
+        cmocka_unit_test(test_callers_race_the_node_thread_ucx),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
