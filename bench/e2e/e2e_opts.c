@@ -50,7 +50,7 @@ static void defaults(e2e_opts_t *o, bool quick, bool smoke)
     o->tcp_req_max_mib = 16;
     o->region = 256ull << 20;
     o->secs = 0.6;
-    o->lookups = 300;
+    o->lookups = 3000; /* ~0.2 s: enough samples for a stable p50 on a noisy VM */
     memcpy(o->sizes, full_sizes, sizeof(full_sizes));
     o->nsizes = 4;
     memcpy(o->depths, full_depths, sizeof(full_depths));
@@ -60,7 +60,7 @@ static void defaults(e2e_opts_t *o, bool quick, bool smoke)
     if (quick) { /* ~2 minutes: 16 KiB / 256 KiB / 2 MiB, K 1/4/16 */
         o->region = 64ull << 20;
         o->secs = 0.25;
-        o->lookups = 100;
+        o->lookups = 1000;
         o->nsizes = 3;
         o->depths[0] = 1, o->depths[1] = 4, o->depths[2] = 16;
         o->ndepths = 3;
