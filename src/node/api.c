@@ -654,6 +654,16 @@ typedef struct list_args {
 } list_args_t;
 typedef list_args_t held_args_t;
 
+/* The next entry of the caller's array, zeroed, or NULL when it is full. */
+static void *list_next(list_args_t *a, size_t size)
+{
+    if (a->n >= a->cap)
+        return NULL;
+    void *e = (uint8_t *)a->out + (size_t)a->n++ * size;
+    memset(e, 0, size);
+    return e;
+}
+
 /* Run a list-filling command; *n_out written only on success. */
 static kvp_status_t exec_list(kvp_node_t *n, kvp_status_t (*fn)(kvp_node_t *, void *), void *out,
                               uint32_t cap, uint32_t *n_out)
@@ -670,9 +680,9 @@ static kvp_status_t exec_list(kvp_node_t *n, kvp_status_t (*fn)(kvp_node_t *, vo
 static void held_add(kvp_node_t *n, held_args_t *a, int kind, uint32_t slot, uint64_t id,
                      uint64_t since, const char *peer)
 {
-    if (a->n >= a->cap)
+    kvp_held_item_t *h = list_next(a, sizeof(*h));
+    if (h == NULL)
         return;
-    kvp_held_item_t *h = &((kvp_held_item_t *)a->out)[a->n++];
     h->kind = kind;
     h->slot = slot;
     h->id = id;
@@ -729,10 +739,9 @@ static kvp_status_t do_peers(kvp_node_t *n, void *arg)
     kvp_list_foreach_safe(p, t, &n->sessions)
     {
         kvp_session_t *s = KVP_CONTAINER_OF(p, kvp_session_t, node_link);
-        if (a->n >= a->cap)
+        kvp_peer_info_t *pi = list_next(a, sizeof(*pi));
+        if (pi == NULL)
             break;
-        kvp_peer_info_t *pi = &((kvp_peer_info_t *)a->out)[a->n++];
-        memset(pi, 0, sizeof(*pi));
         snprintf(pi->peer, sizeof(pi->peer), "%s", s->peer_id);
         snprintf(pi->instance, sizeof(pi->instance), "%s", s->instance_id);
         snprintf(pi->data_path, sizeof(pi->data_path), "%s", kvp_data_path_str(s->path));
@@ -774,10 +783,8 @@ static void state_want_cb(void *arg, const kvp_ctl_want_info_t *wi)
     list_args_t *a = arg;
     kvp_peer_state_t *ps = state_find(a, wi->addr);
     if (ps == NULL) { /* no session: where its dialling stands */
-        if (a->n >= a->cap)
+        if ((ps = list_next(a, sizeof(*ps))) == NULL)
             return;
-        ps = &((kvp_peer_state_t *)a->out)[a->n++];
-        memset(ps, 0, sizeof(*ps));
         snprintf(ps->peer, sizeof(ps->peer), "%s", wi->addr);
         snprintf(ps->state, sizeof(ps->state), "%s",
                  wi->linked ? "dialing" : wi->failures > 0 ? "failed" : "wanted");
@@ -794,10 +801,9 @@ static kvp_status_t do_peer_states(kvp_node_t *n, void *arg)
     kvp_list_foreach_safe(p, t, &n->sessions)
     {
         kvp_session_t *s = KVP_CONTAINER_OF(p, kvp_session_t, node_link);
-        if (a->n >= a->cap)
+        kvp_peer_state_t *ps = list_next(a, sizeof(*ps));
+        if (ps == NULL)
             break;
-        kvp_peer_state_t *ps = &((kvp_peer_state_t *)a->out)[a->n++];
-        memset(ps, 0, sizeof(*ps));
         snprintf(ps->peer, sizeof(ps->peer), "%s", s->peer_id);
         snprintf(ps->state, sizeof(ps->state), "%s",
                  s->state != KVP_SESS_READY ? "closing"
