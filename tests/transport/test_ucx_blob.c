@@ -224,6 +224,47 @@ static void test_garbled_parts_never_reach_ucx(void **state)
     KVP_TEST_ASSERT_NO_LEAKS();
 }
 
+/* The UCX settings kvpeer applies (kvp_ucx_config_each): the tcp transport
+ * sends 64K fragments unless the operator set either segment size (an RX
+ * smaller than our TX would drop fragments). */
+typedef struct seen_cfg {
+    char tx[32];
+    int n;
+} seen_cfg_t;
+
+static void seen_set(const char *k, const char *v, void *arg)
+{
+    seen_cfg_t *s = arg;
+    s->n++;
+    if (strcmp(k, "TX_SEG_SIZE") == 0)
+        snprintf(s->tx, sizeof(s->tx), "%s", v);
+}
+
+static void test_tcp_segment_size(void **state)
+{
+    (void)state;
+    char *old_tx = getenv("UCX_TCP_TX_SEG_SIZE"), *old_rx = getenv("UCX_TCP_RX_SEG_SIZE");
+    old_tx = old_tx ? strdup(old_tx) : NULL;
+    old_rx = old_rx ? strdup(old_rx) : NULL;
+    unsetenv("UCX_TCP_TX_SEG_SIZE");
+    unsetenv("UCX_TCP_RX_SEG_SIZE");
+    seen_cfg_t s = {{0}, 0};
+    kvp_ucx_config_each(NULL, seen_set, &s);
+    assert_string_equal(s.tx, "64K");
+    setenv("UCX_TCP_RX_SEG_SIZE", "8K", 1);
+    memset(&s, 0, sizeof(s));
+    kvp_ucx_config_each(NULL, seen_set, &s);
+    assert_string_equal(s.tx, ""); /* the operator's segment sizes stand */
+    assert_true(s.n > 0);
+    unsetenv("UCX_TCP_RX_SEG_SIZE");
+    if (old_tx)
+        setenv("UCX_TCP_TX_SEG_SIZE", old_tx, 1);
+    if (old_rx)
+        setenv("UCX_TCP_RX_SEG_SIZE", old_rx, 1);
+    free(old_tx);
+    free(old_rx);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -234,6 +275,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_old_version),
         cmocka_unit_test(test_header_rules),
         cmocka_unit_test(test_garbled_parts_never_reach_ucx),
+        cmocka_unit_test(test_tcp_segment_size),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
