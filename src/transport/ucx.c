@@ -597,6 +597,7 @@ static size_t ucx_post_puts(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r,
             if (!ucx_post_done(r, ucp_put_nbx(p->ep, src + off, piece, dst + off, p->rkey, prm)))
                 return posted;
             posted++;
+            x->st.puts++;
         }
         i += run;
     }

@@ -109,6 +109,54 @@ static void test_ucx_write_shm_direct(void **state)
     KVP_TEST_ASSERT_NO_LEAKS();
 }
 
+/* A run of adjacent slots longer than one put (UCX_PUT_MAX_BYTES = 256 KiB
+ * in ucx.c, 4 blocks here) goes as several puts under one flush: 11 blocks
+ * = 4 + 4 + 3, then a single block and a run of 2. Every byte must land in
+ * its own slot (a piece written at the run's start, or past its end, shows)
+ * and the puts are counted. */
+static const kvp_xfer_block_t g_long[] = {
+    {40, 0, 20, 0}, {41, 0, 21, 0}, {42, 0, 22, 0}, {43, 0, 23, 0}, {44, 0, 24, 0},
+    {45, 0, 25, 0}, {46, 0, 26, 0}, {47, 0, 27, 0}, {48, 0, 28, 0}, {49, 0, 29, 0},
+    {50, 0, 30, 0}, /* run of 11: pieces of 4, 4, 3 blocks */
+    {7, 0, 31, 0},  /* adjacent in dst only: a new run */
+    {8, 0, 50, 0},  {9, 0, 51, 0},
+};
+
+static void test_ucx_write_shm_long_run(void **state)
+{
+    ut_pair_t p;
+    kvp_xfer_id_t id;
+    kvp_status_t st = KVP_ERR_TIMEOUT;
+    ut_reply_t r;
+    uint32_t pairs[2 * KVP_ARRAY_SIZE(g_long)];
+    kvp_xport_stats_t xs;
+    kvp_test_logcap_start(&cap);
+    ut_pair_open(&p, "", KVP_PATH_DIRECT_SHM);
+    fill_sources(&p, 21);
+    assert_true(ut_call(&p.child, UT_FILL, 0xee, 0, NULL, 0, &r, NULL, 0));
+    assert_int_equal(p.x->ops->write(p.x, p.peer, g_long, KVP_ARRAY_SIZE(g_long), &id), KVP_OK);
+    assert_true(ut_wait_xfer(p.x, p.peer, id, kvp_test_scaled_ns(5 * KVP_NSEC_PER_SEC), &st));
+    assert_int_equal(st, KVP_OK);
+    for (size_t i = 0; i < KVP_ARRAY_SIZE(g_long); i++) {
+        pairs[2 * i] = g_long[i].dst_slot;
+        pairs[2 * i + 1] = g_long[i].src_slot;
+    }
+    assert_true(ut_call(&p.child, UT_VERIFY, 0, 21, pairs, sizeof(pairs), &r, NULL, 0));
+    assert_int_equal(r.v1, 0); /* every destination holds its source, byte-exact */
+    /* nothing outside the 14 destinations was written: the pattern holds
+     * some 0xee bytes, so the count is at most 14 slots' bytes (one more
+     * slot written would add ~BS) */
+    assert_true(ut_call(&p.child, UT_COUNT_NOT, 0xee, 0, NULL, 0, &r, NULL, 0));
+    assert_true(r.v1 <= (int64_t)KVP_ARRAY_SIZE(g_long) * BS);
+    assert_true(r.v1 > (int64_t)(KVP_ARRAY_SIZE(g_long) - 1) * BS);
+    p.x->ops->get_stats(p.x, &xs);
+    assert_int_equal(xs.puts, 3 + 1 + 1);
+    assert_int_equal(xs.blocks_written, KVP_ARRAY_SIZE(g_long));
+    ut_pair_close(&p);
+    kvp_test_logcap_stop();
+    KVP_TEST_ASSERT_NO_LEAKS();
+}
+
 static void test_ucx_write_tcp_forced(void **state)
 {
     ut_pair_t p;
@@ -286,6 +334,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_ucx_blob_other_block_size),
         cmocka_unit_test(test_ucx_bad_index),
         cmocka_unit_test(test_ucx_write_shm_direct),
+        cmocka_unit_test(test_ucx_write_shm_long_run),
         cmocka_unit_test(test_ucx_write_shm_emulated),
         cmocka_unit_test(test_ucx_write_tcp_forced),
         cmocka_unit_test(test_ucx_write_tcp_env),
