@@ -146,6 +146,13 @@ uint64_t kvp_alloc_count(void);
 /* Live allocations (allocated and not yet freed) through the seam. */
 int64_t kvp_alloc_live(void);
 
+/* ------------------------------------------------------------------- copy */
+
+/* Copy len bytes (no overlap) with streaming stores that bypass the cache,
+ * for bulk copies nobody reads soon (copy.c says why not memcpy). Every byte
+ * is visible to other cores and processes when it returns (sfence). */
+void kvp_copy_stream(void *dst, const void *src, size_t len);
+
 /* -------------------------------------------------------------- hash & rand */
 
 typedef struct kvp_digest {

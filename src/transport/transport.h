@@ -91,7 +91,8 @@ typedef struct kvp_xport_stats {
     uint64_t peers;         /* live peers */
     uint64_t zombie_peers;  /* removed peers whose endpoint is not yet released */
     uint64_t writes, blocks_written, bytes_written;
-    uint64_t puts; /* ucp_put_nbx calls that reached UCX (UCX put paths; 0 on AM paths) */
+    uint64_t puts;          /* ucp_put_nbx calls that reached UCX (0 on AM paths) */
+    uint64_t stream_copies; /* direct shm: pieces we copied with streaming stores */
     uint64_t done, failed, force_released;
     uint64_t probe_timeouts; /* new endpoints whose data path never came up */
     /* consumer side of AM paths */

@@ -575,12 +575,21 @@ static bool ucx_post_done(ucx_xfer_t *r, ucs_status_ptr_t sp)
  * flush; the per-put cost is a few hundred ns against ~25 us of copy. */
 #define UCX_PUT_MAX_BYTES ((size_t)256 << 10)
 
+/* A transfer of at least this many bytes on a direct-shm path is copied by
+ * us with streaming stores (kvp_copy_stream) into the peer's region mapped
+ * here, instead of by UCX's memcpy: the same one-sided copy into the same
+ * mapping that ucp_put_nbx makes on this path (which gives no fence proof
+ * either way, ucx_fence_peer), without reading every destination line
+ * into the cache first (common/copy.c). Smaller transfers keep UCX's
+ * cached copy: their consumer may read them while still cached. */
+#define UCX_STREAM_MIN_BYTES ((size_t)1 << 20)
+
 /* Puts for each run of adjacent (src, dst) slots, in pieces of at most
- * UCX_PUT_MAX_BYTES; stops at the first refusal. Returns how many puts
- * reached UCX. */
+ * UCX_PUT_MAX_BYTES (or streaming copies, `stream`); stops at the first
+ * refusal. Returns how many puts or copies were made. */
 static size_t ucx_post_puts(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r,
                             const kvp_xfer_block_t *blocks, size_t n,
-                            const ucp_request_param_t *prm)
+                            const ucp_request_param_t *prm, bool stream)
 {
     const size_t bs = x->layout.block_size;
     size_t posted = 0;
@@ -594,10 +603,16 @@ static size_t ucx_post_puts(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r,
         uint64_t dst = p->rbase + (uint64_t)blocks[i].dst_slot * bs;
         for (size_t off = 0, len = run * bs; off < len; off += UCX_PUT_MAX_BYTES) {
             size_t piece = KVP_MIN(len - off, UCX_PUT_MAX_BYTES);
-            if (!ucx_post_done(r, ucp_put_nbx(p->ep, src + off, piece, dst + off, p->rkey, prm)))
-                return posted;
+            if (stream) { /* slots checked by ucx_write_check; p->rptr maps them all */
+                kvp_copy_stream(p->rptr + (size_t)(dst - p->rbase) + off, src + off, piece);
+                x->st.stream_copies++;
+            } else {
+                if (!ucx_post_done(r, ucp_put_nbx(p->ep, src + off, piece, dst + off, p->rkey,
+                                                  prm)))
+                    return posted;
+                x->st.puts++;
+            }
             posted++;
-            x->st.puts++;
         }
         i += run;
     }
@@ -633,8 +648,10 @@ static kvp_status_t ucx_write(kvp_xport_t *xp, kvp_xpeer_id_t peer, const kvp_xf
                                    UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
                                .cb.send = ucx_req_cb,
                                .user_data = r};
+    bool stream = !am && p->rptr != NULL && p->path == KVP_PATH_DIRECT_SHM &&
+                  n * x->layout.block_size >= UCX_STREAM_MIN_BYTES;
     size_t posted = am ? kvp__ucx_am_post(x, p, r, blocks, n, &prm)
-                       : ucx_post_puts(x, p, r, blocks, n, &prm);
+                       : ucx_post_puts(x, p, r, blocks, n, &prm, stream);
     if (posted > 0) /* the transfer exists; a later refusal makes it FAILED */
         ucx_post_done(r, ucp_ep_flush_nbx(p->ep, &prm));
     if (--r->pending == 0 && posted > 0) {

@@ -92,6 +92,8 @@ struct ucx_peer {
     ucp_rkey_h rkey;
     void *close_req; /* ucp_ep_close_nbx request, owned until complete */
     uint64_t rbase;
+    uint8_t *rptr; /* direct shm: the peer's whole region, mapped here contiguously by
+                    * ucp_rkey_ptr (checked at both ends); valid while rkey is; else NULL */
     kvp_layout_t layout;
     uint64_t refs;       /* records (LIVE, RETIRED or DETACHED) pointing here */
     uint64_t err_seq;    /* bumped by every endpoint error */

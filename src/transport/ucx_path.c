@@ -39,7 +39,15 @@ void kvp__ucx_peer_classify(ucx_xport_t *x, ucx_peer_t *p)
     p->path = direct ? KVP_PATH_DIRECT_SHM : am;
     p->use_am = !direct;
     p->inbound = x->region_kind == REGION_UCX && p->same_host ? KVP_PATH_DIRECT_SHM : am;
+    p->rptr = NULL;
     if (direct) {
+        /* Our large writes copy into that mapping ourselves (ucx.c,
+         * ucx_post_puts): only if the whole region is mapped in one piece. */
+        size_t rlen = (size_t)p->layout.num_blocks * p->layout.block_size;
+        void *last = NULL;
+        if (rlen > 0 && ucp_rkey_ptr(p->rkey, p->rbase + rlen - 1, &last) == UCS_OK &&
+            (uint8_t *)last == (uint8_t *)ptr + rlen - 1)
+            p->rptr = ptr;
         /* Direct shm: our puts are memcpys into the peer's segment mapped
          * here. Fault that mapping in now, in one batched call, instead of one
          * page fault per 4 KiB inside the first put into each slot (30-60 us

@@ -132,6 +132,31 @@ static void test_digest_avx2_matches_library(void **state)
     }
 }
 
+/* kvp_copy_stream equals memcpy for every length around its 16-byte head,
+ * 64-byte body and tail boundaries and every destination / source
+ * misalignment, and writes nothing outside [dst, dst + len). */
+static void test_copy_stream(void **state)
+{
+    (void)state;
+    enum { CAP = 8192, GUARD = 64 };
+    static uint8_t src[CAP + 64], dst[CAP + 2 * GUARD + 64], want[CAP + 2 * GUARD + 64];
+    static const size_t lens[] = {0,   1,   15,  16,  63,  64,   255,  256,  257,
+                                  271, 319, 320, 333, 4095, 4096, 4097, 8000, CAP};
+    kvp_rng_t rng;
+    kvp_rng_seed(&rng, 5);
+    for (size_t i = 0; i < sizeof(src); i++)
+        src[i] = (uint8_t)kvp_rng_next(&rng);
+    for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++)
+        for (size_t da = 0; da < 17; da += 3)
+            for (size_t sa = 0; sa < 17; sa += 8) {
+                memset(dst, 0xa5, sizeof(dst));
+                memset(want, 0xa5, sizeof(want));
+                memcpy(want + GUARD + da, src + sa, lens[li]);
+                kvp_copy_stream(dst + GUARD + da, src + sa, lens[li]);
+                assert_memory_equal(dst, want, sizeof(dst));
+            }
+}
+
 static void test_list(void **state)
 {
     (void)state;
@@ -163,7 +188,8 @@ int main(void)
         cmocka_unit_test(test_status_str),   cmocka_unit_test(test_ratelimit),
         cmocka_unit_test(test_log_sink_and_rl_macro), cmocka_unit_test(test_manual_clock),
         cmocka_unit_test(test_alloc_seam),   cmocka_unit_test(test_digest_and_rng),
-        cmocka_unit_test(test_list),         cmocka_unit_test(test_digest_avx2_matches_library),         cmocka_unit_test(test_time_scale),
+        cmocka_unit_test(test_list),         cmocka_unit_test(test_copy_stream),
+        cmocka_unit_test(test_digest_avx2_matches_library), cmocka_unit_test(test_time_scale),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

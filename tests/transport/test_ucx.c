@@ -157,6 +157,58 @@ static void test_ucx_write_shm_long_run(void **state)
     KVP_TEST_ASSERT_NO_LEAKS();
 }
 
+/* A direct-shm transfer of at least 1 MiB (UCX_STREAM_MIN_BYTES in ucx.c)
+ * is copied by us with streaming stores into the peer's mapped region: 17
+ * adjacent blocks (1088 KiB: pieces of 4, 4, 4, 4, 1 blocks) and three
+ * singles. Byte-exact, nothing else written, counted as stream copies (no
+ * ucp_put_nbx); the same blocks in a transfer under 1 MiB go by ucp_put_nbx. */
+static void test_ucx_write_shm_stream(void **state)
+{
+    kvp_xfer_block_t blocks[20];
+    uint32_t pairs[2 * 20];
+    ut_pair_t p;
+    kvp_xfer_id_t id;
+    kvp_status_t st = KVP_ERR_TIMEOUT;
+    ut_reply_t r;
+    kvp_xport_stats_t xs;
+    for (uint32_t i = 0; i < 17; i++)
+        blocks[i] = (kvp_xfer_block_t){40 + i, 0, 10 + i, 0};
+    blocks[17] = (kvp_xfer_block_t){3, 0, 60, 0};
+    blocks[18] = (kvp_xfer_block_t){4, 0, 0, 0};
+    blocks[19] = (kvp_xfer_block_t){63, 0, 63, 0};
+    for (uint32_t i = 0; i < 20; i++) {
+        pairs[2 * i] = blocks[i].dst_slot;
+        pairs[2 * i + 1] = blocks[i].src_slot;
+    }
+    kvp_test_logcap_start(&cap);
+    ut_pair_open(&p, "", KVP_PATH_DIRECT_SHM);
+    fill_sources(&p, 31);
+    assert_true(ut_call(&p.child, UT_FILL, 0xee, 0, NULL, 0, &r, NULL, 0));
+    assert_int_equal(p.x->ops->write(p.x, p.peer, blocks, 20, &id), KVP_OK);
+    assert_true(ut_wait_xfer(p.x, p.peer, id, kvp_test_scaled_ns(5 * KVP_NSEC_PER_SEC), &st));
+    assert_int_equal(st, KVP_OK);
+    assert_true(ut_call(&p.child, UT_VERIFY, 0, 31, pairs, sizeof(pairs), &r, NULL, 0));
+    assert_int_equal(r.v1, 0);
+    assert_true(ut_call(&p.child, UT_COUNT_NOT, 0xee, 0, NULL, 0, &r, NULL, 0));
+    assert_true(r.v1 <= 20 * (int64_t)BS && r.v1 > 19 * (int64_t)BS);
+    p.x->ops->get_stats(p.x, &xs);
+    assert_int_equal(xs.stream_copies, 5 + 3);
+    assert_int_equal(xs.puts, 0);
+    /* 15 blocks = 960 KiB: below the bound, UCX puts (4+4+4+3 blocks) */
+    fill_sources(&p, 32);
+    assert_int_equal(p.x->ops->write(p.x, p.peer, blocks, 15, &id), KVP_OK);
+    assert_true(ut_wait_xfer(p.x, p.peer, id, kvp_test_scaled_ns(5 * KVP_NSEC_PER_SEC), &st));
+    assert_int_equal(st, KVP_OK);
+    assert_true(ut_call(&p.child, UT_VERIFY, 0, 32, pairs, 15 * 8, &r, NULL, 0));
+    assert_int_equal(r.v1, 0);
+    p.x->ops->get_stats(p.x, &xs);
+    assert_int_equal(xs.stream_copies, 5 + 3);
+    assert_int_equal(xs.puts, 4);
+    ut_pair_close(&p);
+    kvp_test_logcap_stop();
+    KVP_TEST_ASSERT_NO_LEAKS();
+}
+
 static void test_ucx_write_tcp_forced(void **state)
 {
     ut_pair_t p;
@@ -335,6 +387,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_ucx_bad_index),
         cmocka_unit_test(test_ucx_write_shm_direct),
         cmocka_unit_test(test_ucx_write_shm_long_run),
+        cmocka_unit_test(test_ucx_write_shm_stream),
         cmocka_unit_test(test_ucx_write_shm_emulated),
         cmocka_unit_test(test_ucx_write_tcp_forced),
         cmocka_unit_test(test_ucx_write_tcp_env),
