@@ -197,6 +197,7 @@ static void ucx_peer_start_close(ucx_xport_t *x, ucx_peer_t *p, bool force)
     if (p->rkey) {
         ucp_rkey_destroy(p->rkey);
         p->rkey = NULL;
+        p->rptr = NULL; /* the mapping went with the rkey */
     }
     if (p->ep) {
         ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS};
