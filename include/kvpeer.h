@@ -187,7 +187,8 @@ KVP_EXPORT kvp_status_t kvp_peer_add(kvp_node_t *node, const char *addr);
  * never added. Blocks the calling thread; in caller-driven mode it runs
  * kvp_node_progress() itself (call it from the progress thread then). */
 KVP_EXPORT kvp_status_t kvp_peer_wait(kvp_node_t *node, const char *addr, int32_t timeout_ms);
-/* Close the session gracefully and stop redialling. */
+/* Close the session gracefully and stop redialling. KVP_ERR_NOT_FOUND when
+ * there is no open session (none, or one already closing). */
 KVP_EXPORT kvp_status_t kvp_peer_remove(kvp_node_t *node, const char *addr);
 
 /* Local put: copy `len` (== block_size, or less: zero-padded) bytes as the

@@ -354,6 +354,27 @@ static void test_lookup_waits_for_dialing_peer_fake(void **state)
     free(w);
 }
 
+/* A second kvp_peer_remove while the first one's session is still closing
+ * answers NOT_FOUND, whenever it comes: the closing session is already
+ * going. (It answered OK until the teardown ran, so kvpeerd's "peer remove
+ * twice" check depended on which thread ran the second call first.) Here
+ * the two calls come back to back in caller-driven mode, before any round
+ * could tear the session down. Mutation: OK for a closing session. */
+static void test_peer_remove_twice_fake(void **state)
+{
+    world_t *w = *state = malloc(sizeof(world_t));
+    world_init(w, 2, NULL);
+    assert_int_equal(kvp_peer_add(w->node[1], w->addr[0]), KVP_OK);
+    world_run(w, 300 * KVP_NSEC_PER_MSEC);
+    assert_true(world_peer_ready(w, 1, 0));
+    assert_int_equal(kvp_peer_remove(w->node[1], w->addr[0]), KVP_OK);
+    assert_int_equal(kvp_peer_remove(w->node[1], w->addr[0]), KVP_ERR_NOT_FOUND);
+    world_run(w, 300 * KVP_NSEC_PER_MSEC);
+    assert_int_equal(kvp_peer_remove(w->node[1], w->addr[0]), KVP_ERR_NOT_FOUND);
+    world_fini(w, false);
+    free(w);
+}
+
 /* The real path (UCX, TCP, node threads): kvp_lookup and kvp_fetch right
  * after kvp_peer_add, no kvp_peer_wait, succeed (the README example without
  * kvp_peer_wait). It answered UNREACHABLE before (3 of 3 runs). Mutation:
@@ -611,6 +632,7 @@ int main(void)
         cmocka_unit_test(test_fetch_with_missed_keys_delivers_the_hits),
         cmocka_unit_test(test_reconfigure_runtime_settings),
         cmocka_unit_test(test_lookup_waits_for_dialing_peer_fake),
+        cmocka_unit_test(test_peer_remove_twice_fake),
         cmocka_unit_test(test_lookup_right_after_peer_add_ucx),
         cmocka_unit_test(test_callers_race_the_node_thread_ucx),
     };
