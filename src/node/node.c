@@ -537,9 +537,11 @@ static _Thread_local const kvp_node_t *tl_owner_of;
 /* Fast path: the node thread is asleep in the loop (it holds `owner` at
  * every other moment), so this thread runs the command itself and sends the
  * frames it queued: no wake-up of the node thread before the frame leaves,
- * none of the caller after. The node thread is woken afterwards, so that it
- * re-arms its sleep for what the command started (transfers, landing loads),
- * off the request's path. A busy node thread keeps the queue (batching). */
+ * none of the caller after. Unless the command is quiet (frames and
+ * bookkeeping only), the node thread is woken afterwards, off the request's
+ * path, to run a round for what the command changed; so it is too when
+ * transfers or landing loads are in flight (they are polled). A busy node
+ * thread keeps the queue (batching). */
 static bool node_exec_fast(kvp_node_t *n, kvp_status_t (*fn)(kvp_node_t *, void *), void *arg,
                            bool quiet, kvp_status_t *out)
 {
@@ -884,6 +886,7 @@ kvp_status_t kvp__node_create_ex(const kvp_config_t *cfg, const kvp_node_seams_t
     if (cfg->thread_mode == KVP_THREAD_OWN) {
         kvp_loop_set_wait_hooks(n->loop, node_wait_begin, node_wait_end, n);
         if (pthread_create(&n->thread, NULL, node_thread_main, n) != 0) {
+            kvp_loop_set_wait_hooks(n->loop, NULL, NULL, NULL);
             st = KVP_ERR_IO;
             goto fail;
         }
