@@ -107,27 +107,14 @@ class Engine:
 
     def __init__(self, tier_entry: Dict[str, Any], chunk: int, num_chunks: int) -> None:
         from vllm.v1.kv_offload.base import ScheduleEndContext
-        from vllm.v1.kv_offload.config import (
-            OffloadingCacheConfig, OffloadingConfig, OffloadingGroupConfig,
-            OffloadingModelConfig, OffloadingParallelConfig)
         from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+        from kvpeer.vllm import offloading_config
 
         self.chunk = chunk
         self.engine_id = f"kvpeer-bench-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._step_end = ScheduleEndContext(new_req_ids=(), preempted_req_ids=())
-        extra = {"spec_name": "TieringOffloadingSpec",
-                 "cpu_bytes_to_use": num_chunks * chunk,
-                 "secondary_tiers": [tier_entry]}  # tier_poll_interval_s: vLLM's default
-        cfg = OffloadingConfig(
-            groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=("l0",), group_id=0),),
-            worker_kv_bytes_per_block=chunk, enable_kv_cache_events=False,
-            extra_config=extra, engine_id=self.engine_id,
-            model=OffloadingModelConfig(name="bench", dtype="float16"),
-            cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
-            parallel=OffloadingParallelConfig(
-                rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1,
-                data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
-                is_parallelism_agnostic=False))
+        # tier_poll_interval_s: vLLM's default
+        cfg = offloading_config(self.engine_id, chunk, num_chunks, [tier_entry], "bench")
         self.spec = OffloadingSpecFactory.create_spec(cfg)
         self.manager = self.spec.get_manager()
         self.tier = self.manager.secondary_tiers[0]

@@ -306,6 +306,34 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         return {"kvpeer_peer_id": self.peer_id}
 
 
+def offloading_config(engine_id: str, chunk_bytes: int, num_chunks: int,
+                       secondary_tiers: List[Dict[str, Any]], model_name: str = "none",
+                       **extra: Any):
+    """vLLM's OffloadingConfig for a TieringOffloadingSpec of one KV group
+    (16 tokens per block, one layer) on one rank: a primary CPU tier of
+    ``num_chunks`` chunks of ``chunk_bytes`` and ``secondary_tiers`` (entries
+    as in kv_connector_extra_config, e.g. {"type": "KVPeerSecondaryTier",
+    "module_path": "kvpeer.vllm", ...}). ``extra`` adds keys to its
+    extra_config (e.g. tier_poll_interval_s). For tests and benchmarks that
+    drive vLLM's manager without a model; an engine builds this itself."""
+    from vllm.v1.kv_offload.config import (
+        OffloadingCacheConfig, OffloadingConfig, OffloadingGroupConfig,
+        OffloadingModelConfig, OffloadingParallelConfig)
+    extra_config = {"spec_name": "TieringOffloadingSpec",
+                    "cpu_bytes_to_use": num_chunks * chunk_bytes,
+                    "secondary_tiers": list(secondary_tiers), **extra}
+    return OffloadingConfig(
+        groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=("l0",), group_id=0),),
+        worker_kv_bytes_per_block=chunk_bytes, enable_kv_cache_events=False,
+        extra_config=extra_config, engine_id=engine_id,
+        model=OffloadingModelConfig(name=model_name, dtype="float16"),
+        cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
+        parallel=OffloadingParallelConfig(
+            rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1,
+            data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
+            is_parallelism_agnostic=False))
+
+
 def _read_psk(path: str) -> bytes:
     try:
         with open(path, "rb") as f:

@@ -24,14 +24,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from vllm.v1.kv_offload.base import LookupResult, ReqContext, ScheduleEndContext  # noqa: E402
-from vllm.v1.kv_offload.config import (  # noqa: E402
-    OffloadingCacheConfig,
-    OffloadingConfig,
-    OffloadingGroupConfig,
-    OffloadingModelConfig,
-    OffloadingParallelConfig,
-)
 from vllm.v1.kv_offload.factory import OffloadingSpecFactory  # noqa: E402
+
+from kvpeer.vllm import offloading_config  # noqa: E402
 
 CHUNK = 65536
 NUM_CHUNKS = 32
@@ -58,23 +53,8 @@ class Engine:
 
     def __init__(self, tier_config: Dict[str, Any], num_chunks: int = NUM_CHUNKS) -> None:
         self.engine_id = f"kvpeer-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        extra = {
-            "spec_name": "TieringOffloadingSpec",
-            "cpu_bytes_to_use": num_chunks * CHUNK,
-            "tier_poll_interval_s": 0,
-            "secondary_tiers": [{"type": "KVPeerSecondaryTier", "module_path": "kvpeer.vllm",
-                                 **tier_config}],
-        }
-        cfg = OffloadingConfig(
-            groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=("l0",), group_id=0),),
-            worker_kv_bytes_per_block=CHUNK, enable_kv_cache_events=False,
-            extra_config=extra, engine_id=self.engine_id,
-            model=OffloadingModelConfig(name="none", dtype="float16"),
-            cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
-            parallel=OffloadingParallelConfig(
-                rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1,
-                data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
-                is_parallelism_agnostic=False))
+        tier = {"type": "KVPeerSecondaryTier", "module_path": "kvpeer.vllm", **tier_config}
+        cfg = offloading_config(self.engine_id, CHUNK, num_chunks, [tier], tier_poll_interval_s=0)
         self.spec = OffloadingSpecFactory.create_spec(cfg)
         self.manager = self.spec.get_manager()
         self.tier = self.manager.secondary_tiers[0]
