@@ -123,7 +123,11 @@ typedef struct kvp_config {
      * (kvp_lease_renew, or any fetch/lookup of the same request); 0 = the
      * supply-pin timeout. Expiries are counted (kvp_stats_t.leases_expired). */
     uint32_t pin_lease_ms;
-    uint32_t reserved1;
+    /* kvp_wait_events, while a lookup's answer is due: the waiting thread
+     * polls for it this long before it sleeps (default 50; 0 = never). On
+     * virtual machines waking a sleeping CPU costs tens of microseconds, more
+     * than a LOOKUP round trip; the spin ends as soon as an event is ready. */
+    uint32_t wait_spin_us;
     /* KV events for routers (vLLM's format: ZMQ PUB, msgpack KVEventBatch;
      * see docs/DESIGN.md "KV events"): the PUB bind address, e.g.
      * "tcp://127.0.0.1:5557" or "tcp://127.0.0.1:*" (ephemeral; read it back
@@ -158,7 +162,7 @@ KVP_EXPORT kvp_status_t kvp_node_progress(kvp_node_t *node, int32_t timeout_ms);
 
 /* Change on a running node what needs no new memory registration: timings
  * (heartbeat_ms, dead_after_ms, handshake_timeout_ms, lookup_pending_ms,
- * supply_pin_ms, pin_lease_ms, load_timeout_ms, abort_resend_ms,
+ * supply_pin_ms, pin_lease_ms, load_timeout_ms, wait_spin_us, abort_resend_ms,
  * abort_ack_timeout_ms, parked_demand_ms, hold_cap_ms, idle_session_ms,
  * shutdown_drain_ms, backoff_min_ms, backoff_max_ms), limits (max_sessions,
  * max_quarantined, max_inflight_bytes_per_peer) and the PSK (for handshakes
@@ -283,6 +287,19 @@ enum { KVP_EVENT_RING_MAX = 16384 };
 /* Take up to cap events (non-blocking). */
 KVP_EXPORT kvp_status_t kvp_poll_events(kvp_node_t *node, kvp_event_t *out, uint32_t cap,
                                         uint32_t *n_out);
+/* Take up to cap (>= 1) events, waiting up to timeout_ms (< 0: no limit)
+ * for the first; *n_out = 0 when the time passed without one. While the
+ * node thread sleeps, the waiting thread runs the node's poll rounds itself,
+ * so the frame that completes an operation wakes the waiter directly (one
+ * thread wake-up less than waiting on kvp_node_fd: the lowest-latency way
+ * to wait for a LOOKUP or LOAD). Several threads may wait at once; one leads,
+ * the others wait on the event fd. KVP_ERR_CLOSED when kvp_node_destroy()
+ * starts meanwhile (the only call that may overlap kvp_node_destroy; it
+ * returns before the node is freed). KVP_ERR_STATE from the node's own
+ * thread. Caller-driven mode: runs kvp_node_progress() itself (call it from
+ * the progress thread). */
+KVP_EXPORT kvp_status_t kvp_wait_events(kvp_node_t *node, kvp_event_t *out, uint32_t cap,
+                                        uint32_t *n_out, int32_t timeout_ms);
 
 typedef struct kvp_stats {
     uint64_t slots_free, slots_filling, slots_ready, slots_quarantined, slots_suspect;
@@ -328,6 +345,9 @@ typedef struct kvp_stats {
      * was ever sent (a FETCH or transfer that never left us). */
     uint64_t released_terminal, released_fetch_done, released_abort_ack, released_fence;
     uint64_t released_am_refuse, released_hold_cap, released_not_sent;
+    /* kvp_wait_events calls whose thread ran the node's rounds itself (led
+     * while the node thread slept). */
+    uint64_t waits_led;
 } kvp_stats_t;
 
 KVP_EXPORT kvp_status_t kvp_node_stats(kvp_node_t *node, kvp_stats_t *out);

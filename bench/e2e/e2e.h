@@ -25,6 +25,9 @@ enum { E2E_MAX_LIST = 8, E2E_MAX_ROWS = 512, E2E_MAX_CEIL = 64, E2E_KEY_LEN = 12
 
 typedef struct e2e_opts {
     bool quick, smoke, plot, ceilings, shm, tcp;
+    bool wait_fd;        /* --wait-fd: wait with poll(kvp_node_fd) + kvp_poll_events (an
+                            embedding's own event loop) instead of kvp_wait_events */
+    int wait_spin_us;    /* --wait-spin-us: the consumer's kvp_config_t.wait_spin_us (-1 = default) */
     bool hint;           /* --hint: one round trip per fetch (kvp_fetch with KVP_FETCH_FLAG_HINT,
                             no lookup first); rows say "<data path>+hint" */
     uint64_t region;     /* consumer region bytes; the producer holds 2x (keys cycle) */
@@ -50,7 +53,7 @@ typedef struct e2e_opts {
 /* One measured cell of the matrix. */
 typedef struct e2e_row {
     char path[8]; /* shm | tcp */
-    char data_path[40];
+    char data_path[48];
     uint32_t bs, depth;
     uint64_t req;
     bool cks;

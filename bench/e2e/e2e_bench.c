@@ -210,6 +210,8 @@ static int consumer_start(consumer_t *c, uint32_t bs, uint32_t ncons, bool cks, 
     cfg.num_blocks = ncons;
     cfg.compat = "kvpeer-e2e-bench";
     cfg.verify_checksums = cks;
+    if (O.wait_spin_us >= 0)
+        cfg.wait_spin_us = (uint32_t)O.wait_spin_us;
     e2e_config_keep(&cfg, O.keep_ms);
     c->bs = bs;
     c->ncons = ncons;
@@ -374,21 +376,30 @@ static int cell_active(const cell_t *x)
     return a;
 }
 
+/* Wait up to timeout_ms for the consumer's events: kvp_wait_events, or
+ * (--wait-fd) poll on kvp_node_fd + kvp_poll_events. */
+static kvp_status_t wait_events(kvp_node_t *node, kvp_event_t *ev, uint32_t cap, uint32_t *n,
+                                int timeout_ms)
+{
+    if (!O.wait_fd)
+        return kvp_wait_events(node, ev, cap, n, timeout_ms);
+    struct pollfd pf = {.fd = kvp_node_fd(node), .events = POLLIN};
+    poll(&pf, 1, timeout_ms);
+    return kvp_poll_events(node, ev, cap, n);
+}
+
 /* Run K outstanding fetches of b blocks for `secs` (or `limit` fetches);
  * the window closes, the outstanding ones drain. Elapsed time out. */
 static double cell_run(cell_t *x, double secs)
 {
     kvp_event_t ev[64];
-    int fd = kvp_node_fd(x->c->node);
     double t0 = e2e_now(), hard = t0 + secs + 120;
     x->end = t0 + secs;
     for (uint32_t i = 0; i < x->depth && cell_more(x); i++)
         slot_start(x, &x->s[i]);
     while (cell_active(x) > 0) {
-        struct pollfd pf = {.fd = fd, .events = POLLIN};
         uint32_t n = 0;
-        poll(&pf, 1, 100);
-        if (kvp_poll_events(x->c->node, ev, 64, &n) != KVP_OK)
+        if (wait_events(x->c->node, ev, 64, &n, 100) != KVP_OK)
             break;
         for (uint32_t i = 0; i < n; i++)
             if (cell_dispatch(x, &ev[i]) != 0)
@@ -456,7 +467,8 @@ static int run_cell(consumer_t *c, producer_t *p, const char *path, bool cks, ui
     e2e_row_t *r = &T.rows[T.nrows++];
     memset(r, 0, sizeof(*r));
     snprintf(r->path, sizeof(r->path), "%s", path);
-    snprintf(r->data_path, sizeof(r->data_path), "%s%s", c->data_path, O.hint ? "+hint" : "");
+    snprintf(r->data_path, sizeof(r->data_path), "%s%s%s", c->data_path, O.hint ? "+hint" : "",
+             O.wait_fd ? "+fdwait" : "");
     r->bs = c->bs;
     r->depth = depth;
     r->req = (uint64_t)b * c->bs;
@@ -541,11 +553,10 @@ static int lookup_latency(consumer_t *c, producer_t *p, const char *path, int sa
         if (kvp_lookup(c->node, c->peer, req, keys, lens, NK, res, &op) != KVP_OK)
             goto out;
         for (double end = t0 + 10; !t1 && e2e_now() < end;) {
-            struct pollfd pf = {.fd = kvp_node_fd(c->node), .events = POLLIN};
             kvp_event_t ev[8];
             uint32_t n = 0;
-            poll(&pf, 1, 100);
-            kvp_poll_events(c->node, ev, 8, &n);
+            if (wait_events(c->node, ev, 8, &n, 100) != KVP_OK)
+                break;
             for (uint32_t i = 0; i < n; i++)
                 if (ev[i].type == KVP_EV_LOOKUP && ev[i].op_id == op)
                     t1 = e2e_now();
@@ -571,9 +582,9 @@ static int lookup_latency(consumer_t *c, producer_t *p, const char *path, int sa
     l->lookup_p99_us = e2e_percentile(lk, got, 99);
     l->ping_p50_us = e2e_percentile(pp, got, 50);
     l->ping_p99_us = e2e_percentile(pp, got, 99);
-    printf("  %-3s lookup of %d keys: p50 %.1f us p99 %.1f us | raw TCP ping-pong %u/%u bytes: "
+    printf("  %-3s lookup of %d keys%s: p50 %.1f us p99 %.1f us | raw TCP ping-pong %u/%u bytes: "
            "p50 %.1f us p99 %.1f us | ratio %.2f\n",
-           path, NK, l->lookup_p50_us, l->lookup_p99_us, l->req_bytes, l->resp_bytes,
+           path, NK, O.wait_fd ? " (fd wait)" : "", l->lookup_p50_us, l->lookup_p99_us, l->req_bytes, l->resp_bytes,
            l->ping_p50_us, l->ping_p99_us, l->lookup_p50_us / l->ping_p50_us);
     rc = 0;
 out:

@@ -32,6 +32,11 @@ static void usage(void)
             "                 [--depths K,..] [--req-mib M,..] [--region-mib N] [--secs S]\n"
             "                 [--cks off|on|both] [--lookups N] [--no-ceilings] [--no-plot]\n"
             "                 [--out DIR] [--diag-keep-ms MS] [--steady S] [--hint]\n"
+            "                 [--wait-fd] [--wait-spin-us US]\n"
+            "  --wait-spin-us: the consumer's wait_spin_us (default: the library's)\n"
+            "  --wait-fd: the consumer waits on kvp_node_fd() with poll() and takes events\n"
+            "      with kvp_poll_events (an embedding's own event loop) instead of\n"
+            "      kvp_wait_events (the waiting thread runs the node's rounds)\n"
             "  --hint: each fetch is one round trip (kvp_fetch with KVP_FETCH_FLAG_HINT: the\n"
             "      source supplies what it holds), no lookup first\n"
             "  --steady S: per consumer, S seconds of unrecorded K=4 fetches before the cells\n"
@@ -46,6 +51,7 @@ static void defaults(e2e_opts_t *o, bool quick, bool smoke)
     static const uint32_t full_depths[] = {1, 4, 16, 64};
     static const uint64_t full_reqs[] = {1 << 20, 16 << 20, 64 << 20};
     o->shm = o->tcp = o->plot = o->ceilings = true;
+    o->wait_spin_us = -1;
     o->cks_mask = 3;
     o->tcp_req_max_mib = 16;
     o->region = 256ull << 20;
@@ -90,6 +96,7 @@ int e2e_parse(int argc, char **argv, e2e_opts_t *o)
         {"region-mib", 1, 0, 'R'}, {"secs", 1, 0, 's'},   {"cks", 1, 0, 'c'},
         {"lookups", 1, 0, 'l'}, {"no-ceilings", 0, 0, 'C'}, {"no-plot", 0, 0, 'P'},
         {"out", 1, 0, 'o'},     {"help", 0, 0, 'h'},      {"diag-keep-ms", 1, 0, 'k'}, {"steady", 1, 0, 'y'}, {"hint", 0, 0, 'H'},
+        {"wait-fd", 0, 0, 'W'}, {"wait-spin-us", 1, 0, 'U'},
         {0, 0, 0, 0}};
     uint64_t v[E2E_MAX_LIST];
     int ch, n;
@@ -166,6 +173,12 @@ int e2e_parse(int argc, char **argv, e2e_opts_t *o)
                 return fprintf(stderr, "e2e: bad --steady\n"), -1;
             break;
         case 'H': o->hint = true; break;
+        case 'W': o->wait_fd = true; break;
+        case 'U':
+            o->wait_spin_us = atoi(optarg);
+            if (o->wait_spin_us < 0 || o->wait_spin_us > 10000)
+                return fprintf(stderr, "e2e: bad --wait-spin-us (0..10000)\n"), -1;
+            break;
         case 'C': o->ceilings = false; break;
         case 'P': o->plot = false; break;
         case 'o': snprintf(o->out, sizeof(o->out), "%s", optarg); break;

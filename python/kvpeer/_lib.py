@@ -128,7 +128,7 @@ class kvp_config_t(Structure):
         ("backoff_min_ms", c_uint32),
         ("backoff_max_ms", c_uint32),
         ("pin_lease_ms", c_uint32),
-        ("reserved1", c_uint32),
+        ("wait_spin_us", c_uint32),
         ("kv_events_endpoint", c_char_p),
         ("kv_events_replay_endpoint", c_char_p),
         ("kv_events_hwm", c_uint32),
@@ -175,7 +175,8 @@ STATS_FIELDS = (
     "kv_event_batches kv_event_batches_dropped kv_events kv_event_replays "
     "am_refuse_releases late_bytes_dropped am_bytes_landed "
     "released_terminal released_fetch_done released_abort_ack released_fence "
-    "released_am_refuse released_hold_cap released_not_sent"
+    "released_am_refuse released_hold_cap released_not_sent "
+    "waits_led"
 ).split()
 
 
@@ -346,6 +347,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "kvp_cancel": (st, [node_p, c_uint64]),
         "kvp_finish_request": (st, [node_p, c_uint64]),
         "kvp_poll_events": (st, [node_p, POINTER(kvp_event_t), c_uint32, u32p]),
+        "kvp_wait_events": (st, [node_p, POINTER(kvp_event_t), c_uint32, u32p, c_int32]),
         "kvp_node_stats": (st, [node_p, POINTER(kvp_stats_t)]),
         "kvp_node_stall_ms": (c_uint64, [node_p]),
         "kvp_node_held": (st, [node_p, POINTER(kvp_held_item_t), c_uint32, u32p]),

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import select
+import math
 import sys
 import threading
 import time
@@ -336,6 +336,11 @@ class Block:
         return f"<kvpeer.Block key={self.key!r} slot={self.slot} gen={self.gen} {state}>"
 
 
+# kvp_wait_events is called in chunks this long (ms): close() waits for the
+# threads inside it, and each is back within one chunk.
+_WAIT_CHUNK_MS = 50
+
+
 # ------------------------------------------------------------------ config
 _STR_FIELDS = ("name", "listen_addr", "peer_id", "instance_id", "compat",
                "kv_events_endpoint", "kv_events_replay_endpoint")
@@ -343,7 +348,7 @@ _ENUMS = {
     "transport": {"ucx": L.KVP_TRANSPORT_UCX, "fake": L.KVP_TRANSPORT_FAKE},
     "thread_mode": {"own": L.KVP_THREAD_OWN, "caller": L.KVP_THREAD_CALLER},
 }
-_NOT_KWARGS = ("psk_len", "region", "region_len", "reserved0", "reserved1")
+_NOT_KWARGS = ("psk_len", "region", "region_len", "reserved0")
 CONFIG_FIELDS = tuple(f for f, _ in L.kvp_config_t._fields_ if f not in _NOT_KWARGS)
 
 
@@ -420,6 +425,8 @@ class Node:
         self._h: Optional[int] = None
         self.peer_id: str = ""
         self._lock = threading.RLock()
+        self._waiting = 0  # threads inside kvp_wait_events (close() waits them out)
+        self._idle = threading.Condition(self._lock)
         self._ops: Dict[int, _Op] = {}
         self._stash: Deque[Event] = collections.deque()
         self._blocks: "weakref.WeakSet[Block]" = weakref.WeakSet()
@@ -466,7 +473,9 @@ class Node:
                     busy.append(b)
             if busy:
                 raise Error(L.KVP_ERR_BUSY, f"{len(busy)} block view(s) still in use")
-            h, self._h = self._h, None
+            h, self._h = self._h, None  # no new waiter from here on
+            while self._waiting:  # each is back within one chunk (_WAIT_CHUNK_MS)
+                self._idle.wait()
             L.lib().kvp_node_destroy(h)
             # destroyed: no event can arrive any more, the op buffers are free
             self._ops.clear()
@@ -689,23 +698,43 @@ class Node:
                     ev.block_status = list(op.block_status)
         return ev
 
-    def _wait_readable(self, timeout: Optional[float]) -> None:
-        if self._caller_mode:
-            self.progress(0.05 if timeout is None else max(0.0, timeout))
-            return
-        fd = self.fileno()
-        try:
-            select.select([fd], [], [], timeout)
-        except (OSError, ValueError):
-            self._handle()  # closed by another thread: raise CLOSED
-            raise
+    def _wait_take(self, timeout: Optional[float]) -> List[Event]:
+        """Wait up to ``timeout`` seconds (None: no limit) in kvp_wait_events,
+        which runs the node's rounds on this thread while the node thread
+        sleeps (the answer wakes this thread directly), in chunks of
+        _WAIT_CHUNK_MS so that close() never waits long for a waiter."""
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        buf = (L.kvp_event_t * 64)()
+        n = c_uint32()
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            ms = _WAIT_CHUNK_MS if left is None else \
+                max(0, min(_WAIT_CHUNK_MS, math.ceil(left * 1000)))
+            with self._lock:
+                h = self._handle()
+                self._waiting += 1
+            try:
+                st = L.lib().kvp_wait_events(h, buf, 64, ctypes.byref(n), ms)
+            finally:
+                with self._lock:
+                    self._waiting -= 1
+                    if not self._waiting:
+                        self._idle.notify_all()
+            _check(st, "kvp_wait_events")
+            if n.value:
+                with self._lock:
+                    return [self._convert(buf[i]) for i in range(n.value)]
+            if left is not None and left * 1000 <= ms:
+                return []
 
     def _pump(self, timeout: Optional[float], stash: bool) -> List[Event]:
         """Wait up to ``timeout`` for events; return them (or stash them)."""
         evs = self._take()
-        if not evs:
-            self._wait_readable(timeout)
+        if not evs and self._caller_mode:
+            self.progress(0.05 if timeout is None else max(0.0, timeout))
             evs = self._take()
+        elif not evs:
+            evs = self._wait_take(timeout)
         if stash:
             with self._lock:
                 self._stash.extend(evs)

@@ -6,6 +6,7 @@ import asyncio
 import ctypes
 import gc
 import selectors
+import time
 
 import pytest
 
@@ -322,3 +323,45 @@ def test_threads_share_a_node(node_factory):
     for t in threads:
         t.join(30)
     assert errors == [] and n.stats()["pins"] == 0 and n.stats()["slots_ready"] == 160
+
+
+def test_close_while_a_thread_waits(node_factory):
+    """A thread waiting for events without a limit (kvp_wait_events, chunked)
+    while another closes the node: the waiter gets Error(KVP_ERR_CLOSED),
+    close() returns, nothing hangs or touches a freed node."""
+    import threading
+    n = node_factory()
+    out = []
+
+    def waiter() -> None:
+        try:
+            n.poll(None)
+            out.append("returned")
+        except kvpeer.Error as e:
+            out.append(e.status)
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    time.sleep(0.2)  # inside the wait
+    t0 = time.monotonic()
+    n.close()
+    t.join(10)
+    assert not t.is_alive() and out == [kvpeer.KVP_ERR_CLOSED]
+    assert time.monotonic() - t0 < 5  # one wait chunk (50 ms), not the waiter's whole wait
+    assert n.closed
+
+
+def test_wait_runs_the_rounds(node_factory):
+    """Node.wait() on a lookup: the waiting thread leads (kvp_wait_events),
+    counted in stats()["waits_led"]; the answer is the lookup's."""
+    a = node_factory()
+    b = node_factory()
+    b.put(b"k1", b"x" * 100)
+    a.add_peer(b.peer_id)
+    a.wait_peer(b.peer_id, 10)
+    for req in range(1, 21):  # an answer may beat the waiter into C: several rounds
+        op = a.lookup(b.peer_id, [b"k1", b"k2"], req)
+        ev = a.wait(op, 10)
+        assert ev.ok and ev.results == [True, False]
+        a.finish_request(req)
+    assert a.stats()["waits_led"] > 0

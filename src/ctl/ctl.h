@@ -79,14 +79,22 @@ int kvp_loop_run_once(kvp_loop_t *loop, int timeout_ms);
 void kvp_loop_wakeup(kvp_loop_t *loop);
 /* Called on the owner thread after a wakeup was consumed. */
 void kvp_loop_set_wakeup_cb(kvp_loop_t *loop, void (*cb)(void *arg), void *arg);
-/* begin(arg) runs before run_once sleeps in epoll_wait and end(arg) after
- * it wakes (not for a round that does not sleep): an owner thread that holds
- * a lock over its state releases it there, so that another thread may take
- * the lock and act as the owner meanwhile (start and stop ios and timers,
- * write to connections). A batch of events collected while an io was
- * stopped is dropped and polled again after end(). */
-void kvp_loop_set_wait_hooks(kvp_loop_t *loop, void (*begin)(void *arg), void (*end)(void *arg),
-                             void *arg);
+/* begin(arg) runs before run_once sleeps and end(arg) after it wakes (not
+ * for a round that does not sleep): an owner thread that holds a lock over
+ * its state releases it there, so that another thread may take the lock and
+ * act as the owner meanwhile (start and stop ios and timers, write to
+ * connections). The owner then sleeps on an outer epoll fd and collects its
+ * batch after end() (so never an event of an io stopped meanwhile).
+ * KVP_ERR_IO if the outer epoll fd cannot be made. */
+kvp_status_t kvp_loop_set_wait_hooks(kvp_loop_t *loop, void (*begin)(void *arg),
+                                     void (*end)(void *arg), void *arg);
+/* With wait hooks set, a thread holding the owner's lock while the owner
+ * sleeps may lead (on = true): the sleeping owner is no longer woken by the
+ * loop's fds, timers or wakeups, and this thread runs rounds (run_once, no
+ * hooks) until it stops leading (on = false), after which whatever is ready
+ * wakes the owner. One syscall each way; KVP_ERR_IO if it fails (nothing
+ * changed). */
+kvp_status_t kvp_loop_lead(kvp_loop_t *loop, bool on);
 /* The epoll fd: readable when run_once has work (caller-driven mode). */
 int kvp_loop_fd(const kvp_loop_t *loop);
 

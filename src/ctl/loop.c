@@ -7,6 +7,15 @@
  * and the heap array (pointers to timers embedded in their owners' structs;
  * the loop never frees a timer or an io).
  *
+ * Sleeping owner, leading caller (kvp_loop_set_wait_hooks, kvp_loop_lead):
+ * an owner thread that releases its lock while it sleeps does not sleep on
+ * the epoll fd itself but on an outer epoll fd holding only it, and collects
+ * the batch after it has taken its lock back. A thread that took the lock
+ * meanwhile may "lead": switch the outer entry off (the sleeping owner is
+ * then woken by nothing here) and run rounds on the epoll fd itself, so that
+ * the frame it waits for wakes it and nobody else. Two threads never wait on
+ * the same epoll fd (the kernel would wake the first, the owner).
+ *
  * Why timers carry a sequence number: equal deadlines fire in the order they
  * were armed, so runs on a manual clock are deterministic, and a timer
  * re-armed from inside the timer phase at a deadline already due does not fire
@@ -40,12 +49,13 @@ struct kvp_loop {
      * eventfd and timerfd, and a wakeup that may be unread. */
     uint32_t n_user_io;
     atomic_bool wake_pending;
-    /* kvp_loop_set_wait_hooks: released around a sleeping epoll_wait; ios
-     * stopped meanwhile (by the thread that took the owner's lock) bump
-     * io_stops, and a batch collected across such a stop is not trusted. */
+    /* kvp_loop_set_wait_hooks: released around a sleeping epoll_wait on
+     * ofd (an epoll fd over epfd alone); `leading`: a thread holding the
+     * owner's lock runs the rounds and ofd's entry is off (kvp_loop_lead). */
     void (*wait_begin)(void *arg), (*wait_end)(void *arg);
     void *wait_arg;
-    uint64_t io_stops;
+    int ofd;
+    bool leading;
 };
 
 /* ------------------------------------------------------------------ heap */
@@ -180,6 +190,8 @@ static kvp_status_t loop_open_fds(kvp_loop_t *l)
 
 static void loop_close_fds(kvp_loop_t *l)
 {
+    if (l->ofd >= 0)
+        close(l->ofd);
     if (l->wake_io.active)
         kvp_io_stop(l, &l->wake_io);
     if (l->timer_io.active)
@@ -199,7 +211,7 @@ kvp_status_t kvp_loop_create(const kvp_clock_t *clock, kvp_loop_t **out)
         return KVP_ERR_NOMEM;
     l->clock = clock ? clock : kvp_clock_real();
     l->real_clock = (l->clock == kvp_clock_real());
-    l->epfd = l->evfd = l->tfd = -1;
+    l->epfd = l->evfd = l->tfd = l->ofd = -1;
     l->tfd_armed = UINT64_MAX;
     kvp_status_t st = loop_open_fds(l);
     if (st != KVP_OK)
@@ -293,12 +305,53 @@ kvp_status_t kvp_io_modify(kvp_loop_t *loop, kvp_io_t *io, uint32_t events)
     return KVP_OK;
 }
 
-void kvp_loop_set_wait_hooks(kvp_loop_t *loop, void (*begin)(void *arg), void (*end)(void *arg),
-                             void *arg)
+static kvp_status_t loop_outer_ctl(kvp_loop_t *l, int op, uint32_t events)
 {
+    struct epoll_event ev = {.events = events, .data.ptr = NULL};
+    if (epoll_ctl(l->ofd, op, l->epfd, &ev) != 0) {
+        KVP_ERROR(NULL, "loop: outer epoll %s: %s", op == EPOLL_CTL_ADD ? "add" : "mod",
+                  strerror(errno));
+        return KVP_ERR_IO;
+    }
+    return KVP_OK;
+}
+
+kvp_status_t kvp_loop_set_wait_hooks(kvp_loop_t *loop, void (*begin)(void *arg),
+                                     void (*end)(void *arg), void *arg)
+{
+    if (begin != NULL && loop->ofd < 0) {
+        loop->ofd = epoll_create1(EPOLL_CLOEXEC);
+        if (loop->ofd < 0) {
+            KVP_ERROR(NULL, "loop: outer epoll: %s", strerror(errno));
+            return KVP_ERR_IO;
+        }
+        kvp_status_t st = loop_outer_ctl(loop, EPOLL_CTL_ADD, EPOLLIN);
+        if (st != KVP_OK) {
+            close(loop->ofd);
+            loop->ofd = -1;
+            return st;
+        }
+    }
     loop->wait_begin = begin;
     loop->wait_end = end;
     loop->wait_arg = arg;
+    return KVP_OK;
+}
+
+kvp_status_t kvp_loop_lead(kvp_loop_t *loop, bool on)
+{
+    KVP_ASSERT(loop->ofd >= 0 && loop->leading != on);
+    /* Off: the epoll fd's readiness no longer reaches the sleeping owner.
+     * On again: what is ready now wakes it at once (EPOLL_CTL_MOD re-polls),
+     * and so does the timerfd armed for the nearest deadline later. */
+    kvp_status_t st = loop_outer_ctl(loop, EPOLL_CTL_MOD, on ? 0 : EPOLLIN);
+    if (st == KVP_OK)
+        loop->leading = on;
+    /* A failure to stop leading (MOD of an existing entry does not fail in
+     * practice) leaves `leading` set: the owner then sleeps on the epoll fd
+     * itself without releasing its lock -- slower (nobody can lead or take a
+     * fast path), never wrong. */
+    return st;
 }
 
 void kvp_io_stop(kvp_loop_t *loop, kvp_io_t *io)
@@ -307,7 +360,6 @@ void kvp_io_stop(kvp_loop_t *loop, kvp_io_t *io)
         return;
     epoll_ctl(loop->epfd, EPOLL_CTL_DEL, io->fd, NULL);
     io->active = false;
-    loop->io_stops++;
     if (io != &loop->wake_io && io != &loop->timer_io)
         loop->n_user_io--;
     /* The owner may free io right after this: forget it in the batch being
@@ -404,15 +456,15 @@ int kvp_loop_run_once(kvp_loop_t *loop, int timeout_ms)
      * only on the real clock) has nothing epoll could report unless a
      * wakeup was written: skip the syscall (the simulator runs ~10^4 such
      * rounds per seed). A wakeup written while we skip is seen next round. */
-    if (wait != 0 && loop->wait_begin != NULL) {
+    if (wait != 0 && loop->wait_begin != NULL && !loop->leading) {
         /* Sleeping: the owner's lock is released, so another thread may run
-         * the owner's work meanwhile. An io it stopped may be freed, and its
-         * event may already be in this batch: then poll again, locked. */
-        uint64_t stops = loop->io_stops;
+         * the owner's work meanwhile (and stop and free ios). Only the outer
+         * fd is waited on; the batch is collected after the lock is back. */
+        struct epoll_event outer;
         loop->wait_begin(loop->wait_arg);
-        n = epoll_wait(loop->epfd, loop->events, LOOP_MAX_EVENTS, wait);
+        int r = epoll_wait(loop->ofd, &outer, 1, wait);
         loop->wait_end(loop->wait_arg);
-        if (loop->io_stops != stops)
+        if (r > 0)
             n = epoll_wait(loop->epfd, loop->events, LOOP_MAX_EVENTS, 0);
     } else if (wait != 0 || loop->real_clock || loop->n_user_io != 0 ||
                atomic_load(&loop->wake_pending)) {

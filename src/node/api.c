@@ -100,6 +100,7 @@ static kvp_status_t do_reconfigure(kvp_node_t *n, void *arg)
     k->lookup_pending_ms = c->lookup_pending_ms;
     k->supply_pin_ms = c->supply_pin_ms;
     k->pin_lease_ms = c->pin_lease_ms;
+    k->wait_spin_us = c->wait_spin_us;
     k->load_timeout_ms = c->load_timeout_ms;
     k->abort_resend_ms = c->abort_resend_ms;
     k->abort_ack_timeout_ms = c->abort_ack_timeout_ms;
@@ -558,6 +559,15 @@ KVP_EXPORT kvp_status_t kvp_poll_events(kvp_node_t *n, kvp_event_t *out, uint32_
     if (n == NULL || out == NULL || n_out == NULL)
         return KVP_ERR_INVALID;
     return kvp__node_take_events(n, out, cap, n_out);
+}
+
+KVP_EXPORT kvp_status_t kvp_wait_events(kvp_node_t *n, kvp_event_t *out, uint32_t cap,
+                                        uint32_t *n_out, int32_t timeout_ms)
+{
+    if (n == NULL || out == NULL || n_out == NULL || cap == 0)
+        return KVP_ERR_INVALID;
+    *n_out = 0;
+    return kvp__node_wait_events(n, out, cap, n_out, timeout_ms);
 }
 
 /* ------------------------------------------------------------ inspection */

@@ -22,6 +22,7 @@
 
 /* A pre-shared key shorter than this is refused (brute-forceable). */
 #define KVP_PSK_MIN 16u
+#define KVP_WAIT_SPIN_MAX_US 10000u /* 10 ms */
 
 static _Thread_local char last_error[512];
 
@@ -135,6 +136,9 @@ kvp_status_t kvp__config_check_runtime(const kvp_config_t *c)
         BAD("hold_cap_ms: must be > 0");
     if (c->load_timeout_ms == 0)
         BAD("load_timeout_ms: must be > 0");
+    if (c->wait_spin_us > KVP_WAIT_SPIN_MAX_US)
+        BAD("wait_spin_us: %u is above %u (a spin that long is a busy loop)", c->wait_spin_us,
+            (unsigned)KVP_WAIT_SPIN_MAX_US);
     return KVP_OK;
 }
 

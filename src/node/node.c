@@ -27,6 +27,7 @@
 #include <sodium.h>
 #include <sys/epoll.h>
 #include <sys/mman.h>
+#include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -605,6 +606,131 @@ kvp_status_t kvp__node_exec_quiet(kvp_node_t *n, kvp_status_t (*fn)(kvp_node_t *
     return node_exec(n, fn, arg, true);
 }
 
+/* ------------------------------------------------------------ waiting */
+
+static bool node_wait_over(kvp_node_t *n)
+{
+    pthread_mutex_lock(&n->lock);
+    bool over = n->ev_count > 0 || n->events_dropped > 0 || n->stopping;
+    pthread_mutex_unlock(&n->lock);
+    return over;
+}
+
+static int node_ms_until(uint64_t deadline_ns, int cap_ms)
+{
+    uint64_t now = kvp_clock_now(kvp_clock_real());
+    if (now >= deadline_ns)
+        return 0;
+    uint64_t ms = (deadline_ns - now + KVP_NSEC_PER_MSEC - 1) / KVP_NSEC_PER_MSEC;
+    return ms > (uint64_t)cap_ms ? cap_ms : (int)ms;
+}
+
+/* A LOOKUP of ours awaits its answer (kvp_config_t.wait_spin_us). */
+static bool node_lookup_due(const kvp_node_t *n)
+{
+    for (const kvp_list_t *p = n->sessions.next; p != &n->sessions; p = p->next)
+        if (!kvp_list_empty(&KVP_CONTAINER_OF(p, kvp_session_t, node_link)->lookups_sent))
+            return true;
+    return false;
+}
+
+/* A waiting engine thread leads (kvp_loop_lead): while the node thread
+ * sleeps, this thread runs the node's rounds until an event is ready or the
+ * deadline passes, so the frame that completes its operation wakes it and
+ * not the node thread, which would then have to wake it (one thread wake-up
+ * less per round trip: the reply is read, handled and taken on one thread).
+ * While a lookup's answer is due it first polls (rounds that do not sleep)
+ * for at most wait_spin_us: its CPU stays awake for the answer.
+ * False if the node thread is busy or the loop cannot lead. Afterwards the
+ * node thread is woken only if transfers or landing loads need its polling,
+ * commands wait or the node is stopping; fds, timers and wakeups reach it by
+ * themselves once the loop stops leading. */
+static bool node_lead(kvp_node_t *n, uint64_t deadline_ns)
+{
+    if (pthread_mutex_trylock(&n->owner) != 0)
+        return false;
+    if (node_wait_over(n) || kvp_loop_lead(n->loop, true) != KVP_OK) {
+        pthread_mutex_unlock(&n->owner);
+        return false;
+    }
+    tl_owner_of = n;
+    n->st.waits_led++;
+    uint64_t now = kvp_clock_now(kvp_clock_real());
+    uint64_t spin_end = now + (uint64_t)n->cfg.wait_spin_us * 1000u;
+    if (spin_end > deadline_ns)
+        spin_end = deadline_ns;
+    if (n->cfg.wait_spin_us > 0 && node_lookup_due(n))
+        while (!node_wait_over(n) && kvp_clock_now(kvp_clock_real()) < spin_end)
+            node_round(n, 0);
+    int ms;
+    while (!node_wait_over(n) && (ms = node_ms_until(deadline_ns, 100)) > 0)
+        node_round(n, ms);
+    if (kvp_loop_lead(n->loop, false) != KVP_OK) /* cannot happen (MOD of an entry); then the */
+        KVP_ERROR(n->name, "node thread now sleeps holding its lock (no fast path)"); /* loop keeps leading */
+    tl_owner_of = NULL;
+    pthread_mutex_lock(&n->lock);
+    bool wake = n->stopping || !kvp_list_empty(&n->cmds);
+    pthread_mutex_unlock(&n->lock);
+    wake = wake || !kvp_list_empty(&n->active) || !kvp_list_empty(&n->env.landing);
+    pthread_mutex_unlock(&n->owner);
+    if (wake)
+        kvp_loop_wakeup(n->loop);
+    return true;
+}
+
+kvp_status_t kvp__node_wait_events(kvp_node_t *n, kvp_event_t *out, uint32_t cap, uint32_t *n_out,
+                                   int32_t timeout_ms)
+{
+    uint64_t deadline = timeout_ms < 0 ? UINT64_MAX
+                                       : kvp_clock_now(kvp_clock_real()) +
+                                             (uint64_t)timeout_ms * KVP_NSEC_PER_MSEC;
+    kvp_status_t st = KVP_OK;
+    if (!n->thread_running) { /* caller-driven: this is the progress thread */
+        while (kvp__node_take_events(n, out, cap, n_out) == KVP_OK && *n_out == 0) {
+            int ms = node_ms_until(deadline, 100);
+            if (ms == 0)
+                break;
+            node_round(n, ms);
+        }
+        return KVP_OK;
+    }
+    if (pthread_equal(pthread_self(), n->thread) || tl_owner_of == n)
+        return KVP_ERR_STATE; /* from inside the node's own work: it would wait on itself */
+    pthread_mutex_lock(&n->lock);
+    if (n->stopping) {
+        pthread_mutex_unlock(&n->lock);
+        return KVP_ERR_CLOSED;
+    }
+    n->waiters++;
+    pthread_mutex_unlock(&n->lock);
+    for (;;) {
+        kvp__node_take_events(n, out, cap, n_out);
+        if (*n_out > 0)
+            break;
+        pthread_mutex_lock(&n->lock);
+        bool stopping = n->stopping;
+        pthread_mutex_unlock(&n->lock);
+        if (stopping) {
+            st = KVP_ERR_CLOSED;
+            break;
+        }
+        int ms = node_ms_until(deadline, 10);
+        if (ms == 0)
+            break;
+        if (!node_lead(n, deadline)) {
+            /* The node thread is busy (or another waiter leads): its events
+             * make the event fd readable; try to lead again soon. */
+            struct pollfd pf = {.fd = n->evfd, .events = POLLIN};
+            poll(&pf, 1, ms);
+        }
+    }
+    pthread_mutex_lock(&n->lock);
+    if (--n->waiters == 0 && n->stopping)
+        pthread_cond_broadcast(&n->cond);
+    pthread_mutex_unlock(&n->lock);
+    return st;
+}
+
 kvp_status_t kvp__node_progress(kvp_node_t *n, int timeout_ms)
 {
     if (n->thread_running)
@@ -635,6 +761,7 @@ KVP_EXPORT void kvp_config_init(kvp_config_t *c)
     c->hold_cap_ms = 120000;
     c->suspect_period_ms = 0; /* 0 = 10 x hold cap */
     c->idle_session_ms = 300000;
+    c->wait_spin_us = 50;
     c->shutdown_drain_ms = 3000;
     c->max_sessions = 1024;
     c->max_pins = 0; /* 0 = 4 x num_blocks */
@@ -884,7 +1011,8 @@ kvp_status_t kvp__node_create_ex(const kvp_config_t *cfg, const kvp_node_seams_t
         goto fail;
     atomic_store_explicit(&n->round_ns, kvp_clock_now(kvp_clock_real()), memory_order_relaxed);
     if (cfg->thread_mode == KVP_THREAD_OWN) {
-        kvp_loop_set_wait_hooks(n->loop, node_wait_begin, node_wait_end, n);
+        if ((st = kvp_loop_set_wait_hooks(n->loop, node_wait_begin, node_wait_end, n)) != KVP_OK)
+            goto fail;
         if (pthread_create(&n->thread, NULL, node_thread_main, n) != 0) {
             kvp_loop_set_wait_hooks(n->loop, NULL, NULL, NULL);
             st = KVP_ERR_IO;
@@ -1004,6 +1132,16 @@ KVP_EXPORT void kvp_node_destroy(kvp_node_t *n)
     if (n->thread_running) {
         pthread_mutex_lock(&n->lock);
         n->stopping = true;
+        if (n->waiters > 0) { /* threads in kvp_wait_events leave with KVP_ERR_CLOSED */
+            uint64_t one = 1;
+            if (n->evfd >= 0) {
+                ssize_t w = write(n->evfd, &one, sizeof(one));
+                (void)w;
+            }
+            kvp_loop_wakeup(n->loop); /* a leader sleeps in the loop */
+            while (n->waiters > 0)
+                pthread_cond_wait(&n->cond, &n->lock);
+        }
         pthread_mutex_unlock(&n->lock);
         kvp_loop_wakeup(n->loop);
         pthread_join(n->thread, NULL);

@@ -94,6 +94,7 @@ struct kvp_node {
     kvp_list_t cmds;
     pthread_t thread;
     bool thread_running, stopping;
+    uint32_t waiters; /* threads in kvp_wait_events (kvp_node_destroy waits them out) */
     bool draining; /* node_drain began: no new session (it would outlive the drain) */
     int evfd;
     int pollfd; /* caller-driven mode: epoll over evfd + the loop (kvp_node_fd) */
@@ -117,6 +118,8 @@ kvp_status_t kvp__node_exec_quiet(kvp_node_t *n, kvp_status_t (*fn)(kvp_node_t *
 kvp_status_t kvp__node_progress(kvp_node_t *n, int timeout_ms);
 kvp_status_t kvp__node_take_events(kvp_node_t *n, kvp_event_t *out, uint32_t cap,
                                    uint32_t *n_out);
+kvp_status_t kvp__node_wait_events(kvp_node_t *n, kvp_event_t *out, uint32_t cap, uint32_t *n_out,
+                                   int32_t timeout_ms);
 uint64_t kvp__node_now(const kvp_node_t *n);
 void kvp__node_emit(kvp_node_t *n, const kvp_event_t *ev);
 kvp_session_t *kvp__node_find_session(kvp_node_t *n, const char *peer);

@@ -4,6 +4,7 @@
 #include "ctl_testlib.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sys/epoll.h>
 #include <unistd.h>
 
@@ -189,10 +190,10 @@ static void test_wakeup_and_sleep(void **state)
 }
 
 /* Wait hooks (kvp_loop_set_wait_hooks): while the loop sleeps unlocked,
- * another thread holding the owner's lock may stop an io whose event is
- * already in the batch and reuse its memory for another fd. The batch must
- * not reach the reused io: here the "other thread" is the end hook itself,
- * which runs after epoll_wait collected the pipe's event. */
+ * another thread holding the owner's lock may stop an io whose fd is already
+ * readable and reuse its memory for another fd. The batch must not reach the
+ * reused io (it is collected after the end hook): here the "other thread" is
+ * the end hook itself, which runs after the pipe woke the sleeper. */
 typedef struct reuse {
     kvp_loop_t *loop;
     kvp_io_t io;
@@ -235,7 +236,7 @@ static void test_wait_hooks_stale_batch(void **state)
     assert_int_equal(pipe(r.old_pipe), 0);
     assert_int_equal(pipe(r.new_pipe), 0);
     assert_int_equal(kvp_io_start(r.loop, &r.io, r.old_pipe[0], EPOLLIN, reuse_old_cb, &r), KVP_OK);
-    kvp_loop_set_wait_hooks(r.loop, reuse_begin, reuse_end, &r);
+    assert_int_equal(kvp_loop_set_wait_hooks(r.loop, reuse_begin, reuse_end, &r), KVP_OK);
     assert_int_equal(write(r.old_pipe[1], "a", 1), 1);
     kvp_loop_run_once(r.loop, 100);
     assert_int_equal(r.begins, 1); /* it slept, so the hooks ran */
@@ -253,6 +254,106 @@ static void test_wait_hooks_stale_batch(void **state)
         close(r.new_pipe[i]);
     }
     kvp_loop_destroy(r.loop);
+    KVP_TEST_ASSERT_NO_LEAKS();
+}
+
+/* Leading (kvp_loop_lead): the owner sleeps in run_once(-1) with hooks that
+ * release its lock; another thread takes the lock and leads. An fd event the
+ * leader's round consumes does not wake the owner; once the leader stops
+ * leading, the next event does. */
+typedef struct lead {
+    kvp_loop_t *loop;
+    pthread_mutex_t mu;
+    kvp_io_t io;
+    int pipe[2];
+    atomic_int owner_rounds, hits;
+    atomic_bool asleep, stop;
+} lead_t;
+
+static void lead_cb(kvp_io_t *io, uint32_t events)
+{
+    (void)events;
+    lead_t *l = io->data;
+    char c;
+    assert_int_equal(read(l->pipe[0], &c, 1), 1);
+    atomic_fetch_add(&l->hits, 1);
+}
+
+static void lead_begin(void *arg)
+{
+    lead_t *l = arg;
+    atomic_store(&l->asleep, true);
+    pthread_mutex_unlock(&l->mu);
+}
+
+static void lead_end(void *arg)
+{
+    lead_t *l = arg;
+    pthread_mutex_lock(&l->mu);
+    atomic_store(&l->asleep, false);
+}
+
+static void *lead_owner(void *arg)
+{
+    lead_t *l = arg;
+    pthread_mutex_lock(&l->mu);
+    while (!atomic_load(&l->stop)) {
+        kvp_loop_run_once(l->loop, -1);
+        atomic_fetch_add(&l->owner_rounds, 1);
+    }
+    pthread_mutex_unlock(&l->mu);
+    return NULL;
+}
+
+static bool lead_until(atomic_int *v, int want, double secs)
+{
+    for (double t = 0; t < secs * kvp_test_time_scale(); t += 0.001) {
+        if (atomic_load(v) >= want)
+            return true;
+        usleep(1000);
+    }
+    return atomic_load(v) >= want;
+}
+
+static void test_lead_keeps_owner_asleep(void **state)
+{
+    (void)state;
+    lead_t l;
+    memset(&l, 0, sizeof(l));
+    pthread_mutex_init(&l.mu, NULL);
+    assert_int_equal(kvp_loop_create(NULL, &l.loop), KVP_OK);
+    assert_int_equal(pipe(l.pipe), 0);
+    assert_int_equal(kvp_io_start(l.loop, &l.io, l.pipe[0], EPOLLIN, lead_cb, &l), KVP_OK);
+    assert_int_equal(kvp_loop_set_wait_hooks(l.loop, lead_begin, lead_end, &l), KVP_OK);
+    pthread_t owner;
+    assert_int_equal(pthread_create(&owner, NULL, lead_owner, &l), 0);
+    for (int i = 0; i < 5000 && !atomic_load(&l.asleep); i++)
+        usleep(1000);
+    assert_true(atomic_load(&l.asleep));
+    usleep(20000); /* from the begin hook into epoll_wait */
+    /* Lead: the leader's round takes the event; the owner is not woken. */
+    pthread_mutex_lock(&l.mu);
+    assert_int_equal(kvp_loop_lead(l.loop, true), KVP_OK);
+    assert_int_equal(write(l.pipe[1], "a", 1), 1);
+    usleep(50000); /* a woken owner would find the fd still ready (epoll re-checks) */
+    assert_int_equal(kvp_loop_run_once(l.loop, 5000), 1);
+    assert_int_equal(atomic_load(&l.hits), 1);
+    assert_int_equal(kvp_loop_lead(l.loop, false), KVP_OK);
+    pthread_mutex_unlock(&l.mu);
+    usleep((useconds_t)(100000 * kvp_test_time_scale()));
+    assert_int_equal(atomic_load(&l.owner_rounds), 0); /* slept through it */
+    /* Leading over: the owner's fds wake it again. */
+    assert_int_equal(write(l.pipe[1], "b", 1), 1);
+    assert_true(lead_until(&l.hits, 2, 5));
+    assert_true(lead_until(&l.owner_rounds, 1, 5));
+    atomic_store(&l.stop, true);
+    kvp_loop_wakeup(l.loop);
+    pthread_join(owner, NULL);
+    kvp_io_stop(l.loop, &l.io);
+    close(l.pipe[0]);
+    close(l.pipe[1]);
+    kvp_loop_destroy(l.loop);
+    pthread_mutex_destroy(&l.mu);
     KVP_TEST_ASSERT_NO_LEAKS();
 }
 
@@ -293,6 +394,7 @@ int main(void)
         cmocka_unit_test(test_timers_order),   cmocka_unit_test(test_timers_heap),
         cmocka_unit_test(test_fd_events),      cmocka_unit_test(test_wakeup_and_sleep),
         cmocka_unit_test(test_deadline_wakes), cmocka_unit_test(test_wait_hooks_stale_batch),
+        cmocka_unit_test(test_lead_keeps_owner_asleep),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

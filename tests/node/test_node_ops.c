@@ -9,6 +9,7 @@
 #include <dirent.h>
 #include <poll.h>
 #include <pthread.h>
+#include <unistd.h>
 
 /* Names in /dev/shm, as one sorted-free concatenation (for before/after). */
 static size_t shm_entries(char *buf, size_t cap)
@@ -426,7 +427,9 @@ static void test_lookup_right_after_peer_add_ucx(void **state)
  * their own keys while an event thread hands out outcomes, a stats reader
  * polls, and a thread on the source puts new blocks: every lookup hits,
  * every load commits byte-exact, nothing hangs, and under TSan no access
- * to the node's state goes unordered. */
+ * to the node's state goes unordered. The event thread waits on the node fd,
+ * or (use_wait) in kvp_wait_events, where it runs the node's rounds itself
+ * while the node thread sleeps (it must then have led at least once). */
 enum { RACE_THREADS = 3, RACE_ITERS = 12, RACE_KEYS = 2, RACE_BS = 4096 };
 
 typedef struct race {
@@ -436,7 +439,7 @@ typedef struct race {
     pthread_cond_t cv;
     kvp_event_t evs[RACE_THREADS * RACE_ITERS * 2 + 64];
     uint32_t nev;
-    bool stop;
+    bool stop, use_wait;
     int failures;
 } race_t;
 
@@ -455,11 +458,19 @@ static void *race_events(void *arg)
 {
     race_t *r = arg;
     for (;;) {
-        struct pollfd p = {kvp_node_fd(r->dst), POLLIN, 0};
-        poll(&p, 1, 20);
         kvp_event_t ev[16];
         uint32_t got = 0;
-        kvp_poll_events(r->dst, ev, 16, &got);
+        if (r->use_wait) {
+            if (kvp_wait_events(r->dst, ev, 16, &got, 20) != KVP_OK) {
+                pthread_mutex_lock(&r->mu);
+                r->failures++;
+                pthread_mutex_unlock(&r->mu);
+            }
+        } else {
+            struct pollfd p = {kvp_node_fd(r->dst), POLLIN, 0};
+            poll(&p, 1, 20);
+            kvp_poll_events(r->dst, ev, 16, &got);
+        }
         pthread_mutex_lock(&r->mu);
         for (uint32_t i = 0; i < got && r->nev < KVP_ARRAY_SIZE(r->evs); i++)
             if (ev[i].type == KVP_EV_LOOKUP || ev[i].type == KVP_EV_LOAD)
@@ -559,11 +570,11 @@ static void *race_side(void *arg)
     return NULL;
 }
 
-static void test_callers_race_the_node_thread_ucx(void **state)
+static void race_run(bool use_wait)
 {
-    (void)state;
     race_t r;
     memset(&r, 0, sizeof(r));
+    r.use_wait = use_wait;
     pthread_mutex_init(&r.mu, NULL);
     pthread_cond_init(&r.cv, NULL);
     kvp_node_t *nd[2];
@@ -613,10 +624,79 @@ static void test_callers_race_the_node_thread_ucx(void **state)
     assert_int_equal(kvp_node_stats(nd[1], &st), KVP_OK);
     assert_int_equal(st.fetches_ok, RACE_THREADS * RACE_ITERS);
     assert_int_equal(st.pins, 0);
+    if (use_wait)
+        assert_true(st.waits_led > 0);
+    else
+        assert_int_equal(st.waits_led, 0);
     for (int i = 1; i >= 0; i--)
         kvp_node_destroy(nd[i]);
     pthread_mutex_destroy(&r.mu);
     pthread_cond_destroy(&r.cv);
+}
+
+static void test_callers_race_the_node_thread_ucx(void **state)
+{
+    (void)state;
+    race_run(false);
+}
+
+static void test_wait_events_leader_races_ucx(void **state)
+{
+    (void)state;
+    race_run(true);
+}
+
+/* kvp_wait_events: argument checks, a timeout with nothing to take, the
+ * caller-driven mode (it runs the rounds), and kvp_node_destroy() while a
+ * thread waits without limit: the waiter leaves with KVP_ERR_CLOSED before
+ * the node is freed (ASan sees any later touch). */
+typedef struct waiter {
+    kvp_node_t *n;
+    kvp_status_t st;
+    uint32_t got;
+} waiter_t;
+
+static void *waiter_main(void *arg)
+{
+    waiter_t *w = arg;
+    kvp_event_t ev[4];
+    w->st = kvp_wait_events(w->n, ev, 4, &w->got, -1);
+    return NULL;
+}
+
+static void test_wait_events_timeout_and_destroy_ucx(void **state)
+{
+    (void)state;
+    for (int mode = 0; mode < 2; mode++) {
+        kvp_config_t c;
+        kvp_config_init(&c);
+        c.num_blocks = 16;
+        c.block_size = 4096;
+        c.thread_mode = mode ? KVP_THREAD_CALLER : KVP_THREAD_OWN;
+        kvp_node_t *n;
+        assert_int_equal(kvp_node_create(&c, &n), KVP_OK);
+        kvp_event_t ev[4];
+        uint32_t got = 7;
+        assert_int_equal(kvp_wait_events(NULL, ev, 4, &got, 0), KVP_ERR_INVALID);
+        assert_int_equal(kvp_wait_events(n, ev, 0, &got, 0), KVP_ERR_INVALID);
+        assert_int_equal(kvp_wait_events(n, NULL, 4, &got, 0), KVP_ERR_INVALID);
+        uint64_t t0 = real_ms();
+        assert_int_equal(kvp_wait_events(n, ev, 4, &got, 30), KVP_OK);
+        assert_int_equal(got, 0);
+        assert_true(real_ms() - t0 >= 29);
+        if (mode == 0) {
+            waiter_t w = {.n = n, .st = KVP_OK, .got = 9};
+            pthread_t t;
+            assert_int_equal(pthread_create(&t, NULL, waiter_main, &w), 0);
+            usleep(50000); /* into its wait (leading or on the event fd) */
+            kvp_node_destroy(n);
+            pthread_join(t, NULL);
+            assert_int_equal(w.st, KVP_ERR_CLOSED);
+            assert_int_equal(w.got, 0);
+        } else {
+            kvp_node_destroy(n);
+        }
+    }
 }
 
 static __attribute__((unused)) void unused_helpers(world_t *w) { (void)world_wait(w, 0, 0, 0, 0); }
@@ -635,6 +715,8 @@ int main(void)
         cmocka_unit_test(test_peer_remove_twice_fake),
         cmocka_unit_test(test_lookup_right_after_peer_add_ucx),
         cmocka_unit_test(test_callers_race_the_node_thread_ucx),
+        cmocka_unit_test(test_wait_events_leader_races_ucx),
+        cmocka_unit_test(test_wait_events_timeout_and_destroy_ucx),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
