@@ -93,7 +93,8 @@ kvp_status_t kvp_loop_set_wait_hooks(kvp_loop_t *loop, void (*begin)(void *arg),
  * loop's fds, timers or wakeups, and this thread runs rounds (run_once, no
  * hooks) until it stops leading (on = false), after which whatever is ready
  * wakes the owner. One syscall each way; KVP_ERR_IO if it fails (nothing
- * changed). */
+ * changed); KVP_ERR_STATE to lead a loop without wait hooks or one already
+ * led. */
 kvp_status_t kvp_loop_lead(kvp_loop_t *loop, bool on);
 /* The epoll fd: readable when run_once has work (caller-driven mode). */
 int kvp_loop_fd(const kvp_loop_t *loop);

@@ -340,7 +340,8 @@ kvp_status_t kvp_loop_set_wait_hooks(kvp_loop_t *loop, void (*begin)(void *arg),
 
 kvp_status_t kvp_loop_lead(kvp_loop_t *loop, bool on)
 {
-    KVP_ASSERT(loop->ofd >= 0 && loop->leading != on);
+    if (loop->ofd < 0 || loop->leading == on) /* no hooks; or stuck leading (below) */
+        return on ? KVP_ERR_STATE : KVP_OK;
     /* Off: the epoll fd's readiness no longer reaches the sleeping owner.
      * On again: what is ready now wakes it at once (EPOLL_CTL_MOD re-polls),
      * and so does the timerfd armed for the nearest deadline later. */

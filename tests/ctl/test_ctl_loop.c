@@ -324,6 +324,7 @@ static void test_lead_keeps_owner_asleep(void **state)
     assert_int_equal(kvp_loop_create(NULL, &l.loop), KVP_OK);
     assert_int_equal(pipe(l.pipe), 0);
     assert_int_equal(kvp_io_start(l.loop, &l.io, l.pipe[0], EPOLLIN, lead_cb, &l), KVP_OK);
+    assert_int_equal(kvp_loop_lead(l.loop, true), KVP_ERR_STATE); /* no sleeping owner */
     assert_int_equal(kvp_loop_set_wait_hooks(l.loop, lead_begin, lead_end, &l), KVP_OK);
     pthread_t owner;
     assert_int_equal(pthread_create(&owner, NULL, lead_owner, &l), 0);
@@ -334,6 +335,7 @@ static void test_lead_keeps_owner_asleep(void **state)
     /* Lead: the leader's round takes the event; the owner is not woken. */
     pthread_mutex_lock(&l.mu);
     assert_int_equal(kvp_loop_lead(l.loop, true), KVP_OK);
+    assert_int_equal(kvp_loop_lead(l.loop, true), KVP_ERR_STATE); /* led already */
     assert_int_equal(write(l.pipe[1], "a", 1), 1);
     usleep(50000); /* a woken owner would find the fd still ready (epoll re-checks) */
     assert_int_equal(kvp_loop_run_once(l.loop, 5000), 1);
