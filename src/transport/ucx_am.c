@@ -12,10 +12,12 @@
  * Source side: each block is one ucp_am_send_nbx(UCX_AM_ID_DATA, header,
  * block) with UCP_AM_SEND_FLAG_EAGER; the header names the destination slot,
  * its generation and both transport tokens. The transfer is terminal when
- * every send and the endpoint flush completed (the source pins may go: the
- * data left our memory). That is only LOCAL completion: the consumer does
- * not trust FETCH_DONE before its own handler saw the blocks (is_landed,
- * asked by the node each poll round while such a load waits).
+ * every send completed (the source pins may go: the data left our memory);
+ * no endpoint flush follows (ucx_write: on tcp it waited for the consumer's
+ * next progress and proved nothing more). That is only LOCAL completion:
+ * the consumer does not trust FETCH_DONE before its own handler saw the
+ * blocks (is_landed, asked by the node each poll round while such a load
+ * waits).
  *
  * Consumer side: ucx_acc_t per slot of our region. ucx_am_data_cb (inside
  * ucp_worker_progress, owner thread) copies a block into its slot only if
