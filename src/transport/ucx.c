@@ -12,7 +12,7 @@
  *                close of its endpoint. The rkey is destroyed once refs == 0,
  *                before the endpoint close is started.
  *   ucx_xfer_t   one transfer. Lives in the pool; `pending` counts the UCX
- *                requests (puts + flush) that UCX still owns. A record whose
+ *                requests (puts + flush, or AM sends) that UCX still owns. A record whose
  *                pending > 0 is never returned to the pool: UCX will call
  *                back with it as user_data.
  *
@@ -637,7 +637,7 @@ static kvp_status_t ucx_write(kvp_xport_t *xp, kvp_xpeer_id_t peer, const kvp_xf
     ucx_xfer_t *r = ucx_xfer_get(x, p);
     if (!r)
         return KVP_ERR_LIMIT;
-    if (am && !kvp__ucx_am_reserve_hdrs(r, n)) {
+    if (am && !kvp__ucx_am_reserve_hdrs(r, n, x->layout.block_size)) {
         ucx_xfer_put(x, r);
         return KVP_ERR_NOMEM;
     }
@@ -653,7 +653,16 @@ static kvp_status_t ucx_write(kvp_xport_t *xp, kvp_xpeer_id_t peer, const kvp_xf
                   n * x->layout.block_size >= UCX_STREAM_MIN_BYTES;
     size_t posted = am ? kvp__ucx_am_post(x, p, r, blocks, n, &prm)
                        : ucx_post_puts(x, p, r, blocks, n, &prm, stream);
-    if (posted > 0) /* the transfer exists; a later refusal makes it FAILED */
+    /* The transfer exists once anything was posted; a later refusal makes it
+     * FAILED. Puts need the endpoint flush for remote completion (SPEC §6).
+     * Active messages do not: a completed ucp_am_send_nbx means its bytes
+     * left the source block (UCX's local completion), which is all the
+     * source's pins wait for, and the consumer trusts only what its own
+     * handler landed (LANDING). The flush would add a wait, not a proof: on
+     * tcp it completed only after the consumer's next progress, i.e. after
+     * its handler had copied the whole block (~200 us per 2 MiB block at
+     * K=1, issue 17). */
+    if (posted > 0 && !am)
         ucx_post_done(r, ucp_ep_flush_nbx(p->ep, &prm));
     if (--r->pending == 0 && posted > 0) {
         kvp_list_remove(&r->link);

@@ -9,19 +9,27 @@
  * Here the consumer never sends anything on the data path, so no such send
  * exists.
  *
- * Source side: each block is one ucp_am_send_nbx(UCX_AM_ID_DATA, header,
- * block) with UCP_AM_SEND_FLAG_EAGER; the header names the destination slot,
- * its generation and both transport tokens. The transfer is terminal when
- * every send and the endpoint flush completed (the source pins may go: the
- * data left our memory). That is only LOCAL completion: the consumer does
- * not trust FETCH_DONE before its own handler saw the blocks (is_landed,
- * asked by the node each poll round while such a load waits).
+ * Source side: each block is ucp_am_send_nbx(UCX_AM_ID_DATA, header, piece)
+ * per piece of at most UCX_AM_PIECE_BYTES, in order, with
+ * UCP_AM_SEND_FLAG_EAGER; the header names the destination slot, its
+ * generation, the piece's offset and length and both transport tokens. The transfer is terminal when
+ * every send completed (the source pins may go: the data left our memory);
+ * no endpoint flush follows (ucx_write: on tcp it waited for the consumer's
+ * next progress and proved nothing more). That is only LOCAL completion:
+ * the consumer does not trust FETCH_DONE before its own handler saw the
+ * blocks (is_landed, asked by the node each poll round while such a load
+ * waits).
  *
  * Consumer side: ucx_acc_t per slot of our region. ucx_am_data_cb (inside
- * ucp_worker_progress, owner thread) copies a block into its slot only if
+ * ucp_worker_progress, owner thread) copies a piece into its slot only if
  * that slot is expected (ACC_EXPECT) at that generation from that source and
- * the length is a whole block; else it drops the bytes and counts them
- * (late_bytes_dropped). Constant time, no allocation: a bounds check and an
+ * the piece starts where the bytes landed so far end, or at 0 (the block
+ * starts over: sent again while still expected); pieces of one block travel
+ * in order on one endpoint (one ordered lane, each piece a single segment);
+ * else it drops the bytes and counts them (late_bytes_dropped),
+ * and the block never counts as landed: a piece lost or out of order fails
+ * the block, it never leaves a hole in a committed one. The block has
+ * landed when `next` reached the block size. Constant time, no allocation: a bounds check and an
  * array index. Because UCX never writes into the region on this path (eager
  * data arrives in UCX's own buffers; rendezvous is never accepted), refuse()
  * returning is proof that nothing lands in those slots afterwards
@@ -58,19 +66,23 @@ static ucs_status_t ucx_am_data_cb(void *arg, const void *header, size_t header_
     memcpy(&h, header, sizeof(h));
     const size_t bs = x->layout.block_size;
     if (h.magic != UCX_AM_MAGIC || h.dst_token != x->token || h.slot >= x->layout.num_blocks ||
-        h.len != bs || length != bs) {
+        h.zero != 0 || h.len == 0 || h.len != length || h.off >= bs || h.len > bs - h.off) {
         x->st.late_bytes_dropped += length;
         return UCS_OK;
     }
     ucx_acc_t *e = &x->acc[h.slot];
-    if (e->state != ACC_EXPECT || e->gen != h.gen || (e->token != 0 && e->token != h.src_token)) {
-        x->st.late_bytes_dropped += length; /* refused, stale generation or foreign */
+    if (e->state != ACC_EXPECT || e->gen != h.gen || (e->token != 0 && e->token != h.src_token) ||
+        (h.off != e->next && h.off != 0)) {
+        x->st.late_bytes_dropped += length; /* refused, stale, foreign or out of order */
         return UCS_OK;
     }
-    memcpy((uint8_t *)x->region + (size_t)h.slot * bs, data, bs);
-    e->landed = 1;
-    x->st.am_blocks_landed++;
-    x->st.am_bytes_landed += bs;
+    if (h.off == 0)
+        e->next = 0; /* the block (again, if it was sent twice while expected) */
+    memcpy((uint8_t *)x->region + (size_t)h.slot * bs + h.off, data, h.len);
+    e->next += h.len;
+    if (e->next == bs)
+        x->st.am_blocks_landed++;
+    x->st.am_bytes_landed += h.len;
     return UCS_OK; /* UCX releases its buffer */
 }
 
@@ -125,7 +137,7 @@ kvp_status_t kvp__ucx_expect(kvp_xport_t *xp, kvp_xpeer_id_t peer, const kvp_xsl
         if (slots[i].slot >= x->layout.num_blocks)
             return KVP_ERR_INVALID;
     for (size_t i = 0; i < n; i++)
-        x->acc[slots[i].slot] = (ucx_acc_t){token, peer, slots[i].gen, ACC_EXPECT, 0};
+        x->acc[slots[i].slot] = (ucx_acc_t){token, peer, slots[i].gen, 0, ACC_EXPECT};
     return KVP_OK;
 }
 
@@ -172,13 +184,22 @@ bool kvp__ucx_is_landed(kvp_xport_t *xp, kvp_xslot_t s)
     if (!x->acc || s.slot >= x->layout.num_blocks)
         return false;
     const ucx_acc_t *e = &x->acc[s.slot];
-    return e->state == ACC_EXPECT && e->gen == s.gen && e->landed;
+    return e->state == ACC_EXPECT && e->gen == s.gen && e->next == x->layout.block_size;
 }
 
 /* --------------------------------------------------------------- source */
 
-bool kvp__ucx_am_reserve_hdrs(ucx_xfer_t *r, size_t n)
+static size_t ucx_am_pieces(size_t block_size)
 {
+    return (block_size + UCX_AM_PIECE_BYTES - 1) / UCX_AM_PIECE_BYTES;
+}
+
+/* One header per piece, valid until its send completed (UCX reads it then). */
+bool kvp__ucx_am_reserve_hdrs(ucx_xfer_t *r, size_t n, size_t block_size)
+{
+    n *= ucx_am_pieces(block_size);
+    if (n > UINT32_MAX)
+        return false;
     if (n <= r->hdr_cap)
         return true;
     ucx_am_hdr_t *h = kvp__realloc(r->hdrs, n * sizeof(*h));
@@ -198,20 +219,24 @@ size_t kvp__ucx_am_post(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r,
 
     ap.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
     ap.flags = UCP_AM_SEND_FLAG_EAGER; /* never rendezvous; never REPLY */
+    ucx_am_hdr_t *h = r->hdrs;
     for (size_t i = 0; i < n; i++) {
-        ucx_am_hdr_t *h = &r->hdrs[i];
-        *h = (ucx_am_hdr_t){UCX_AM_MAGIC, blocks[i].dst_slot, blocks[i].dst_gen, (uint32_t)bs,
-                            x->token, p->dst_token};
         const uint8_t *src = (const uint8_t *)x->region + (size_t)blocks[i].src_slot * bs;
-        ucs_status_ptr_t sp = ucp_am_send_nbx(p->ep, UCX_AM_ID_DATA, h, sizeof(*h), src, bs, &ap);
-        if (UCS_PTR_IS_PTR(sp)) {
-            r->pending++;
-        } else if (UCS_PTR_IS_ERR(sp)) {
-            if (r->first_err == UCS_OK)
-                r->first_err = UCS_PTR_STATUS(sp);
-            break;
+        for (size_t off = 0; off < bs; off += UCX_AM_PIECE_BYTES, h++) {
+            uint32_t len = (uint32_t)KVP_MIN(bs - off, (size_t)UCX_AM_PIECE_BYTES);
+            *h = (ucx_am_hdr_t){UCX_AM_MAGIC, blocks[i].dst_slot, blocks[i].dst_gen,
+                                (uint32_t)off, len, 0, x->token, p->dst_token};
+            ucs_status_ptr_t sp =
+                ucp_am_send_nbx(p->ep, UCX_AM_ID_DATA, h, sizeof(*h), src + off, len, &ap);
+            if (UCS_PTR_IS_PTR(sp)) {
+                r->pending++;
+            } else if (UCS_PTR_IS_ERR(sp)) {
+                if (r->first_err == UCS_OK)
+                    r->first_err = UCS_PTR_STATUS(sp);
+                return posted; /* the rest is not sent: the transfer fails */
+            }
+            posted++;
         }
-        posted++;
     }
     return posted;
 }

@@ -12,7 +12,8 @@
 #include <ucp/api/ucp.h>
 
 #define UCX_BLOB_MAGIC 0x5550564Bu /* "KVPU" little-endian */
-#define UCX_BLOB_VERSION 3u /* 2: digest trailer; 3: AM data path (older peers would put: refused) */
+#define UCX_BLOB_VERSION 4u /* 2: digest trailer; 3: AM data path (older peers would put: refused);
+                            * 4: AM blocks in pieces (a v3 consumer drops them: refused) */
 #define UCX_BLOB_HDR 44u
 #define UCX_BLOB_DIGEST 8u /* trailer: xxh3-64 of every byte before it */
 #define UCX_HOST_MAX 256u
@@ -33,20 +34,28 @@
  * (connection reset) still arrive. */
 #define UCX_DEFAULT_KEEPALIVE "inf"
 
-/* Active-message data path (ucx_am.c). One AM per block, always eager
- * (UCP_AM_SEND_FLAG_EAGER): the consumer's UCX reassembles it and calls our
- * handler once with the whole block, which copies it into the slot or drops
- * it. Rendezvous is never used: its receiver would send RTR/ATS messages
+/* Active-message data path (ucx_am.c). A block goes as AMs of at most
+ * UCX_AM_PIECE_BYTES each, in order, always eager (UCP_AM_SEND_FLAG_EAGER);
+ * our handler copies each piece into the slot at its offset or drops it.
+ * Why pieces: UCX 1.13 calls a handler only with a whole message, so one AM
+ * per block made the consumer's UCX reassemble the block in a buffer of its
+ * own and our handler copy all of it only after its last fragment arrived
+ * (~130-230 us per 2 MiB block on tcp, on the request's path, issue 17). A
+ * piece fits one tcp segment (TX_SEG_SIZE 64K, ucx_setup.c), so UCX delivers
+ * it from its receive buffer and the copy into the slot runs while later
+ * pieces are on the wire. Rendezvous is never used: its receiver would send RTR/ATS messages
  * back (the consumer must never send on the data path: a send that fails
  * because the source died is what made UCX abort the process) and its
  * receive would be a UCX-owned write into the region that refusal could not
  * stop at once. */
 #define UCX_AM_ID_DATA 0x4b56u /* "KV" */
 #define UCX_AM_MAGIC 0x4d41564bu /* "KVAM" */
+#define UCX_AM_PIECE_BYTES ((uint32_t)60 << 10) /* + UCP/UCT headers < 64 KiB */
 typedef struct ucx_am_hdr {
     uint32_t magic;
     uint32_t slot, gen; /* destination slot in the consumer's region and its generation */
-    uint32_t len;       /* block bytes (the whole block; offset 0) */
+    uint32_t off, len;  /* this piece: bytes [off, off + len) of the block */
+    uint32_t zero;      /* 0 */
     uint64_t src_token; /* the source transport's token (hash of its worker address) */
     uint64_t dst_token; /* the consumer transport's token: a mis-addressed block is dropped */
 } ucx_am_hdr_t;
@@ -57,8 +66,8 @@ typedef struct ucx_acc {
     uint64_t token;  /* source token expected (0: any source) */
     uint64_t peer;   /* kvp_xpeer_id_t that expect() named (0: any) */
     uint32_t gen;
+    uint32_t next;   /* bytes landed since expect(): pieces arrive in order */
     uint8_t state;   /* ACC_* */
-    uint8_t landed;  /* a whole block landed since expect() */
 } ucx_acc_t;
 
 enum { XF_FREE = 0, XF_LIVE, XF_RETIRED, XF_DETACHED };
@@ -196,10 +205,11 @@ uint64_t kvp__ucx_token(const void *worker_addr, size_t len);
 kvp_status_t kvp__ucx_am_init(ucx_xport_t *x);
 kvp_status_t kvp__ucx_acc_alloc(ucx_xport_t *x);
 void kvp__ucx_acc_refuse_peer(ucx_xport_t *x, kvp_xpeer_id_t peer);
-/* Post one eager AM per block of `blocks` for transfer r (headers in r). */
+/* Post the eager AMs of every block of `blocks`, piece by piece, for transfer r
+ * (headers in r); returns how many were posted (the rest was refused). */
 size_t kvp__ucx_am_post(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r,
                         const kvp_xfer_block_t *blocks, size_t n, const ucp_request_param_t *prm);
-bool kvp__ucx_am_reserve_hdrs(ucx_xfer_t *r, size_t n);
+bool kvp__ucx_am_reserve_hdrs(ucx_xfer_t *r, size_t n, size_t block_size);
 bool kvp__ucx_inbound_refusable(kvp_xport_t *xp, kvp_xpeer_id_t peer);
 kvp_status_t kvp__ucx_expect(kvp_xport_t *xp, kvp_xpeer_id_t peer, const kvp_xslot_t *slots,
                              size_t n);

@@ -227,6 +227,44 @@ static void test_ucx_write_tcp_forced(void **state)
     KVP_TEST_ASSERT_NO_LEAKS();
 }
 
+/* Active messages (issue 17): the source's transfer is terminal once its
+ * sends completed locally -- the block left the source slot -- without the
+ * target progressing. An endpoint flush after the sends (what the AM path
+ * did before) completed on tcp only after the target's next progress, one
+ * more wait per request. The target's own landing is what proves delivery
+ * (checked once it runs again). One 64 KiB block fits the loopback socket
+ * buffers, so the send itself never waits for the target. */
+static void test_ucx_am_done_without_target(void **state)
+{
+    ut_pair_t p;
+    kvp_xfer_id_t id;
+    kvp_status_t st = KVP_ERR_TIMEOUT;
+    ut_reply_t r;
+    const kvp_xfer_block_t blk = {9, 0, 17, 0};
+    const uint32_t pair[2] = {17, 9};
+    uint64_t pause_ms = kvp_test_scaled_ns(3 * KVP_NSEC_PER_SEC) / KVP_NSEC_PER_MSEC;
+
+    kvp_test_logcap_start(&cap);
+    ut_pair_open(&p, "tcp", KVP_PATH_AM_TCP);
+    write_and_verify(&p, 40); /* the endpoints are wired up both ways */
+    fill_sources(&p, 41);
+    assert_true(ut_send(&p.child, UT_PAUSE, pause_ms, 0, NULL, 0));
+    ut_progress_for(p.x, kvp_test_scaled_ns(50 * KVP_NSEC_PER_MSEC)); /* child enters its sleep */
+    uint64_t t0 = ut_now_ns();
+    assert_int_equal(p.x->ops->write(p.x, p.peer, &blk, 1, &id), KVP_OK);
+    bool done = ut_wait_xfer(p.x, p.peer, id, kvp_test_scaled_ns(1 * KVP_NSEC_PER_SEC), &st);
+    uint64_t took = ut_now_ns() - t0;
+    assert_true(done); /* terminal while the target sleeps */
+    assert_int_equal(st, KVP_OK);
+    assert_true(took < pause_ms * KVP_NSEC_PER_MSEC / 2);
+    assert_true(ut_recv_reply(&p.child, &r, NULL, 0)); /* the target woke up */
+    assert_true(ut_call(&p.child, UT_VERIFY, 0, 41, pair, sizeof(pair), &r, NULL, 0));
+    assert_int_equal(r.v1, 0); /* and its handler landed every byte */
+    ut_pair_close(&p);
+    kvp_test_logcap_stop();
+    KVP_TEST_ASSERT_NO_LEAKS();
+}
+
 /* Target region in caller memory: UCX cannot map it, so the same default
  * config must land on the EMULATED shm path (and say so), and puts wait for
  * the target's progress. */
@@ -391,6 +429,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_ucx_write_shm_emulated),
         cmocka_unit_test(test_ucx_write_tcp_forced),
         cmocka_unit_test(test_ucx_write_tcp_env),
+        cmocka_unit_test(test_ucx_am_done_without_target),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -6,6 +6,7 @@
  */
 #include "testutil.h"
 #include "ucx_testlib.h"
+#include "transport/ucx_int.h"
 
 #include <string.h>
 
@@ -314,6 +315,68 @@ static void test_ucx_am_refuse_shm(void **state)
     am_refuse_case("", KVP_PATH_AM_SHM, true);
 }
 
+/* Pieces of a block (issue 17): crafted AMs on the real tcp endpoint. A
+ * block counts as landed only when its pieces arrived in order, each
+ * starting where the landed bytes end: the tail before the head, a piece
+ * that does not start where the head ended (its bytes would count, the
+ * head's end would stay a hole), one past the block's end or one whose
+ * header lies about its length is dropped and counted, and the slot stays not landed (a hole is never
+ * committed). The same pieces in order land it, byte-exact. */
+static void am_piece_send(ut_pair_t *p, uint32_t slot, uint32_t off, uint32_t len,
+                          uint32_t hdr_len)
+{
+    ucx_xport_t *x = ucx_of(p->x);
+    ucx_peer_t *pe = kvp__ucx_peer_find(x, p->peer);
+    ucx_am_hdr_t h = {UCX_AM_MAGIC, slot, 0, off, hdr_len, 0, x->token, pe->dst_token};
+    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                               .flags = UCP_AM_SEND_FLAG_EAGER};
+    const uint8_t *src = p->region + (size_t)slot * UT_BS + off;
+    ucs_status_ptr_t sp = ucp_am_send_nbx(pe->ep, UCX_AM_ID_DATA, &h, sizeof(h), src, len, &prm);
+    assert_false(UCS_PTR_IS_ERR(sp));
+    while (UCS_PTR_IS_PTR(sp) && ucp_request_check_status(sp) == UCS_INPROGRESS)
+        p->x->ops->progress(p->x);
+    if (UCS_PTR_IS_PTR(sp))
+        ucp_request_free(sp);
+}
+
+static int64_t am_landed(ut_pair_t *p, uint32_t slot)
+{
+    ut_reply_t r;
+    assert_true(ut_call(&p->child, UT_LANDED, slot, 0, NULL, 0, &r, NULL, 0));
+    return r.v1;
+}
+
+static void test_ucx_am_pieces_tcp(void **state)
+{
+    ut_pair_t p;
+    ut_reply_t r;
+    const uint32_t piece = UCX_AM_PIECE_BYTES, tail = UT_BS - UCX_AM_PIECE_BYTES;
+    const uint32_t pair[2] = {5, 5};
+    kvp_test_logcap_start(&cap);
+    assert_true(UT_BS > UCX_AM_PIECE_BYTES); /* two pieces per block */
+    ut_pair_open(&p, "tcp", KVP_PATH_AM_TCP);
+    for (uint32_t s = 0; s < UT_NB; s++)
+        ut_pattern_fill(p.region + (size_t)s * UT_BS, UT_BS, s, 51);
+    assert_int_equal(am_landed(&p, 5), 0);
+    am_piece_send(&p, 5, piece, tail, tail);       /* the tail first: out of order */
+    am_piece_send(&p, 5, 0, piece, piece);         /* the head */
+    am_piece_send(&p, 5, 1024, tail, tail);        /* not where the head ended: a hole */
+    am_piece_send(&p, 5, piece, tail, tail + 1);   /* header lies about the length */
+    am_piece_send(&p, 5, piece, tail + 1024, tail + 1024); /* past the block's end */
+    assert_int_equal(am_landed(&p, 5), 0); /* head only: not landed */
+    assert_true(ut_call(&p.child, UT_DROPPED, 0, 0, NULL, 0, &r, NULL, 0));
+    assert_int_equal(r.v1, 4 * (int64_t)tail + 1024); /* the four bad pieces, counted */
+    assert_int_equal(r.v2, piece);                    /* the head landed */
+    am_piece_send(&p, 5, 0, piece, piece);            /* the block again, in order */
+    am_piece_send(&p, 5, piece, tail, tail);
+    assert_int_equal(am_landed(&p, 5), 1);
+    assert_true(ut_call(&p.child, UT_VERIFY, 0, 51, pair, sizeof(pair), &r, NULL, 0));
+    assert_int_equal(r.v1, 0);
+    ut_pair_close(&p);
+    kvp_test_logcap_stop();
+    KVP_TEST_ASSERT_NO_LEAKS();
+}
+
 /* Direct shm cannot be fenced: proof is false and late writes land. */
 static void test_ucx_fence_shm_no_proof(void **state)
 {
@@ -530,6 +593,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_ucx_fence_emulated_shm_control),
         cmocka_unit_test(test_ucx_fence_shm_no_proof),
         cmocka_unit_test(test_ucx_am_refuse_tcp),
+        cmocka_unit_test(test_ucx_am_pieces_tcp),
         cmocka_unit_test(test_ucx_am_refuse_shm),
         cmocka_unit_test(test_ucx_remove_defers_release),
         cmocka_unit_test(test_ucx_cancel_modes),

@@ -326,6 +326,11 @@ static void ut_target_cmd(ut_target_t *t, const ut_cmd_t *c, uint8_t *pl)
                  NULL, 0);
         break;
     }
+    case UT_LANDED:
+        ut_target_settle(t);
+        ut_reply(t->sock, KVP_OK,
+                 t->x->ops->is_landed(t->x, (kvp_xslot_t){(uint32_t)c->a, 0}) ? 1 : 0, 0, NULL, 0);
+        break;
     case UT_PEER_STATUS:
         ut_reply(t->sock, t->x->ops->peer_status(t->x, t->peer), 0, 0, NULL, 0);
         break;

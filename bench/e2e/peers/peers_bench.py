@@ -231,7 +231,8 @@ class Target:
     def __init__(self, a, kind):
         args = [sys.executable, os.path.abspath(__file__), "--role", "target", "--engine", kind,
                 "--region-mib", str(a.region_mib)]
-        self.log = os.path.join(a.out, f"peers-{kind}-target.log")
+        self.log = os.path.join(a.out, f"peers-{kind}-target"
+                                f"{'' if a.attempt == 1 else a.attempt}.log")
         with open(self.log, "w") as logf:
             self.p = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=logf, text=True, env=engine_env(kind))
@@ -287,53 +288,89 @@ def run_cell(eng, tgt, bs, req, depth, secs, nb, cursor):
         "verified": v["n"] - v["bad"], "bad": v["bad"], "load": loadavg()}
 
 
+def engine_cells(a):
+    """The cells every engine runs, in order (initiator and parent agree on the
+    indexes): block size, request bytes, K; a cell whose K requests would not
+    fit half the region is left out."""
+    cells = []
+    for bs in a.sizes:
+        for req in a.reqs:
+            for k in a.depths:
+                if k * max(req, bs) <= (a.region_mib << 20) // 2:
+                    cells.append((bs, req, k))
+    return cells
+
+
 def run_engine(a, kind, rows):
     """The initiator of one engine, in its own process (engines keep global
-    state: Mooncake's allocator, UCX's config); rows come back as JSON."""
+    state: Mooncake's allocator, UCX's config); rows come back as JSON. A cell
+    that fails ends that process and its target: the next cell runs on a fresh
+    initiator and target (Mooncake's engine does not recover from a queue-full
+    failure, and every later cell of the same engine failed with it), so the
+    failure is recorded for that cell only."""
     print(f"== {kind}", flush=True)
     out = os.path.join(a.out, f"peers-{kind}.json")
-    log = os.path.join(a.out, f"peers-{kind}-initiator.log")
-    args = [sys.executable, os.path.abspath(__file__), "--role", "initiator-one", "--engine", kind,
-            "--json", out, "--out", a.out, "--region-mib", str(a.region_mib), "--secs", str(a.secs),
-            "--sizes", ",".join(str(x >> 10) for x in a.sizes),
-            "--req-mib", ",".join(str(x >> 20) for x in a.reqs),
-            "--depths", ",".join(str(x) for x in a.depths)]
-    if os.path.exists(out):
-        os.unlink(out)
-    with open(log, "w") as logf:
-        p = subprocess.run(args, stdout=logf, stderr=subprocess.STDOUT, env=engine_env(kind),
-                           timeout=1800)
-    with open(log) as f:
-        text = f.read()
-    for line in text.splitlines():
-        if line.startswith("  " + kind):
-            print(line, flush=True)
-    seen = set()
-    for lf in (log, os.path.join(a.out, f"peers-{kind}-target.log")):
+    total, start, attempt = len(engine_cells(a)), 0, 0
+    while start < total or attempt == 0:
+        attempt += 1
+        log = os.path.join(a.out, f"peers-{kind}-initiator{'' if attempt == 1 else attempt}.log")
+        args = [sys.executable, os.path.abspath(__file__), "--role", "initiator-one",
+                "--engine", kind, "--json", out, "--out", a.out, "--region-mib",
+                str(a.region_mib), "--secs", str(a.secs), "--start", str(start),
+                "--attempt", str(attempt),
+                "--sizes", ",".join(str(x >> 10) for x in a.sizes),
+                "--req-mib", ",".join(str(x >> 20) for x in a.reqs),
+                "--depths", ",".join(str(x) for x in a.depths)]
+        if os.path.exists(out):
+            os.unlink(out)
+        with open(log, "w") as logf:
+            p = subprocess.run(args, stdout=logf, stderr=subprocess.STDOUT, env=engine_env(kind),
+                               timeout=1800)
+        with open(log) as f:
+            text = f.read()
+        for line in text.splitlines():
+            if line.startswith("  " + kind):
+                print(line, flush=True)
+        seen = set()
+        tlog = os.path.join(a.out, f"peers-{kind}-target{'' if attempt == 1 else attempt}.log")
+        for lf in (log, tlog):
+            try:
+                with open(lf) as f:
+                    for w in f.read().split():
+                        if w.rstrip(":,.").endswith("Transport") and w[0].isupper():
+                            seen.add(w.rstrip(":,."))
+            except OSError:
+                pass
+        if seen:
+            print(f"  {kind}: transports named in its logs: {', '.join(sorted(seen))}",
+                  flush=True)
         try:
-            with open(lf) as f:
-                for w in f.read().split():
-                    if w.rstrip(":,.").endswith("Transport") and w[0].isupper():
-                        seen.add(w.rstrip(":,."))
-        except OSError:
-            pass
-    if seen:
-        print(f"  {kind}: transports named in its logs: {', '.join(sorted(seen))}", flush=True)
-    try:
-        with open(out) as f:
-            got = json.load(f)
-        for r in got:
+            with open(out) as f:
+                got = json.load(f)
+        except (OSError, ValueError):
+            tail = text.strip().splitlines()[-1:] or ["no output"]
+            rows.append({"engine": kind, "error": f"initiator exit {p.returncode}: {tail[0]}"})
+            return
+        for r in got["rows"]:
             if seen:
                 r["transports"] = " ".join(sorted(seen))
-        rows.extend(got)
-    except (OSError, ValueError):
-        tail = text.strip().splitlines()[-1:] or ["no output"]
-        rows.append({"engine": kind, "error": f"initiator exit {p.returncode}: {tail[0]}"})
+        rows.extend(got["rows"])
+        if got["next"] <= start:  # no cell ran (it could not start): nothing to resume
+            return
+        if got["next"] < total:
+            print(f"  {kind}: restarting the engine and its target for the next cell",
+                  flush=True)
+        start = got["next"]
 
 
 def initiator_one(a, kind):
+    """Cells from --start on; the first that fails is recorded and ends this
+    process (the parent starts a fresh one at the next cell). The JSON says
+    which cell comes next."""
     rows = []
-    tgt = None
+    cells = engine_cells(a)
+    nxt = a.start
+    tgt = eng = None
     try:
         tgt = Target(a, kind)
         if not tgt.info.get("ok"):
@@ -342,44 +379,53 @@ def initiator_one(a, kind):
         src = np.zeros(a.region_mib << 20, dtype=np.uint8)
         src[:] = 1  # first touch before timing
         eng.connect(tgt.info, src)
-        for bs in a.sizes:
-            nb = src.nbytes // bs
-            block_fill(src, bs, nb)
-            eng.prepare(tgt.info, src, bs)
-            cursor, _ = run_cell(eng, tgt, bs, 1 << 20, 4, 0.1, nb, 0)  # warm-up
-            for req in a.reqs:
-                for k in a.depths:
-                    if k * max(req, bs) > src.nbytes // 2:
-                        continue
-                    try:
-                        cursor, r = run_cell(eng, tgt, bs, req, k, a.secs, nb, cursor)
-                    except RuntimeError as e:  # this cell failed: say so, go on
-                        cursor += 1 << 20
-                        r = {"error": f"{type(e).__name__}: {e}"}
-                        print(f"  {kind:13s} bs {bs >> 10:5d} KiB req {req / 2**20:6.2f} MiB "
-                              f"K={k:<2d} FAILED: {r['error']}", flush=True)
-                        r.update(engine=kind, bs=bs, req=max(req, bs) // bs * bs, depth=k)
-                        rows.append(r)
-                        continue
-                    r.update(engine=kind, bs=bs, req=max(req, bs) // bs * bs, depth=k)
-                    rows.append(r)
-                    print(f"  {kind:13s} bs {bs >> 10:5d} KiB req {r['req'] / 2**20:6.2f} MiB "
-                          f"K={k:<2d} {r['gbps']:7.3f} GB/s {r['per_s']:8.1f}/s p50 "
-                          f"{r['p50_us']:8.0f} us p99 {r['p99_us']:8.0f} us cpu "
-                          f"{r['cpu_s_per_gb']:.3f} s/GB verified {r['verified']} bad "
-                          f"{r['bad']} load {r['load']}", flush=True)
-        eng.close()
-    except Exception as e:
+        nb, cursor, prepared = 0, 0, None
+        for i in range(a.start, len(cells)):
+            bs, req, k = cells[i]
+            nxt = i + 1
+            try:
+                if prepared != bs:
+                    nb = src.nbytes // bs
+                    block_fill(src, bs, nb)
+                    eng.prepare(tgt.info, src, bs)
+                    prepared = bs
+                    cursor, _ = run_cell(eng, tgt, bs, 1 << 20, 4, 0.1, nb, 0)  # warm-up
+                cursor, r = run_cell(eng, tgt, bs, req, k, a.secs, nb, cursor)
+            except Exception as e:  # this cell failed: say so; a fresh engine runs the next
+                r = {"error": f"{type(e).__name__}: {e}"}
+                print(f"  {kind:13s} bs {bs >> 10:5d} KiB req {req / 2**20:6.2f} MiB "
+                      f"K={k:<2d} FAILED: {r['error']}", flush=True)
+                if os.environ.get("PEERS_DEBUG"):
+                    traceback.print_exc()
+                r.update(engine=kind, bs=bs, req=max(req, bs) // bs * bs, depth=k)
+                rows.append(r)
+                break
+            r.update(engine=kind, bs=bs, req=max(req, bs) // bs * bs, depth=k)
+            rows.append(r)
+            print(f"  {kind:13s} bs {bs >> 10:5d} KiB req {r['req'] / 2**20:6.2f} MiB "
+                  f"K={k:<2d} {r['gbps']:7.3f} GB/s {r['per_s']:8.1f}/s p50 "
+                  f"{r['p50_us']:8.0f} us p99 {r['p99_us']:8.0f} us cpu "
+                  f"{r['cpu_s_per_gb']:.3f} s/GB verified {r['verified']} bad "
+                  f"{r['bad']} load {r['load']}", flush=True)
+    except Exception as e:  # setup failed: the engine cannot run here (or no longer)
         msg = f"{type(e).__name__}: {e}"
-        print(f"  {kind}: CANNOT RUN HERE: {msg}", flush=True)
+        what = "CANNOT RUN HERE" if a.attempt == 1 else "CANNOT RESTART"
+        print(f"  {kind}: {what}: {msg}", flush=True)
         if os.environ.get("PEERS_DEBUG"):
             traceback.print_exc()
-        rows.append({"engine": kind, "error": msg})
+        rows.append({"engine": kind, "error": msg if a.attempt == 1 else
+                     f"restart {a.attempt} (for cell {a.start + 1} of {len(cells)}): {msg}"})
+        nxt = a.start
     finally:
+        if eng is not None:
+            try:
+                eng.close()
+            except Exception:
+                pass
         if tgt:
             tgt.close()
     with open(a.json, "w") as f:
-        json.dump(rows, f)
+        json.dump({"rows": rows, "next": nxt}, f)
 
 
 def run_kvpeer(a, rows):
@@ -463,6 +509,8 @@ def main():
     ap.add_argument("--e2e-bench", default="build/release/bench/e2e/e2e_bench")
     ap.add_argument("--out", default="build/bench-out")
     ap.add_argument("--json", default="")
+    ap.add_argument("--start", type=int, default=0)  # initiator-one: first cell index
+    ap.add_argument("--attempt", type=int, default=1)  # initiator-one: 1 + restarts so far
     a = ap.parse_args()
     a.region_mib = a.region_mib or (128 if a.quick else 256)
     if a.role == "target":
