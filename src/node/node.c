@@ -28,6 +28,7 @@
 #include <sys/epoll.h>
 #include <sys/mman.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -660,8 +661,10 @@ static bool node_lead(kvp_node_t *n, uint64_t deadline_ns)
     if (spin_end > deadline_ns)
         spin_end = deadline_ns;
     if (n->cfg.wait_spin_us > 0 && node_lookup_due(n))
-        while (!node_wait_over(n) && kvp_clock_now(kvp_clock_real()) < spin_end)
+        while (!node_wait_over(n) && kvp_clock_now(kvp_clock_real()) < spin_end) {
             node_round(n, 0);
+            sched_yield(); /* the answering peer may share this CPU */
+        }
     int ms;
     while (!node_wait_over(n) && (ms = node_ms_until(deadline_ns, 100)) > 0)
         node_round(n, ms);
