@@ -351,7 +351,7 @@ void fz_config(fz_t *z, uint8_t conf)
     z->seams = (kvp_node_seams_t){&z->mc.clock, z->net, z->fab,
                                   (conf & 1) ? KVP_PATH_FAKE_UNFENCEABLE
                                              : KVP_PATH_FAKE_FENCEABLE,
-                                  (uint64_t)(1 + (conf >> 3) % 8) * FZ_MS, false};
+                                  (uint64_t)(1 + (conf >> 3) % 8) * FZ_MS, false, 0};
 }
 
 int fz_setup(fz_t *z, uint8_t conf)

@@ -544,6 +544,19 @@ static _Thread_local const kvp_node_t *tl_owner_of;
  * path, to run a round for what the command changed; so it is too when
  * transfers or landing loads are in flight (they are polled). A busy node
  * thread keeps the queue (batching). */
+/* A caller that ran the node's work on its own thread (fast path, leader)
+ * gives `owner` back. The node thread sleeps on: wake it if it has work no fd
+ * will announce -- polled transfers and landing loads, or what the caller
+ * knows of (`more`). */
+static void node_owner_return(kvp_node_t *n, bool more)
+{
+    bool wake = more || !kvp_list_empty(&n->active) || !kvp_list_empty(&n->env.landing);
+    tl_owner_of = NULL;
+    pthread_mutex_unlock(&n->owner);
+    if (wake)
+        kvp_loop_wakeup(n->loop);
+}
+
 static bool node_exec_fast(kvp_node_t *n, kvp_status_t (*fn)(kvp_node_t *, void *), void *arg,
                            bool quiet, kvp_status_t *out)
 {
@@ -558,14 +571,8 @@ static bool node_exec_fast(kvp_node_t *n, kvp_status_t (*fn)(kvp_node_t *, void 
         tl_owner_of = n;
         *out = fn(n, arg);
         node_flush_lookups(n);
-        tl_owner_of = NULL;
     }
-    /* Sockets, the transport's event fd and the timer fd wake the node thread
-     * by themselves; transfers and landing loads are polled (1 ms bound). */
-    bool wake = !quiet || !kvp_list_empty(&n->active) || !kvp_list_empty(&n->env.landing);
-    pthread_mutex_unlock(&n->owner);
-    if (wake)
-        kvp_loop_wakeup(n->loop);
+    node_owner_return(n, !quiet); /* a command's other changes: a round of the node thread */
     return true;
 }
 
@@ -670,14 +677,12 @@ static bool node_lead(kvp_node_t *n, uint64_t deadline_ns)
         node_round(n, ms);
     if (kvp_loop_lead(n->loop, false) != KVP_OK) /* cannot happen (MOD of an entry); then the */
         KVP_ERROR(n->name, "node thread now sleeps holding its lock (no fast path)"); /* loop keeps leading */
-    tl_owner_of = NULL;
+    /* A command queued while we led may have had its wakeup read by our last
+     * round and not run yet. */
     pthread_mutex_lock(&n->lock);
-    bool wake = n->stopping || !kvp_list_empty(&n->cmds);
+    bool more = n->stopping || !kvp_list_empty(&n->cmds);
     pthread_mutex_unlock(&n->lock);
-    wake = wake || !kvp_list_empty(&n->active) || !kvp_list_empty(&n->env.landing);
-    pthread_mutex_unlock(&n->owner);
-    if (wake)
-        kvp_loop_wakeup(n->loop);
+    node_owner_return(n, more);
     return true;
 }
 
@@ -727,6 +732,8 @@ kvp_status_t kvp__node_wait_events(kvp_node_t *n, kvp_event_t *out, uint32_t cap
             poll(&pf, 1, ms);
         }
     }
+    if (n->wait_exit_delay_ms > 0)
+        poll(NULL, 0, (int)n->wait_exit_delay_ms);
     pthread_mutex_lock(&n->lock);
     if (--n->waiters == 0 && n->stopping)
         pthread_cond_broadcast(&n->cond);
@@ -949,6 +956,7 @@ kvp_status_t kvp__node_create_ex(const kvp_config_t *cfg, const kvp_node_seams_t
     n->fingerprint = kvp_hash64(cfg->compat ? cfg->compat : "",
                                 cfg->compat ? strlen(cfg->compat) : 0, cfg->hash_seed);
     n->clock = seams && seams->clock ? seams->clock : kvp_clock_real();
+    n->wait_exit_delay_ms = seams ? seams->wait_exit_delay_ms : 0;
     n->next_op_id = 1;
     kvp__session_env_init(&n->env);
     n->env.cfg = &n->cfg;

@@ -37,6 +37,9 @@ typedef struct kvp_node_seams {
      * events after every round), which then saves a write and a read
      * system call per batch of events. */
     bool no_event_fd;
+    /* A thread leaving kvp_wait_events sleeps this long first (tests: a
+     * kvp_node_destroy that did not wait for it would free the node under it). */
+    uint32_t wait_exit_delay_ms;
 } kvp_node_seams_t;
 
 /* The node's data transport (tests: scripts, call log). */
@@ -95,6 +98,7 @@ struct kvp_node {
     pthread_t thread;
     bool thread_running, stopping;
     uint32_t waiters; /* threads in kvp_wait_events (kvp_node_destroy waits them out) */
+    uint32_t wait_exit_delay_ms; /* seams: see kvp_node_seams_t */
     bool draining; /* node_drain began: no new session (it would outlive the drain) */
     int evfd;
     int pollfd; /* caller-driven mode: epoll over evfd + the loop (kvp_node_fd) */

@@ -51,7 +51,7 @@ static void test_region_over_memory_refused(void **state)
         c.num_blocks = (uint32_t)(avail / c.block_size) + 2;        /* > MemAvailable */
         kvp_fake_fabric_t *fab = NULL;
         assert_int_equal(kvp_fake_fabric_create(kvp_clock_real(), &fab), KVP_OK);
-        kvp_node_seams_t seams = {NULL, NULL, fab, KVP_PATH_FAKE_FENCEABLE, 0, false};
+        kvp_node_seams_t seams = {NULL, NULL, fab, KVP_PATH_FAKE_FENCEABLE, 0, false, 0};
         size_t nb = shm_entries(before, sizeof(before));
         kvp_node_t *n = NULL;
         uint64_t t0 = kvp_clock_now(kvp_clock_real());
@@ -192,7 +192,7 @@ static void test_caller_fd_wakes_for_frames_and_timers(void **state)
         c.num_blocks = 16;
         c.block_size = 4096;
         c.listen_addr = "127.0.0.1:0";
-        kvp_node_seams_t seams = {NULL, NULL, fab, KVP_PATH_FAKE_FENCEABLE, 0, false};
+        kvp_node_seams_t seams = {NULL, NULL, fab, KVP_PATH_FAKE_FENCEABLE, 0, false, 0};
         assert_int_equal(kvp__node_create_ex(&c, &seams, &nd[i]), KVP_OK);
         assert_true(kvp_node_fd(nd[i]) >= 0);
     }
@@ -649,7 +649,8 @@ static void test_wait_events_leader_races_ucx(void **state)
 /* kvp_wait_events: argument checks, a timeout with nothing to take, the
  * caller-driven mode (it runs the rounds), and kvp_node_destroy() while a
  * thread waits without limit: the waiter leaves with KVP_ERR_CLOSED before
- * the node is freed (ASan sees any later touch). */
+ * the node is freed. The waiter lingers 100 ms on its way out (seam), so a
+ * destroy that did not wait for it would free the node under it (ASan). */
 typedef struct waiter {
     kvp_node_t *n;
     kvp_status_t st;
@@ -674,7 +675,8 @@ static void test_wait_events_timeout_and_destroy_ucx(void **state)
         c.block_size = 4096;
         c.thread_mode = mode ? KVP_THREAD_CALLER : KVP_THREAD_OWN;
         kvp_node_t *n;
-        assert_int_equal(kvp_node_create(&c, &n), KVP_OK);
+        kvp_node_seams_t seams = {.wait_exit_delay_ms = mode ? 0 : 100};
+        assert_int_equal(kvp__node_create_ex(&c, &seams, &n), KVP_OK);
         kvp_event_t ev[4];
         uint32_t got = 7;
         assert_int_equal(kvp_wait_events(NULL, ev, 4, &got, 0), KVP_ERR_INVALID);
@@ -684,12 +686,14 @@ static void test_wait_events_timeout_and_destroy_ucx(void **state)
         assert_int_equal(kvp_wait_events(n, ev, 4, &got, 30), KVP_OK);
         assert_int_equal(got, 0);
         assert_true(real_ms() - t0 >= 29);
+        t0 = real_ms();
         if (mode == 0) {
             waiter_t w = {.n = n, .st = KVP_OK, .got = 9};
             pthread_t t;
             assert_int_equal(pthread_create(&t, NULL, waiter_main, &w), 0);
             usleep(50000); /* into its wait (leading or on the event fd) */
             kvp_node_destroy(n);
+            assert_true(real_ms() - t0 >= 150); /* it waited out the lingering waiter */
             pthread_join(t, NULL);
             assert_int_equal(w.st, KVP_ERR_CLOSED);
             assert_int_equal(w.got, 0);

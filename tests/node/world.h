@@ -57,7 +57,7 @@ static __attribute__((unused)) void world_cfg(world_t *w, int i)
     c->backoff_min_ms = 20;
     c->backoff_max_ms = 200;
     w->seams[i] = (kvp_node_seams_t){&w->mc.clock, w->net, w->fab, KVP_PATH_FAKE_FENCEABLE,
-                                     1 * KVP_NSEC_PER_MSEC, false};
+                                     1 * KVP_NSEC_PER_MSEC, false, 0};
 }
 
 static __attribute__((unused)) kvp_status_t world_start_node(world_t *w, int i)
