@@ -105,9 +105,16 @@ static void test_ucx_kill_tcp(void **state)
     stream_run(&p, &s, SC(200 * MSEC));
     assert_true(s.ok > 0);
     /* Make sure transfers are in flight at the kill: the target stops
-     * progressing, so emulated puts cannot complete before it dies. */
+     * progressing. An AM transfer is done when its sends completed locally,
+     * so the stream goes on until the socket buffers (grown by the first
+     * stream, megabytes) are full and sends wait in UCX: then the window of
+     * 8 stays in flight. Under TSan on a loaded machine 100 ms was not
+     * always enough to fill them. */
     assert_true(ut_send(&p.child, UT_PAUSE, SC_MS(10000), 0, NULL, 0));
-    stream_run(&p, &s, SC(100 * MSEC));
+    uint64_t fill_end = ut_now_ns() + SC(5 * SEC);
+    do
+        stream_run(&p, &s, SC(100 * MSEC));
+    while (s.nlive < 8 && ut_now_ns() < fill_end);
     size_t inflight_at_kill = s.nlive;
     assert_int_equal(inflight_at_kill, 8);
     uint64_t t0 = ut_now_ns();
