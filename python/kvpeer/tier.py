@@ -42,6 +42,10 @@ from typing import Any, Dict, Hashable, List, Optional, Sequence, Set, Tuple, Un
 from . import _lib as L
 from .node import Buffer, Error, Event, EventType, Node
 
+# How long lookup_many(defer=True) trusts its list of ready peers (one
+# kvp_node_peers call per step, not per key).
+_READY_TTL_S = 0.01
+
 
 class LookupResult(enum.Enum):
     HIT = "hit"                  # loadable now (local, or a peer pinned it for the request)
@@ -188,7 +192,12 @@ class KVPeerTier:
         # flush_lookups(); _queued_keys holds their (rid, key).
         self._queued: Dict[int, Tuple[RequestLike, List[bytes]]] = {}
         self._queued_keys: Set[Tuple[int, bytes]] = set()
-        self._ready: Optional[Set[str]] = None  # peers with a ready session, this batch
+        # Peers with a ready session, for this step's lookup_many(defer=True)
+        # calls: cleared by flush_lookups() and at most _READY_TTL_S old, so
+        # a caller that ends no step (every answer MISS) still sees a peer
+        # come up.
+        self._ready: Optional[Set[str]] = None
+        self._ready_at = 0.0
         # copy_thread: a finished load's copy into dst runs on this thread
         # (ctypes.memmove, without the GIL), not on the caller's.
         self._copier: Optional[ThreadPoolExecutor] = (
@@ -235,8 +244,10 @@ class KVPeerTier:
 
     def _queue(self, rid: int, request: RequestLike, keys: List[bytes]) -> None:
         cands = self._candidates(request)
-        if self._ready is None:
+        now = time.monotonic()
+        if self._ready is None or now - self._ready_at > _READY_TTL_S:
             self._ready = {p.peer for p in self.node.peers() if p.ready and not p.probation}
+            self._ready_at = now
         down = [p for p in cands if p not in self._ready]
         if len(down) == len(cands):  # no peer to ask: answered at once (MISS)
             for k in keys:

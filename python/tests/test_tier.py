@@ -126,6 +126,33 @@ def test_tier_deferred_lookups(tier_factory, peer_factory):
     tier.on_request_finished(req)
 
 
+def test_tier_deferred_lookups_see_a_peer_come_up(tier_factory, peer_factory):
+    """A deferred lookup while no candidate is ready answers MISS at once; a
+    peer that comes up afterwards is asked, even when the caller ended no
+    step in between (an engine whose every answer was MISS; the bench's
+    warm-up never hit once in 1 of 4 runs when the list of ready peers lived
+    until the next flush_lookups())."""
+    src = peer_factory()
+    keys = [b"U-%d" % i for i in range(3)]
+    src.call("put_pattern", keys, BS, 0)
+    tier = tier_factory(peers=[])
+    req = Request(35, peers=[src.peer_id])
+    assert tier.lookup_many(keys, req, defer=True) == [MISS] * 3  # not a peer yet
+    assert tier.queued_lookups() == 0
+    tier.node.add_peer(src.peer_id)
+    tier.node.wait_peer(src.peer_id, scaled(10))
+    time.sleep(0.05)  # past the ready list's lifetime, however fast the session came up
+    req2 = Request(36, peers=[src.peer_id])
+    assert tier.lookup_many(keys, req2, defer=True) == [RETRY] * 3  # queued for the peer
+    assert tier.flush_lookups() == 3
+    deadline = time.monotonic() + scaled(10)
+    while RETRY in tier.lookup_many(keys, req2, defer=True) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert tier.lookup_many(keys, req2, defer=True) == [HIT] * 3
+    tier.on_request_finished(req)
+    tier.on_request_finished(req2)
+
+
 def test_tier_copy_thread(tier_factory, peer_factory):
     """copy_thread=True: a finished load's copy into dst runs on the tier's
     copy thread; the job has no outcome until the copy is done, and a failure
