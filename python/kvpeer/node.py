@@ -429,6 +429,7 @@ class Node:
         self._idle = threading.Condition(self._lock)
         self._ops: Dict[int, _Op] = {}
         self._stash: Deque[Event] = collections.deque()
+        self._take_buf = ((L.kvp_event_t * 64)(), c_uint32())  # _take's, under _lock
         self._blocks: "weakref.WeakSet[Block]" = weakref.WeakSet()
         cfg, keep = _build_config(config)
         self._caller_mode = cfg.thread_mode == L.KVP_THREAD_CALLER
@@ -549,23 +550,35 @@ class Node:
     def get(self, key: bytes) -> Block:
         """Pin the READY block of ``key`` and return it (see Block).
         Error(KVP_ERR_NOT_FOUND) / Error(KVP_ERR_PENDING) otherwise."""
+        st, b = self.try_get(key)
+        _check(st, "kvp_get")
+        assert b is not None
+        return b
+
+    def try_get(self, key: bytes) -> Tuple[int, Optional[Block]]:
+        """get() without the exception: (KVP_OK, the pinned block), or
+        (KVP_ERR_NOT_FOUND / KVP_ERR_PENDING / ..., None). For callers that
+        expect misses (a scheduler asking per key): an Error costs more than
+        the lookup."""
         k = _key_bytes(key)
         with self._lock:
             cb = L.kvp_block_t()
-            _check(L.lib().kvp_get(self._handle(), k, len(k), ctypes.byref(cb)), "kvp_get")
+            st = L.lib().kvp_get(self._handle(), k, len(k), ctypes.byref(cb))
+            if st != L.KVP_OK:
+                return st, None
             b = Block(self, k, cb)
             self._blocks.add(b)
-            return b
+            return st, b
 
     def contains(self, key: bytes) -> bool:
         """True if ``key`` is READY here (a get + release)."""
-        try:
-            self.get(key).release()
+        st, b = self.try_get(key)
+        if b is not None:
+            b.release()
             return True
-        except Error as e:
-            if e.status in (L.KVP_ERR_NOT_FOUND, L.KVP_ERR_PENDING):
-                return False
-            raise
+        if st in (L.KVP_ERR_NOT_FOUND, L.KVP_ERR_PENDING):
+            return False
+        raise Error(st, "kvp_get")
 
     def _release_block(self, b: Block) -> None:
         with self._lock:
@@ -667,10 +680,9 @@ class Node:
     def _take(self) -> List[Event]:
         """Non-blocking: every ready event, converted (caller holds no lock)."""
         out: List[Event] = []
-        buf = (L.kvp_event_t * 64)()
-        n = c_uint32()
         with self._lock:
             h = self._handle()
+            buf, n = self._take_buf  # used under the lock only
             while True:
                 _check(L.lib().kvp_poll_events(h, buf, 64, ctypes.byref(n)), "kvp_poll_events")
                 for i in range(n.value):
@@ -733,7 +745,7 @@ class Node:
         if not evs and self._caller_mode:
             self.progress(0.05 if timeout is None else max(0.0, timeout))
             evs = self._take()
-        elif not evs:
+        elif not evs and (timeout is None or timeout > 0):  # 0: _take was the whole answer
             evs = self._wait_take(timeout)
         if stash:
             with self._lock:

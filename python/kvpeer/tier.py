@@ -277,15 +277,15 @@ class KVPeerTier:
         return len(self._queued_keys)
 
     def _local_state(self, key: bytes) -> Optional[LookupResult]:
-        try:
-            self.node.get(key).release()
+        st, b = self.node.try_get(key)  # no exception per miss: asked per key, per step
+        if b is not None:
+            b.release()
             return HIT
-        except Error as e:
-            if e.status == L.KVP_ERR_PENDING or self._inflight_keys.get(key):
-                return HIT_PENDING
-            if e.status != L.KVP_ERR_NOT_FOUND:
-                raise
-        return HIT_PENDING if self._inflight_keys.get(key) else None
+        if st == L.KVP_ERR_PENDING or self._inflight_keys.get(key):
+            return HIT_PENDING
+        if st != L.KVP_ERR_NOT_FOUND:
+            raise Error(st, "kvp_get")
+        return None
 
     def _remote_state(self, rid: int, key: bytes, supplier: Optional[str]) -> LookupResult:
         ans = self._answers.get((rid, key), {})

@@ -302,7 +302,9 @@ KVP_EXPORT kvp_status_t kvp_get(kvp_node_t *n, const void *key, uint32_t key_len
     if (n == NULL || out == NULL || check_key(key, key_len) != KVP_OK)
         return KVP_ERR_INVALID;
     get_args_t a = {key, key_len, out};
-    return kvp__node_exec(n, do_get, &a);
+    /* A pin and a lookup: nothing for the node thread to follow up (an
+     * engine asks per key, per scheduler step; most answers are misses). */
+    return kvp__node_exec_quiet(n, do_get, &a);
 }
 
 /* Drop one pin the ENGINE took with kvp_get. A release without such a pin
