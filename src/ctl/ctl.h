@@ -66,6 +66,12 @@ void kvp_timer_stop(kvp_loop_t *loop, kvp_timer_t *t);
 bool kvp_timer_active(const kvp_timer_t *t);
 /* Nearest deadline, or UINT64_MAX. */
 uint64_t kvp_loop_next_deadline(const kvp_loop_t *loop);
+/* When the loop last looked for input (its last poll of the fds, on the
+ * loop's clock): whatever a peer sent before then has been read. A callback
+ * that ran long makes now - polled large; input that came meanwhile is not
+ * read yet (liveness judges silence only up to here). 0 before the first
+ * round. */
+uint64_t kvp_loop_polled(const kvp_loop_t *loop);
 
 /* One iteration: wait up to timeout_ms (-1 = until the next deadline or an
  * event; 0 = do not sleep), dispatch ready fds, then fire due timers.
@@ -178,6 +184,7 @@ typedef struct kvp_ctl_stats {
     uint64_t protocol_errors;
     uint64_t refused_incompatible, refused_auth, refused_duplicate, refused_limit;
     uint64_t handshakes_timed_out, peers_dead, dials, dial_failures;
+    uint64_t dead_deferred; /* dead-after verdicts put off past our own stall */
     /* Added by the ctl layer: HELLO_ACKs (data-transport blobs) received from
      * / sent to peers. A refused peer never gets one (tests assert this). */
     uint64_t blobs_in, blobs_out;

@@ -258,7 +258,11 @@ static void link_on_heartbeat(kvp_timer_t *t)
         kvp_timer_start(l->ctl->loop, &l->t_heartbeat, now + hb);
 }
 
-/* Lazy: frames only move last_rx_ns; the timer re-arms itself from it. */
+/* Lazy: frames only move last_rx_ns; the timer re-arms itself from it.
+ * Silence counts only while we listened: after a long callback (our own
+ * stall: a big commit, a descheduled process) the peer's frames may sit
+ * unread in the socket, so the verdict waits for the next round's poll
+ * (the timer fires after it) instead of blaming the peer for our pause. */
 static void link_on_dead(kvp_timer_t *t)
 {
     kvp_link_t *l = t->data;
@@ -266,6 +270,11 @@ static void link_on_dead(kvp_timer_t *t)
     uint64_t now = ctl_link_now(l), dead = ctl->cfg.dead_after_ns;
     if (now - l->last_rx_ns < dead) {
         kvp_timer_start(ctl->loop, &l->t_dead, l->last_rx_ns + dead);
+        return;
+    }
+    if (l->last_rx_ns + dead > kvp_loop_polled(ctl->loop)) {
+        ctl->st.dead_deferred++;
+        kvp_timer_start(ctl->loop, &l->t_dead, now); /* after the next poll */
         return;
     }
     ctl->st.peers_dead++;

@@ -56,6 +56,7 @@ struct kvp_loop {
     void *wait_arg;
     int ofd;
     bool leading;
+    uint64_t polled_ns; /* kvp_loop_polled */
 };
 
 /* ------------------------------------------------------------------ heap */
@@ -415,6 +416,11 @@ uint64_t kvp_loop_next_deadline(const kvp_loop_t *loop)
     return loop->heap_len ? loop->heap[0]->deadline_ns : UINT64_MAX;
 }
 
+uint64_t kvp_loop_polled(const kvp_loop_t *loop)
+{
+    return loop->polled_ns;
+}
+
 /* ------------------------------------------------------------------- run */
 
 static int loop_fire_timers(kvp_loop_t *l)
@@ -473,6 +479,7 @@ int kvp_loop_run_once(kvp_loop_t *loop, int timeout_ms)
     }
     if (n < 0)
         n = 0; /* EINTR: fall through to the timers */
+    loop->polled_ns = kvp_loop_now(loop); /* (a skipped poll had nothing to read) */
     int ran = 0;
     loop->nevents = n;
     for (loop->cur_event = 0; loop->cur_event < n; loop->cur_event++) {

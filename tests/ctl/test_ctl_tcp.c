@@ -12,7 +12,10 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/epoll.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MS KVP_NSEC_PER_MSEC
@@ -326,6 +329,9 @@ static pid_t spawn_peer(char *addr, size_t cap, uint64_t hb, uint64_t dead)
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
+        /* a failed assertion in the parent must not leave us running (and
+         * holding ctest's output pipe) */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
         close(p[0]);
         kvp_loop_t *loop;
         tnode_t n;
@@ -400,6 +406,55 @@ static void test_tcp_child_sigstop(void **state)
     assert_true(took >= dead - hb); /* not before the peer was silent ~dead_after */
     assert_true(took <= dead + kvp_test_scaled_ns(300 * MS));
     assert_int_equal(tn_stats(&e->a).peers_dead, 1);
+    kvp_ctl_unwant(e->a.ctl, addr);
+    reap_child(pid);
+    env_free(e);
+}
+
+/* Our own stall is not the peer's silence: a callback that runs for twice
+ * dead_after (a big commit, a descheduled process) leaves the peer's
+ * heartbeats unread in the socket; the dead-after verdict waits for the
+ * next poll, which reads them, so the link stays up. (Judged on now instead
+ * of on the last poll, A declared the peer dead here.) */
+static void stall_cb(kvp_io_t *io, uint32_t events)
+{
+    (void)events;
+    char c;
+    if (read(io->fd, &c, 1) != 1)
+        return;
+    uint64_t *ns = io->data;
+    struct timespec ts = {(time_t)(*ns / KVP_NSEC_PER_SEC), (long)(*ns % KVP_NSEC_PER_SEC)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+    *ns = 0; /* once */
+}
+
+static void test_tcp_own_stall_is_not_peer_silence(void **state)
+{
+    uint64_t hb = kvp_test_scaled_ns(50 * MS), dead = kvp_test_scaled_ns(300 * MS);
+    char addr[256];
+    /* the peer waits long: it must not hang up on our stall itself */
+    pid_t pid = spawn_peer(addr, sizeof(addr), hb, 60 * KVP_NSEC_PER_SEC);
+    env_t *e = env_new();
+    e->a.cfg.heartbeat_ns = hb;
+    e->a.cfg.dead_after_ns = dead;
+    tn_start(&e->a);
+    assert_int_equal(kvp_ctl_want(e->a.ctl, addr), KVP_OK);
+    assert_true(RUN_UNTIL(e->loop, e->a.ready == 1, 3000 * MS));
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    uint64_t stall = 2 * dead;
+    kvp_io_t io;
+    assert_int_equal(kvp_io_start(e->loop, &io, p[0], EPOLLIN, stall_cb, &stall), KVP_OK);
+    assert_int_equal(write(p[1], "s", 1), 1);
+    assert_true(RUN_UNTIL(e->loop, stall == 0, 1000 * MS)); /* the stall ran */
+    kvp_io_stop(e->loop, &io);
+    close(p[0]);
+    close(p[1]);
+    run_for(e->loop, 4 * hb);
+    assert_int_equal(e->a.down, 0);
+    assert_true(tn_stats(&e->a).dead_deferred >= 1); /* the verdict did come, and waited */
+    assert_int_equal(tn_stats(&e->a).peers_dead, 0);
     kvp_ctl_unwant(e->a.ctl, addr);
     reap_child(pid);
     env_free(e);
@@ -615,6 +670,7 @@ int main(void)
         cmocka_unit_test(test_tcp_peer_closed),
         cmocka_unit_test(test_tcp_child_sigkill),
         cmocka_unit_test(test_tcp_child_sigstop),
+        cmocka_unit_test(test_tcp_own_stall_is_not_peer_silence),
         cmocka_unit_test(test_tcp_stale_epochs),
         cmocka_unit_test(test_tcp_restart_claim_live),
         cmocka_unit_test(test_tcp_restart_claim_dead),
