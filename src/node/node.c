@@ -60,7 +60,6 @@ void kvp__node_emit(kvp_node_t *n, const kvp_event_t *ev)
                       (unsigned)KVP_EVENT_RING_MAX, ev->type, (unsigned long long)dropped);
         return;
     }
-    bool was_empty = n->ev_count == 0; /* the eventfd is readable while events wait */
     if (n->ev_count == n->ev_cap) {
         uint32_t cap = n->ev_cap ? KVP_MIN(n->ev_cap * 2, (uint32_t)KVP_EVENT_RING_MAX) : 64;
         kvp_event_t *ne = kvp__malloc(cap * sizeof(*ne));
@@ -79,12 +78,16 @@ void kvp__node_emit(kvp_node_t *n, const kvp_event_t *ev)
     }
     n->events[(n->ev_head + n->ev_count) % n->ev_cap] = *ev;
     n->ev_count++;
+    /* The eventfd is readable while events wait: written once per batch,
+     * under the lock so that ev_signalled is exact (kvp__node_take_events
+     * reads it back, and only then: an empty poll makes no syscall). */
+    if (!n->ev_signalled && n->evfd >= 0) {
+        uint64_t one = 1;
+        ssize_t w = write(n->evfd, &one, sizeof(one));
+        (void)w;
+        n->ev_signalled = true;
+    }
     pthread_mutex_unlock(&n->lock);
-    if (!was_empty || n->evfd < 0)
-        return; /* already signalled: kvp__node_take_events clears it once drained */
-    uint64_t one = 1;
-    ssize_t w = write(n->evfd, &one, sizeof(one));
-    (void)w;
 }
 
 kvp_status_t kvp__node_take_events(kvp_node_t *n, kvp_event_t *out, uint32_t cap, uint32_t *n_out)
@@ -104,10 +107,11 @@ kvp_status_t kvp__node_take_events(kvp_node_t *n, kvp_event_t *out, uint32_t cap
         n->ev_head = (n->ev_head + 1) % n->ev_cap;
         n->ev_count--;
     }
-    if (n->ev_count == 0 && n->events_dropped == 0 && n->evfd >= 0) { /* drained: no longer readable */
+    if (n->ev_count == 0 && n->events_dropped == 0 && n->ev_signalled) { /* drained */
         uint64_t v;
-        ssize_t r = read(n->evfd, &v, sizeof(v));
+        ssize_t r = read(n->evfd, &v, sizeof(v)); /* no longer readable */
         (void)r;
+        n->ev_signalled = false;
     }
     pthread_mutex_unlock(&n->lock);
     *n_out = k;

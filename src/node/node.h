@@ -106,6 +106,7 @@ struct kvp_node {
     kvp_event_t *events;
     uint32_t ev_head, ev_count, ev_cap;
     uint64_t events_dropped;
+    bool ev_signalled; /* evfd written since the queue was last drained (under lock) */
 
     struct kvp_kvevents *kvevents; /* KV-event publisher (events.h), or NULL */
     kvp_stats_t st; /* counters owned by the node (store/ctl stats merged on read) */

@@ -172,6 +172,41 @@ static void test_event_ring_bounded_with_overflow(void **state)
     free(w);
 }
 
+/* The node fd is readable exactly while events wait, across batches: a
+ * partial take leaves it readable, a drain clears it, an empty poll (no
+ * syscall any more: ev_signalled) leaves it clear, and the next event makes
+ * it readable again. Mutation: set ev_signalled only on the first event of
+ * the node's life (the second batch then never wakes the poller). */
+static void test_event_fd_tracks_the_queue(void **state)
+{
+    world_t *w = *state = malloc(sizeof(world_t));
+    world_init(w, 1, NULL);
+    kvp_node_t *n = w->node[0];
+    struct pollfd p = {kvp_node_fd(n), POLLIN, 0};
+    kvp_event_t ev = {.type = KVP_EV_PEER_UP}, out[4];
+    uint32_t got;
+    for (int batch = 0; batch < 3; batch++) {
+        assert_int_equal(kvp_poll_events(n, out, 4, &got), KVP_OK); /* empty */
+        assert_int_equal(got, 0);
+        assert_int_equal(poll(&p, 1, 0), 0);
+        ev.op_id = 10 * batch + 1;
+        kvp__node_emit(n, &ev);
+        ev.op_id++;
+        kvp__node_emit(n, &ev);
+        assert_int_equal(poll(&p, 1, 0), 1);
+        assert_int_equal(kvp_poll_events(n, out, 1, &got), KVP_OK); /* partial */
+        assert_int_equal(got, 1);
+        assert_int_equal(out[0].op_id, 10 * batch + 1);
+        assert_int_equal(poll(&p, 1, 0), 1); /* one still waits */
+        assert_int_equal(kvp_poll_events(n, out, 4, &got), KVP_OK);
+        assert_int_equal(got, 1);
+        assert_int_equal(out[0].op_id, 10 * batch + 2);
+        assert_int_equal(poll(&p, 1, 0), 0); /* drained */
+    }
+    world_fini(w, false);
+    free(w);
+}
+
 /* kvpeer.h: in caller-driven mode the node fd is readable whenever
  * kvp_node_progress() has work -- incoming frames and timers, not only
  * events. Two caller-driven nodes over real TCP, each progressed ONLY when
@@ -712,6 +747,7 @@ int main(void)
         cmocka_unit_test(test_bad_settings_name_the_field),
         cmocka_unit_test(test_double_release_keeps_transfer_pin),
         cmocka_unit_test(test_event_ring_bounded_with_overflow),
+        cmocka_unit_test(test_event_fd_tracks_the_queue),
         cmocka_unit_test(test_caller_fd_wakes_for_frames_and_timers),
         cmocka_unit_test(test_fetch_with_missed_keys_delivers_the_hits),
         cmocka_unit_test(test_reconfigure_runtime_settings),
