@@ -430,6 +430,7 @@ class Node:
         self._ops: Dict[int, _Op] = {}
         self._stash: Deque[Event] = collections.deque()
         self._take_buf = ((L.kvp_event_t * 64)(), c_uint32())  # _take's, under _lock
+        self._wait_bufs = threading.local()  # _wait_take's: one per waiting thread
         self._blocks: "weakref.WeakSet[Block]" = weakref.WeakSet()
         cfg, keep = _build_config(config)
         self._caller_mode = cfg.thread_mode == L.KVP_THREAD_CALLER
@@ -716,8 +717,10 @@ class Node:
         sleeps (the answer wakes this thread directly), in chunks of
         _WAIT_CHUNK_MS so that close() never waits long for a waiter."""
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
-        buf = (L.kvp_event_t * 64)()
-        n = c_uint32()
+        bufs = getattr(self._wait_bufs, "bufs", None)
+        if bufs is None:  # waiters run concurrently: a buffer per thread, kept
+            bufs = self._wait_bufs.bufs = ((L.kvp_event_t * 64)(), c_uint32())
+        buf, n = bufs
         while True:
             left = None if deadline is None else deadline - time.monotonic()
             ms = _WAIT_CHUNK_MS if left is None else \
