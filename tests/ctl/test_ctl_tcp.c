@@ -383,17 +383,27 @@ static void test_tcp_child_sigkill(void **state)
     env_free(e);
 }
 
-static void test_tcp_child_sigstop(void **state)
+/* A (in-process, heartbeat hb, dead-after dead) connected to a peer
+ * process (heartbeat hb, dead-after peer_dead) at addr. */
+static env_t *connect_child(char *addr, size_t cap, pid_t *pid, uint64_t hb, uint64_t dead,
+                            uint64_t peer_dead)
 {
-    uint64_t hb = kvp_test_scaled_ns(100 * MS), dead = kvp_test_scaled_ns(400 * MS);
-    char addr[256];
-    pid_t pid = spawn_peer(addr, sizeof(addr), hb, dead);
+    *pid = spawn_peer(addr, cap, hb, peer_dead);
     env_t *e = env_new();
     e->a.cfg.heartbeat_ns = hb;
     e->a.cfg.dead_after_ns = dead;
     tn_start(&e->a);
     assert_int_equal(kvp_ctl_want(e->a.ctl, addr), KVP_OK);
     assert_true(RUN_UNTIL(e->loop, e->a.ready == 1, 3000 * MS));
+    return e;
+}
+
+static void test_tcp_child_sigstop(void **state)
+{
+    uint64_t hb = kvp_test_scaled_ns(100 * MS), dead = kvp_test_scaled_ns(400 * MS);
+    char addr[256];
+    pid_t pid;
+    env_t *e = connect_child(addr, sizeof(addr), &pid, hb, dead, dead);
     /* heartbeats flow (RTT sampled at least every 4 heartbeats), the link stays up */
     assert_true(RUN_UNTIL(e->loop, e->a.pongs > 0, 6 * 100 * MS));
     assert_int_equal(e->a.down, 0);
@@ -433,14 +443,8 @@ static void test_tcp_own_stall_is_not_peer_silence(void **state)
 {
     uint64_t hb = kvp_test_scaled_ns(50 * MS), dead = kvp_test_scaled_ns(300 * MS);
     char addr[256];
-    /* the peer waits long: it must not hang up on our stall itself */
-    pid_t pid = spawn_peer(addr, sizeof(addr), hb, 60 * KVP_NSEC_PER_SEC);
-    env_t *e = env_new();
-    e->a.cfg.heartbeat_ns = hb;
-    e->a.cfg.dead_after_ns = dead;
-    tn_start(&e->a);
-    assert_int_equal(kvp_ctl_want(e->a.ctl, addr), KVP_OK);
-    assert_true(RUN_UNTIL(e->loop, e->a.ready == 1, 3000 * MS));
+    pid_t pid; /* the peer waits long: it must not hang up on our stall itself */
+    env_t *e = connect_child(addr, sizeof(addr), &pid, hb, dead, 60 * KVP_NSEC_PER_SEC);
     int p[2];
     assert_int_equal(pipe(p), 0);
     uint64_t stall = 2 * dead;
