@@ -466,13 +466,15 @@ int kvp_loop_run_once(kvp_loop_t *loop, int timeout_ms)
     if (wait != 0 && loop->wait_begin != NULL && !loop->leading) {
         /* Sleeping: the owner's lock is released, so another thread may run
          * the owner's work meanwhile (and stop and free ios). Only the outer
-         * fd is waited on; the batch is collected after the lock is back. */
+         * fd is waited on; the batch is collected after the lock is back,
+         * also after a timeout: input may have come while we waited for the
+         * lock (a leader had switched the outer entry off), and
+         * kvp_loop_polled must mean "read up to here". */
         struct epoll_event outer;
         loop->wait_begin(loop->wait_arg);
-        int r = epoll_wait(loop->ofd, &outer, 1, wait);
+        (void)epoll_wait(loop->ofd, &outer, 1, wait);
         loop->wait_end(loop->wait_arg);
-        if (r > 0)
-            n = epoll_wait(loop->epfd, loop->events, LOOP_MAX_EVENTS, 0);
+        n = epoll_wait(loop->epfd, loop->events, LOOP_MAX_EVENTS, 0);
     } else if (wait != 0 || loop->real_clock || loop->n_user_io != 0 ||
                atomic_load(&loop->wake_pending)) {
         n = epoll_wait(loop->epfd, loop->events, LOOP_MAX_EVENTS, wait);
