@@ -359,6 +359,60 @@ static void test_lead_keeps_owner_asleep(void **state)
     KVP_TEST_ASSERT_NO_LEAKS();
 }
 
+/* Input that arrives while a sleeper waits for its lock back (its outer
+ * wait timed out: a leader had the lock and the outer entry off) is read in
+ * that same round, and kvp_loop_polled() is not older than it. Here the end
+ * hook writes the pipe, as a peer's frame landing during the lock wait.
+ * Mutation: collect the batch only when the outer wait saw something. */
+typedef struct late {
+    int pipe[2];
+    int hits;
+    uint64_t written_ns;
+} late_t;
+
+static void late_cb(kvp_io_t *io, uint32_t events)
+{
+    (void)events;
+    char c;
+    late_t *lt = io->data;
+    if (read(lt->pipe[0], &c, 1) == 1)
+        lt->hits++;
+}
+
+static void late_begin(void *arg)
+{
+    (void)arg;
+}
+
+static void late_end(void *arg)
+{
+    late_t *lt = arg;
+    assert_int_equal(write(lt->pipe[1], "x", 1), 1);
+    lt->written_ns = kvp_clock_now(kvp_clock_real());
+}
+
+static void test_wait_hooks_input_during_lock_wait(void **state)
+{
+    kvp_loop_t *loop;
+    assert_int_equal(kvp_loop_create(NULL, &loop), KVP_OK);
+    late_t lt = {.hits = 0};
+    assert_int_equal(pipe(lt.pipe), 0);
+    kvp_io_t io;
+    assert_int_equal(kvp_io_start(loop, &io, lt.pipe[0], EPOLLIN, late_cb, &lt), KVP_OK);
+    assert_int_equal(kvp_loop_set_wait_hooks(loop, late_begin, late_end, &lt), KVP_OK);
+    for (int round = 1; round <= 3; round++) {
+        kvp_loop_run_once(loop, 1); /* the outer wait times out; the end hook writes */
+        assert_int_equal(lt.hits, round);
+        assert_true(kvp_loop_polled(loop) >= lt.written_ns); /* read up to after the write */
+    }
+    kvp_loop_set_wait_hooks(loop, NULL, NULL, NULL);
+    kvp_io_stop(loop, &io);
+    close(lt.pipe[0]);
+    close(lt.pipe[1]);
+    kvp_loop_destroy(loop);
+    KVP_TEST_ASSERT_NO_LEAKS();
+}
+
 /* Real clock: run_once(-1) sleeps until the nearest deadline, and the loop fd
  * becomes readable when it passes (caller-driven embedding). */
 static void hit_cb(kvp_timer_t *t)
@@ -395,7 +449,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_timers_order),   cmocka_unit_test(test_timers_heap),
         cmocka_unit_test(test_fd_events),      cmocka_unit_test(test_wakeup_and_sleep),
-        cmocka_unit_test(test_deadline_wakes), cmocka_unit_test(test_wait_hooks_stale_batch),
+        cmocka_unit_test(test_deadline_wakes), cmocka_unit_test(test_wait_hooks_input_during_lock_wait), cmocka_unit_test(test_wait_hooks_stale_batch),
         cmocka_unit_test(test_lead_keeps_owner_asleep),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
