@@ -339,6 +339,12 @@ class Block:
 # kvp_wait_events is called in chunks this long (ms): close() waits for the
 # threads inside it, and each is back within one chunk.
 _WAIT_CHUNK_MS = 50
+_EVENT_BATCH = 64  # events taken per C call
+
+
+def _event_buf() -> Tuple[Any, c_uint32]:
+    """An event array for kvp_poll_events / kvp_wait_events, and its count."""
+    return (L.kvp_event_t * _EVENT_BATCH)(), c_uint32()
 
 
 # ------------------------------------------------------------------ config
@@ -429,7 +435,7 @@ class Node:
         self._idle = threading.Condition(self._lock)
         self._ops: Dict[int, _Op] = {}
         self._stash: Deque[Event] = collections.deque()
-        self._take_buf = ((L.kvp_event_t * 64)(), c_uint32())  # _take's, under _lock
+        self._take_buf = _event_buf()  # _take's, under _lock
         self._wait_bufs = threading.local()  # _wait_take's: one per waiting thread
         self._blocks: "weakref.WeakSet[Block]" = weakref.WeakSet()
         cfg, keep = _build_config(config)
@@ -685,10 +691,10 @@ class Node:
             h = self._handle()
             buf, n = self._take_buf  # used under the lock only
             while True:
-                _check(L.lib().kvp_poll_events(h, buf, 64, ctypes.byref(n)), "kvp_poll_events")
+                _check(L.lib().kvp_poll_events(h, buf, _EVENT_BATCH, ctypes.byref(n)), "kvp_poll_events")
                 for i in range(n.value):
                     out.append(self._convert(buf[i]))
-                if n.value < 64:
+                if n.value < _EVENT_BATCH:
                     return out
 
     def _convert(self, ce: L.kvp_event_t) -> Event:
@@ -719,7 +725,7 @@ class Node:
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         bufs = getattr(self._wait_bufs, "bufs", None)
         if bufs is None:  # waiters run concurrently: a buffer per thread, kept
-            bufs = self._wait_bufs.bufs = ((L.kvp_event_t * 64)(), c_uint32())
+            bufs = self._wait_bufs.bufs = _event_buf()
         buf, n = bufs
         while True:
             left = None if deadline is None else deadline - time.monotonic()
@@ -729,7 +735,7 @@ class Node:
                 h = self._handle()
                 self._waiting += 1
             try:
-                st = L.lib().kvp_wait_events(h, buf, 64, ctypes.byref(n), ms)
+                st = L.lib().kvp_wait_events(h, buf, _EVENT_BATCH, ctypes.byref(n), ms)
             finally:
                 with self._lock:
                     self._waiting -= 1
