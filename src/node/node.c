@@ -47,6 +47,21 @@ uint64_t kvp__node_now(const kvp_node_t *n)
 
 /* ------------------------------------------------------------- events */
 
+/* The eventfd is readable while events wait: written once per batch, under
+ * the lock so that ev_signalled is exact (kvp__node_take_events reads it
+ * back, and only then: an empty poll makes no syscall). Not while a waiting
+ * thread leads (ev_quiet): it takes the batch itself, and what it leaves is
+ * signalled when its lead ends (node_lead), one round later at most. */
+static void node_ev_signal_locked(kvp_node_t *n)
+{
+    if (n->ev_signalled || n->ev_quiet || n->evfd < 0 || (n->ev_count == 0 && n->events_dropped == 0))
+        return;
+    uint64_t one = 1;
+    ssize_t w = write(n->evfd, &one, sizeof(one));
+    (void)w;
+    n->ev_signalled = true;
+}
+
 void kvp__node_emit(kvp_node_t *n, const kvp_event_t *ev)
 {
     pthread_mutex_lock(&n->lock);
@@ -78,15 +93,7 @@ void kvp__node_emit(kvp_node_t *n, const kvp_event_t *ev)
     }
     n->events[(n->ev_head + n->ev_count) % n->ev_cap] = *ev;
     n->ev_count++;
-    /* The eventfd is readable while events wait: written once per batch,
-     * under the lock so that ev_signalled is exact (kvp__node_take_events
-     * reads it back, and only then: an empty poll makes no syscall). */
-    if (!n->ev_signalled && n->evfd >= 0) {
-        uint64_t one = 1;
-        ssize_t w = write(n->evfd, &one, sizeof(one));
-        (void)w;
-        n->ev_signalled = true;
-    }
+    node_ev_signal_locked(n);
     pthread_mutex_unlock(&n->lock);
 }
 
@@ -652,12 +659,15 @@ static bool node_lookup_due(const kvp_node_t *n)
  * not the node thread, which would then have to wake it (one thread wake-up
  * less per round trip: the reply is read, handled and taken on one thread).
  * While a lookup's answer is due it first polls (rounds that do not sleep)
- * for at most wait_spin_us: its CPU stays awake for the answer.
+ * for at most wait_spin_us: its CPU stays awake for the answer. It takes the
+ * events itself before it stops leading, and the event fd is not written for
+ * them meanwhile (ev_quiet; what it leaves is signalled then).
  * False if the node thread is busy or the loop cannot lead. Afterwards the
  * node thread is woken only if transfers or landing loads need its polling,
  * commands wait or the node is stopping; fds, timers and wakeups reach it by
  * themselves once the loop stops leading. */
-static bool node_lead(kvp_node_t *n, uint64_t deadline_ns)
+static bool node_lead(kvp_node_t *n, uint64_t deadline_ns, kvp_event_t *out, uint32_t cap,
+                      uint32_t *n_out)
 {
     if (pthread_mutex_trylock(&n->owner) != 0)
         return false;
@@ -667,6 +677,9 @@ static bool node_lead(kvp_node_t *n, uint64_t deadline_ns)
     }
     tl_owner_of = n;
     n->st.waits_led++;
+    pthread_mutex_lock(&n->lock);
+    n->ev_quiet = true; /* only the owner emits, and that is us until we give it back */
+    pthread_mutex_unlock(&n->lock);
     uint64_t now = kvp_clock_now(kvp_clock_real());
     uint64_t spin_end = now + (uint64_t)n->cfg.wait_spin_us * 1000u;
     if (spin_end > deadline_ns)
@@ -674,18 +687,23 @@ static bool node_lead(kvp_node_t *n, uint64_t deadline_ns)
     if (n->cfg.wait_spin_us > 0 && node_lookup_due(n))
         while (!node_wait_over(n) && kvp_clock_now(kvp_clock_real()) < spin_end) {
             node_round(n, 0);
+            if (node_wait_over(n))
+                break; /* not to the back of the run queue with the answer in hand */
             sched_yield(); /* the answering peer may share this CPU */
         }
     int ms;
     while (!node_wait_over(n) && (ms = node_ms_until(deadline_ns, 100)) > 0)
         node_round(n, ms);
-    if (kvp_loop_lead(n->loop, false) != KVP_OK) /* cannot happen (MOD of an entry); then the */
-        KVP_ERROR(n->name, "node thread now sleeps holding its lock (no fast path)"); /* loop keeps leading */
+    kvp__node_take_events(n, out, cap, n_out);
+    pthread_mutex_lock(&n->lock);
+    n->ev_quiet = false;
+    node_ev_signal_locked(n); /* what did not fit in `out` */
     /* A command queued while we led may have had its wakeup read by our last
      * round and not run yet. */
-    pthread_mutex_lock(&n->lock);
     bool more = n->stopping || !kvp_list_empty(&n->cmds);
     pthread_mutex_unlock(&n->lock);
+    if (kvp_loop_lead(n->loop, false) != KVP_OK) /* cannot happen (MOD of an entry); then the */
+        KVP_ERROR(n->name, "node thread now sleeps holding its lock (no fast path)"); /* loop keeps leading */
     node_owner_return(n, more);
     return true;
 }
@@ -729,7 +747,10 @@ kvp_status_t kvp__node_wait_events(kvp_node_t *n, kvp_event_t *out, uint32_t cap
         int ms = node_ms_until(deadline, 10);
         if (ms == 0)
             break;
-        if (!node_lead(n, deadline)) {
+        if (node_lead(n, deadline, out, cap, n_out)) {
+            if (*n_out > 0)
+                break;
+        } else {
             /* The node thread is busy (or another waiter leads): its events
              * make the event fd readable; try to lead again soon. */
             struct pollfd pf = {.fd = n->evfd, .events = POLLIN};

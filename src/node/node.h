@@ -107,6 +107,7 @@ struct kvp_node {
     uint32_t ev_head, ev_count, ev_cap;
     uint64_t events_dropped;
     bool ev_signalled; /* evfd written since the queue was last drained (under lock) */
+    bool ev_quiet; /* a waiter leads and takes the batch itself: evfd left alone (under lock) */
 
     struct kvp_kvevents *kvevents; /* KV-event publisher (events.h), or NULL */
     kvp_stats_t st; /* counters owned by the node (store/ctl stats merged on read) */

@@ -700,6 +700,56 @@ static void *waiter_main(void *arg)
     return NULL;
 }
 
+/* A waiter that leads takes its events itself, and the event fd is not
+ * written for them meanwhile; what does not fit in its buffer must make the
+ * fd readable when its lead ends. A waiter with room for one leads (the node
+ * thread sleeps); two events are queued while it sleeps in its round; it
+ * returns the first, and the second must be announced on kvp_node_fd.
+ * Mutation: no signal at the lead's end (the fd stays quiet with an event
+ * queued). */
+typedef struct one_waiter {
+    kvp_node_t *n;
+    kvp_event_t ev;
+    uint32_t got;
+} one_waiter_t;
+
+static void *one_waiter_main(void *arg)
+{
+    one_waiter_t *w = arg;
+    kvp_wait_events(w->n, &w->ev, 1, &w->got, (int32_t)(5000 * kvp_test_time_scale()));
+    return NULL;
+}
+
+static void test_wait_leader_signals_what_it_leaves_ucx(void **state)
+{
+    (void)state;
+    kvp_config_t c;
+    kvp_config_init(&c);
+    c.num_blocks = 16;
+    c.block_size = 4096;
+    kvp_node_t *n;
+    assert_int_equal(kvp_node_create(&c, &n), KVP_OK);
+    struct pollfd p = {kvp_node_fd(n), POLLIN, 0};
+    one_waiter_t w = {.n = n};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, one_waiter_main, &w), 0);
+    usleep(50 * 1000); /* it leads: its round sleeps up to 100 ms */
+    kvp_event_t ev = {.type = KVP_EV_PEER_UP, .op_id = 1};
+    kvp__node_emit(n, &ev);
+    ev.op_id = 2;
+    kvp__node_emit(n, &ev);
+    pthread_join(t, NULL);
+    assert_int_equal(w.got, 1);
+    assert_int_equal(w.ev.op_id, 1);
+    assert_int_equal(poll(&p, 1, 0), 1); /* the one left is announced */
+    uint32_t got;
+    assert_int_equal(kvp_poll_events(n, &ev, 1, &got), KVP_OK);
+    assert_int_equal(got, 1);
+    assert_int_equal(ev.op_id, 2);
+    assert_int_equal(poll(&p, 1, 0), 0);
+    kvp_node_destroy(n);
+}
+
 static void test_wait_events_timeout_and_destroy_ucx(void **state)
 {
     (void)state;
@@ -757,6 +807,7 @@ int main(void)
         cmocka_unit_test(test_callers_race_the_node_thread_ucx),
         cmocka_unit_test(test_wait_events_leader_races_ucx),
         cmocka_unit_test(test_wait_events_timeout_and_destroy_ucx),
+        cmocka_unit_test(test_wait_leader_signals_what_it_leaves_ucx),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
