@@ -264,6 +264,26 @@ static uint32_t prefix_trim(kvp_sround_t *r)
 
 /* --------------------------------------------------------------- LOOKUP */
 
+enum { LOOKUP_CHUNK = 64 };
+
+/* Look up k (<= LOOKUP_CHUNK) keys at once; each hit pinned into its
+ * supply entry's ref. */
+static void lookup_chunk(kvp_store_t *store, const kvp_key_t *keys, uint32_t k, kvp_supply_t *sup,
+                         kvp_status_t *st)
+{
+    const void *kp[LOOKUP_CHUNK];
+    size_t kl[LOOKUP_CHUNK];
+    kvp_slot_ref_t refs[LOOKUP_CHUNK];
+    for (uint32_t i = 0; i < k; i++) {
+        kp[i] = keys[i].data;
+        kl[i] = keys[i].len;
+    }
+    kvp_store_lookup_many(store, k, kp, kl, refs, st);
+    for (uint32_t i = 0; i < k; i++)
+        if (st[i] == KVP_OK)
+            sup[i].ref = refs[i];
+}
+
 void kvp__server_on_lookup(kvp_session_t *s, const kvp_msg_lookup_t *m, uint16_t flags)
 {
     kvp_session_env_t *n = s->env;
@@ -278,27 +298,33 @@ void kvp__server_on_lookup(kvp_session_t *s, const kvp_msg_lookup_t *m, uint16_t
         return;
     }
     r->lookup_flags = flags & (KVP_LOOKUP_F_PREFIX | KVP_LOOKUP_F_RENEW);
-    bool prefix = (flags & KVP_LOOKUP_F_PREFIX) != 0, missed = false;
+    bool prefix = (flags & KVP_LOOKUP_F_PREFIX) != 0, missed = false, open = kvp__session_open(s);
     uint32_t pending = 0, hits = 0, refused = 0;
-    for (uint32_t i = 0; i < m->n; i++) {
-        kvp_supply_t *sp = &r->supply[r->n_supply++];
-        key_copy(&sp->key, m->keys[i].data, m->keys[i].len);
-        if (missed)
-            continue; /* prefix mode: past the first miss, not looked up */
-        kvp_status_t st = kvp_store_lookup(n->store, m->keys[i].data, m->keys[i].len, &sp->ref,
-                                           NULL, NULL);
-        if (st == KVP_OK && kvp__session_open(s)) {
-            sp->pinned = true;
-            hits++;
-        } else if (st == KVP_OK) {
-            kvp_store_unpin(n->store, sp->ref);
-        } else if (st == KVP_ERR_PENDING) {
-            sp->pending = true;
-            pending++;
-        } else if (st == KVP_ERR_LIMIT) {
-            refused++; /* counted by the store (pins_refused) */
+    for (uint32_t base = 0; base < m->n; base += LOOKUP_CHUNK) {
+        uint32_t k = KVP_MIN(LOOKUP_CHUNK, m->n - base);
+        kvp_status_t st[LOOKUP_CHUNK];
+        if (!prefix) /* batched: the store prefetches a group's buckets and slots */
+            lookup_chunk(n->store, &m->keys[base], k, &r->supply[base], st);
+        for (uint32_t i = 0; i < k; i++) {
+            kvp_supply_t *sp = &r->supply[r->n_supply++];
+            key_copy(&sp->key, m->keys[base + i].data, m->keys[base + i].len);
+            if (missed)
+                continue; /* prefix mode: past the first miss, not looked up */
+            if (prefix)
+                st[i] = kvp_store_lookup(n->store, sp->key.data, sp->key.len, &sp->ref, NULL, NULL);
+            if (st[i] == KVP_OK && open) {
+                sp->pinned = true;
+                hits++;
+            } else if (st[i] == KVP_OK) {
+                kvp_store_unpin(n->store, sp->ref);
+            } else if (st[i] == KVP_ERR_PENDING) {
+                sp->pending = true;
+                pending++;
+            } else if (st[i] == KVP_ERR_LIMIT) {
+                refused++; /* counted by the store (pins_refused) */
+            }
+            missed = prefix && !sp->pinned && !sp->pending;
         }
-        missed = prefix && !sp->pinned && !sp->pending;
     }
     if (refused > 0)
         KVP_LOG_RL(&s->rl_limit, kvp__env_now(n), KVP_LOG_WARN, n->name,
