@@ -681,75 +681,28 @@ static void test_wait_events_leader_races_ucx(void **state)
     race_run(true);
 }
 
-/* kvp_wait_events: argument checks, a timeout with nothing to take, the
- * caller-driven mode (it runs the rounds), and kvp_node_destroy() while a
- * thread waits without limit: the waiter leaves with KVP_ERR_CLOSED before
- * the node is freed. The waiter lingers 100 ms on its way out (seam), so a
- * destroy that did not wait for it would free the node under it (ASan). */
+/* A thread in kvp_wait_events: up to `cap` (<= 4) events, `timeout_ms`. */
 typedef struct waiter {
     kvp_node_t *n;
+    uint32_t cap;
+    int32_t timeout_ms;
     kvp_status_t st;
     uint32_t got;
+    kvp_event_t ev[4];
 } waiter_t;
 
 static void *waiter_main(void *arg)
 {
     waiter_t *w = arg;
-    kvp_event_t ev[4];
-    w->st = kvp_wait_events(w->n, ev, 4, &w->got, -1);
+    w->st = kvp_wait_events(w->n, w->ev, w->cap, &w->got, w->timeout_ms);
     return NULL;
 }
 
-/* A waiter that leads takes its events itself, and the event fd is not
- * written for them meanwhile; what does not fit in its buffer must make the
- * fd readable when its lead ends. A waiter with room for one leads (the node
- * thread sleeps); two events are queued while it sleeps in its round; it
- * returns the first, and the second must be announced on kvp_node_fd.
- * Mutation: no signal at the lead's end (the fd stays quiet with an event
- * queued). */
-typedef struct one_waiter {
-    kvp_node_t *n;
-    kvp_event_t ev;
-    uint32_t got;
-} one_waiter_t;
-
-static void *one_waiter_main(void *arg)
-{
-    one_waiter_t *w = arg;
-    kvp_wait_events(w->n, &w->ev, 1, &w->got, (int32_t)(5000 * kvp_test_time_scale()));
-    return NULL;
-}
-
-static void test_wait_leader_signals_what_it_leaves_ucx(void **state)
-{
-    (void)state;
-    kvp_config_t c;
-    kvp_config_init(&c);
-    c.num_blocks = 16;
-    c.block_size = 4096;
-    kvp_node_t *n;
-    assert_int_equal(kvp_node_create(&c, &n), KVP_OK);
-    struct pollfd p = {kvp_node_fd(n), POLLIN, 0};
-    one_waiter_t w = {.n = n};
-    pthread_t t;
-    assert_int_equal(pthread_create(&t, NULL, one_waiter_main, &w), 0);
-    usleep(50 * 1000); /* it leads: its round sleeps up to 100 ms */
-    kvp_event_t ev = {.type = KVP_EV_PEER_UP, .op_id = 1};
-    kvp__node_emit(n, &ev);
-    ev.op_id = 2;
-    kvp__node_emit(n, &ev);
-    pthread_join(t, NULL);
-    assert_int_equal(w.got, 1);
-    assert_int_equal(w.ev.op_id, 1);
-    assert_int_equal(poll(&p, 1, 0), 1); /* the one left is announced */
-    uint32_t got;
-    assert_int_equal(kvp_poll_events(n, &ev, 1, &got), KVP_OK);
-    assert_int_equal(got, 1);
-    assert_int_equal(ev.op_id, 2);
-    assert_int_equal(poll(&p, 1, 0), 0);
-    kvp_node_destroy(n);
-}
-
+/* kvp_wait_events: argument checks, a timeout with nothing to take, the
+ * caller-driven mode (it runs the rounds), and kvp_node_destroy() while a
+ * thread waits without limit: the waiter leaves with KVP_ERR_CLOSED before
+ * the node is freed. The waiter lingers 100 ms on its way out (seam), so a
+ * destroy that did not wait for it would free the node under it (ASan). */
 static void test_wait_events_timeout_and_destroy_ucx(void **state)
 {
     (void)state;
@@ -773,7 +726,7 @@ static void test_wait_events_timeout_and_destroy_ucx(void **state)
         assert_true(real_ms() - t0 >= 29);
         t0 = real_ms();
         if (mode == 0) {
-            waiter_t w = {.n = n, .st = KVP_OK, .got = 9};
+            waiter_t w = {.n = n, .cap = 4, .timeout_ms = -1, .st = KVP_OK, .got = 9};
             pthread_t t;
             assert_int_equal(pthread_create(&t, NULL, waiter_main, &w), 0);
             usleep(50000); /* into its wait (leading or on the event fd) */
@@ -786,6 +739,44 @@ static void test_wait_events_timeout_and_destroy_ucx(void **state)
             kvp_node_destroy(n);
         }
     }
+}
+
+/* A waiter that leads takes its events itself, and the event fd is not
+ * written for them meanwhile; what does not fit in its buffer must make the
+ * fd readable when its lead ends. A waiter with room for one leads (the node
+ * thread sleeps); two events are queued while it sleeps in its round; it
+ * returns the first, and the second must be announced on kvp_node_fd.
+ * Mutation: no signal at the lead's end (the fd stays quiet with an event
+ * queued). */
+static void test_wait_leader_signals_what_it_leaves_ucx(void **state)
+{
+    (void)state;
+    kvp_config_t c;
+    kvp_config_init(&c);
+    c.num_blocks = 16;
+    c.block_size = 4096;
+    kvp_node_t *n;
+    assert_int_equal(kvp_node_create(&c, &n), KVP_OK);
+    struct pollfd p = {kvp_node_fd(n), POLLIN, 0};
+    waiter_t w = {.n = n, .cap = 1, .timeout_ms = (int32_t)(5000 * kvp_test_time_scale())};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, waiter_main, &w), 0);
+    usleep(50 * 1000); /* it leads: its round sleeps up to 100 ms */
+    kvp_event_t ev = {.type = KVP_EV_PEER_UP, .op_id = 1};
+    kvp__node_emit(n, &ev);
+    ev.op_id = 2;
+    kvp__node_emit(n, &ev);
+    pthread_join(t, NULL);
+    assert_int_equal(w.st, KVP_OK);
+    assert_int_equal(w.got, 1);
+    assert_int_equal(w.ev[0].op_id, 1);
+    assert_int_equal(poll(&p, 1, 0), 1); /* the one left is announced */
+    uint32_t got;
+    assert_int_equal(kvp_poll_events(n, &ev, 1, &got), KVP_OK);
+    assert_int_equal(got, 1);
+    assert_int_equal(ev.op_id, 2);
+    assert_int_equal(poll(&p, 1, 0), 0);
+    kvp_node_destroy(n);
 }
 
 static __attribute__((unused)) void unused_helpers(world_t *w) { (void)world_wait(w, 0, 0, 0, 0); }
