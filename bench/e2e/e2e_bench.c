@@ -545,6 +545,9 @@ static int lookup_latency(consumer_t *c, producer_t *p, const char *path, int sa
     int got = 0, rc = -1, fd = e2e_pp_connect(p->pp_port);
     if (!lk || !pp || fd < 0)
         goto out;
+    kvp_stats_t st0, st1; /* how many waits the waiting thread led (DESIGN, threads) */
+    if (kvp_node_stats(c->node, &st0) != KVP_OK)
+        goto out;
     for (int s = 0; s < samples; s++) {
         for (uint32_t i = 0; i < NK; i++)
             lens[i] = e2e_key((uint32_t)((c->cursor + i) % c->nprod), keys + i * E2E_KEY_LEN);
@@ -569,7 +572,7 @@ static int lookup_latency(consumer_t *c, producer_t *p, const char *path, int sa
             goto out;
         got++;
     }
-    if (T.nlat >= (int)(sizeof(T.lat) / sizeof(T.lat[0])))
+    if (T.nlat >= (int)(sizeof(T.lat) / sizeof(T.lat[0])) || kvp_node_stats(c->node, &st1) != KVP_OK)
         goto out;
     e2e_lat_t *l = &T.lat[T.nlat++];
     snprintf(l->path, sizeof(l->path), "%s", path);
@@ -583,9 +586,10 @@ static int lookup_latency(consumer_t *c, producer_t *p, const char *path, int sa
     l->ping_p50_us = e2e_percentile(pp, got, 50);
     l->ping_p99_us = e2e_percentile(pp, got, 99);
     printf("  %-3s lookup of %d keys%s: p50 %.1f us p99 %.1f us | raw TCP ping-pong %u/%u bytes: "
-           "p50 %.1f us p99 %.1f us | ratio %.2f\n",
+           "p50 %.1f us p99 %.1f us | waits led %llu (%d lookups) | ratio %.2f\n",
            path, NK, O.wait_fd ? " (fd wait)" : "", l->lookup_p50_us, l->lookup_p99_us, l->req_bytes, l->resp_bytes,
-           l->ping_p50_us, l->ping_p99_us, l->lookup_p50_us / l->ping_p50_us);
+           l->ping_p50_us, l->ping_p99_us, (unsigned long long)(st1.waits_led - st0.waits_led), got,
+           l->lookup_p50_us / l->ping_p50_us);
     rc = 0;
 out:
     if (fd >= 0)
