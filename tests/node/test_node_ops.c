@@ -761,7 +761,17 @@ static void test_wait_leader_signals_what_it_leaves_ucx(void **state)
     waiter_t w = {.n = n, .cap = 1, .timeout_ms = (int32_t)(5000 * kvp_test_time_scale())};
     pthread_t t;
     assert_int_equal(pthread_create(&t, NULL, waiter_main, &w), 0);
-    usleep(50 * 1000); /* it leads: its round sleeps up to 100 ms */
+    /* It leads (the node thread sleeps): the stats call is a command its
+     * round runs, and its lead goes on until an event comes. */
+    kvp_stats_t st = {0};
+    uint64_t end = real_ms() + (uint64_t)(5000 * kvp_test_time_scale());
+    for (;;) {
+        assert_int_equal(kvp_node_stats(n, &st), KVP_OK);
+        if (st.waits_led > 0 || real_ms() >= end)
+            break;
+        usleep(1000);
+    }
+    assert_true(st.waits_led >= 1);
     kvp_event_t ev = {.type = KVP_EV_PEER_UP, .op_id = 1};
     kvp__node_emit(n, &ev);
     ev.op_id = 2;
