@@ -8,15 +8,19 @@ JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
 CMAKE_FLAGS ?=
 
-.PHONY: all deps test test-tsan test-valgrind release bench fuzz sim sim-soak soak demo bench-e2e bench-e2e-api bench-peers bench-vllm-tiers install clean format bench-hostile death-loop death-loop-asan partition-loop partition-loop-asan
+.PHONY: all deps deps-c test test-tsan test-valgrind release bench fuzz sim sim-soak soak demo bench-e2e bench-e2e-api bench-peers bench-vllm-tiers install clean format bench-hostile death-loop death-loop-asan partition-loop partition-loop-asan
 
 all: deps
 	@cmake -S . -B build/debug -DCMAKE_BUILD_TYPE=Debug -DKVP_SANITIZE=address,undefined $(CMAKE_FLAGS) >/dev/null
 	@cmake --build build/debug -j $(JOBS)
 
-deps:
+# deps-c: the C side from apt (all the demo, the daemon and the benches need);
+# deps adds the project venv (vllm) for the vLLM tier's tests.
+deps-c:
 	@pkg-config --exists ucx libxxhash cmocka libsodium libmicrohttpd inih libcurl libzmq msgpack 2>/dev/null && \
-	  command -v cmake >/dev/null && command -v valgrind >/dev/null || ./scripts/install-deps.sh
+	  command -v cmake >/dev/null && command -v valgrind >/dev/null || KVPEER_NO_VLLM=1 ./scripts/install-deps.sh
+
+deps: deps-c
 	@./scripts/install-py.sh
 
 test: all
@@ -32,7 +36,7 @@ test-valgrind: deps
 	@cmake --build build/valgrind -j $(JOBS)
 	cd build/valgrind && ctest --output-on-failure -j $(JOBS) -L 'fast|daemon' $(CTEST_ARGS)
 
-release: deps
+release: deps-c
 	@cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null
 	@cmake --build build/release -j $(JOBS)
 
@@ -89,7 +93,7 @@ bench-vllm-tiers: release
 
 # make install PREFIX=/usr/local
 PREFIX ?= /usr/local
-install: deps
+install: deps-c
 	@cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=$(PREFIX) $(CMAKE_FLAGS) >/dev/null
 	@cmake --build build/release -j $(JOBS)
 	cmake --install build/release --prefix $(PREFIX)
