@@ -17,6 +17,7 @@
  */
 #include "kvpeer_demo.h"
 
+#include <errno.h>
 #include <getopt.h>
 #include <pthread.h>
 #include <signal.h>
@@ -617,6 +618,7 @@ static void remove_logdir(const demo_cluster_t *c, const demo_opts_t *o)
 {
     for (int i = 0; i < DEMO_NODES; i++)
         unlink(c->n[i].log);
+    unlink(o->token_file);
     rmdir(o->logdir);
 }
 
@@ -686,6 +688,11 @@ int cli_cmd_demo(int argc, char **argv)
         return rc;
     if (make_logdir(&o) != 0) {
         fprintf(stderr, "kvpeer demo: cannot create log dir '%s'\n", o.logdir);
+        return CLI_EXIT_FAIL;
+    }
+    if (cli_admin_token_make(o.logdir, o.token_file, sizeof(o.token_file)) != 0) {
+        fprintf(stderr, "kvpeer demo: cannot write the admin token file in '%s': %s\n", o.logdir,
+                strerror(errno));
         return CLI_EXIT_FAIL;
     }
     if (getenv("UCX_NET_DEVICES") == NULL) /* every node is on 127.0.0.1 */
