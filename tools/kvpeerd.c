@@ -191,14 +191,20 @@ static void daemon_reload(kvpd_t *d, int argc, char **argv)
                  restart);
     /* The applied values become the running ones (the next reload compares
      * against them); the rest keep their running values. */
-    bool new_log = strcmp(n.log_file, d->set.log_file) != 0;
+    /* A new log_file that cannot be opened: logged here, in the file
+     * already open, and the running log_file stays (the next SIGHUP
+     * reopens that one, as logrotate expects). */
+    if (strcmp(n.log_file, d->set.log_file) != 0 && log_reopen(n.log_file) != 0) {
+        kvpd_log(KVPD_LOG_ERROR, "log_reopen_failed",
+                 "path=%s error=\"%s\" note=\"logging on to %s\"", kvpd_esc(n.log_file).s,
+                 strerror(errno), d->set.log_file[0] ? kvpd_esc(d->set.log_file).s : "stderr");
+        char *keep = n.log_file;
+        n.log_file = d->set.log_file;
+        d->set.log_file = keep; /* swapped back by keep_runtime below */
+    }
     kvpd_settings_keep_runtime(&d->set, &n);
     atomic_store(&d->dead_after_ms, d->set.cfg.dead_after_ms);
     kvpd_settings_free(&n);
-    if (new_log && log_reopen(d->set.log_file) != 0)
-        kvpd_log(KVPD_LOG_ERROR, "log_reopen_failed",
-                 "path=%s error=\"%s\" note=\"logging on to the file already open\"",
-                 kvpd_esc(d->set.log_file).s, strerror(errno));
 }
 
 /* Returns the signal that ended the loop. */

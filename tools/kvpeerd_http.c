@@ -387,8 +387,8 @@ int kvpd_http_start(kvpd_t *d)
     d->http = MHD_start_daemon(
         MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
             MHD_USE_ITC | MHD_USE_ERROR_LOG | (family == AF_INET6 ? MHD_USE_IPv6 : 0),
-        0, NULL, NULL, on_request, d, MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_EXTERNAL_LOGGER,
-        mhd_log, NULL, MHD_OPTION_CONNECTION_LIMIT, (unsigned int)d->set.http_max_conns,
+        0, NULL, NULL, on_request, d, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+        MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_CONNECTION_LIMIT, (unsigned int)d->set.http_max_conns,
         MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned int)d->set.http_max_per_ip,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)((d->set.http_idle_ms + 999) / 1000),
         MHD_OPTION_END);

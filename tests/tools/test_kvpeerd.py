@@ -784,7 +784,56 @@ def case_sighup():
     check(a.proc.returncode == 0, "exit code")
 
 
-CASES = {"slow_dns": case_slow_dns, "compat": case_compat, "sighup": case_sighup, "operator": case_operator, "logging": case_logging, "visibility": case_visibility, "config": case_config, "bad_config": case_bad_config, "two_nodes": case_two_nodes,
+def case_sighup_bad_log():
+    """Issue 27: a SIGHUP whose log file cannot be opened keeps the file
+    already open and says why there (freopen had closed stderr for good: no
+    line anywhere after it); the next SIGHUP that can open it moves on."""
+    logdir = os.path.join(TMP, "logs")
+    os.mkdir(logdir)
+    logf = os.path.join(logdir, "kvpd.log")
+    ini = os.path.join(TMP, "badlog.ini")
+    base = "num_blocks = 32\nblock_size = 64K\nlog_level = debug\n"
+    open(ini, "w").write(base + "log_file = %s\n" % logf)
+    a = Daemon("a", ["--config", ini, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"]).start()
+    wait_for(lambda: os.path.exists(logf) and "event=node_up" in open(logf).read(), "log file")
+    # Rotation went wrong: the directory moved away and a file took its name,
+    # so the path cannot be opened (ENOTDIR, also for root).
+    old = os.path.join(TMP, "logs.old")
+    os.rename(logdir, old)
+    open(logdir, "w").close()
+    oldf = os.path.join(old, "kvpd.log")
+    a.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: "event=log_reopen_failed" in open(oldf).read(),
+             "the failed reopen logged in the file already open", dump=oldf)
+    text = open(oldf).read()
+    check("Not a directory" in text, "the reason is not named:\n" + text[-2000:])
+    # The daemon keeps logging there: a request's access line (debug) lands.
+    check(a.req("/healthz")[0] == 200, "healthz after the failed reopen")
+    wait_for(lambda: "path=/healthz" in open(oldf).read(), "a later line in the open file",
+             dump=oldf)
+    # A new log_file in the config that cannot be opened: the same, and the
+    # running path stays (named as the one logged on to).
+    open(ini, "w").write(base + "log_file = %s/x/y.log\n" % logdir)
+    a.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: open(oldf).read().count("event=log_reopen_failed") >= 3,
+             "the unopenable new log_file refused", dump=oldf)
+    check("event=reload " in open(oldf).read(), "the reload itself did not go on")
+    # Fixed: the next SIGHUP opens the configured path again.
+    check("logging on to %s" % logf in open(oldf).read(), "the running path is not named")
+    open(ini, "w").write(base + "log_file = %s\n" % logf)
+    os.unlink(logdir)
+    os.mkdir(logdir)
+    a.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: os.path.exists(logf) and "event=reload" in open(logf).read(),
+             "the log file reopened once it can be", dump=oldf)
+    rc = a.stop()
+    check(rc == 0, "exit code %d" % rc)
+    for f in (oldf, logf):
+        for m in SANITIZER_MARKS:
+            check(m not in open(f).read(), "sanitizer report in %s" % f)
+
+
+CASES = {"sighup_bad_log": case_sighup_bad_log, "slow_dns": case_slow_dns, "compat": case_compat, "sighup": case_sighup, "operator": case_operator, "logging": case_logging, "visibility": case_visibility, "config": case_config, "bad_config": case_bad_config, "two_nodes": case_two_nodes,
          "sigterm_drain": case_sigterm_drain, "install": case_install}
 
 if __name__ == "__main__":
