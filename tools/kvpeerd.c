@@ -155,7 +155,7 @@ static void daemon_reload(kvpd_t *d, int argc, char **argv)
     if (st != KVP_OK) {
         kvpd_log(KVPD_LOG_ERROR, "reload_failed",
                  "error=\"%s\" note=\"refused whole; running settings kept\"",
-                 kvp_last_error()[0] ? kvp_last_error() : kvp_status_str(st));
+                 kvpd_escq(kvp_last_error()[0] ? kvp_last_error() : kvp_status_str(st)).s);
         kvpd_settings_free(&n);
         return;
     }

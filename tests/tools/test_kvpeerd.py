@@ -55,6 +55,9 @@ def check(cond, msg):
 
 
 def run(args, env=None, timeout=30):
+    # the kvpeer CLI's admin verbs send the token of this file (issue 27)
+    env = dict(env or os.environ)
+    env.setdefault("KVPEER_ADMIN_TOKEN_FILE", ADMIN_TOKEN_FILE)
     return subprocess.run(args, capture_output=True, text=True, env=env, timeout=timeout * SCALE)
 
 
@@ -630,6 +633,9 @@ def case_operator():
                       "64", "--block_size", "64K"]).start()
     check(a.peer.startswith("[::1]:") and a.http.startswith("[::1]:"), "v6: %s %s" % (a.peer, a.http))
     b = Daemon("b", SMALL + ["--admin"]).start()
+    r = run([KVPEER_CLI, "put", b.http, "0", "4"], env=dict(os.environ, KVPEER_ADMIN_TOKEN_FILE=""))
+    check(r.returncode == 1 and "HTTP 401" in r.stderr and "KVPEER_ADMIN_TOKEN_FILE" in r.stderr,
+          "kvpeer put without the token: %r" % (r.stdout + r.stderr))
     r = run([KVPEER_CLI, "put", b.http, "0", "4"])
     check(r.returncode == 0 and "put 4 0" in r.stdout, "kvpeer put: %r" % (r.stdout + r.stderr))
     r = run([KVPEER_CLI, "peer", "add", a.http, "notanaddress"])
