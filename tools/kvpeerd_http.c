@@ -303,6 +303,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     d->http_active++;
     kvpd_ops_unlock(d);
     int code = route(d, c, url, method, &out);
+    if (strncmp(url, "/admin/", 7) == 0) /* the idle timeout again for what follows */
+        MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT,
+                                  (unsigned int)((d->set.http_idle_ms + 999) / 1000));
     bool unauth = code == HTTP_UNAUTHORIZED;
     if (unauth)
         code = MHD_HTTP_UNAUTHORIZED;
