@@ -562,6 +562,14 @@ static void phase_verify(demo_cluster_t *c, const layout_t *l, demo_result_t *r)
                  "--corrupt-one: flipped a byte of blk-%08u on B%s%s", key, rc ? " FAILED: " : "",
                  rc ? err : "");
         demo_say("[test] %s", r->corrupted_note);
+        /* A switch that did nothing must not end in a PASS that reads as
+         * "the corruption went unnoticed" (issue 27: /admin/corrupt is
+         * only in test builds of kvpeerd). */
+        if (rc != 0)
+            demo_check(r, false, "--corrupt-one applied", "%s",
+                       strstr(err, "HTTP 404") ? "this kvpeerd has no /admin/corrupt (a release "
+                                                 "build; use a test build: make all)"
+                                               : err);
     }
     /* Expected READY ranges per consumer; everything else present must
      * still be byte-exact. */
