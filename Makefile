@@ -11,7 +11,7 @@ CMAKE_FLAGS ?=
 .PHONY: all deps deps-c test test-tsan test-valgrind release bench fuzz sim sim-soak soak demo bench-e2e bench-e2e-api bench-peers bench-vllm-tiers install clean format bench-hostile death-loop death-loop-asan partition-loop partition-loop-asan
 
 all: deps
-	@cmake -S . -B build/debug -DCMAKE_BUILD_TYPE=Debug -DKVP_SANITIZE=address,undefined $(CMAKE_FLAGS) >/dev/null
+	@cmake -S . -B build/debug -DCMAKE_BUILD_TYPE=Debug -DKVP_SANITIZE=address,undefined -DKVP_TEST_ROUTES=ON $(CMAKE_FLAGS) >/dev/null
 	@cmake --build build/debug -j $(JOBS)
 
 # deps-c: the C side from apt (all the demo, the daemon and the benches need);
@@ -27,12 +27,12 @@ test: all
 	cd build/debug && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
 
 test-tsan: deps
-	@cmake -S . -B build/tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVP_SANITIZE=thread $(CMAKE_FLAGS) >/dev/null
+	@cmake -S . -B build/tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVP_SANITIZE=thread -DKVP_TEST_ROUTES=ON $(CMAKE_FLAGS) >/dev/null
 	@cmake --build build/tsan -j $(JOBS)
 	cd build/tsan && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
 
 test-valgrind: deps
-	@cmake -S . -B build/valgrind -DCMAKE_BUILD_TYPE=Debug -DKVP_VALGRIND=ON $(CMAKE_FLAGS) >/dev/null
+	@cmake -S . -B build/valgrind -DCMAKE_BUILD_TYPE=Debug -DKVP_VALGRIND=ON -DKVP_TEST_ROUTES=ON $(CMAKE_FLAGS) >/dev/null
 	@cmake --build build/valgrind -j $(JOBS)
 	cd build/valgrind && ctest --output-on-failure -j $(JOBS) -L 'fast|daemon' $(CTEST_ARGS)
 

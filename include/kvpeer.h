@@ -67,6 +67,21 @@ KVP_EXPORT int32_t kvp_get_log_level(void);
 typedef void (*kvp_log_fn)(int32_t level, const char *component, const char *line, void *arg);
 KVP_EXPORT void kvp_set_log_callback(kvp_log_fn fn, void *arg);
 
+/* Issue 27: a string a peer or a client chose (peer id, instance id, URL)
+ * made safe for one log line or one line of a page. Always written as \xNN:
+ * control characters (C0, DEL, C1), U+2028/U+2029, bidi overrides and every
+ * byte that is not well-formed UTF-8; the flags add '\\', '"' and ' '.
+ * Writes at most cap - 1 bytes and a NUL into dst (cap > 0), never cutting
+ * an escape or a UTF-8 sequence; returns the length written. Every library
+ * log line passes through it (KVP_ESCAPE_BACKSLASH) before it reaches
+ * stderr or the kvp_set_log_callback function. */
+typedef enum kvp_escape_flag {
+    KVP_ESCAPE_BACKSLASH = 1, /* '\\': an escape in the output is then unambiguous */
+    KVP_ESCAPE_QUOTE = 2,     /* '"': inside a quoted value */
+    KVP_ESCAPE_SPACE = 4,     /* ' ': a bare key=value field */
+} kvp_escape_flag_t;
+KVP_EXPORT size_t kvp_escape(char *dst, size_t cap, const void *src, size_t len, uint32_t flags);
+
 /* Why the calling thread's last failed kvp_node_create() failed, naming the
  * field or the limit ("block_size: 1000 is not a positive multiple of the
  * page size (4096)"); "" if nothing was recorded. Thread-local, valid until

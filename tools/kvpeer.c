@@ -26,7 +26,8 @@ static const char *g_top_usage =
     "  version         print the version (also --version)\n"
     "\n"
     "HOST:PORT is a kvpeerd --http address (docs/API.md). `kvpeer <command> --help`\n"
-    "for flags.\n"
+    "for flags. peer, put and fetch send the token of $KVPEER_ADMIN_TOKEN_FILE (the\n"
+    "file kvpeerd's admin_token_file names).\n"
     "exit status: 0 ok/PASS, 1 failure/FAIL, 2 usage error\n";
 
 static int usage_error(const char *cmd, const char *fmt, const char *arg)
@@ -408,7 +409,10 @@ static int admin_post_print(const char *addr, const char *path, int timeout_ms)
     char err[512], *body = NULL;
     if (cli_http_call(addr, "POST", path, timeout_ms, &body, err, sizeof(err)) != 0) {
         fprintf(stderr, "kvpeer: %s%s\n", err,
-                strstr(err, "HTTP 403") ? " (start kvpeerd with --admin)" : "");
+                strstr(err, "HTTP 403")   ? " (start kvpeerd with --admin)"
+                : strstr(err, "HTTP 401") ? " (set KVPEER_ADMIN_TOKEN_FILE to kvpeerd's "
+                                            "admin_token_file)"
+                                          : "");
         return CLI_EXIT_FAIL;
     }
     fputs(body, stdout);

@@ -13,6 +13,7 @@
  */
 #include "kvpeer_bench.h"
 
+#include <errno.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -168,13 +169,20 @@ typedef struct bench_group {
 
 static int group_start_node(bench_group_t *g, const bench_opts_t *o, int i)
 {
-    static char a[16][PATH_MAX + 32];
+    static char a[16][PATH_MAX + 32], token[PATH_MAX];
     char *argv[17];
     int k = 0;
+    /* the daemons' admin token (issue 27), next to their logs */
+    if (token[0] == '\0' && cli_admin_token_make(o->out, token, sizeof(token)) != 0) {
+        fprintf(stderr, "kvpeer bench: cannot write %s/admin.token: %s\n", o->out, strerror(errno));
+        token[0] = '\0';
+        return -1;
+    }
     snprintf(a[k++], sizeof(a[0]), "%s", o->kvpeerd);
     snprintf(a[k++], sizeof(a[0]), "--listen=%s", g->n[i].ctl);
     snprintf(a[k++], sizeof(a[0]), "--http=%s", g->n[i].http);
     snprintf(a[k++], sizeof(a[0]), "--admin");
+    snprintf(a[k++], sizeof(a[0]), "--admin-token-file=%s", token);
     snprintf(a[k++], sizeof(a[0]), "--name=%s", i == BN_A ? "src" : i == BN_ON ? "cks-on" : "cks-off");
     snprintf(a[k++], sizeof(a[0]), "--num-blocks=%u", g->slots);
     snprintf(a[k++], sizeof(a[0]), "--block-size=%u", g->bs);

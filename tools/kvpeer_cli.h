@@ -35,6 +35,13 @@ void cli_http_free(cli_http_resp_t *r);
 int cli_http_call(const char *hostport, const char *method, const char *path, int timeout_ms,
                   char **body, char *err, size_t errcap);
 
+/* kvpeerd's admin token (issue 27): write a fresh random one into
+ * dir/admin.token (mode 0600) for daemons this process starts (pass that
+ * path as --admin_token_file); every later /admin/ request carries it.
+ * Without it, /admin/ requests carry the token of $KVPEER_ADMIN_TOKEN_FILE.
+ * 0 / -1 (errno). */
+int cli_admin_token_make(const char *dir, char *path, size_t cap);
+
 /* -------------------------------------------------- Prometheus text parser */
 
 /* One sample: name, raw label text (without braces, "" if none), value.

@@ -17,6 +17,7 @@
  */
 #include "kvpeer_demo.h"
 
+#include <errno.h>
 #include <getopt.h>
 #include <pthread.h>
 #include <signal.h>
@@ -561,6 +562,14 @@ static void phase_verify(demo_cluster_t *c, const layout_t *l, demo_result_t *r)
                  "--corrupt-one: flipped a byte of blk-%08u on B%s%s", key, rc ? " FAILED: " : "",
                  rc ? err : "");
         demo_say("[test] %s", r->corrupted_note);
+        /* A switch that did nothing must not end in a PASS that reads as
+         * "the corruption went unnoticed" (issue 27: /admin/corrupt is
+         * only in test builds of kvpeerd). */
+        if (rc != 0)
+            demo_check(r, false, "--corrupt-one applied", "%s",
+                       strstr(err, "HTTP 404") ? "this kvpeerd has no /admin/corrupt (a release "
+                                                 "build; use a test build: make all)"
+                                               : err);
     }
     /* Expected READY ranges per consumer; everything else present must
      * still be byte-exact. */
@@ -617,6 +626,7 @@ static void remove_logdir(const demo_cluster_t *c, const demo_opts_t *o)
 {
     for (int i = 0; i < DEMO_NODES; i++)
         unlink(c->n[i].log);
+    unlink(o->token_file);
     rmdir(o->logdir);
 }
 
@@ -686,6 +696,11 @@ int cli_cmd_demo(int argc, char **argv)
         return rc;
     if (make_logdir(&o) != 0) {
         fprintf(stderr, "kvpeer demo: cannot create log dir '%s'\n", o.logdir);
+        return CLI_EXIT_FAIL;
+    }
+    if (cli_admin_token_make(o.logdir, o.token_file, sizeof(o.token_file)) != 0) {
+        fprintf(stderr, "kvpeer demo: cannot write the admin token file in '%s': %s\n", o.logdir,
+                strerror(errno));
         return CLI_EXIT_FAIL;
     }
     if (getenv("UCX_NET_DEVICES") == NULL) /* every node is on 127.0.0.1 */

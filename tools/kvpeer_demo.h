@@ -27,6 +27,7 @@ typedef struct demo_opts {
     bool quick, corrupt_one, keep_logs, verbose;
     char kvpeerd[PATH_MAX];
     char logdir[PATH_MAX];
+    char token_file[PATH_MAX + 16]; /* the nodes' admin_token_file (issue 27) */
     demo_timeouts_t t; /* already multiplied by the time scale */
     unsigned scale;
 } demo_opts_t;

@@ -64,6 +64,7 @@ static void build_argv(const demo_cluster_t *c, int i, argv_buf_t *a)
     argv_add(a, "--listen=%s", n->ctl);
     argv_add(a, "--http=%s", n->http);
     argv_add(a, "--admin");
+    argv_add(a, "--admin-token-file=%s", o->token_file);
     argv_add(a, "--name=%c", n->name);
     argv_add(a, "--num-blocks=%u", demo_node_slots(o));
     argv_add(a, "--block-size=%u", o->block_size);

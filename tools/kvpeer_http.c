@@ -7,6 +7,9 @@
 
 #include <curl/curl.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/random.h>
+#include <sys/stat.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,6 +64,63 @@ int cli_parse_size(const char *s, uint64_t *out)
     if (*end != '\0' || (shift && v > (~0ull >> shift)))
         return -1;
     *out = (uint64_t)v << shift;
+    return 0;
+}
+
+/* ---------------------------------------------------------- admin token */
+
+/* Issue 27: kvpeerd's /admin/ routes need "Authorization: Bearer <token>".
+ * The token is the one the demo or the bench made for its own daemons
+ * (cli_admin_token_make), else the first line of $KVPEER_ADMIN_TOKEN_FILE
+ * (the operator's, the file kvpeerd's admin_token_file names). */
+static char g_admin_token[520];
+static pthread_mutex_t g_token_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void admin_token_from_env(void)
+{
+    const char *path = getenv("KVPEER_ADMIN_TOKEN_FILE");
+    FILE *f = path && path[0] ? fopen(path, "r") : NULL;
+    if (f == NULL)
+        return;
+    if (fgets(g_admin_token, sizeof(g_admin_token), f) == NULL)
+        g_admin_token[0] = '\0';
+    g_admin_token[strcspn(g_admin_token, "\r\n \t")] = '\0';
+    fclose(f);
+}
+
+/* "Authorization: Bearer <token>" into hdr, or "" when there is none. */
+static void admin_auth_header(char *hdr, size_t cap)
+{
+    pthread_mutex_lock(&g_token_lock);
+    if (g_admin_token[0] == '\0')
+        admin_token_from_env();
+    if (g_admin_token[0] != '\0')
+        snprintf(hdr, cap, "Authorization: Bearer %s", g_admin_token);
+    else
+        hdr[0] = '\0';
+    pthread_mutex_unlock(&g_token_lock);
+}
+
+int cli_admin_token_make(const char *dir, char *path, size_t cap)
+{
+    uint8_t rnd[24];
+    char tok[2 * sizeof(rnd) + 1];
+    if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd))
+        return -1;
+    for (size_t i = 0; i < sizeof(rnd); i++)
+        snprintf(tok + 2 * i, 3, "%02x", rnd[i]);
+    if ((size_t)snprintf(path, cap, "%s/admin.token", dir) >= cap)
+        return -1;
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0)
+        return -1;
+    /* an old file of another mode keeps it through O_TRUNC: make it 0600 */
+    int ok = fchmod(fd, 0600) == 0 && dprintf(fd, "%s\n", tok) == (int)strlen(tok) + 1;
+    if (close(fd) != 0 || !ok)
+        return -1;
+    pthread_mutex_lock(&g_token_lock);
+    snprintf(g_admin_token, sizeof(g_admin_token), "%s", tok);
+    pthread_mutex_unlock(&g_token_lock);
     return 0;
 }
 
@@ -135,7 +195,15 @@ int cli_http_request(const char *hostport, const char *method, const char *path,
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
     curl_easy_setopt(c, CURLOPT_ERRORBUFFER, cerr);
+    struct curl_slist *hdrs = NULL;
+    char auth[600];
+    if (strncmp(path, "/admin/", 7) == 0) {
+        admin_auth_header(auth, sizeof(auth));
+        if (auth[0] && (hdrs = curl_slist_append(NULL, auth)) != NULL)
+            curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdrs);
+    }
     CURLcode rc = curl_easy_perform(c);
+    curl_slist_free_all(hdrs);
     long status = 0;
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
     curl_easy_cleanup(c);

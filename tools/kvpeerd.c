@@ -13,6 +13,7 @@
 #include "kvpeerd.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -49,11 +50,11 @@ static int peers_connect(kvpd_t *d)
             continue;
         kvp_status_t st = kvp_peer_add(d->node, addr);
         if (st != KVP_OK) {
-            kvpd_log(KVPD_LOG_ERROR, "peer_add_failed", "peer=%s status=\"%s\"", addr,
-                     kvp_status_str(st));
+            kvpd_log(KVPD_LOG_ERROR, "peer_add_failed", "peer=%s status=\"%s\"",
+                     kvpd_esc(addr).s, kvp_status_str(st));
             return -1;
         }
-        kvpd_log(KVPD_LOG_INFO, "peer_add", "peer=%s", addr);
+        kvpd_log(KVPD_LOG_INFO, "peer_add", "peer=%s", kvpd_esc(addr).s);
     }
     return 0;
 }
@@ -81,13 +82,26 @@ fail:
 }
 
 /* log_file: stderr (ours, the library's, UCX's) appended to the file;
- * called at start and on SIGHUP, so a rotated file is let go. */
+ * called at start and on SIGHUP, so a rotated file is let go. The new file
+ * is opened before the old one is let go: one that cannot be opened (a
+ * directory gone, permissions) leaves stderr where it was, so the caller
+ * can say why there (issue 27: freopen had closed stderr for good). */
 static int log_reopen(const char *path)
 {
     if (path[0] == '\0')
         return 0;
-    if (freopen(path, "a", stderr) == NULL)
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOCTTY, 0640);
+    if (fd < 0)
         return -1;
+    fflush(stderr);
+    if (fd != STDERR_FILENO && dup2(fd, STDERR_FILENO) < 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    if (fd != STDERR_FILENO)
+        close(fd);
     setvbuf(stderr, NULL, _IOLBF, 0);
     return 0;
 }
@@ -126,8 +140,9 @@ static bool has_line(const char *text, const char *line)
 static void daemon_reload(kvpd_t *d, int argc, char **argv)
 {
     if (log_reopen(d->set.log_file) != 0)
-        kvpd_log(KVPD_LOG_ERROR, "log_reopen_failed", "path=%s error=\"%s\"", d->set.log_file,
-                 strerror(errno));
+        kvpd_log(KVPD_LOG_ERROR, "log_reopen_failed",
+                 "path=%s error=\"%s\" note=\"logging on to the file already open\"",
+                 kvpd_esc(d->set.log_file).s, strerror(errno));
     kvpd_settings_t n;
     kvpd_settings_init(&n);
     if (kvpd_settings_load(&n, argc, argv, stdout, stderr) != KVPD_LOAD_RUN) {
@@ -140,7 +155,7 @@ static void daemon_reload(kvpd_t *d, int argc, char **argv)
     if (st != KVP_OK) {
         kvpd_log(KVPD_LOG_ERROR, "reload_failed",
                  "error=\"%s\" note=\"refused whole; running settings kept\"",
-                 kvp_last_error()[0] ? kvp_last_error() : kvp_status_str(st));
+                 kvpd_escq(kvp_last_error()[0] ? kvp_last_error() : kvp_status_str(st)).s);
         kvpd_settings_free(&n);
         return;
     }
@@ -176,13 +191,20 @@ static void daemon_reload(kvpd_t *d, int argc, char **argv)
                  restart);
     /* The applied values become the running ones (the next reload compares
      * against them); the rest keep their running values. */
-    bool new_log = strcmp(n.log_file, d->set.log_file) != 0;
+    /* A new log_file that cannot be opened: logged here, in the file
+     * already open, and the running log_file stays (the next SIGHUP
+     * reopens that one, as logrotate expects). */
+    if (strcmp(n.log_file, d->set.log_file) != 0 && log_reopen(n.log_file) != 0) {
+        kvpd_log(KVPD_LOG_ERROR, "log_reopen_failed",
+                 "path=%s error=\"%s\" note=\"logging on to %s\"", kvpd_esc(n.log_file).s,
+                 strerror(errno), d->set.log_file[0] ? kvpd_esc(d->set.log_file).s : "stderr");
+        char *keep = n.log_file;
+        n.log_file = d->set.log_file;
+        d->set.log_file = keep; /* swapped back by keep_runtime below */
+    }
     kvpd_settings_keep_runtime(&d->set, &n);
     atomic_store(&d->dead_after_ms, d->set.cfg.dead_after_ms);
     kvpd_settings_free(&n);
-    if (new_log && log_reopen(d->set.log_file) != 0)
-        kvpd_log(KVPD_LOG_ERROR, "log_reopen_failed", "path=%s error=\"%s\"", d->set.log_file,
-                 strerror(errno));
 }
 
 /* Returns the signal that ended the loop. */

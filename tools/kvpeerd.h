@@ -60,6 +60,19 @@ void kvpd_log(int level, const char *event, const char *kv, ...)
     __attribute__((format(printf, 3, 4)));
 void kvpd_log_set_level(int level);
 
+/* Issue 27: a string a peer or an HTTP client chose (peer id, instance id,
+ * URL, query value, a library error text) made safe for one field of a log
+ * line or of a page (kvp_escape: controls, ESC, invalid UTF-8, '\\' and '"'
+ * as \xNN). kvpd_esc also escapes ' ' (a bare key=value field: no forged
+ * fields); kvpd_escq keeps it (inside "..."). Use the result's .s within the
+ * full expression: `kvpd_log(..., "peer=%s", kvpd_esc(p).s)`; longer input
+ * is cut at a whole escape. */
+typedef struct kvpd_esc {
+    char s[1024];
+} kvpd_esc_t;
+kvpd_esc_t kvpd_esc(const char *s);
+kvpd_esc_t kvpd_escq(const char *s);
+
 /* -------------------------------------------------------------- dispatcher */
 
 kvpd_op_t *kvpd_op_new(uint32_t n, uint32_t key_bytes);

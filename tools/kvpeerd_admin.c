@@ -253,12 +253,12 @@ int kvpd_admin_peer(kvpd_t *d, struct MHD_Connection *c, kvpd_buf_t *out)
     }
     kvp_status_t st = add ? kvp_peer_add(d->node, add) : kvp_peer_remove(d->node, rem);
     if (st != KVP_OK) {
-        kvpd_buf_printf(out, "peer %s %s: %s\n", add ? "add" : "remove", add ? add : rem,
-                        kvp_status_str(st));
+        kvpd_buf_printf(out, "peer %s %s: %s\n", add ? "add" : "remove",
+                        kvpd_esc(add ? add : rem).s, kvp_status_str(st));
         return status_http(st);
     }
     kvpd_log(KVPD_LOG_INFO, add ? "peer_add" : "peer_remove", "peer=%s source=admin",
-             add ? add : rem);
+             kvpd_esc(add ? add : rem).s);
     kvpd_buf_printf(out, "ok\n");
     return MHD_HTTP_OK;
 }
@@ -293,8 +293,10 @@ int kvpd_admin_verify(kvpd_t *d, struct MHD_Connection *c, kvpd_buf_t *out)
     return MHD_HTTP_OK;
 }
 
-/* TEST ONLY: flip one byte of a READY block in place (the region is our
- * own writable mapping; the pin keeps the slot from moving meanwhile). */
+#ifdef KVPD_TEST_ROUTES
+/* TEST ONLY (compiled only into test builds, issue 27): flip one byte of a
+ * READY block in place (the region is our own writable mapping; the pin
+ * keeps the slot from moving meanwhile). */
 int kvpd_admin_corrupt(kvpd_t *d, struct MHD_Connection *c, kvpd_buf_t *out)
 {
     uint64_t k;
@@ -314,3 +316,4 @@ int kvpd_admin_corrupt(kvpd_t *d, struct MHD_Connection *c, kvpd_buf_t *out)
     kvpd_buf_printf(out, "ok\n");
     return MHD_HTTP_OK;
 }
+#endif

@@ -1,14 +1,26 @@
 /*
- * kvpeerd_http.c -- the kvpeerd HTTP server (libmicrohttpd, one thread per
- * connection, so an admin request blocked on its kvp event does not stall
- * /metrics). Routes and response texts: /work/briefs/daemon-api.md.
- * Read-only routes here; /admin/ routes in kvpeerd_admin.c.
+ * kvpeerd_http.c -- the kvpeerd HTTP server (libmicrohttpd). Routes and
+ * response texts: docs/API.md. Read-only routes here; /admin/ routes in
+ * kvpeerd_admin.c.
+ *
+ * Threads (issue 27): one thread per connection, so that an admin request
+ * blocked on its kvp event (up to its timeout_ms) never stalls /healthz or
+ * /metrics -- an epoll loop on one thread would need every blocking handler
+ * rewritten around MHD_suspend_connection. What keeps the threads bounded
+ * is libmicrohttpd's: a total connection cap (http_max_conns), a cap per
+ * client address (http_max_per_ip) and an idle timeout (http_idle_ms) that
+ * closes a connection sending nothing (slowloris); poll() instead of
+ * select(), so a descriptor above 1023 is served. An authenticated admin
+ * request lifts the timeout for itself: its handler bounds its own wait.
+ * Every string a client or a peer chose is escaped (kvpd_esc) in the access
+ * line, in error bodies and in /peers, /held and /healthz.
  */
 #include "kvpeerd_http.h"
 #include "metrics.h"
 
 #include <microhttpd.h>
 #include <arpa/inet.h>
+#include <stdarg.h>
 #include <errno.h>
 #include <netdb.h>
 #include <stdbool.h>
@@ -31,13 +43,14 @@ int kvpd_http_param_u64(struct MHD_Connection *c, const char *name, int required
         return 0;
     }
     if (v[0] < '0' || v[0] > '9') {
-        kvpd_buf_printf(err, "parameter %s: '%s' is not a non-negative integer\n", name, v);
+        kvpd_buf_printf(err, "parameter %s: '%s' is not a non-negative integer\n", name,
+                        kvpd_escq(v).s);
         return -1;
     }
     unsigned long long x = strtoull(v, &end, 10);
     if (*end != '\0' || x > max) {
-        kvpd_buf_printf(err, "parameter %s: '%s' is not an integer in 0..%llu\n", name, v,
-                        (unsigned long long)max);
+        kvpd_buf_printf(err, "parameter %s: '%s' is not an integer in 0..%llu\n", name,
+                        kvpd_escq(v).s, (unsigned long long)max);
         return -1;
     }
     *out = x;
@@ -75,8 +88,9 @@ static int get_healthz(kvpd_t *d, struct MHD_Connection *c, kvpd_buf_t *out)
             kvpd_buf_printf(out, "degraded: %u of %u wanted peers not ready\n", bad, wanted);
             for (uint32_t i = 0; i < n; i++)
                 if (ps[i].wanted && strcmp(ps[i].state, "ready") != 0)
-                    kvpd_buf_printf(out, "peer=%s state=%s error=\"%s\"\n", ps[i].peer,
-                                    ps[i].state, ps[i].last_error);
+                    kvpd_buf_printf(out, "peer=%s state=%s error=\"%s\"\n",
+                                    kvpd_esc(ps[i].peer).s, ps[i].state,
+                                    kvpd_escq(ps[i].last_error).s);
         }
         free(ps);
         if (bad > 0)
@@ -110,11 +124,11 @@ static int get_held(kvpd_t *d, struct MHD_Connection *c, kvpd_buf_t *out)
         unsigned long long age = (unsigned long long)h[i].age_ms;
         if (h[i].kind == 1)
             kvpd_buf_printf(out, "retained id=%llu peer=%s age_ms=%llu\n",
-                            (unsigned long long)h[i].id, h[i].peer, age);
+                            (unsigned long long)h[i].id, kvpd_esc(h[i].peer).s, age);
         else
             kvpd_buf_printf(out, "%s slot=%u peer=%s age_ms=%llu\n",
-                            h[i].kind == 2 ? "quarantined" : "suspect", h[i].slot, h[i].peer,
-                            age);
+                            h[i].kind == 2 ? "quarantined" : "suspect", h[i].slot,
+                            kvpd_esc(h[i].peer).s, age);
     }
     free(h);
     return MHD_HTTP_OK;
@@ -139,16 +153,16 @@ static int get_peers(kvpd_t *d, struct MHD_Connection *c, kvpd_buf_t *out)
         for (uint32_t i = 0; i < n && pi == NULL; i++)
             if (strcmp(p[i].peer, ps[k].peer) == 0)
                 pi = &p[i];
-        kvpd_buf_printf(out, "peer=%s state=%s wanted=%u failures=%u", ps[k].peer, ps[k].state,
-                        ps[k].wanted, ps[k].failures);
+        kvpd_buf_printf(out, "peer=%s state=%s wanted=%u failures=%u", kvpd_esc(ps[k].peer).s,
+                        ps[k].state, ps[k].wanted, ps[k].failures);
         if (pi != NULL)
             kvpd_buf_printf(out, " instance=%s path=%s ready=%u probation=%u rtt_us=%llu",
-                            pi->instance[0] ? pi->instance : "-",
-                            pi->data_path[0] ? pi->data_path : "-", pi->ready ? 1u : 0u,
+                            pi->instance[0] ? kvpd_esc(pi->instance).s : "-",
+                            pi->data_path[0] ? kvpd_esc(pi->data_path).s : "-", pi->ready ? 1u : 0u,
                             pi->probation ? 1u : 0u, (unsigned long long)(pi->rtt_ns / 1000));
         else
             kvpd_buf_printf(out, " ready=0");
-        kvpd_buf_printf(out, " last_error=\"%s\"\n", ps[k].last_error);
+        kvpd_buf_printf(out, " last_error=\"%s\"\n", kvpd_escq(ps[k].last_error).s);
     }
     free(p);
     free(ps);
@@ -172,8 +186,12 @@ static const route_t routes[] = {
     {"/admin/finish", "POST", 1, kvpd_admin_finish},
     {"/admin/peer", "POST", 1, kvpd_admin_peer},
     {"/admin/verify", "GET", 1, kvpd_admin_verify},
+#ifdef KVPD_TEST_ROUTES /* test builds only (tools/CMakeLists.txt) */
     {"/admin/corrupt", "POST", 1, kvpd_admin_corrupt},
+#endif
 };
+
+enum { HTTP_UNAUTHORIZED = -401 }; /* route(): 401 with WWW-Authenticate */
 
 static int route(kvpd_t *d, struct MHD_Connection *c, const char *url, const char *method,
                  kvpd_buf_t *out)
@@ -186,17 +204,83 @@ static int route(kvpd_t *d, struct MHD_Connection *c, const char *url, const cha
             kvpd_buf_printf(out, "admin API disabled (start kvpeerd with --admin)\n");
             return MHD_HTTP_FORBIDDEN;
         }
+        /* Issue 27: before anything else of the request is looked at. */
+        if (r->admin && !kvpd_admin_token_check(d->set.admin_token,
+                                                MHD_lookup_connection_value(
+                                                    c, MHD_HEADER_KIND,
+                                                    MHD_HTTP_HEADER_AUTHORIZATION))) {
+            kvpd_buf_printf(out, "admin API: missing or wrong bearer token "
+                                 "(Authorization: Bearer <the admin_token_file's token>)\n");
+            return HTTP_UNAUTHORIZED;
+        }
+        if (r->admin) /* trusted caller: its handler bounds its own wait */
+            MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
         /* HEAD is answered like GET (libmicrohttpd drops the body). */
         if (strcmp(method, r->method) != 0 &&
             !(strcmp(r->method, "GET") == 0 && strcmp(method, "HEAD") == 0)) {
-            kvpd_buf_printf(out, "method %s not allowed on %s (use %s)\n", method, url,
-                            r->method);
+            kvpd_buf_printf(out, "method %s not allowed on %s (use %s)\n", kvpd_esc(method).s,
+                            url, r->method); /* url: one of ours */
             return MHD_HTTP_METHOD_NOT_ALLOWED;
         }
         return r->fn(d, c, out);
     }
-    kvpd_buf_printf(out, "not found: %s\n", url);
+    kvpd_buf_printf(out, "not found: %s\n", kvpd_esc(url).s);
     return MHD_HTTP_NOT_FOUND;
+}
+
+/* One access line per request: DEBUG when it succeeded, INFO when it did
+ * not -- at most ACCESS_BURST error lines per second (a flood of 401s or
+ * 404s is one line and a count, not a full disk). */
+enum { ACCESS_BURST = 20 };
+static pthread_mutex_t access_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void http_access_log(int code, const char *method, const char *url)
+{
+    static uint64_t window, in_window, suppressed;
+    if (code < 400) {
+        kvpd_log(KVPD_LOG_DEBUG, "http", "method=%s path=%s code=%d", kvpd_esc(method).s,
+                 kvpd_esc(url).s, code);
+        return;
+    }
+    uint64_t now = kvpd_now_ms() / 1000, sup = 0;
+    pthread_mutex_lock(&access_lock);
+    if (now != window) {
+        window = now;
+        in_window = 0;
+    }
+    bool emit = in_window++ < ACCESS_BURST;
+    if (emit) {
+        sup = suppressed;
+        suppressed = 0;
+    } else
+        suppressed++;
+    pthread_mutex_unlock(&access_lock);
+    if (emit)
+        kvpd_log(KVPD_LOG_INFO, "http", "method=%s path=%s code=%d%s%.0llu",
+                 kvpd_esc(method).s, kvpd_esc(url).s, code, sup ? " suppressed=" : "",
+                 (unsigned long long)sup);
+}
+
+/* libmicrohttpd's own messages (refused connections, timeouts, bad
+ * requests): escaped, and at most ACCESS_BURST a second like access lines. */
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    static uint64_t window, in_window;
+    char text[512];
+    (void)cls;
+    uint64_t now = kvpd_now_ms() / 1000;
+    pthread_mutex_lock(&access_lock);
+    if (now != window) {
+        window = now;
+        in_window = 0;
+    }
+    bool emit = in_window++ < ACCESS_BURST;
+    pthread_mutex_unlock(&access_lock);
+    if (!emit)
+        return;
+    vsnprintf(text, sizeof(text), fmt, ap);
+    text[strcspn(text, "\n")] = '\0';
+    kvpd_log(KVPD_LOG_WARN, "http_server", "msg=\"%s\"", kvpd_escq(text).s);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
@@ -219,6 +303,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     d->http_active++;
     kvpd_ops_unlock(d);
     int code = route(d, c, url, method, &out);
+    if (strncmp(url, "/admin/", 7) == 0) /* the idle timeout again for what follows */
+        MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT,
+                                  (unsigned int)((d->set.http_idle_ms + 999) / 1000));
+    bool unauth = code == HTTP_UNAUTHORIZED;
+    if (unauth)
+        code = MHD_HTTP_UNAUTHORIZED;
     if (out.oom) { /* all-or-nothing: never a truncated body */
         kvpd_buf_free(&out);
         code = MHD_HTTP_INTERNAL_SERVER_ERROR;
@@ -231,13 +321,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
                             strcmp(url, "/metrics") == 0 ? "text/plain; version=0.0.4; charset=utf-8"
                                                          : "text/plain; charset=utf-8");
+    if (unauth)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE,
+                                "Bearer realm=\"kvpeerd admin\"");
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)code, r);
     MHD_destroy_response(r);
     kvpd_ops_lock(d);
     d->http_active--;
     kvpd_ops_unlock(d);
-    kvpd_log(code >= 400 ? KVPD_LOG_INFO : KVPD_LOG_DEBUG, "http", "method=%s path=%s code=%d",
-             method, url, code);
+    http_access_log(code, method, url);
     return ret;
 }
 
@@ -295,11 +387,14 @@ int kvpd_http_start(kvpd_t *d)
     int family = AF_INET, fd = http_listen(d->set.http, &family);
     if (fd < 0)
         return -1;
-    d->http = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
-                                   MHD_USE_ITC | MHD_USE_ERROR_LOG |
-                                   (family == AF_INET6 ? MHD_USE_IPv6 : 0),
-                               0, NULL, NULL, on_request, d, MHD_OPTION_LISTEN_SOCKET, fd,
-                               MHD_OPTION_CONNECTION_LIMIT, (unsigned int)64, MHD_OPTION_END);
+    d->http = MHD_start_daemon(
+        MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
+            MHD_USE_ITC | MHD_USE_ERROR_LOG | (family == AF_INET6 ? MHD_USE_IPv6 : 0),
+        0, NULL, NULL, on_request, d, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+        MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_CONNECTION_LIMIT, (unsigned int)d->set.http_max_conns,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned int)d->set.http_max_per_ip,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)((d->set.http_idle_ms + 999) / 1000),
+        MHD_OPTION_END);
     if (d->http == NULL) {
         close(fd);
         kvpd_log(KVPD_LOG_ERROR, "http_failed", "http=%s error=\"cannot start the HTTP server\"",
@@ -316,7 +411,9 @@ int kvpd_http_start(kvpd_t *d)
     snprintf(d->http_addr, sizeof(d->http_addr), "%s%s%s:%u", family == AF_INET6 ? "[" : "",
              host[0] ? host : (family == AF_INET6 ? "::" : "0.0.0.0"),
              family == AF_INET6 ? "]" : "", bound);
-    kvpd_log(KVPD_LOG_INFO, "http_up", "http=%s admin=%d", d->http_addr, d->set.admin ? 1 : 0);
+    kvpd_log(KVPD_LOG_INFO, "http_up", "http=%s admin=%d max_conns=%u max_per_ip=%u idle_ms=%u",
+             d->http_addr, d->set.admin ? 1 : 0, d->set.http_max_conns, d->set.http_max_per_ip,
+             d->set.http_idle_ms);
     if (d->set.admin && strncmp(host, "127.", 4) != 0 && strcmp(host, "localhost") != 0 &&
         strcmp(host, "::1") != 0)
         kvpd_log(KVPD_LOG_WARN, "admin_exposed",

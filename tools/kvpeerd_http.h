@@ -23,6 +23,8 @@ int kvpd_admin_fetch(kvpd_t *d, struct MHD_Connection *c, kvpd_buf_t *out);
 int kvpd_admin_finish(kvpd_t *d, struct MHD_Connection *c, kvpd_buf_t *out);
 int kvpd_admin_peer(kvpd_t *d, struct MHD_Connection *c, kvpd_buf_t *out);
 int kvpd_admin_verify(kvpd_t *d, struct MHD_Connection *c, kvpd_buf_t *out);
+#ifdef KVPD_TEST_ROUTES
 int kvpd_admin_corrupt(kvpd_t *d, struct MHD_Connection *c, kvpd_buf_t *out);
+#endif
 
 #endif

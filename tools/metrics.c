@@ -119,9 +119,13 @@ static void one(kvpd_buf_t *b, const char *name, const char *type, const char *h
     kvpd_buf_printf(b, "kvpeer_%s %llu\n", name, (unsigned long long)v);
 }
 
-/* A label value, escaped per the text format. */
-static void label_value(kvpd_buf_t *b, const char *v)
+/* A label value, escaped per the text format; first through kvp_escape
+ * (issue 27: a peer id is the peer's choice): no control byte or invalid
+ * UTF-8 reaches the page, a literal backslash reads \x5c. */
+static void label_value(kvpd_buf_t *b, const char *raw)
 {
+    char v[1024];
+    kvp_escape(v, sizeof(v), raw, strlen(raw), KVP_ESCAPE_BACKSLASH);
     for (const char *p = v; *p; p++) {
         if (*p == '\\' || *p == '"')
             kvpd_buf_printf(b, "\\%c", *p);

@@ -97,6 +97,15 @@ static const opt_t opts[] = {
      UINT64_MAX, NULL, "bytes in flight per peer (K/M/G suffixes)"},
     MS(backoff_min_ms, 1, "redial backoff, first"),
     MS(backoff_max_ms, 1, "redial backoff, cap"),
+    /* issue 27: the HTTP door */
+    {"admin_token_file", OPT_STR, 0, S(admin_token_file), 0, 0, "",
+     "bearer token of the /admin/ routes, one line, file mode 0600 (required with admin)"},
+    {"http_max_conns", OPT_U32, 0, S(http_max_conns), 1, 4096, "128",
+     "HTTP connections at once (one thread each)"},
+    {"http_max_per_ip", OPT_U32, 0, S(http_max_per_ip), 1, 4096, "32",
+     "HTTP connections at once from one client address"},
+    {"http_idle_ms", OPT_U32, 0, S(http_idle_ms), 1000, 3600000, "5000",
+     "an HTTP connection silent this long is closed (whole seconds, rounded up)"},
 };
 #define N_OPTS (sizeof(opts) / sizeof(opts[0]))
 
@@ -616,6 +625,13 @@ static int settings_finish(kvpd_settings_t *s, FILE *err)
     if (check_addr_ex("listen", s->listen, false, true, err) ||
         check_addr_ex("http", s->http, true, true, err) ||
         check_peers(s->peers, err) || load_psk(s, err))
+        return -1;
+    if (s->admin && s->admin_token_file[0] == '\0') { /* issue 27: no open admin API */
+        fprintf(err, "kvpeerd: admin: the admin API needs admin_token_file (a file of mode 0600 "
+                     "holding one token, e.g. openssl rand -hex 32); refusing to start\n");
+        return -1;
+    }
+    if (s->admin && kvpd_admin_token_load(s->admin_token_file, s->admin_token, err) != 0)
         return -1;
     c->listen_addr = s->listen;
     c->peer_id = s->peer_id[0] ? s->peer_id : NULL;

@@ -47,6 +47,10 @@ typedef struct kvpd_settings {
     int log_level; /* kvpd_log_level_t */
     uint8_t psk[KVPD_PSK_MAX];
     uint32_t psk_len;
+    /* issue 27 (HTTP door): the admin API's bearer token and the HTTP caps */
+    char *admin_token_file;  /* required with admin (admin_token.c) */
+    uint8_t admin_token[32]; /* its digest (KVPD_TOKEN_DIGEST), never the token */
+    uint32_t http_max_conns, http_max_per_ip, http_idle_ms;
 } kvpd_settings_t;
 
 /* Result of kvpd_settings_load. */
@@ -84,5 +88,17 @@ bool kvpd_option_runtime(const char *name);
  * `src` become `dst`'s (strings swapped: kvpd_settings_free(src) frees the
  * old ones); the restart-only options of `dst` stay as they run. */
 void kvpd_settings_keep_runtime(kvpd_settings_t *dst, kvpd_settings_t *src);
+
+/* ------------------------------------------- admin token (admin_token.c) */
+
+enum { KVPD_TOKEN_DIGEST = 32 };
+/* Read the admin bearer token from `path` (a regular file with no group or
+ * other permission bits, one line of 16..512 printable characters) into its
+ * digest. 0, or -1 after one line on `err` naming the file and the reason. */
+int kvpd_admin_token_load(const char *path, uint8_t out[KVPD_TOKEN_DIGEST], FILE *err);
+void kvpd_admin_token_digest(const void *tok, size_t len, uint8_t out[KVPD_TOKEN_DIGEST]);
+/* True if `header` (an Authorization header value, may be NULL) is
+ * "Bearer <token>" for the token whose digest is `want` (constant time). */
+bool kvpd_admin_token_check(const uint8_t want[KVPD_TOKEN_DIGEST], const char *header);
 
 #endif

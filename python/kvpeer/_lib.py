@@ -356,6 +356,9 @@ def _declare(lib: ctypes.CDLL) -> None:
         "kvp_version": (c_char_p, []),
         "kvp_get_log_level": (c_int32, []),
         "kvp_set_log_callback": (None, [LOG_FN, c_void_p]),
+        # issue 27: peer-chosen text made safe for a log line or a page
+        "kvp_escape": (ctypes.c_size_t, [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_void_p,
+                                         ctypes.c_size_t, c_uint32]),
         "kvp_peer_wait": (st, [node_p, c_char_p, c_int32]),
         "kvp_node_reconfigure": (st, [node_p, POINTER(kvp_config_t)]),
         "kvp_node_peer_states": (st, [node_p, POINTER(kvp_peer_state_t), c_uint32, u32p]),

@@ -60,12 +60,17 @@ uint64_t kvp_log_suppressed(void)
 
 void kvp__log(kvp_log_level_t level, const char *prefix, const char *fmt, ...)
 {
-    char line[1024];
+    char raw[1024], line[2048];
     va_list ap;
 
     va_start(ap, fmt);
-    vsnprintf(line, sizeof(line), fmt, ap);
+    vsnprintf(raw, sizeof(raw), fmt, ap);
     va_end(ap);
+    /* Issue 27: every argument of every call site may hold a peer's bytes
+     * (peer ids, instance ids and reasons come from HELLO); escaping the
+     * whole line here means no call site can forget it: no newline, ESC or
+     * invalid UTF-8 a peer sends reaches stderr or the embedding's logger. */
+    kvp_escape(line, sizeof(line), raw, strlen(raw), KVP_ESCAPE_BACKSLASH);
     atomic_fetch_add(&log_counts[level], 1);
 
     pthread_mutex_lock(&log_lock);

@@ -168,6 +168,21 @@ def parse_metrics(text):
     return out
 
 
+# Issue 27: kvpeerd --admin needs a bearer token file of mode 0600; every
+# daemon started here with --admin shares this one, and every /admin/ request
+# of Daemon.req carries it.
+ADMIN_TOKEN = os.urandom(24).hex()
+
+
+def admin_token_file():
+    path = os.path.join(TMP, "admin.token")
+    if not os.path.exists(path):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(ADMIN_TOKEN + "\n")
+    return path
+
+
 def kv(text):
     """'a=1 b=x' -> {'a': '1', 'b': 'x'}"""
     return dict(f.split("=", 1) for f in text.split() if "=" in f)
@@ -178,8 +193,11 @@ class Daemon:
     `ns`: run inside that network namespace (HTTP is then reached from a
     thread that joined it)."""
 
-    def __init__(self, kvpeerd, name, args, ns=None, env=None):
+    def __init__(self, kvpeerd, name, args, ns=None, env=None, popen_kw=None):
         self.name, self.ns = name, ns
+        self.popen_kw = popen_kw or {}
+        if "--admin" in args and not any(a.startswith("--admin_token_file") for a in args):
+            args = args + ["--admin_token_file", admin_token_file()]
         self.ready = os.path.join(TMP, name + ".ready")
         self.logpath = os.path.join(TMP, name + ".log")
         self.kvpeerd = kvpeerd
@@ -197,7 +215,8 @@ class Daemon:
             os.unlink(self.ready)
         self.log = open(self.logpath, "a")
         cmd = (["ip", "netns", "exec", self.ns] if self.ns else []) + self.args
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=self.env,
+                                     **self.popen_kw)
         end = time.monotonic() + scaled(timeout)
         while time.monotonic() < end:
             if os.path.exists(self.ready):
@@ -224,6 +243,8 @@ class Daemon:
     def _req(self, path, method, timeout):
         r = urllib.request.Request("http://%s%s" % (self.http, path), method=method,
                                    data=b"" if method == "POST" else None)
+        if path.startswith("/admin/"):
+            r.add_header("Authorization", "Bearer " + ADMIN_TOKEN)
         try:
             with urllib.request.urlopen(r, timeout=timeout) as resp:
                 return resp.status, resp.read().decode()

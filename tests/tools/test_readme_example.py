@@ -70,7 +70,12 @@ for name, text in (("example", code), ("example_nowait", nowait)):
 
 ready = os.path.join(TMP, "d.ready")
 log = open(os.path.join(TMP, "d.log"), "w")
+token = os.urandom(24).hex()  # --admin needs a 0600 token file (issue 27)
+token_file = os.path.join(TMP, "admin.token")
+with os.fdopen(os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+    f.write(token + "\n")
 d = subprocess.Popen([KVPEERD, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--admin",
+                      "--admin_token_file", token_file,
                       "--compat", "llama-70b/fp16/tp8", "--num_blocks", "64",
                       "--block_size", "256K", "--ready_file", ready],
                      stdout=log, stderr=subprocess.STDOUT)
@@ -83,7 +88,8 @@ while not os.path.exists(ready):
 time.sleep(0.05)
 fields = dict(kv.split("=", 1) for kv in open(ready).read().split())
 req = urllib.request.Request("http://%s/admin/put?first=0&count=2" % fields["http"],
-                             method="POST", data=b"")
+                             method="POST", data=b"",
+                             headers={"Authorization": "Bearer " + token})
 with urllib.request.urlopen(req, timeout=30 * SCALE) as resp:
     body = resp.read().decode()
 if "put 2 0" not in body:
