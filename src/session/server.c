@@ -43,6 +43,8 @@ static void sround_set_phase(kvp_sround_t *r, kvp_sround_phase_t to)
               (unsigned long long)r->round, sr_phase_names[r->phase], sr_phase_names[to]);
     r->phase = to;
     if (to == KVP_SR_FINISHED) { /* kept only to replay its answer: off the live list */
+        KVP_ASSERT(r->sess->n_rounds > 0);
+        r->sess->n_rounds--;
         kvp_list_remove(&r->link);
         kvp_list_insert_tail(&r->sess->srounds_done, &r->link);
     }
@@ -86,19 +88,23 @@ static void key_copy(kvp_key_buf_t *dst, const uint8_t *data, uint32_t len)
 
 static void sround_timer_cb(kvp_timer_t *t);
 
+/* A new live round; its supply array grows with hits (supply_push) unless
+ * cap_supply (fetch-time supply: one per demand) is given. */
 static kvp_sround_t *sround_new(kvp_session_t *s, uint64_t request_id, uint64_t round,
                                 uint32_t cap_supply)
 {
     kvp_sround_t *r = kvp__calloc(1, sizeof(*r));
     if (r == NULL)
         return NULL;
-    r->supply = kvp__calloc(cap_supply ? cap_supply : 1, sizeof(*r->supply));
-    if (r->supply == NULL) {
+    if (cap_supply > 0 && (r->supply = kvp__calloc(cap_supply, sizeof(*r->supply))) == NULL) {
         kvp__free(r);
         return NULL;
     }
     r->cap_supply = cap_supply;
     r->sess = s;
+    r->born_ns = kvp__env_now(s->env);
+    s->n_rounds++;
+    kvp__budget_account(r, false);
     r->request_id = request_id;
     r->round = round;
     r->phase = KVP_SR_SUPPLIED;
@@ -121,7 +127,7 @@ static void sround_unpin_supply(kvp_sround_t *r)
             /* A supply pin: no transfer reads it (those moved to a kvp_xfer_t). */
             kvp_status_t rc = kvp_store_unpin(st, r->supply[i].ref);
             KVP_ASSERT(rc == KVP_OK);
-            r->supply[i].pinned = false;
+            kvp__budget_pin_drop(r, &r->supply[i]);
         }
     }
 }
@@ -135,6 +141,11 @@ static void sround_free(kvp_sround_t *r)
     if (kvp_list_linked(&r->wait_link))
         kvp_list_remove(&r->wait_link);
     kvp_list_remove(&r->link);
+    if (r->phase != KVP_SR_FINISHED) {
+        KVP_ASSERT(r->sess->n_rounds > 0);
+        r->sess->n_rounds--;
+    }
+    kvp__budget_account(r, true);
     kvp__free(r->supply);
     kvp__free(r->demand);
     kvp__free(r->digests);
@@ -148,17 +159,24 @@ static void send_lookup_resp(kvp_sround_t *r)
 {
     kvp_session_t *s = r->sess;
     uint8_t stackbuf[256];
-    uint8_t *res = r->n_supply <= sizeof(stackbuf) ? stackbuf : kvp__malloc(r->n_supply);
+    /* One byte per key, for the send only (the round keeps hits alone). */
+    uint8_t *res = r->n_keys <= sizeof(stackbuf) ? stackbuf : kvp__malloc(r->n_keys);
     if (res == NULL) {
         kvp__session_fault(s, KVP_BYE_PROTOCOL, "out of memory answering LOOKUP");
         return;
     }
+    memset(res, KVP_LOOKUP_MISS, r->n_keys);
     for (uint32_t i = 0; i < r->n_supply; i++)
-        res[i] = r->supply[i].pinned ? KVP_LOOKUP_HIT : KVP_LOOKUP_MISS;
+        if (r->supply[i].pinned)
+            res[r->supply[i].idx] = KVP_LOOKUP_HIT;
     kvp_msg_t m = {.type = KVP_MSG_LOOKUP_RESP, .flags = r->lookup_flags};
+    if (r->limited) {
+        m.flags |= KVP_LOOKUP_F_LIMIT;
+        s->env->st->lookups_refused_limit++;
+    }
     m.u.lookup_resp.request_id = r->request_id;
     m.u.lookup_resp.round = r->round;
-    m.u.lookup_resp.n = r->n_supply;
+    m.u.lookup_resp.n = r->n_keys;
     m.u.lookup_resp.results = res;
     kvp__session_send(s, &m);
     if (res != stackbuf)
@@ -206,6 +224,15 @@ static void sround_finish(kvp_sround_t *r, bool ack, kvp_status_t status)
         kvp__session_send(s, &m);
     if (r->phase != KVP_SR_FINISHED)
         sround_set_phase(r, KVP_SR_FINISHED);
+    /* Kept only to replay the answer (n_demand, digests, block_ok): its
+     * supply and demand go now, so a finished round costs the peer's memory
+     * budget little. */
+    kvp__free(r->supply);
+    kvp__free(r->demand);
+    r->supply = NULL;
+    r->demand = NULL;
+    r->n_supply = r->cap_supply = 0;
+    kvp__budget_account(r, false);
     /* Keep the answer for replays until the consumer's abort machinery is
      * surely over. */
     kvp_timer_start(n->loop, &r->timer,
@@ -221,12 +248,6 @@ static void sround_finish(kvp_sround_t *r, bool ack, kvp_status_t status)
  * a FETCH or LOOKUP of the same request on this session, or a lease
  * heartbeat (LOOKUP with KVP_LOOKUP_F_RENEW). When the lease runs out the
  * round's pins are released and counted (sround_timer_cb). */
-static uint64_t lease_deadline(const kvp_session_env_t *n)
-{
-    uint32_t ms = n->cfg->pin_lease_ms ? n->cfg->pin_lease_ms : n->cfg->supply_pin_ms;
-    return kvp__env_now(n) + (uint64_t)ms * KVP_NSEC_PER_MSEC;
-}
-
 static void lease_renew(kvp_session_t *s, uint64_t request_id)
 {
     kvp_session_env_t *n = s->env;
@@ -235,29 +256,32 @@ static void lease_renew(kvp_session_t *s, uint64_t request_id)
     {
         kvp_sround_t *r = KVP_CONTAINER_OF(p, kvp_sround_t, link);
         if (r->request_id == request_id && r->phase == KVP_SR_SUPPLIED) {
-            kvp_timer_start(n->loop, &r->timer, lease_deadline(n));
+            kvp_timer_start(n->loop, &r->timer, kvp__budget_lease_deadline(r));
             n->st->leases_renewed++;
         }
     }
 }
 
 /* Prefix mode: everything after the first key that is neither held nor
- * pending is not part of the prefix; drop its pins. Returns the number of
- * keys still pinned. */
+ * pending is not part of the prefix; drop its pins. The supply holds only
+ * held and pending keys, in key order: a gap in idx is a miss. Returns the
+ * number of keys still pinned. */
 static uint32_t prefix_trim(kvp_sround_t *r)
 {
     kvp_store_t *st = r->sess->env->store;
-    uint32_t held = 0;
+    uint32_t held = 0, expect = 0;
     bool cut = false;
     for (uint32_t i = 0; i < r->n_supply; i++) {
         kvp_supply_t *sp = &r->supply[i];
+        cut |= sp->idx != expect;
         if (cut && sp->pinned && (r->lookup_flags & KVP_LOOKUP_F_PREFIX)) {
             kvp_status_t rc = kvp_store_unpin(st, sp->ref); /* supply: no transfer reads it */
             KVP_ASSERT(rc == KVP_OK);
-            sp->pinned = false;
+            kvp__budget_pin_drop(r, sp);
         }
         cut |= !sp->pinned && !sp->pending;
         held += sp->pinned;
+        expect = sp->idx + 1;
     }
     return held;
 }
@@ -266,22 +290,105 @@ static uint32_t prefix_trim(kvp_sround_t *r)
 
 enum { LOOKUP_CHUNK = 64 };
 
-/* Look up k (<= LOOKUP_CHUNK) keys at once; each hit pinned into its
- * supply entry's ref. */
-static void lookup_chunk(kvp_store_t *store, const kvp_key_t *keys, uint32_t k, kvp_supply_t *sup,
-                         kvp_status_t *st)
+/* Look up k (<= LOOKUP_CHUNK) keys at once; each hit pinned into refs[i]. */
+static void lookup_chunk(kvp_store_t *store, const kvp_key_t *keys, uint32_t k,
+                         kvp_slot_ref_t *refs, kvp_status_t *st)
 {
     const void *kp[LOOKUP_CHUNK];
     size_t kl[LOOKUP_CHUNK];
-    kvp_slot_ref_t refs[LOOKUP_CHUNK];
     for (uint32_t i = 0; i < k; i++) {
         kp[i] = keys[i].data;
         kl[i] = keys[i].len;
     }
     kvp_store_lookup_many(store, k, kp, kl, refs, st);
-    for (uint32_t i = 0; i < k; i++)
-        if (st[i] == KVP_OK)
-            sup[i].ref = refs[i];
+}
+
+/* Append a supply entry for key idx (a hit or a pending key), growing the
+ * array within the peer's round memory. NULL (r->limited set, counted) when
+ * the budget has no room, or out of memory. */
+static kvp_supply_t *supply_push(kvp_sround_t *r, uint32_t idx, const kvp_key_t *k)
+{
+    if (r->n_supply == r->cap_supply) {
+        uint32_t cap = r->cap_supply ? r->cap_supply * 2 : 8;
+        uint64_t extra = (uint64_t)(cap - r->cap_supply) * sizeof(kvp_supply_t);
+        kvp_supply_t *ns = NULL;
+        if (kvp__budget_round_fits(r->sess, extra, false))
+            ns = kvp__realloc(r->supply, (size_t)cap * sizeof(*ns));
+        if (ns == NULL) {
+            if (!r->limited)
+                kvp__budget_round_refused(r->sess, "LOOKUP supply");
+            r->limited = true;
+            return NULL;
+        }
+        r->supply = ns;
+        r->cap_supply = cap;
+        kvp__budget_account(r, false);
+    }
+    kvp_supply_t *sp = &r->supply[r->n_supply++];
+    memset(sp, 0, sizeof(*sp));
+    key_copy(&sp->key, k->data, k->len);
+    sp->idx = idx;
+    return sp;
+}
+
+/* One key's answer: a pinned hit (within the budgets), a pending key, or a
+ * miss (a refusal at a budget sets r->limited). Returns whether the key is
+ * held or pending (prefix mode stops at the first that is not). */
+static bool lookup_take(kvp_sround_t *r, uint32_t idx, const kvp_key_t *k, kvp_status_t st,
+                        kvp_slot_ref_t ref, bool open)
+{
+    kvp_store_t *store = r->sess->env->store;
+    if (st == KVP_OK && open) {
+        kvp_supply_t *sp = supply_push(r, idx, k);
+        if (sp != NULL && kvp__budget_pin_take(r, sp)) {
+            sp->ref = ref;
+            return true;
+        }
+        if (sp != NULL)
+            r->n_supply--; /* the entry just pushed: refused */
+        kvp_store_unpin(store, ref);
+        return false;
+    }
+    if (st == KVP_OK) {
+        kvp_store_unpin(store, ref); /* closing: answer MISS */
+        return false;
+    }
+    if (st == KVP_ERR_PENDING) {
+        kvp_supply_t *sp = supply_push(r, idx, k);
+        if (sp != NULL)
+            sp->pending = true;
+        return sp != NULL;
+    }
+    if (st == KVP_ERR_LIMIT)
+        r->limited = true; /* max_pins of the store (counted there: pins_refused) */
+    return false;
+}
+
+/* Answer a LOOKUP the peer's round budget has no room for: every key MISS,
+ * with the limit flag; nothing is kept. */
+static void lookup_refuse(kvp_session_t *s, const kvp_msg_lookup_t *m, uint16_t flags)
+{
+    kvp_sround_t r = {.sess = s, .request_id = m->request_id, .round = m->round,
+                      .n_keys = m->n, .limited = true};
+    r.lookup_flags = flags & (KVP_LOOKUP_F_PREFIX | KVP_LOOKUP_F_RENEW);
+    kvp__budget_round_refused(s, "LOOKUP");
+    send_lookup_resp(&r);
+}
+
+/* Free FINISHED rounds of the peer (oldest first; they are kept only to
+ * replay an answer) until `extra` bytes fit its round memory. */
+static void rounds_done_trim(kvp_session_t *s, uint64_t extra)
+{
+    while (!kvp__budget_round_fits(s, extra, false) && !kvp_list_empty(&s->srounds_done))
+        sround_free(KVP_CONTAINER_OF(s->srounds_done.next, kvp_sround_t, link));
+}
+
+/* Whether a new round with `extra` bytes beyond its record fits the peer's
+ * budgets (finished rounds give way first). */
+static bool round_admit(kvp_session_t *s, uint64_t extra)
+{
+    rounds_done_trim(s, sizeof(kvp_sround_t) + extra);
+    return kvp__budget_round_fits(s, sizeof(kvp_sround_t) + extra, true);
 }
 
 void kvp__server_on_lookup(kvp_session_t *s, const kvp_msg_lookup_t *m, uint16_t flags)
@@ -292,44 +399,45 @@ void kvp__server_on_lookup(kvp_session_t *s, const kvp_msg_lookup_t *m, uint16_t
         return;
     }
     lease_renew(s, m->request_id); /* any lookup of the request is a heartbeat for it */
-    kvp_sround_t *r = sround_new(s, m->request_id, m->round, m->n);
+    if (!round_admit(s, 0)) {
+        lookup_refuse(s, m, flags);
+        return;
+    }
+    kvp_sround_t *r = sround_new(s, m->request_id, m->round, 0);
     if (r == NULL) {
         kvp__session_fault(s, KVP_BYE_PROTOCOL, "out of memory on LOOKUP");
         return;
     }
+    r->n_keys = m->n;
     r->lookup_flags = flags & (KVP_LOOKUP_F_PREFIX | KVP_LOOKUP_F_RENEW);
-    bool prefix = (flags & KVP_LOOKUP_F_PREFIX) != 0, missed = false, open = kvp__session_open(s);
-    uint32_t pending = 0, hits = 0, refused = 0;
+    bool prefix = (flags & KVP_LOOKUP_F_PREFIX) != 0, open = kvp__session_open(s);
+    uint32_t pending = 0, refused = 0;
     for (uint32_t base = 0; base < m->n; base += LOOKUP_CHUNK) {
         uint32_t k = KVP_MIN(LOOKUP_CHUNK, m->n - base);
         kvp_status_t st[LOOKUP_CHUNK];
+        kvp_slot_ref_t refs[LOOKUP_CHUNK];
         if (!prefix) /* batched: the store prefetches a group's buckets and slots */
-            lookup_chunk(n->store, &m->keys[base], k, &r->supply[base], st);
+            lookup_chunk(n->store, &m->keys[base], k, refs, st);
         for (uint32_t i = 0; i < k; i++) {
-            kvp_supply_t *sp = &r->supply[r->n_supply++];
-            key_copy(&sp->key, m->keys[base + i].data, m->keys[base + i].len);
-            if (missed)
-                continue; /* prefix mode: past the first miss, not looked up */
+            const kvp_key_t *key = &m->keys[base + i];
             if (prefix)
-                st[i] = kvp_store_lookup(n->store, sp->key.data, sp->key.len, &sp->ref, NULL, NULL);
-            if (st[i] == KVP_OK && open) {
-                sp->pinned = true;
-                hits++;
-            } else if (st[i] == KVP_OK) {
-                kvp_store_unpin(n->store, sp->ref);
-            } else if (st[i] == KVP_ERR_PENDING) {
-                sp->pending = true;
-                pending++;
-            } else if (st[i] == KVP_ERR_LIMIT) {
-                refused++; /* counted by the store (pins_refused) */
-            }
-            missed = prefix && !sp->pinned && !sp->pending;
+                st[i] = kvp_store_lookup(n->store, key->data, key->len, &refs[i], NULL, NULL);
+            bool kept = lookup_take(r, base + i, key, st[i], refs[i], open);
+            pending += kept && st[i] == KVP_ERR_PENDING;
+            refused += st[i] == KVP_ERR_LIMIT; /* the store's max_pins (counted there) */
+            if (prefix && !kept) /* past the first miss: not looked up */
+                goto looked_up;
         }
     }
+looked_up:
     if (refused > 0)
         KVP_LOG_RL(&s->rl_limit, kvp__env_now(n), KVP_LOG_WARN, n->name,
                    "peer %s: %u keys of LOOKUP answered MISS: max_pins reached", s->peer_id,
                    refused);
+    else if (r->limited)
+        KVP_LOG_RL(&s->rl_limit, kvp__env_now(n), KVP_LOG_WARN, n->name,
+                   "peer %s: LOOKUP of %u keys answered limit (%u held)", s->peer_id, m->n,
+                   r->n_supply - pending);
     if (pending > 0) {
         sround_set_phase(r, KVP_SR_LOOKUP_PENDING);
         kvp_list_insert_tail(&n->waiting, &r->wait_link);
@@ -337,34 +445,31 @@ void kvp__server_on_lookup(kvp_session_t *s, const kvp_msg_lookup_t *m, uint16_t
                         kvp__env_now(n) + (uint64_t)n->cfg->lookup_pending_ms * KVP_NSEC_PER_MSEC);
         return;
     }
-    hits = prefix_trim(r);
+    uint32_t hits = prefix_trim(r);
     send_lookup_resp(r);
     if (hits == 0) {
         sround_free(r);
         return;
     }
-    kvp_timer_start(n->loop, &r->timer, lease_deadline(n));
+    kvp_timer_start(n->loop, &r->timer, kvp__budget_lease_deadline(r));
 }
 
 /* Pending keys that did not commit in time answer MISS; the rest HIT. */
 static void lookup_pending_resolve(kvp_sround_t *r)
 {
     kvp_session_env_t *n = r->sess->env;
-    bool any = false;
-    for (uint32_t i = 0; i < r->n_supply; i++) {
+    for (uint32_t i = 0; i < r->n_supply; i++)
         r->supply[i].pending = false;
-        any |= r->supply[i].pinned;
-    }
     if (kvp_list_linked(&r->wait_link))
         kvp_list_remove(&r->wait_link);
     sround_set_phase(r, KVP_SR_SUPPLIED);
-    any = prefix_trim(r) > 0;
+    bool any = prefix_trim(r) > 0;
     send_lookup_resp(r);
     if (!any) {
         sround_free(r);
         return;
     }
-    kvp_timer_start(n->loop, &r->timer, lease_deadline(n));
+    kvp_timer_start(n->loop, &r->timer, kvp__budget_lease_deadline(r));
 }
 
 /* ---------------------------------------------------------------- FETCH */
@@ -380,10 +485,10 @@ static void fetch_fail_now(kvp_session_t *s, const kvp_msg_fetch_t *m, kvp_statu
         kvp__session_fault(s, KVP_BYE_PROTOCOL, "out of memory on FETCH");
         return;
     }
-    if (r->demand == NULL) {
-        r->demand = kvp__calloc(m->n ? m->n : 1, sizeof(*r->demand));
-        r->n_demand = r->demand ? m->n : 0;
-    }
+    /* FETCH_DONE answers every item not ok: it needs the count, no demand
+     * record (a failed FETCH keeps only the round record for replays). */
+    if (r->demand == NULL)
+        r->n_demand = m->n;
     sround_finish(r, false, st);
 }
 
@@ -411,9 +516,14 @@ static bool supply_from_store(kvp_sround_t *r, kvp_demand_t *d)
     if (kvp_store_lookup(n->store, d->key.data, d->key.len, &ref, NULL, NULL) != KVP_OK)
         return false;
     kvp_supply_t *sp = &r->supply[r->n_supply];
+    memset(sp, 0, sizeof(*sp));
+    if (!kvp__budget_pin_take(r, sp)) { /* the peer's supply-pin budget: stays missing */
+        kvp_store_unpin(n->store, ref);
+        return false;
+    }
     sp->key = d->key;
     sp->ref = ref;
-    sp->pinned = true;
+    sp->idx = r->n_keys;
     d->supply = (int32_t)r->n_supply++;
     return true;
 }
@@ -421,11 +531,18 @@ static bool supply_from_store(kvp_sround_t *r, kvp_demand_t *d)
 static kvp_status_t sround_take_demand(kvp_sround_t *r, const kvp_msg_fetch_t *m,
                                        uint32_t *missing)
 {
+    bool from_store = (r->flags & (KVP_FETCH_WAIT_FOR_SUPPLY | KVP_FETCH_HINT)) != 0;
+    uint64_t grow = from_store && r->cap_supply < r->n_supply + m->n
+                        ? (uint64_t)(r->n_supply + m->n - r->cap_supply) * sizeof(kvp_supply_t)
+                        : 0;
+    uint64_t need = grow + (uint64_t)m->n * (sizeof(kvp_demand_t) + sizeof(kvp_digest_t) + 1);
+    rounds_done_trim(r->sess, need);
+    if (!kvp__budget_round_fits(r->sess, need, false))
+        return KVP_ERR_LIMIT; /* the peer's round memory (counted by the caller) */
     r->demand = kvp__calloc(m->n, sizeof(*r->demand));
     if (r->demand == NULL)
         return KVP_ERR_NOMEM;
-    bool from_store = (r->flags & (KVP_FETCH_WAIT_FOR_SUPPLY | KVP_FETCH_HINT)) != 0;
-    if (from_store && r->cap_supply < r->n_supply + m->n) {
+    if (grow > 0) {
         kvp_supply_t *ns = kvp__realloc(r->supply, (r->n_supply + m->n) * sizeof(*ns));
         if (ns == NULL)
             return KVP_ERR_NOMEM;
@@ -433,6 +550,7 @@ static kvp_status_t sround_take_demand(kvp_sround_t *r, const kvp_msg_fetch_t *m
         r->cap_supply = r->n_supply + m->n;
     }
     r->n_demand = m->n;
+    kvp__budget_account(r, false);
     uint32_t cursor = 0;
     *missing = 0;
     for (uint32_t i = 0; i < m->n; i++) {
@@ -515,20 +633,31 @@ void kvp__server_on_fetch(kvp_session_t *s, const kvp_msg_fetch_t *m)
         fetch_fail_now(s, m, KVP_ERR_NOT_FOUND);
         return;
     }
+    if (r == NULL && !round_admit(s, (uint64_t)m->n * sizeof(kvp_supply_t))) {
+        kvp__budget_round_refused(s, "FETCH");
+        fetch_fail_now(s, m, KVP_ERR_LIMIT);
+        return;
+    }
     if (r == NULL && (r = sround_new(s, m->request_id, m->round, m->n)) == NULL) {
         kvp__session_fault(s, KVP_BYE_PROTOCOL, "out of memory on FETCH");
         return;
     }
     r->flags = m->flags;
     uint32_t missing = 0;
-    if (sround_take_demand(r, m, &missing) != KVP_OK) {
-        sround_finish(r, false, KVP_ERR_NOMEM);
+    kvp_status_t tk = sround_take_demand(r, m, &missing);
+    if (tk != KVP_OK) {
+        if (tk == KVP_ERR_LIMIT)
+            kvp__budget_round_refused(s, "FETCH");
+        if (r->demand == NULL)
+            r->n_demand = m->n; /* FETCH_DONE answers every item, not ok */
+        sround_finish(r, false, tk);
         return;
     }
     if (missing > 0 && hint)
         n->st->fetch_hints_stale++; /* the router's map was (partly) out of date: quick misses */
     if (missing > 0 && !wait && missing == r->n_demand) {
-        sround_finish(r, false, KVP_ERR_NOT_FOUND); /* F9: at once, never a silent wait */
+        /* F9: at once, never a silent wait; LIMIT if a budget refused it */
+        sround_finish(r, false, r->limited ? KVP_ERR_LIMIT : KVP_ERR_NOT_FOUND);
         return;
     }
     if (missing > 0 && !wait) { /* F9, partly supplied: send what we have, at once; */
@@ -561,6 +690,7 @@ static kvp_xfer_t *xfer_new(kvp_sround_t *r)
     }
     x->n = r->n_demand;
     x->round = r;
+    kvp__budget_account(r, false); /* digests, block_ok */
     snprintf(x->peer, sizeof(x->peer), "%s", r->sess->peer_id);
     kvp_list_init(&x->link);
     return x;
@@ -580,7 +710,7 @@ static kvp_status_t xfer_take_pins(kvp_sround_t *r, kvp_xfer_t *x)
             continue; /* not supplied (F9): reported not ok in FETCH_DONE */
         kvp_supply_t *sp = &r->supply[r->demand[i].supply];
         if (sp->pinned) {
-            sp->pinned = false;
+            kvp__budget_pin_drop(r, sp); /* the pin moves to the transfer */
         } else {
             kvp_status_t rc = kvp_store_pin(st, sp->ref);
             if (rc != KVP_OK)
@@ -761,10 +891,14 @@ static bool sround_take_commit(kvp_sround_t *r, const void *key, uint32_t key_le
         bool still = false;
         for (uint32_t i = 0; i < r->n_supply; i++) {
             kvp_supply_t *sp = &r->supply[i];
+            kvp_slot_ref_t ref;
             if (sp->pending && key_eq(&sp->key, key, key_len) &&
-                kvp_store_lookup(st, key, key_len, &sp->ref, NULL, NULL) == KVP_OK) {
+                kvp_store_lookup(st, key, key_len, &ref, NULL, NULL) == KVP_OK) {
                 sp->pending = false;
-                sp->pinned = true;
+                if (kvp__budget_pin_take(r, sp))
+                    sp->ref = ref;
+                else
+                    kvp_store_unpin(st, ref); /* refused at a budget: MISS, limit */
             }
             still |= sp->pending;
         }
