@@ -443,10 +443,15 @@ static void test_inflight_queued_fetch_fails_on_probation(void **state)
 
 /* ------------------------------------------------------- max_quarantined */
 
+static bool g_per_peer; /* the limit is max_quarantined_per_peer, not the store's */
+
 static void tweak_quarantine(kvp_config_t *c, kvp_node_seams_t *s, int i)
 {
     if (i == 1) {
-        c->max_quarantined = g_limit;
+        if (g_per_peer)
+            c->max_quarantined_per_peer = g_limit; /* the store's stays a quarter */
+        else
+            c->max_quarantined = g_limit;
         s->fake_path = KVP_PATH_FAKE_UNFENCEABLE; /* no fence proof: slots stay held */
     }
 }
@@ -463,13 +468,17 @@ static void tweak_quarantine(kvp_config_t *c, kvp_node_seams_t *s, int i)
  * reserved, no READY block of node 1 evicted for it), while healthy node 2
  * is served (by eviction). At the hold cap the slots are released (suspect)
  * and node 0 is served again.
+ * Run twice: with the store's max_quarantined = 2, and with the peer's share
+ * max_quarantined_per_peer = 2 (the store's a quarter).
  * Mutations: the old rule (refuse past max_quarantined, FREE slots or not)
  * -> the restarted source's first fetch is LIMIT; no FREE check (never
- * refuse) -> the fetch with no FREE slot is accepted and evicts. */
-static void test_max_quarantined_refuses_faulty_peer_only(void **state)
+ * refuse) -> the fetch with no FREE slot is accepted and evicts; the
+ * per-peer share not checked -> the second run's fetch is accepted. */
+static void quarantine_case(void **state, bool per_peer)
 {
     world_t *w = *state = malloc(sizeof(world_t));
     g_limit = 2;
+    g_per_peer = per_peer;
     world_init(w, 3, tweak_quarantine);
     world_connect(w, 1, 0);
     world_connect(w, 1, 2);
@@ -513,7 +522,10 @@ static void test_max_quarantined_refuses_faulty_peer_only(void **state)
     assert_int_equal(mid.slots_filling, full.slots_filling); /* nothing reserved */
     assert_int_equal(mid.slots_ready, full.slots_ready);     /* nothing evicted for it */
     assert_int_equal(mid.evictions, full.evictions);
-    assert_int_equal(log_count("max_quarantined", w->addr[0]), 1);
+    assert_int_equal(log_count(per_peer ? "max_quarantined_per_peer reached"
+                                        : "max_quarantined reached",
+                               w->addr[0]),
+                     1);
     assert_int_equal(kvp_finish_request(w->node[1], 6), KVP_OK);
     /* the healthy peer is served at the limit (its slots by eviction) */
     assert_int_equal(lookup_fetch(w, 1, 2, 7, 10, 2, 500 * MS), KVP_OK);
@@ -535,6 +547,16 @@ static void test_max_quarantined_refuses_faulty_peer_only(void **state)
                      after.fetches_refused_quarantine);
     world_fini(w, false);
     free(w);
+}
+
+static void test_max_quarantined_refuses_faulty_peer_only(void **state)
+{
+    quarantine_case(state, false);
+}
+
+static void test_max_quarantined_per_peer(void **state)
+{
+    quarantine_case(state, true);
 }
 
 /* ---------------------------------------------------------- max_retained */
@@ -606,6 +628,7 @@ int main(void)
         cmocka_unit_test(test_inflight_queued_fetch_one_outcome),
         cmocka_unit_test(test_inflight_queued_fetch_fails_on_probation),
         cmocka_unit_test(test_max_quarantined_refuses_faulty_peer_only),
+        cmocka_unit_test(test_max_quarantined_per_peer),
         cmocka_unit_test(test_max_retained_refuses_fetch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
