@@ -282,10 +282,12 @@ static kvp_status_t quarantine_check(kvp_session_t *s, uint32_t nblocks)
         return KVP_OK;
     n->st->fetches_refused_quarantine++;
     KVP_LOG_RL(&s->rl_limit, kvp__env_now(n), KVP_LOG_WARN, n->name,
-               "peer %s: fetch refused: max_quarantined_per_peer / max_quarantined reached "
-               "(%llu by this peer, share %u; %llu of %u in the store) and %llu FREE slots for "
-               "%u blocks",
-               s->peer_id, (unsigned long long)mine, n->cfg->max_quarantined_per_peer,
+               "peer %s: fetch refused: %s reached (%llu quarantined by this peer, share %u; "
+               "%llu of %u in the store) and %llu FREE slots for %u blocks",
+               s->peer_id,
+               mine >= n->cfg->max_quarantined_per_peer ? "max_quarantined_per_peer"
+                                                        : "max_quarantined",
+               (unsigned long long)mine, n->cfg->max_quarantined_per_peer,
                (unsigned long long)total, n->cfg->max_quarantined,
                (unsigned long long)ss.slots[KVP_SLOT_FREE], nblocks);
     return KVP_ERR_LIMIT;
