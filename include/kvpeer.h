@@ -146,7 +146,8 @@ typedef struct kvp_config {
      * KVP_ERR_LIMIT (a LOOKUP answer carries the limit flag), counted in
      * kvp_stats_t and logged (rate-limited) naming the budget and the peer.
      *   max_supply_pins_per_peer   slots one peer's lookups hold pinned here
-     *                              (not yet fetched); 0 = num_blocks / 4
+     *                              (not yet fetched); 0 = num_blocks / 4, at
+     *                              least min(64, num_blocks / 2)
      *   max_supply_pins            the same, all peers together; 0 = num_blocks / 2
      *   max_lookup_rounds_per_peer live lookup / fetch rounds one peer holds
      *                              here (pinned, pending, parked); 0 = 1024

@@ -926,14 +926,17 @@ kvp_store_t *kvp__node_store(kvp_node_t *n)
 }
 
 /* Issue 27 defaults, chosen so that peers together never hold more than
- * half the slots pinned, one peer a quarter; a faulty peer's quarantine
- * stops displacing READY blocks at an eighth; memory and rounds per peer
- * far above a vLLM tier's needs (one round per request in flight, ~90 B per
- * held key) and far below what a host notices. */
+ * half the slots pinned, one peer a quarter (at least 64 slots, so that a
+ * small node still serves a usual prefix in one lookup, but never more than
+ * the half); a faulty peer's quarantine stops displacing READY blocks at an
+ * eighth; memory and rounds per peer far above a vLLM tier's needs (one
+ * round per request in flight, ~90 B per held key) and far below what a
+ * host notices. */
 void kvp__node_budget_defaults(kvp_config_t *c)
 {
     if (c->max_supply_pins_per_peer == 0)
-        c->max_supply_pins_per_peer = KVP_MAX(c->num_blocks / 4, 1);
+        c->max_supply_pins_per_peer =
+            KVP_MAX(KVP_MAX(c->num_blocks / 4, KVP_MIN(c->num_blocks / 2, 64u)), 1u);
     if (c->max_supply_pins == 0)
         c->max_supply_pins = KVP_MAX(c->num_blocks / 2, 1);
     if (c->max_lookup_rounds_per_peer == 0)

@@ -479,8 +479,10 @@ static void sround_post(kvp_sround_t *r);
 static void fetch_fail_now(kvp_session_t *s, const kvp_msg_fetch_t *m, kvp_status_t st)
 {
     kvp_sround_t *r = sround_find(s, m->round);
-    if (r == NULL)
+    if (r == NULL) { /* a record to replay the answer: finished ones give way */
+        rounds_done_trim(s, sizeof(kvp_sround_t));
         r = sround_new(s, m->request_id, m->round, 0);
+    }
     if (r == NULL) {
         kvp__session_fault(s, KVP_BYE_PROTOCOL, "out of memory on FETCH");
         return;

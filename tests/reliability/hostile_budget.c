@@ -12,6 +12,7 @@
 #include "node/world.h"
 
 #define MS KVP_NSEC_PER_MSEC
+#define NB 256u /* the victim's slots: its default share per peer is NB / 4 */
 
 static int g_case;
 
@@ -37,11 +38,22 @@ static void tweak_victim(kvp_config_t *c, kvp_node_seams_t *s, int i)
     (void)s;
     if (i != 0)
         return;
+    c->num_blocks = NB;
     c->max_supply_pins_per_peer = c->max_supply_pins = 0;
     if (g_case == 3)
         c->max_lookup_rounds_per_peer = 8;
     if (g_case == 4)
         c->max_wanted_peers = 2;
+    if (g_case == 5)
+        c->max_lookup_bytes_per_peer = 32 * 1024;
+}
+
+/* The abuser of case 5 needs destination slots for its flood. */
+static void tweak_flood(kvp_config_t *c, kvp_node_seams_t *s, int i)
+{
+    tweak_victim(c, s, i);
+    if (i == 1)
+        c->num_blocks = 1024;
 }
 
 static uint32_t g_warns_n;
@@ -115,16 +127,17 @@ static uint32_t victim_reads(world_t *w, uint32_t n)
     return ok;
 }
 
-/* Issue 27 "Why" 4, first half: 4 LOOKUPs of every key plus lease renewals
- * for as long as the abuser likes. With the default budgets (a quarter of
- * the slots per peer): the abuser holds 16 of 64 pins, every LOOKUP past
- * its share answers KVP_ERR_LIMIT (lookups_refused_limit, supply_pins_refused,
- * a WARN naming the budget and the abuser); meanwhile the victim reads 64/64
- * of its blocks, stores 16/16 new ones, and the good peer's fetch succeeds;
- * the renewed lease ends at max_lease_ms (leases_capped), pins 0.
+/* Issue 27 "Why" 4, first half: 4 LOOKUPs of 64 keys (every slot) plus
+ * lease renewals for as long as the abuser likes. With the default budgets
+ * (a quarter of the slots per peer): the abuser holds 64 of 256 pins, every
+ * LOOKUP past its share answers KVP_ERR_LIMIT (lookups_refused_limit,
+ * supply_pins_refused, a WARN naming the budget and the abuser); meanwhile
+ * the victim reads 256/256 of its blocks, stores 16/16 new ones, and the
+ * good peer's fetch succeeds; the renewed lease ends at max_lease_ms
+ * (leases_capped), pins 0.
  * Mutations: per-peer cap removed (kvp__budget_pin_take checks only the
- * total) -> the abuser holds 32, n_ok != 16; lease cap removed
- * (kvp__budget_lease_deadline ignores max_lease_ms) -> pins stay 16 after
+ * total) -> the abuser holds 128; lease cap removed
+ * (kvp__budget_lease_deadline ignores max_lease_ms) -> pins stay 64 after
  * max_lease_ms of renewals. */
 static void test_pin_and_lease_abuse(void **state)
 {
@@ -133,27 +146,30 @@ static void test_pin_and_lease_abuse(void **state)
     world_init(w, 3, tweak_victim);
     world_connect(w, 1, 0);
     world_connect(w, 2, 0);
-    for (uint32_t k = 0; k < 64; k++)
+    for (uint32_t k = 0; k < NB; k++)
         world_put(w, 0, k, 0);
     warns_start();
-    wkeys_t all;
     uint8_t res[64];
-    wkeys_make(&all, 0, 64);
-    uint32_t held = 0;
+    uint32_t held = 0, limited = 0;
     for (uint64_t req = 1; req <= 4; req++) {
-        const kvp_event_t *e = lookup(w, 1, 0, req, &all, res);
-        assert_int_equal(e->status, KVP_ERR_LIMIT); /* never "ok" with refused misses */
+        wkeys_t ks;
+        wkeys_make(&ks, (uint32_t)(req - 1) * 64, 64);
+        const kvp_event_t *e = lookup(w, 1, 0, req, &ks, res);
+        assert_false(e->status == KVP_OK && e->n_ok < 64); /* never "ok" with refusals */
+        limited += e->status == KVP_ERR_LIMIT;
         held += e->n_ok;
     }
-    uint32_t share = w->cfg[0].num_blocks / 4;
+    uint32_t share = NB / 4;
+    assert_int_equal(w->node[0]->cfg.max_supply_pins_per_peer, share); /* the default */
     assert_int_equal(held, share);
+    assert_int_equal(limited, 3);
     kvp_stats_t st = world_stats(w, 0);
     assert_int_equal(st.supply_pins, share);
     assert_int_equal(st.pins, share);
-    assert_int_equal(st.supply_pins_refused, 4 * 64 - share);
-    assert_int_equal(st.lookups_refused_limit, 4);
+    assert_int_equal(st.supply_pins_refused, NB - share);
+    assert_int_equal(st.lookups_refused_limit, 3);
     assert_true(warns_with("max_supply_pins_per_peer", w->addr[1]) >= 1);
-    assert_int_equal(world_stats(w, 1).lookups_limited, 4);
+    assert_int_equal(world_stats(w, 1).lookups_limited, 3);
     warns_stop();
     /* the abuser renews every 100 ms (its lease is 300 ms) while the victim
      * and the good peer work */
@@ -166,10 +182,10 @@ static void test_pin_and_lease_abuse(void **state)
         world_run(w, 100 * MS);
         if (!worked && kvp_clock_now(&w->mc.clock) - born >= max_lease / 2 * MS) {
             assert_int_equal(world_stats(w, 0).supply_pins, share); /* still held */
-            assert_int_equal(victim_reads(w, 64), 64);
-            for (uint32_t k = 100; k < 116; k++)
+            assert_int_equal(victim_reads(w, NB), NB);
+            for (uint32_t k = 1000; k < 1016; k++)
                 world_put(w, 0, k, 0); /* asserts KVP_OK: 16/16 stored */
-            good_peer_fetches(w, 50, 100, 8);
+            good_peer_fetches(w, 50, 1000, 8);
             worked = true;
         }
     }
@@ -184,9 +200,9 @@ static void test_pin_and_lease_abuse(void **state)
 }
 
 /* All peers together hold at most half the slots: two abusers take a
- * quarter each; a third peer's lookup is then refused (KVP_ERR_LIMIT,
- * naming max_supply_pins), and the victim still stores and reads.
- * Mutation: total cap removed -> the third peer gets hits. */
+ * quarter each (64 of 256); a third peer's lookup is then refused
+ * (KVP_ERR_LIMIT, naming max_supply_pins), and the victim still stores and
+ * reads. Mutation: total cap removed -> the third peer gets hits. */
 static void test_total_supply_pins(void **state)
 {
     world_t *w = *state = malloc(sizeof(world_t));
@@ -194,38 +210,41 @@ static void test_total_supply_pins(void **state)
     world_init(w, 4, tweak_victim);
     for (int i = 1; i < 4; i++)
         world_connect(w, i, 0);
-    for (uint32_t k = 0; k < 64; k++)
+    for (uint32_t k = 0; k < NB; k++)
         world_put(w, 0, k, 0);
-    wkeys_t all;
+    wkeys_t ks;
     uint8_t res[64];
-    wkeys_make(&all, 0, 64);
-    assert_int_equal(lookup(w, 1, 0, 1, &all, res)->n_ok, 16);
-    assert_int_equal(lookup(w, 3, 0, 1, &all, res)->n_ok, 16);
+    wkeys_make(&ks, 0, 64);
+    assert_int_equal(lookup(w, 1, 0, 1, &ks, res)->n_ok, 64);
+    wkeys_make(&ks, 64, 64);
+    assert_int_equal(lookup(w, 3, 0, 1, &ks, res)->n_ok, 64);
     warns_start();
-    const kvp_event_t *e = lookup(w, 2, 0, 1, &all, res);
+    wkeys_make(&ks, 128, 64);
+    const kvp_event_t *e = lookup(w, 2, 0, 1, &ks, res);
     assert_int_equal(e->status, KVP_ERR_LIMIT);
     assert_int_equal(e->n_ok, 0);
     assert_true(warns_with("max_supply_pins", w->addr[2]) >= 1);
     warns_stop();
-    assert_int_equal(world_stats(w, 0).supply_pins, 32);
-    assert_int_equal(victim_reads(w, 64), 64);
-    for (uint32_t k = 100; k < 132; k++)
+    assert_int_equal(world_stats(w, 0).supply_pins, NB / 2);
+    assert_int_equal(victim_reads(w, NB), NB);
+    for (uint32_t k = 1000; k < 1000 + NB / 2; k++)
         world_put(w, 0, k, 0); /* the unpinned half makes room */
     world_fini(w, false);
     free(w);
 }
 
 /* Issue 27 "Why" 4, second half: LOOKUPs of 65 536 keys with one hit each.
- * The victim keeps supply state for hits only: its round memory after 50
- * such LOOKUPs (each ~0.8 MB on the wire) stays a few KiB (lookup_bytes),
- * the ones past the pin share answer KVP_ERR_LIMIT (none "ok, 0 hits"),
+ * The victim keeps supply state for hits only: its round memory after 80
+ * such LOOKUPs (each ~0.8 MB on the wire) stays a few KiB per round
+ * (lookup_bytes), the ones past the pin share (64) answer KVP_ERR_LIMIT
+ * (none "ok, 0 hits"),
  * and the good peer is served. RSS of this process is printed, not
  * asserted (both nodes live here, and ASan keeps freed memory).
  * Mutation: supply allocated per key (sround_new(.., m->n) in
  * kvp__server_on_lookup) -> lookup_bytes over 5 MB after the first. */
 static void test_lookup_memory_abuse(void **state)
 {
-    enum { NK = 65536, NL = 50 };
+    enum { NK = 65536, NL = 80 };
     world_t *w = *state = malloc(sizeof(world_t));
     g_case = 3 + 10; /* defaults only */
     world_init(w, 3, tweak_victim);
@@ -256,12 +275,12 @@ static void test_lookup_memory_abuse(void **state)
         ok += e->status == KVP_OK && e->n_ok == 1;
     }
     long rss1 = kvp_test_rss_kb();
-    assert_int_equal(ok, 16); /* the pin share: a quarter of 64 */
-    assert_int_equal(limited, NL - 16);
-    /* 16 rounds of one hit each: a record and 8 supply entries per round */
+    assert_int_equal(ok, NB / 4); /* the pin share */
+    assert_int_equal(limited, NL - NB / 4);
+    /* 64 rounds of one hit each: a record and 8 supply entries per round */
     print_message("  lookup_bytes peak %llu B for %u LOOKUPs of %u keys; RSS %ld -> %ld kB\n",
                   (unsigned long long)peak, NL, NK, rss0, rss1);
-    assert_true(peak <= 16 * 2048);
+    assert_true(peak <= NB / 4 * 2048);
     good_peer_fetches(w, 7, 8, 8);
     free(kb);
     free(lens);
@@ -325,6 +344,56 @@ static void test_peer_add_cap(void **state)
     free(w);
 }
 
+/* A flood of FETCHes the victim cannot serve (WAIT_FOR_SUPPLY for keys it
+ * never gets: each parks a round, then finishes with a failure kept for
+ * replays): the peer's round memory stays within max_lookup_bytes_per_peer
+ * (32 KiB here) at every step -- fetches past it fail at once with
+ * KVP_ERR_LIMIT (rounds_refused), and the finished records of failed
+ * fetches give way oldest first -- while the good peer is served.
+ * Mutation: no trim before a failed fetch's record (fetch_fail_now) ->
+ * lookup_bytes passes the budget. */
+static void test_failed_fetch_flood(void **state)
+{
+    world_t *w = *state = malloc(sizeof(world_t));
+    g_case = 5;
+    world_init(w, 3, tweak_flood);
+    world_connect(w, 1, 0);
+    world_connect(w, 2, 0);
+    for (uint32_t k = 0; k < 16; k++)
+        world_put(w, 0, k, 0);
+    uint64_t budget = w->node[0]->cfg.max_lookup_bytes_per_peer, peak = 0;
+    uint32_t sent = 0;
+    for (uint32_t i = 0; i < 400; i++) {
+        wkeys_t one;
+        wkeys_make(&one, 500000 + i, 1);
+        uint64_t op = 0;
+        if (kvp_fetch(w->node[1], w->addr[0], 1000 + i, one.buf, one.len, 1,
+                      KVP_FETCH_FLAG_WAIT_FOR_SUPPLY, NULL, &op) == KVP_OK)
+            sent++;
+        world_step(w);
+        peak = KVP_MAX(peak, world_stats(w, 0).lookup_bytes);
+    }
+    for (int t = 0; t < 1500; t++) {
+        world_step(w);
+        peak = KVP_MAX(peak, world_stats(w, 0).lookup_bytes);
+    }
+    kvp_stats_t st = world_stats(w, 0);
+    uint32_t limited = 0;
+    for (uint32_t k = 0; k < w->nev[1]; k++)
+        limited += w->ev[1][k].type == KVP_EV_LOAD && w->ev[1][k].status == KVP_ERR_LIMIT;
+    print_message("  %u fetches sent, %u answered limit, rounds_refused %llu, lookup_bytes peak "
+                  "%llu B (budget %llu B)\n",
+                  sent, limited, (unsigned long long)st.rounds_refused, (unsigned long long)peak,
+                  (unsigned long long)budget);
+    assert_true(sent >= 300);
+    assert_true(st.rounds_refused > 0);
+    assert_true(limited > 0);
+    assert_true(peak <= budget);
+    good_peer_fetches(w, 9, 0, 8);
+    world_fini(w, false);
+    free(w);
+}
+
 int main(void)
 {
     kvp_log_set_level(KVP_LOG_ERROR);
@@ -334,6 +403,7 @@ int main(void)
         cmocka_unit_test(test_lookup_memory_abuse),
         cmocka_unit_test(test_round_count_abuse),
         cmocka_unit_test(test_peer_add_cap),
+        cmocka_unit_test(test_failed_fetch_flood),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
