@@ -344,14 +344,15 @@ static void test_peer_add_cap(void **state)
     free(w);
 }
 
-/* A flood of FETCHes the victim cannot serve (WAIT_FOR_SUPPLY for keys it
- * never gets: each parks a round, then finishes with a failure kept for
- * replays): the peer's round memory stays within max_lookup_bytes_per_peer
- * (32 KiB here) at every step -- fetches past it fail at once with
- * KVP_ERR_LIMIT (rounds_refused), and the finished records of failed
- * fetches give way oldest first -- while the good peer is served.
+/* Floods of FETCHes the victim cannot serve: WAIT_FOR_SUPPLY for keys it
+ * never gets (each parks a round, then finishes with a failure kept for
+ * replays), then plain fetches never looked up (each answered NOT_FOUND at
+ * once, its record kept for replays). The peer's round memory stays within
+ * max_lookup_bytes_per_peer (32 KiB here) at every step -- parked fetches
+ * past it fail at once with KVP_ERR_LIMIT (rounds_refused), and the
+ * finished records give way oldest first -- while the good peer is served.
  * Mutation: no trim before a failed fetch's record (fetch_fail_now) ->
- * lookup_bytes passes the budget. */
+ * the second flood's records pass the budget. */
 static void test_failed_fetch_flood(void **state)
 {
     world_t *w = *state = malloc(sizeof(world_t));
@@ -377,6 +378,18 @@ static void test_failed_fetch_flood(void **state)
         world_step(w);
         peak = KVP_MAX(peak, world_stats(w, 0).lookup_bytes);
     }
+    uint32_t plain = 0;
+    for (uint32_t i = 0; i < 400; i++) { /* never looked up: NOT_FOUND at once */
+        wkeys_t one;
+        wkeys_make(&one, 600000 + i, 1);
+        uint64_t op = 0;
+        if (kvp_fetch(w->node[1], w->addr[0], 5000 + i, one.buf, one.len, 1, 0, NULL, &op) ==
+            KVP_OK)
+            plain++;
+        world_step(w);
+        peak = KVP_MAX(peak, world_stats(w, 0).lookup_bytes);
+    }
+    assert_true(plain >= 300);
     kvp_stats_t st = world_stats(w, 0);
     uint32_t limited = 0;
     for (uint32_t k = 0; k < w->nev[1]; k++)
