@@ -303,6 +303,22 @@ static void lookup_chunk(kvp_store_t *store, const kvp_key_t *keys, uint32_t k,
     kvp_store_lookup_many(store, k, kp, kl, refs, st);
 }
 
+/* Room for `want` supply entries, within the peer's round memory; if it
+ * does not fit, nothing changes (supply_push then refuses). */
+static void supply_reserve(kvp_sround_t *r, uint32_t want)
+{
+    if (want <= r->cap_supply ||
+        !kvp__budget_round_fits(r->sess, (uint64_t)(want - r->cap_supply) * sizeof(kvp_supply_t),
+                                false))
+        return;
+    kvp_supply_t *ns = kvp__realloc(r->supply, (size_t)want * sizeof(*ns));
+    if (ns == NULL)
+        return;
+    r->supply = ns;
+    r->cap_supply = want;
+    kvp__budget_account(r, false);
+}
+
 /* Append a supply entry for key idx (a hit or a pending key), growing the
  * array within the peer's round memory. NULL (r->limited set, counted) when
  * the budget has no room, or out of memory. */
@@ -416,8 +432,14 @@ void kvp__server_on_lookup(kvp_session_t *s, const kvp_msg_lookup_t *m, uint16_t
         uint32_t k = KVP_MIN(LOOKUP_CHUNK, m->n - base);
         kvp_status_t st[LOOKUP_CHUNK];
         kvp_slot_ref_t refs[LOOKUP_CHUNK];
-        if (!prefix) /* batched: the store prefetches a group's buckets and slots */
+        if (!prefix) { /* batched: the store prefetches a group's buckets and slots */
             lookup_chunk(n->store, &m->keys[base], k, refs, st);
+            uint32_t kept = 0; /* the chunk's hits and pending keys: one allocation */
+            for (uint32_t i = 0; i < k; i++)
+                kept += st[i] == KVP_OK || st[i] == KVP_ERR_PENDING;
+            if (kept > 0 && open)
+                supply_reserve(r, r->n_supply + kept);
+        }
         for (uint32_t i = 0; i < k; i++) {
             const kvp_key_t *key = &m->keys[base + i];
             if (prefix)
