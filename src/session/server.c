@@ -1,11 +1,12 @@
 /*
- * server.c -- the source role of a session (SPEC §5): answer LOOKUP from the
- * store (HIT pins supply for the round), match FETCH demand against the
- * round's supply, post the transfer, send FETCH_DONE only after the transport
+ * server.c -- the source role of a session (SPEC §5): its rounds (LOOKUP is
+ * answered in server_lookup.c: HIT pins supply for the round, within the
+ * peer's budgets of budget.c), match FETCH demand against the round's
+ * supply, post the transfer, send FETCH_DONE only after the transport
  * proved remote completion, handle ABORT (cancel in WAIT mode; ABORT_ACK only
  * once the transfer is terminal), park WAIT_FOR_SUPPLY demand.
  *
- * Round phases (one per kvp_sround_t; set only through sround_set_phase):
+ * Round phases (one per kvp_sround_t; set only through kvp__sround_set_phase):
  *
  *   (new) SUPPLIED --LOOKUP with FILLING keys--> LOOKUP_PENDING
  *   LOOKUP_PENDING --(keys committed / pending deadline)--> SUPPLIED
@@ -28,7 +29,7 @@
 static const char *const sr_phase_names[] = {"LOOKUP_PENDING", "SUPPLIED", "PARKED",
                                              "TRANSFERRING", "ABORTING", "FINISHED"};
 
-static void sround_set_phase(kvp_sround_t *r, kvp_sround_phase_t to)
+void kvp__sround_set_phase(kvp_sround_t *r, kvp_sround_phase_t to)
 {
     static const uint8_t legal[6] = {
         [KVP_SR_LOOKUP_PENDING] = 1u << KVP_SR_SUPPLIED, /* a new round with FILLING keys */
@@ -65,7 +66,7 @@ static kvp_sround_t *sround_find_in(kvp_list_t *head, uint64_t round)
  * second a single list of them made every LOOKUP and FETCH walk tens of
  * thousands of cold records (measured by bench/e2e). A token above every one
  * seen needs no walk; live rounds are searched before finished ones. */
-static kvp_sround_t *sround_find(kvp_session_t *s, uint64_t round)
+kvp_sround_t *kvp__sround_find(kvp_session_t *s, uint64_t round)
 {
     kvp_sround_t *r;
     if (!s->sround_seen || round > s->sround_max)
@@ -90,7 +91,7 @@ static void sround_timer_cb(kvp_timer_t *t);
 
 /* A new live round; its supply array grows with hits (supply_push) unless
  * cap_supply (fetch-time supply: one per demand) is given. */
-static kvp_sround_t *sround_new(kvp_session_t *s, uint64_t request_id, uint64_t round,
+kvp_sround_t *kvp__sround_new(kvp_session_t *s, uint64_t request_id, uint64_t round,
                                 uint32_t cap_supply)
 {
     kvp_sround_t *r = kvp__calloc(1, sizeof(*r));
@@ -132,7 +133,7 @@ static void sround_unpin_supply(kvp_sround_t *r)
     }
 }
 
-static void sround_free(kvp_sround_t *r)
+void kvp__sround_free(kvp_sround_t *r)
 {
     kvp_session_env_t *n = r->sess->env;
     KVP_ASSERT(r->xfer == NULL);
@@ -154,34 +155,6 @@ static void sround_free(kvp_sround_t *r)
 }
 
 /* ------------------------------------------------------------- replies */
-
-static void send_lookup_resp(kvp_sround_t *r)
-{
-    kvp_session_t *s = r->sess;
-    uint8_t stackbuf[256];
-    /* One byte per key, for the send only (the round keeps hits alone). */
-    uint8_t *res = r->n_keys <= sizeof(stackbuf) ? stackbuf : kvp__malloc(r->n_keys);
-    if (res == NULL) {
-        kvp__session_fault(s, KVP_BYE_PROTOCOL, "out of memory answering LOOKUP");
-        return;
-    }
-    memset(res, KVP_LOOKUP_MISS, r->n_keys);
-    for (uint32_t i = 0; i < r->n_supply; i++)
-        if (r->supply[i].pinned)
-            res[r->supply[i].idx] = KVP_LOOKUP_HIT;
-    kvp_msg_t m = {.type = KVP_MSG_LOOKUP_RESP, .flags = r->lookup_flags};
-    if (r->limited) {
-        m.flags |= KVP_LOOKUP_F_LIMIT;
-        s->env->st->lookups_refused_limit++;
-    }
-    m.u.lookup_resp.request_id = r->request_id;
-    m.u.lookup_resp.round = r->round;
-    m.u.lookup_resp.n = r->n_keys;
-    m.u.lookup_resp.results = res;
-    kvp__session_send(s, &m);
-    if (res != stackbuf)
-        kvp__free(res);
-}
 
 /* Finish a round: FETCH_DONE (status, digests) or ABORT_ACK; the round is kept
  * for a while so a repeated ABORT gets the same answer (F5). */
@@ -223,7 +196,7 @@ static void sround_finish(kvp_sround_t *r, bool ack, kvp_status_t status)
     if (ack)
         kvp__session_send(s, &m);
     if (r->phase != KVP_SR_FINISHED)
-        sround_set_phase(r, KVP_SR_FINISHED);
+        kvp__sround_set_phase(r, KVP_SR_FINISHED);
     /* Kept only to replay the answer (n_demand, digests, block_ok): its
      * supply and demand go now, so a finished round costs the peer's memory
      * budget little. */
@@ -241,257 +214,20 @@ static void sround_finish(kvp_sround_t *r, bool ack, kvp_status_t status)
                             KVP_NSEC_PER_MSEC);
 }
 
-/* ---------------------------------------------------------- pin leases */
-
-/* Supply pinned by a LOOKUP is held under a lease: pin_lease_ms (0 = the
- * supply-pin timeout) after the lookup or the requester's latest renewal --
- * a FETCH or LOOKUP of the same request on this session, or a lease
- * heartbeat (LOOKUP with KVP_LOOKUP_F_RENEW). When the lease runs out the
- * round's pins are released and counted (sround_timer_cb). */
-static void lease_renew(kvp_session_t *s, uint64_t request_id)
-{
-    kvp_session_env_t *n = s->env;
-    kvp_list_t *p, *t;
-    kvp_list_foreach_safe(p, t, &s->srounds)
-    {
-        kvp_sround_t *r = KVP_CONTAINER_OF(p, kvp_sround_t, link);
-        if (r->request_id == request_id && r->phase == KVP_SR_SUPPLIED) {
-            kvp_timer_start(n->loop, &r->timer, kvp__budget_lease_deadline(r));
-            n->st->leases_renewed++;
-        }
-    }
-}
-
-/* Prefix mode: everything after the first key that is neither held nor
- * pending is not part of the prefix; drop its pins. The supply holds only
- * held and pending keys, in key order: a gap in idx is a miss. Returns the
- * number of keys still pinned. */
-static uint32_t prefix_trim(kvp_sround_t *r)
-{
-    kvp_store_t *st = r->sess->env->store;
-    uint32_t held = 0, expect = 0;
-    bool cut = false;
-    for (uint32_t i = 0; i < r->n_supply; i++) {
-        kvp_supply_t *sp = &r->supply[i];
-        cut |= sp->idx != expect;
-        if (cut && sp->pinned && (r->lookup_flags & KVP_LOOKUP_F_PREFIX)) {
-            kvp_status_t rc = kvp_store_unpin(st, sp->ref); /* supply: no transfer reads it */
-            KVP_ASSERT(rc == KVP_OK);
-            kvp__budget_pin_drop(r, sp);
-        }
-        cut |= !sp->pinned && !sp->pending;
-        held += sp->pinned;
-        expect = sp->idx + 1;
-    }
-    return held;
-}
-
-/* --------------------------------------------------------------- LOOKUP */
-
-enum { LOOKUP_CHUNK = 64 };
-
-/* Look up k (<= LOOKUP_CHUNK) keys at once; each hit pinned into refs[i]. */
-static void lookup_chunk(kvp_store_t *store, const kvp_key_t *keys, uint32_t k,
-                         kvp_slot_ref_t *refs, kvp_status_t *st)
-{
-    const void *kp[LOOKUP_CHUNK];
-    size_t kl[LOOKUP_CHUNK];
-    for (uint32_t i = 0; i < k; i++) {
-        kp[i] = keys[i].data;
-        kl[i] = keys[i].len;
-    }
-    kvp_store_lookup_many(store, k, kp, kl, refs, st);
-}
-
-/* Room for `want` supply entries, within the peer's round memory; if it
- * does not fit, nothing changes (supply_push then refuses). */
-static void supply_reserve(kvp_sround_t *r, uint32_t want)
-{
-    if (want <= r->cap_supply ||
-        !kvp__budget_round_fits(r->sess, (uint64_t)(want - r->cap_supply) * sizeof(kvp_supply_t),
-                                false))
-        return;
-    kvp_supply_t *ns = kvp__realloc(r->supply, (size_t)want * sizeof(*ns));
-    if (ns == NULL)
-        return;
-    r->supply = ns;
-    r->cap_supply = want;
-    kvp__budget_account(r, false);
-}
-
-/* Append a supply entry for key idx (a hit or a pending key), growing the
- * array within the peer's round memory. NULL (r->limited set, counted) when
- * the budget has no room, or out of memory. */
-static kvp_supply_t *supply_push(kvp_sround_t *r, uint32_t idx, const kvp_key_t *k)
-{
-    if (r->n_supply == r->cap_supply) {
-        uint32_t cap = r->cap_supply ? r->cap_supply * 2 : 8;
-        uint64_t extra = (uint64_t)(cap - r->cap_supply) * sizeof(kvp_supply_t);
-        kvp_supply_t *ns = NULL;
-        if (kvp__budget_round_fits(r->sess, extra, false))
-            ns = kvp__realloc(r->supply, (size_t)cap * sizeof(*ns));
-        if (ns == NULL) {
-            if (!r->limited)
-                kvp__budget_round_refused(r->sess, "LOOKUP supply");
-            r->limited = true;
-            return NULL;
-        }
-        r->supply = ns;
-        r->cap_supply = cap;
-        kvp__budget_account(r, false);
-    }
-    kvp_supply_t *sp = &r->supply[r->n_supply++];
-    memset(sp, 0, sizeof(*sp));
-    key_copy(&sp->key, k->data, k->len);
-    sp->idx = idx;
-    return sp;
-}
-
-/* One key's answer: a pinned hit (within the budgets), a pending key, or a
- * miss (a refusal at a budget sets r->limited). Returns whether the key is
- * held or pending (prefix mode stops at the first that is not). */
-static bool lookup_take(kvp_sround_t *r, uint32_t idx, const kvp_key_t *k, kvp_status_t st,
-                        kvp_slot_ref_t ref, bool open)
-{
-    kvp_store_t *store = r->sess->env->store;
-    if (st == KVP_OK && open) {
-        kvp_supply_t *sp = supply_push(r, idx, k);
-        if (sp != NULL && kvp__budget_pin_take(r, sp)) {
-            sp->ref = ref;
-            return true;
-        }
-        if (sp != NULL)
-            r->n_supply--; /* the entry just pushed: refused */
-        kvp_store_unpin(store, ref);
-        return false;
-    }
-    if (st == KVP_OK) {
-        kvp_store_unpin(store, ref); /* closing: answer MISS */
-        return false;
-    }
-    if (st == KVP_ERR_PENDING) {
-        kvp_supply_t *sp = supply_push(r, idx, k);
-        if (sp != NULL)
-            sp->pending = true;
-        return sp != NULL;
-    }
-    if (st == KVP_ERR_LIMIT)
-        r->limited = true; /* max_pins of the store (counted there: pins_refused) */
-    return false;
-}
-
-/* Answer a LOOKUP the peer's round budget has no room for: every key MISS,
- * with the limit flag; nothing is kept. */
-static void lookup_refuse(kvp_session_t *s, const kvp_msg_lookup_t *m, uint16_t flags)
-{
-    kvp_sround_t r = {.sess = s, .request_id = m->request_id, .round = m->round,
-                      .n_keys = m->n, .limited = true};
-    r.lookup_flags = flags & (KVP_LOOKUP_F_PREFIX | KVP_LOOKUP_F_RENEW);
-    kvp__budget_round_refused(s, "LOOKUP");
-    send_lookup_resp(&r);
-}
-
 /* Free FINISHED rounds of the peer (oldest first; they are kept only to
  * replay an answer) until `extra` bytes fit its round memory. */
 static void rounds_done_trim(kvp_session_t *s, uint64_t extra)
 {
     while (!kvp__budget_round_fits(s, extra, false) && !kvp_list_empty(&s->srounds_done))
-        sround_free(KVP_CONTAINER_OF(s->srounds_done.next, kvp_sround_t, link));
+        kvp__sround_free(KVP_CONTAINER_OF(s->srounds_done.next, kvp_sround_t, link));
 }
 
 /* Whether a new round with `extra` bytes beyond its record fits the peer's
  * budgets (finished rounds give way first). */
-static bool round_admit(kvp_session_t *s, uint64_t extra)
+bool kvp__server_round_admit(kvp_session_t *s, uint64_t extra)
 {
     rounds_done_trim(s, sizeof(kvp_sround_t) + extra);
     return kvp__budget_round_fits(s, sizeof(kvp_sround_t) + extra, true);
-}
-
-void kvp__server_on_lookup(kvp_session_t *s, const kvp_msg_lookup_t *m, uint16_t flags)
-{
-    kvp_session_env_t *n = s->env;
-    if (sround_find(s, m->round) != NULL) {
-        kvp__session_fault(s, KVP_BYE_PROTOCOL, "LOOKUP reuses a round token");
-        return;
-    }
-    lease_renew(s, m->request_id); /* any lookup of the request is a heartbeat for it */
-    if (!round_admit(s, 0)) {
-        lookup_refuse(s, m, flags);
-        return;
-    }
-    kvp_sround_t *r = sround_new(s, m->request_id, m->round, 0);
-    if (r == NULL) {
-        kvp__session_fault(s, KVP_BYE_PROTOCOL, "out of memory on LOOKUP");
-        return;
-    }
-    r->n_keys = m->n;
-    r->lookup_flags = flags & (KVP_LOOKUP_F_PREFIX | KVP_LOOKUP_F_RENEW);
-    bool prefix = (flags & KVP_LOOKUP_F_PREFIX) != 0, open = kvp__session_open(s);
-    uint32_t pending = 0, refused = 0;
-    for (uint32_t base = 0; base < m->n; base += LOOKUP_CHUNK) {
-        uint32_t k = KVP_MIN(LOOKUP_CHUNK, m->n - base);
-        kvp_status_t st[LOOKUP_CHUNK];
-        kvp_slot_ref_t refs[LOOKUP_CHUNK];
-        if (!prefix) { /* batched: the store prefetches a group's buckets and slots */
-            lookup_chunk(n->store, &m->keys[base], k, refs, st);
-            uint32_t kept = 0; /* the chunk's hits and pending keys: one allocation */
-            for (uint32_t i = 0; i < k; i++)
-                kept += st[i] == KVP_OK || st[i] == KVP_ERR_PENDING;
-            if (kept > 0 && open)
-                supply_reserve(r, r->n_supply + kept);
-        }
-        for (uint32_t i = 0; i < k; i++) {
-            const kvp_key_t *key = &m->keys[base + i];
-            if (prefix)
-                st[i] = kvp_store_lookup(n->store, key->data, key->len, &refs[i], NULL, NULL);
-            bool kept = lookup_take(r, base + i, key, st[i], refs[i], open);
-            pending += kept && st[i] == KVP_ERR_PENDING;
-            refused += st[i] == KVP_ERR_LIMIT; /* the store's max_pins (counted there) */
-            if (prefix && !kept) /* past the first miss: not looked up */
-                goto looked_up;
-        }
-    }
-looked_up:
-    if (refused > 0)
-        KVP_LOG_RL(&s->rl_limit, kvp__env_now(n), KVP_LOG_WARN, n->name,
-                   "peer %s: %u keys of LOOKUP answered MISS: max_pins reached", s->peer_id,
-                   refused);
-    else if (r->limited)
-        KVP_LOG_RL(&s->rl_limit, kvp__env_now(n), KVP_LOG_WARN, n->name,
-                   "peer %s: LOOKUP of %u keys answered limit (%u held)", s->peer_id, m->n,
-                   r->n_supply - pending);
-    if (pending > 0) {
-        sround_set_phase(r, KVP_SR_LOOKUP_PENDING);
-        kvp_list_insert_tail(&n->waiting, &r->wait_link);
-        kvp_timer_start(n->loop, &r->timer,
-                        kvp__env_now(n) + (uint64_t)n->cfg->lookup_pending_ms * KVP_NSEC_PER_MSEC);
-        return;
-    }
-    uint32_t hits = prefix_trim(r);
-    send_lookup_resp(r);
-    if (hits == 0) {
-        sround_free(r);
-        return;
-    }
-    kvp_timer_start(n->loop, &r->timer, kvp__budget_lease_deadline(r));
-}
-
-/* Pending keys that did not commit in time answer MISS; the rest HIT. */
-static void lookup_pending_resolve(kvp_sround_t *r)
-{
-    kvp_session_env_t *n = r->sess->env;
-    for (uint32_t i = 0; i < r->n_supply; i++)
-        r->supply[i].pending = false;
-    if (kvp_list_linked(&r->wait_link))
-        kvp_list_remove(&r->wait_link);
-    sround_set_phase(r, KVP_SR_SUPPLIED);
-    bool any = prefix_trim(r) > 0;
-    send_lookup_resp(r);
-    if (!any) {
-        sround_free(r);
-        return;
-    }
-    kvp_timer_start(n->loop, &r->timer, kvp__budget_lease_deadline(r));
 }
 
 /* ---------------------------------------------------------------- FETCH */
@@ -500,10 +236,10 @@ static void sround_post(kvp_sround_t *r);
 
 static void fetch_fail_now(kvp_session_t *s, const kvp_msg_fetch_t *m, kvp_status_t st)
 {
-    kvp_sround_t *r = sround_find(s, m->round);
+    kvp_sround_t *r = kvp__sround_find(s, m->round);
     if (r == NULL) { /* a record to replay the answer: finished ones give way */
         rounds_done_trim(s, sizeof(kvp_sround_t));
-        r = sround_new(s, m->request_id, m->round, 0);
+        r = kvp__sround_new(s, m->request_id, m->round, 0);
     }
     if (r == NULL) {
         kvp__session_fault(s, KVP_BYE_PROTOCOL, "out of memory on FETCH");
@@ -628,7 +364,7 @@ void kvp__server_on_fetch(kvp_session_t *s, const kvp_msg_fetch_t *m)
         kvp__server_finish_request(s, m->request_id);
         return;
     }
-    lease_renew(s, m->request_id); /* the requester still works on it: other rounds live on */
+    kvp__server_lease_renew(s, m->request_id); /* the requester still works on it: other rounds live on */
     kvp_status_t dst = fetch_dsts_distinct(m);
     if (dst != KVP_OK) {
         kvp__session_fault(s, KVP_BYE_PROTOCOL, dst == KVP_ERR_NOMEM
@@ -636,7 +372,7 @@ void kvp__server_on_fetch(kvp_session_t *s, const kvp_msg_fetch_t *m)
                                                     : "FETCH names one destination slot twice");
         return;
     }
-    kvp_sround_t *r = sround_find(s, m->round);
+    kvp_sround_t *r = kvp__sround_find(s, m->round);
     if (r != NULL && r->phase != KVP_SR_SUPPLIED) {
         if (r->phase == KVP_SR_FINISHED && r->sent_done)
             return; /* a duplicate of a FETCH we already answered */
@@ -657,12 +393,12 @@ void kvp__server_on_fetch(kvp_session_t *s, const kvp_msg_fetch_t *m)
         fetch_fail_now(s, m, KVP_ERR_NOT_FOUND);
         return;
     }
-    if (r == NULL && !round_admit(s, (uint64_t)m->n * sizeof(kvp_supply_t))) {
+    if (r == NULL && !kvp__server_round_admit(s, (uint64_t)m->n * sizeof(kvp_supply_t))) {
         kvp__budget_round_refused(s, "FETCH");
         fetch_fail_now(s, m, KVP_ERR_LIMIT);
         return;
     }
-    if (r == NULL && (r = sround_new(s, m->request_id, m->round, m->n)) == NULL) {
+    if (r == NULL && (r = kvp__sround_new(s, m->request_id, m->round, m->n)) == NULL) {
         kvp__session_fault(s, KVP_BYE_PROTOCOL, "out of memory on FETCH");
         return;
     }
@@ -689,7 +425,7 @@ void kvp__server_on_fetch(kvp_session_t *s, const kvp_msg_fetch_t *m)
         return;
     }
     if (missing > 0) {
-        sround_set_phase(r, KVP_SR_PARKED);
+        kvp__sround_set_phase(r, KVP_SR_PARKED);
         kvp_list_insert_tail(&n->waiting, &r->wait_link);
         kvp_timer_start(n->loop, &r->timer,
                         kvp__env_now(n) + (uint64_t)n->cfg->parked_demand_ms * KVP_NSEC_PER_MSEC);
@@ -790,7 +526,7 @@ static void sround_post(kvp_sround_t *r)
     s->xfers_inflight++;
     kvp__session_mark_active(s);
     kvp_timer_stop(n->loop, &r->timer);
-    sround_set_phase(r, KVP_SR_TRANSFERRING);
+    kvp__sround_set_phase(r, KVP_SR_TRANSFERRING);
 }
 
 /* ---------------------------------------------------------- completions */
@@ -835,7 +571,7 @@ void kvp__server_on_xfer_done(kvp_session_t *s, kvp_xfer_id_t id, kvp_status_t s
 void kvp__server_on_abort(kvp_session_t *s, const kvp_msg_abort_t *m)
 {
     kvp_session_env_t *n = s->env;
-    kvp_sround_t *r = sround_find(s, m->round);
+    kvp_sround_t *r = kvp__sround_find(s, m->round);
     if (r == NULL) {
         /* Nothing of this round was ever posted in this incarnation: proven. */
         kvp_msg_t a = {.type = KVP_MSG_ABORT_ACK};
@@ -859,7 +595,7 @@ void kvp__server_on_abort(kvp_session_t *s, const kvp_msg_abort_t *m)
         kvp_xfer_id_t running[1];
         size_t n_running = 0;
         n->xport->ops->cancel(n->xport, &r->xfer->id, 1, KVP_CANCEL_WAIT, running, &n_running);
-        sround_set_phase(r, KVP_SR_ABORTING);
+        kvp__sround_set_phase(r, KVP_SR_ABORTING);
         if (n_running == 0) { /* terminal already: released by cancel */
             s->xfers_inflight--;
             kvp__xfer_release(n, r->xfer, KVP_PROOF_TERMINAL);
@@ -881,7 +617,7 @@ static void sround_timer_cb(kvp_timer_t *t)
     kvp_sround_t *r = t->data;
     switch (r->phase) {
     case KVP_SR_LOOKUP_PENDING:
-        lookup_pending_resolve(r);
+        kvp__server_lookup_resolve(r);
         return;
     case KVP_SR_SUPPLIED: { /* the pin lease ran out: never fetched, never renewed */
         kvp_session_env_t *n = r->sess->env;
@@ -893,14 +629,14 @@ static void sround_timer_cb(kvp_timer_t *t)
         KVP_DEBUG(n->name, "peer %s request %llu round %llu: pin lease expired, %u pins released",
                   r->sess->peer_id, (unsigned long long)r->request_id,
                   (unsigned long long)r->round, pinned);
-        sround_free(r);
+        kvp__sround_free(r);
         return;
     }
     case KVP_SR_PARKED: /* parked-demand timeout (F11) */
         sround_finish(r, false, KVP_ERR_TIMEOUT);
         return;
     case KVP_SR_FINISHED:
-        sround_free(r);
+        kvp__sround_free(r);
         return;
     default:
         return;
@@ -948,7 +684,7 @@ void kvp__server_on_commit(kvp_session_env_t *n, const void *key, uint32_t key_l
         if (!sround_take_commit(r, key, key_len))
             continue;
         if (r->phase == KVP_SR_LOOKUP_PENDING) {
-            lookup_pending_resolve(r);
+            kvp__server_lookup_resolve(r);
         } else {
             kvp_list_remove(&r->wait_link);
             sround_post(r);
@@ -968,11 +704,11 @@ void kvp__server_finish_request(kvp_session_t *s, uint64_t request_id)
         if (r->request_id != request_id)
             continue;
         if (r->phase == KVP_SR_SUPPLIED)
-            sround_free(r);
+            kvp__sround_free(r);
         else if (r->phase == KVP_SR_PARKED)
             sround_finish(r, false, KVP_ERR_CANCELED);
         else if (r->phase == KVP_SR_LOOKUP_PENDING)
-            lookup_pending_resolve(r);
+            kvp__server_lookup_resolve(r);
     }
 }
 
@@ -1012,7 +748,7 @@ void kvp__server_teardown(kvp_session_t *s, kvp_session_close_t *out)
     }
     s->xfers_inflight = 0;
     while (!kvp_list_empty(&s->srounds))
-        sround_free(KVP_CONTAINER_OF(s->srounds.next, kvp_sround_t, link));
+        kvp__sround_free(KVP_CONTAINER_OF(s->srounds.next, kvp_sround_t, link));
     while (!kvp_list_empty(&s->srounds_done))
-        sround_free(KVP_CONTAINER_OF(s->srounds_done.next, kvp_sround_t, link));
+        kvp__sround_free(KVP_CONTAINER_OF(s->srounds_done.next, kvp_sround_t, link));
 }

@@ -430,6 +430,19 @@ void kvp__server_finish_request(kvp_session_t *s, uint64_t request_id);
 void kvp__server_teardown(kvp_session_t *s, kvp_session_close_t *out);
 /* Unlink and free a transfer, dropping its source pins by `proof`. */
 void kvp__xfer_release(kvp_session_env_t *e, kvp_xfer_t *x, kvp_proof_t proof);
+/* server.c's rounds, shared with server_lookup.c (the LOOKUP answer): */
+kvp_sround_t *kvp__sround_new(kvp_session_t *s, uint64_t request_id, uint64_t round,
+                              uint32_t cap_supply);
+void kvp__sround_free(kvp_sround_t *r);
+void kvp__sround_set_phase(kvp_sround_t *r, kvp_sround_phase_t to);
+kvp_sround_t *kvp__sround_find(kvp_session_t *s, uint64_t round);
+/* A new live round with `extra` bytes beyond its record fits the peer's
+ * budgets (its finished rounds give way first). */
+bool kvp__server_round_admit(kvp_session_t *s, uint64_t extra);
+/* server_lookup.c: renew the pin lease of the request's SUPPLIED rounds;
+ * answer a LOOKUP_PENDING round now (pending keys MISS). */
+void kvp__server_lease_renew(kvp_session_t *s, uint64_t request_id);
+void kvp__server_lookup_resolve(kvp_sround_t *r);
 
 /* budget.c: the per-peer budgets of the source role (issue 27). Each
  * refusal is counted and logged (rate-limited) naming budget and peer. */
