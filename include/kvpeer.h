@@ -155,6 +155,30 @@ typedef struct kvp_config {
     const char *kv_events_replay_endpoint;
     uint32_t kv_events_hwm;
     uint32_t kv_events_replay_batches;
+    /* Per-peer budgets (issue 27; docs/DESIGN.md "Resource limits"): no peer
+     * takes more than its share of this node, and the defaults leave the node
+     * at least half its slots. 0 = the default given. A refusal is
+     * KVP_ERR_LIMIT (a LOOKUP answer carries the limit flag), counted in
+     * kvp_stats_t and logged (rate-limited) naming the budget and the peer.
+     *   max_supply_pins_per_peer   slots one peer's lookups hold pinned here
+     *                              (not yet fetched); 0 = num_blocks / 4, at
+     *                              least min(64, num_blocks / 2)
+     *   max_supply_pins            the same, all peers together; 0 = num_blocks / 2
+     *   max_lookup_rounds_per_peer live lookup / fetch rounds one peer holds
+     *                              here (pinned, pending, parked); 0 = 1024
+     *   max_lookup_bytes_per_peer  their memory; 0 = 16 MiB
+     *   max_lease_ms               total lifetime of a lookup's pin lease,
+     *                              renewals included; 0 = 4 x the lease
+     *   max_quarantined_per_peer   quarantined slots of one faulty peer past
+     *                              which its fetches take only FREE slots
+     *                              (refused only when none is left); 0 = num_blocks / 8
+     *   max_wanted_peers           peers added with kvp_peer_add; 0 = max_sessions */
+    uint32_t max_supply_pins_per_peer, max_supply_pins;
+    uint32_t max_lookup_rounds_per_peer;
+    uint32_t max_lease_ms;
+    uint64_t max_lookup_bytes_per_peer;
+    uint32_t max_quarantined_per_peer;
+    uint32_t max_wanted_peers;
 } kvp_config_t;
 
 KVP_EXPORT void kvp_config_init(kvp_config_t *cfg);
@@ -180,7 +204,9 @@ KVP_EXPORT kvp_status_t kvp_node_progress(kvp_node_t *node, int32_t timeout_ms);
  * supply_pin_ms, pin_lease_ms, load_timeout_ms, wait_spin_us, abort_resend_ms,
  * abort_ack_timeout_ms, parked_demand_ms, hold_cap_ms, idle_session_ms,
  * shutdown_drain_ms, backoff_min_ms, backoff_max_ms), limits (max_sessions,
- * max_quarantined, max_inflight_bytes_per_peer) and the PSK (for handshakes
+ * max_quarantined, max_inflight_bytes_per_peer, the per-peer budgets of
+ * issue 27: max_supply_pins*, max_lookup_*, max_lease_ms,
+ * max_quarantined_per_peer, max_wanted_peers) and the PSK (for handshakes
  * that start afterwards; sessions up keep theirs). Every other field of cfg
  * is ignored: it needs a new node (region, layout, identity, addresses,
  * compat, hash seed, max_pins, max_retained, suspect_period_ms, checksums,
@@ -363,6 +389,15 @@ typedef struct kvp_stats {
     /* kvp_wait_events calls whose thread ran the node's rounds itself (led
      * while the node thread slept). */
     uint64_t waits_led;
+    /* Per-peer budgets (issue 27), source side unless said: */
+    uint64_t supply_pins;           /* slots pinned by lookups not fetched yet (all peers) */
+    uint64_t supply_pins_refused;   /* hits answered MISS: a supply-pin budget was reached */
+    uint64_t lookups_refused_limit; /* LOOKUP answers sent with the limit flag */
+    uint64_t rounds_refused;        /* LOOKUPs / FETCHes refused: a peer's round count or memory */
+    uint64_t lookup_bytes;          /* memory of live rounds (all peers) */
+    uint64_t leases_capped;         /* rounds whose lease reached max_lease_ms */
+    uint64_t lookups_limited;       /* consumer: KVP_EV_LOOKUP events with KVP_ERR_LIMIT */
+    uint64_t peers_add_refused;     /* kvp_peer_add refused at max_wanted_peers */
 } kvp_stats_t;
 
 KVP_EXPORT kvp_status_t kvp_node_stats(kvp_node_t *node, kvp_stats_t *out);

@@ -133,6 +133,14 @@ class kvp_config_t(Structure):
         ("kv_events_replay_endpoint", c_char_p),
         ("kv_events_hwm", c_uint32),
         ("kv_events_replay_batches", c_uint32),
+        # per-peer budgets (issue 27)
+        ("max_supply_pins_per_peer", c_uint32),
+        ("max_supply_pins", c_uint32),
+        ("max_lookup_rounds_per_peer", c_uint32),
+        ("max_lease_ms", c_uint32),
+        ("max_lookup_bytes_per_peer", c_uint64),
+        ("max_quarantined_per_peer", c_uint32),
+        ("max_wanted_peers", c_uint32),
     ]
 
 
@@ -176,7 +184,9 @@ STATS_FIELDS = (
     "am_refuse_releases late_bytes_dropped am_bytes_landed "
     "released_terminal released_fetch_done released_abort_ack released_fence "
     "released_am_refuse released_hold_cap released_not_sent "
-    "waits_led"
+    "waits_led "
+    "supply_pins supply_pins_refused lookups_refused_limit rounds_refused lookup_bytes "
+    "leases_capped lookups_limited peers_add_refused"
 ).split()
 
 

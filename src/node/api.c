@@ -112,6 +112,15 @@ static kvp_status_t do_reconfigure(kvp_node_t *n, void *arg)
     k->backoff_max_ms = c->backoff_max_ms;
     k->max_sessions = c->max_sessions;
     k->max_quarantined = c->max_quarantined ? c->max_quarantined : KVP_MAX(k->num_blocks / 4, 1);
+    /* issue 27 budgets: reconfigurable, defaults as at create */
+    k->max_supply_pins_per_peer = c->max_supply_pins_per_peer;
+    k->max_supply_pins = c->max_supply_pins;
+    k->max_lookup_rounds_per_peer = c->max_lookup_rounds_per_peer;
+    k->max_lookup_bytes_per_peer = c->max_lookup_bytes_per_peer;
+    k->max_lease_ms = c->max_lease_ms;
+    k->max_quarantined_per_peer = c->max_quarantined_per_peer;
+    k->max_wanted_peers = c->max_wanted_peers;
+    kvp__node_budget_defaults(k);
     k->max_inflight_bytes_per_peer = c->max_inflight_bytes_per_peer;
     if (n->psk_copy)
         sodium_memzero(n->psk_copy, k->psk_len);
@@ -154,8 +163,33 @@ KVP_EXPORT kvp_status_t kvp_node_reconfigure(kvp_node_t *n, const kvp_config_t *
 
 /* --------------------------------------------------------------- peers */
 
+static void count_want(void *arg, const kvp_ctl_want_info_t *wi)
+{
+    (void)wi;
+    (*(uint32_t *)arg)++;
+}
+
+static void want_is(void *arg, const kvp_ctl_want_info_t *wi)
+{
+    const char **a = arg;
+    if (*a != NULL && strcmp(wi->addr, *a) == 0)
+        *a = NULL;
+}
+
+/* Issue 27: an admin caller (kvpeerd's /admin/peers, the CLI) cannot make
+ * the node dial without bound: at most max_wanted_peers wanted peers. */
 static kvp_status_t do_peer_add(kvp_node_t *n, void *arg)
 {
+    uint32_t wants = 0;
+    const char *addr = arg;
+    kvp_ctl_wants_foreach(n->ctl, count_want, &wants);
+    kvp_ctl_wants_foreach(n->ctl, want_is, &addr);
+    if (addr != NULL && wants >= n->cfg.max_wanted_peers) { /* a new one, at the cap */
+        n->st.peers_add_refused++;
+        KVP_LOG_RL(&n->rl_local, kvp__node_now(n), KVP_LOG_WARN, n->name,
+                   "peer add refused: max_wanted_peers (%u) reached", n->cfg.max_wanted_peers);
+        return KVP_ERR_LIMIT;
+    }
     return kvp_ctl_want(n->ctl, arg);
 }
 
@@ -620,6 +654,8 @@ static kvp_status_t do_stats(kvp_node_t *n, void *arg)
     o->released_am_refuse = n->env.releases[KVP_PROOF_AM_REFUSE];
     o->released_hold_cap = n->env.releases[KVP_PROOF_HOLD_CAP];
     o->released_not_sent = n->env.releases[KVP_PROOF_NOT_SENT];
+    o->supply_pins = n->env.supply_pins; /* issue 27 budgets: gauges */
+    o->lookup_bytes = n->env.round_bytes;
     uint64_t inflight = 0;
     kvp_list_t *p, *t;
     kvp_list_foreach_safe(p, t, &n->sessions)

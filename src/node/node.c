@@ -925,6 +925,34 @@ kvp_store_t *kvp__node_store(kvp_node_t *n)
     return n->store;
 }
 
+/* Issue 27 defaults, chosen so that peers together never hold more than
+ * half the slots pinned, one peer a quarter (at least 64 slots, so that a
+ * small node still serves a usual prefix in one lookup, but never more than
+ * the half); a faulty peer's quarantine stops displacing READY blocks at an
+ * eighth; memory and rounds per peer far above a vLLM tier's needs (one
+ * round per request in flight, ~90 B per held key) and far below what a
+ * host notices. */
+void kvp__node_budget_defaults(kvp_config_t *c)
+{
+    if (c->max_supply_pins_per_peer == 0)
+        c->max_supply_pins_per_peer =
+            KVP_MAX(KVP_MAX(c->num_blocks / 4, KVP_MIN(c->num_blocks / 2, 64u)), 1u);
+    if (c->max_supply_pins == 0)
+        c->max_supply_pins = KVP_MAX(c->num_blocks / 2, 1);
+    if (c->max_lookup_rounds_per_peer == 0)
+        c->max_lookup_rounds_per_peer = 1024;
+    if (c->max_lookup_bytes_per_peer == 0)
+        c->max_lookup_bytes_per_peer = 16ull << 20;
+    if (c->max_lease_ms == 0) {
+        uint32_t lease = c->pin_lease_ms ? c->pin_lease_ms : c->supply_pin_ms;
+        c->max_lease_ms = lease > UINT32_MAX / 4 ? UINT32_MAX : 4 * lease;
+    }
+    if (c->max_quarantined_per_peer == 0)
+        c->max_quarantined_per_peer = KVP_MAX(c->num_blocks / 8, 1);
+    if (c->max_wanted_peers == 0)
+        c->max_wanted_peers = c->max_sessions;
+}
+
 void kvp__node_ctl_runtime(const kvp_config_t *c, kvp_ctl_config_t *cc)
 {
     cc->heartbeat_ns = (uint64_t)c->heartbeat_ms * KVP_NSEC_PER_MSEC;
@@ -978,6 +1006,7 @@ kvp_status_t kvp__node_create_ex(const kvp_config_t *cfg, const kvp_node_seams_t
         n->cfg.suspect_period_ms = 10ull * n->cfg.hold_cap_ms;
     if (n->cfg.max_quarantined == 0)
         n->cfg.max_quarantined = KVP_MAX(n->cfg.num_blocks / 4, 1);
+    kvp__node_budget_defaults(&n->cfg);
     n->fingerprint = kvp_hash64(cfg->compat ? cfg->compat : "",
                                 cfg->compat ? strlen(cfg->compat) : 0, cfg->hash_seed);
     n->clock = seams && seams->clock ? seams->clock : kvp_clock_real();

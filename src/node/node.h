@@ -137,6 +137,8 @@ kvp_status_t kvp__config_check(const kvp_config_t *cfg);
 /* The ctl settings kvp_node_reconfigure() may change, from a node config
  * (timings in ns, backoff, session cap, PSK: borrowed from c). */
 void kvp__node_ctl_runtime(const kvp_config_t *c, kvp_ctl_config_t *cc);
+/* Issue 27: the per-peer budgets left 0 take their defaults (kvpeer.h). */
+void kvp__node_budget_defaults(kvp_config_t *c);
 /* The subset kvp_node_reconfigure() may change (called by the above). */
 kvp_status_t kvp__config_check_runtime(const kvp_config_t *cfg);
 void kvp__set_last_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -18,10 +18,14 @@
  *       nothing reserved; it starts when budget frees, or fails with
  *       KVP_ERR_LIMIT after half the load timeout. A fetch larger than the
  *       whole budget, or one that finds the queue full, is refused at once.
- *   max_quarantined  a peer is *faulty* while slots quarantined by its
- *       loads (any incarnation under its peer id) are held; once the store
- *       holds max_quarantined QUARANTINED slots, fetches from faulty peers
- *       are refused with KVP_ERR_LIMIT; healthy peers are still served.
+ *   max_quarantined, max_quarantined_per_peer  a peer is *faulty* while
+ *       slots quarantined by its loads (any incarnation under its peer id)
+ *       are held. A faulty peer past its share (max_quarantined_per_peer of
+ *       its own, or the store past max_quarantined) is still served -- a
+ *       restarted, healthy source must not wait for the hold cap -- but
+ *       only from FREE slots, never by evicting READY blocks; its fetch is
+ *       refused with KVP_ERR_LIMIT only when the store has fewer FREE
+ *       slots than the fetch needs (issue 27). Healthy peers are served.
  */
 #include "session/session.h"
 
@@ -258,23 +262,34 @@ static uint64_t peer_quarantined_slots(const kvp_session_t *s)
     return slots;
 }
 
-/* SPEC §8 max quarantined slots: once the store holds max_quarantined
- * QUARANTINED slots, fetches from faulty peers (those that have quarantined
- * slots attributed to them) answer MISS; healthy peers are served. */
-static kvp_status_t quarantine_check(kvp_session_t *s)
+/* SPEC §8 max quarantined slots, per peer (issue 27): a faulty peer past
+ * its share gets FREE slots only -- refused (KVP_ERR_LIMIT) when the store
+ * has fewer FREE slots than the fetch's `nblocks`, i.e. when serving it
+ * would evict READY blocks for a peer that already holds quarantine. While
+ * FREE slots exist it is served at once (the restarted source), and its
+ * reserves take FREE slots first (kvp_store_reserve). */
+static kvp_status_t quarantine_check(kvp_session_t *s, uint32_t nblocks)
 {
     kvp_session_env_t *n = s->env;
     kvp_store_stats_t ss;
     kvp_store_get_stats(n->store, &ss);
     uint64_t total = ss.slots[KVP_SLOT_QUARANTINED], mine;
-    if (total < n->cfg->max_quarantined || (mine = peer_quarantined_slots(s)) == 0)
+    if (total == 0 || (mine = peer_quarantined_slots(s)) == 0)
+        return KVP_OK;
+    if (total < n->cfg->max_quarantined && mine < n->cfg->max_quarantined_per_peer)
+        return KVP_OK;
+    if (ss.slots[KVP_SLOT_FREE] >= nblocks)
         return KVP_OK;
     n->st->fetches_refused_quarantine++;
     KVP_LOG_RL(&s->rl_limit, kvp__env_now(n), KVP_LOG_WARN, n->name,
-               "peer %s: fetch refused: max_quarantined reached (%llu of %u slots quarantined, "
-               "%llu by this peer)",
-               s->peer_id, (unsigned long long)total, n->cfg->max_quarantined,
-               (unsigned long long)mine);
+               "peer %s: fetch refused: %s reached (%llu quarantined by this peer, share %u; "
+               "%llu of %u in the store) and %llu FREE slots for %u blocks",
+               s->peer_id,
+               mine >= n->cfg->max_quarantined_per_peer ? "max_quarantined_per_peer"
+                                                        : "max_quarantined",
+               (unsigned long long)mine, n->cfg->max_quarantined_per_peer,
+               (unsigned long long)total, n->cfg->max_quarantined,
+               (unsigned long long)ss.slots[KVP_SLOT_FREE], nblocks);
     return KVP_ERR_LIMIT;
 }
 
@@ -427,7 +442,7 @@ void kvp__client_start_queued(kvp_session_t *s)
             n->cfg->max_inflight_bytes_per_peer)
             break; /* FIFO: nothing overtakes the head */
         fetchq_take(l);
-        kvp_status_t st = quarantine_check(s);
+        kvp_status_t st = quarantine_check(s, l->n);
         if (st == KVP_OK && (st = load_launch(l)) == KVP_OK)
             continue;
         kvp__load_publish(l, st, 0);
@@ -455,7 +470,7 @@ kvp_status_t kvp__client_fetch(kvp_session_t *s, uint64_t op_id, uint64_t reques
         inflight_refused(s, "larger than the whole budget", op_id);
         return KVP_ERR_LIMIT;
     }
-    if ((st = quarantine_check(s)) != KVP_OK)
+    if ((st = quarantine_check(s, n)) != KVP_OK)
         return st;
     bool queue = !kvp_list_empty(&s->fetchq) || s->bytes_inflight + bytes > budget;
     if (queue && s->n_fetchq >= KVP_FETCHQ_MAX) {

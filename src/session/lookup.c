@@ -78,7 +78,7 @@ static void lookup_op_finish(kvp_lookup_op_t *op, kvp_status_t st, uint32_t hits
     ev.n_keys = op->n;
     ev.n_ok = hits;
     snprintf(ev.peer, sizeof(ev.peer), "%s", op->sess->peer_id);
-    if (st != KVP_OK)
+    if (st != KVP_OK && hits == 0) /* a LIMIT answer's hits are real: kept */
         memset(op->results, KVP_LOOKUP_MISS, op->n);
     kvp_list_remove(&op->link);
     kvp_timer_stop(n->loop, &op->timer);
@@ -159,7 +159,8 @@ void kvp__client_flush_lookups(kvp_session_t *s)
     }
 }
 
-void kvp__client_on_lookup_resp(kvp_session_t *s, const kvp_msg_lookup_resp_t *m)
+void kvp__client_on_lookup_resp(kvp_session_t *s, const kvp_msg_lookup_resp_t *m,
+                                uint16_t flags)
 {
     /* Rebuild the key order of the LOOKUP we sent from the ops of that round. */
     kvp_list_t *p, *t;
@@ -222,7 +223,16 @@ void kvp__client_on_lookup_resp(kvp_session_t *s, const kvp_msg_lookup_resp_t *m
                 hits++;
             memset(op->results + hits, KVP_LOOKUP_MISS, op->n - hits);
         }
-        lookup_op_finish(op, KVP_OK, hits);
+        /* The source refused part of the lookup at one of its budgets: say
+         * so (never "ok" with misses that are refusals); the hits stay
+         * valid and pinned for a fetch. */
+        if (flags & KVP_LOOKUP_F_LIMIT) {
+            s->env->st->lookups_limited++;
+            KVP_LOG_RL(&s->rl_limit, kvp__env_now(s->env), KVP_LOG_WARN, s->env->name,
+                       "peer %s: lookup %llu answered limit (%u of %u keys held for us)",
+                       s->peer_id, (unsigned long long)op->op_id, hits, op->n);
+        }
+        lookup_op_finish(op, (flags & KVP_LOOKUP_F_LIMIT) ? KVP_ERR_LIMIT : KVP_OK, hits);
     }
 }
 

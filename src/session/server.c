@@ -1,11 +1,12 @@
 /*
- * server.c -- the source role of a session (SPEC §5): answer LOOKUP from the
- * store (HIT pins supply for the round), match FETCH demand against the
- * round's supply, post the transfer, send FETCH_DONE only after the transport
+ * server.c -- the source role of a session (SPEC §5): its rounds (LOOKUP is
+ * answered in server_lookup.c: HIT pins supply for the round, within the
+ * peer's budgets of budget.c), match FETCH demand against the round's
+ * supply, post the transfer, send FETCH_DONE only after the transport
  * proved remote completion, handle ABORT (cancel in WAIT mode; ABORT_ACK only
  * once the transfer is terminal), park WAIT_FOR_SUPPLY demand.
  *
- * Round phases (one per kvp_sround_t; set only through sround_set_phase):
+ * Round phases (one per kvp_sround_t; set only through kvp__sround_set_phase):
  *
  *   (new) SUPPLIED --LOOKUP with FILLING keys--> LOOKUP_PENDING
  *   LOOKUP_PENDING --(keys committed / pending deadline)--> SUPPLIED
@@ -28,7 +29,7 @@
 static const char *const sr_phase_names[] = {"LOOKUP_PENDING", "SUPPLIED", "PARKED",
                                              "TRANSFERRING", "ABORTING", "FINISHED"};
 
-static void sround_set_phase(kvp_sround_t *r, kvp_sround_phase_t to)
+void kvp__sround_set_phase(kvp_sround_t *r, kvp_sround_phase_t to)
 {
     static const uint8_t legal[6] = {
         [KVP_SR_LOOKUP_PENDING] = 1u << KVP_SR_SUPPLIED, /* a new round with FILLING keys */
@@ -43,6 +44,8 @@ static void sround_set_phase(kvp_sround_t *r, kvp_sround_phase_t to)
               (unsigned long long)r->round, sr_phase_names[r->phase], sr_phase_names[to]);
     r->phase = to;
     if (to == KVP_SR_FINISHED) { /* kept only to replay its answer: off the live list */
+        KVP_ASSERT(r->sess->n_rounds > 0);
+        r->sess->n_rounds--;
         kvp_list_remove(&r->link);
         kvp_list_insert_tail(&r->sess->srounds_done, &r->link);
     }
@@ -63,7 +66,7 @@ static kvp_sround_t *sround_find_in(kvp_list_t *head, uint64_t round)
  * second a single list of them made every LOOKUP and FETCH walk tens of
  * thousands of cold records (measured by bench/e2e). A token above every one
  * seen needs no walk; live rounds are searched before finished ones. */
-static kvp_sround_t *sround_find(kvp_session_t *s, uint64_t round)
+kvp_sround_t *kvp__sround_find(kvp_session_t *s, uint64_t round)
 {
     kvp_sround_t *r;
     if (!s->sround_seen || round > s->sround_max)
@@ -86,19 +89,23 @@ static void key_copy(kvp_key_buf_t *dst, const uint8_t *data, uint32_t len)
 
 static void sround_timer_cb(kvp_timer_t *t);
 
-static kvp_sround_t *sround_new(kvp_session_t *s, uint64_t request_id, uint64_t round,
+/* A new live round; its supply array grows with hits (supply_push) unless
+ * cap_supply (fetch-time supply: one per demand) is given. */
+kvp_sround_t *kvp__sround_new(kvp_session_t *s, uint64_t request_id, uint64_t round,
                                 uint32_t cap_supply)
 {
     kvp_sround_t *r = kvp__calloc(1, sizeof(*r));
     if (r == NULL)
         return NULL;
-    r->supply = kvp__calloc(cap_supply ? cap_supply : 1, sizeof(*r->supply));
-    if (r->supply == NULL) {
+    if (cap_supply > 0 && (r->supply = kvp__calloc(cap_supply, sizeof(*r->supply))) == NULL) {
         kvp__free(r);
         return NULL;
     }
     r->cap_supply = cap_supply;
     r->sess = s;
+    r->born_ns = kvp__env_now(s->env);
+    s->n_rounds++;
+    kvp__budget_account(r, false);
     r->request_id = request_id;
     r->round = round;
     r->phase = KVP_SR_SUPPLIED;
@@ -121,12 +128,12 @@ static void sround_unpin_supply(kvp_sround_t *r)
             /* A supply pin: no transfer reads it (those moved to a kvp_xfer_t). */
             kvp_status_t rc = kvp_store_unpin(st, r->supply[i].ref);
             KVP_ASSERT(rc == KVP_OK);
-            r->supply[i].pinned = false;
+            kvp__budget_pin_drop(r, &r->supply[i]);
         }
     }
 }
 
-static void sround_free(kvp_sround_t *r)
+void kvp__sround_free(kvp_sround_t *r)
 {
     kvp_session_env_t *n = r->sess->env;
     KVP_ASSERT(r->xfer == NULL);
@@ -135,6 +142,11 @@ static void sround_free(kvp_sround_t *r)
     if (kvp_list_linked(&r->wait_link))
         kvp_list_remove(&r->wait_link);
     kvp_list_remove(&r->link);
+    if (r->phase != KVP_SR_FINISHED) {
+        KVP_ASSERT(r->sess->n_rounds > 0);
+        r->sess->n_rounds--;
+    }
+    kvp__budget_account(r, true);
     kvp__free(r->supply);
     kvp__free(r->demand);
     kvp__free(r->digests);
@@ -143,27 +155,6 @@ static void sround_free(kvp_sround_t *r)
 }
 
 /* ------------------------------------------------------------- replies */
-
-static void send_lookup_resp(kvp_sround_t *r)
-{
-    kvp_session_t *s = r->sess;
-    uint8_t stackbuf[256];
-    uint8_t *res = r->n_supply <= sizeof(stackbuf) ? stackbuf : kvp__malloc(r->n_supply);
-    if (res == NULL) {
-        kvp__session_fault(s, KVP_BYE_PROTOCOL, "out of memory answering LOOKUP");
-        return;
-    }
-    for (uint32_t i = 0; i < r->n_supply; i++)
-        res[i] = r->supply[i].pinned ? KVP_LOOKUP_HIT : KVP_LOOKUP_MISS;
-    kvp_msg_t m = {.type = KVP_MSG_LOOKUP_RESP, .flags = r->lookup_flags};
-    m.u.lookup_resp.request_id = r->request_id;
-    m.u.lookup_resp.round = r->round;
-    m.u.lookup_resp.n = r->n_supply;
-    m.u.lookup_resp.results = res;
-    kvp__session_send(s, &m);
-    if (res != stackbuf)
-        kvp__free(res);
-}
 
 /* Finish a round: FETCH_DONE (status, digests) or ABORT_ACK; the round is kept
  * for a while so a repeated ABORT gets the same answer (F5). */
@@ -205,7 +196,16 @@ static void sround_finish(kvp_sround_t *r, bool ack, kvp_status_t status)
     if (ack)
         kvp__session_send(s, &m);
     if (r->phase != KVP_SR_FINISHED)
-        sround_set_phase(r, KVP_SR_FINISHED);
+        kvp__sround_set_phase(r, KVP_SR_FINISHED);
+    /* Kept only to replay the answer (n_demand, digests, block_ok): its
+     * supply and demand go now, so a finished round costs the peer's memory
+     * budget little. */
+    kvp__free(r->supply);
+    kvp__free(r->demand);
+    r->supply = NULL;
+    r->demand = NULL;
+    r->n_supply = r->cap_supply = 0;
+    kvp__budget_account(r, false);
     /* Keep the answer for replays until the consumer's abort machinery is
      * surely over. */
     kvp_timer_start(n->loop, &r->timer,
@@ -214,157 +214,20 @@ static void sround_finish(kvp_sround_t *r, bool ack, kvp_status_t status)
                             KVP_NSEC_PER_MSEC);
 }
 
-/* ---------------------------------------------------------- pin leases */
-
-/* Supply pinned by a LOOKUP is held under a lease: pin_lease_ms (0 = the
- * supply-pin timeout) after the lookup or the requester's latest renewal --
- * a FETCH or LOOKUP of the same request on this session, or a lease
- * heartbeat (LOOKUP with KVP_LOOKUP_F_RENEW). When the lease runs out the
- * round's pins are released and counted (sround_timer_cb). */
-static uint64_t lease_deadline(const kvp_session_env_t *n)
+/* Free FINISHED rounds of the peer (oldest first; they are kept only to
+ * replay an answer) until `extra` bytes fit its round memory. */
+static void rounds_done_trim(kvp_session_t *s, uint64_t extra)
 {
-    uint32_t ms = n->cfg->pin_lease_ms ? n->cfg->pin_lease_ms : n->cfg->supply_pin_ms;
-    return kvp__env_now(n) + (uint64_t)ms * KVP_NSEC_PER_MSEC;
+    while (!kvp__budget_round_fits(s, extra, false) && !kvp_list_empty(&s->srounds_done))
+        kvp__sround_free(KVP_CONTAINER_OF(s->srounds_done.next, kvp_sround_t, link));
 }
 
-static void lease_renew(kvp_session_t *s, uint64_t request_id)
+/* Whether a new round with `extra` bytes beyond its record fits the peer's
+ * budgets (finished rounds give way first). */
+bool kvp__server_round_admit(kvp_session_t *s, uint64_t extra)
 {
-    kvp_session_env_t *n = s->env;
-    kvp_list_t *p, *t;
-    kvp_list_foreach_safe(p, t, &s->srounds)
-    {
-        kvp_sround_t *r = KVP_CONTAINER_OF(p, kvp_sround_t, link);
-        if (r->request_id == request_id && r->phase == KVP_SR_SUPPLIED) {
-            kvp_timer_start(n->loop, &r->timer, lease_deadline(n));
-            n->st->leases_renewed++;
-        }
-    }
-}
-
-/* Prefix mode: everything after the first key that is neither held nor
- * pending is not part of the prefix; drop its pins. Returns the number of
- * keys still pinned. */
-static uint32_t prefix_trim(kvp_sround_t *r)
-{
-    kvp_store_t *st = r->sess->env->store;
-    uint32_t held = 0;
-    bool cut = false;
-    for (uint32_t i = 0; i < r->n_supply; i++) {
-        kvp_supply_t *sp = &r->supply[i];
-        if (cut && sp->pinned && (r->lookup_flags & KVP_LOOKUP_F_PREFIX)) {
-            kvp_status_t rc = kvp_store_unpin(st, sp->ref); /* supply: no transfer reads it */
-            KVP_ASSERT(rc == KVP_OK);
-            sp->pinned = false;
-        }
-        cut |= !sp->pinned && !sp->pending;
-        held += sp->pinned;
-    }
-    return held;
-}
-
-/* --------------------------------------------------------------- LOOKUP */
-
-enum { LOOKUP_CHUNK = 64 };
-
-/* Look up k (<= LOOKUP_CHUNK) keys at once; each hit pinned into its
- * supply entry's ref. */
-static void lookup_chunk(kvp_store_t *store, const kvp_key_t *keys, uint32_t k, kvp_supply_t *sup,
-                         kvp_status_t *st)
-{
-    const void *kp[LOOKUP_CHUNK];
-    size_t kl[LOOKUP_CHUNK];
-    kvp_slot_ref_t refs[LOOKUP_CHUNK];
-    for (uint32_t i = 0; i < k; i++) {
-        kp[i] = keys[i].data;
-        kl[i] = keys[i].len;
-    }
-    kvp_store_lookup_many(store, k, kp, kl, refs, st);
-    for (uint32_t i = 0; i < k; i++)
-        if (st[i] == KVP_OK)
-            sup[i].ref = refs[i];
-}
-
-void kvp__server_on_lookup(kvp_session_t *s, const kvp_msg_lookup_t *m, uint16_t flags)
-{
-    kvp_session_env_t *n = s->env;
-    if (sround_find(s, m->round) != NULL) {
-        kvp__session_fault(s, KVP_BYE_PROTOCOL, "LOOKUP reuses a round token");
-        return;
-    }
-    lease_renew(s, m->request_id); /* any lookup of the request is a heartbeat for it */
-    kvp_sround_t *r = sround_new(s, m->request_id, m->round, m->n);
-    if (r == NULL) {
-        kvp__session_fault(s, KVP_BYE_PROTOCOL, "out of memory on LOOKUP");
-        return;
-    }
-    r->lookup_flags = flags & (KVP_LOOKUP_F_PREFIX | KVP_LOOKUP_F_RENEW);
-    bool prefix = (flags & KVP_LOOKUP_F_PREFIX) != 0, missed = false, open = kvp__session_open(s);
-    uint32_t pending = 0, hits = 0, refused = 0;
-    for (uint32_t base = 0; base < m->n; base += LOOKUP_CHUNK) {
-        uint32_t k = KVP_MIN(LOOKUP_CHUNK, m->n - base);
-        kvp_status_t st[LOOKUP_CHUNK];
-        if (!prefix) /* batched: the store prefetches a group's buckets and slots */
-            lookup_chunk(n->store, &m->keys[base], k, &r->supply[base], st);
-        for (uint32_t i = 0; i < k; i++) {
-            kvp_supply_t *sp = &r->supply[r->n_supply++];
-            key_copy(&sp->key, m->keys[base + i].data, m->keys[base + i].len);
-            if (missed)
-                continue; /* prefix mode: past the first miss, not looked up */
-            if (prefix)
-                st[i] = kvp_store_lookup(n->store, sp->key.data, sp->key.len, &sp->ref, NULL, NULL);
-            if (st[i] == KVP_OK && open) {
-                sp->pinned = true;
-                hits++;
-            } else if (st[i] == KVP_OK) {
-                kvp_store_unpin(n->store, sp->ref);
-            } else if (st[i] == KVP_ERR_PENDING) {
-                sp->pending = true;
-                pending++;
-            } else if (st[i] == KVP_ERR_LIMIT) {
-                refused++; /* counted by the store (pins_refused) */
-            }
-            missed = prefix && !sp->pinned && !sp->pending;
-        }
-    }
-    if (refused > 0)
-        KVP_LOG_RL(&s->rl_limit, kvp__env_now(n), KVP_LOG_WARN, n->name,
-                   "peer %s: %u keys of LOOKUP answered MISS: max_pins reached", s->peer_id,
-                   refused);
-    if (pending > 0) {
-        sround_set_phase(r, KVP_SR_LOOKUP_PENDING);
-        kvp_list_insert_tail(&n->waiting, &r->wait_link);
-        kvp_timer_start(n->loop, &r->timer,
-                        kvp__env_now(n) + (uint64_t)n->cfg->lookup_pending_ms * KVP_NSEC_PER_MSEC);
-        return;
-    }
-    hits = prefix_trim(r);
-    send_lookup_resp(r);
-    if (hits == 0) {
-        sround_free(r);
-        return;
-    }
-    kvp_timer_start(n->loop, &r->timer, lease_deadline(n));
-}
-
-/* Pending keys that did not commit in time answer MISS; the rest HIT. */
-static void lookup_pending_resolve(kvp_sround_t *r)
-{
-    kvp_session_env_t *n = r->sess->env;
-    bool any = false;
-    for (uint32_t i = 0; i < r->n_supply; i++) {
-        r->supply[i].pending = false;
-        any |= r->supply[i].pinned;
-    }
-    if (kvp_list_linked(&r->wait_link))
-        kvp_list_remove(&r->wait_link);
-    sround_set_phase(r, KVP_SR_SUPPLIED);
-    any = prefix_trim(r) > 0;
-    send_lookup_resp(r);
-    if (!any) {
-        sround_free(r);
-        return;
-    }
-    kvp_timer_start(n->loop, &r->timer, lease_deadline(n));
+    rounds_done_trim(s, sizeof(kvp_sround_t) + extra);
+    return kvp__budget_round_fits(s, sizeof(kvp_sround_t) + extra, true);
 }
 
 /* ---------------------------------------------------------------- FETCH */
@@ -373,17 +236,19 @@ static void sround_post(kvp_sround_t *r);
 
 static void fetch_fail_now(kvp_session_t *s, const kvp_msg_fetch_t *m, kvp_status_t st)
 {
-    kvp_sround_t *r = sround_find(s, m->round);
-    if (r == NULL)
-        r = sround_new(s, m->request_id, m->round, 0);
+    kvp_sround_t *r = kvp__sround_find(s, m->round);
+    if (r == NULL) { /* a record to replay the answer: finished ones give way */
+        rounds_done_trim(s, sizeof(kvp_sround_t));
+        r = kvp__sround_new(s, m->request_id, m->round, 0);
+    }
     if (r == NULL) {
         kvp__session_fault(s, KVP_BYE_PROTOCOL, "out of memory on FETCH");
         return;
     }
-    if (r->demand == NULL) {
-        r->demand = kvp__calloc(m->n ? m->n : 1, sizeof(*r->demand));
-        r->n_demand = r->demand ? m->n : 0;
-    }
+    /* FETCH_DONE answers every item not ok: it needs the count, no demand
+     * record (a failed FETCH keeps only the round record for replays). */
+    if (r->demand == NULL)
+        r->n_demand = m->n;
     sround_finish(r, false, st);
 }
 
@@ -411,9 +276,14 @@ static bool supply_from_store(kvp_sround_t *r, kvp_demand_t *d)
     if (kvp_store_lookup(n->store, d->key.data, d->key.len, &ref, NULL, NULL) != KVP_OK)
         return false;
     kvp_supply_t *sp = &r->supply[r->n_supply];
+    memset(sp, 0, sizeof(*sp));
+    if (!kvp__budget_pin_take(r, sp)) { /* the peer's supply-pin budget: stays missing */
+        kvp_store_unpin(n->store, ref);
+        return false;
+    }
     sp->key = d->key;
     sp->ref = ref;
-    sp->pinned = true;
+    sp->idx = r->n_keys;
     d->supply = (int32_t)r->n_supply++;
     return true;
 }
@@ -421,11 +291,18 @@ static bool supply_from_store(kvp_sround_t *r, kvp_demand_t *d)
 static kvp_status_t sround_take_demand(kvp_sround_t *r, const kvp_msg_fetch_t *m,
                                        uint32_t *missing)
 {
+    bool from_store = (r->flags & (KVP_FETCH_WAIT_FOR_SUPPLY | KVP_FETCH_HINT)) != 0;
+    uint64_t grow = from_store && r->cap_supply < r->n_supply + m->n
+                        ? (uint64_t)(r->n_supply + m->n - r->cap_supply) * sizeof(kvp_supply_t)
+                        : 0;
+    uint64_t need = grow + (uint64_t)m->n * (sizeof(kvp_demand_t) + sizeof(kvp_digest_t) + 1);
+    rounds_done_trim(r->sess, need);
+    if (!kvp__budget_round_fits(r->sess, need, false))
+        return KVP_ERR_LIMIT; /* the peer's round memory (counted by the caller) */
     r->demand = kvp__calloc(m->n, sizeof(*r->demand));
     if (r->demand == NULL)
         return KVP_ERR_NOMEM;
-    bool from_store = (r->flags & (KVP_FETCH_WAIT_FOR_SUPPLY | KVP_FETCH_HINT)) != 0;
-    if (from_store && r->cap_supply < r->n_supply + m->n) {
+    if (grow > 0) {
         kvp_supply_t *ns = kvp__realloc(r->supply, (r->n_supply + m->n) * sizeof(*ns));
         if (ns == NULL)
             return KVP_ERR_NOMEM;
@@ -433,6 +310,7 @@ static kvp_status_t sround_take_demand(kvp_sround_t *r, const kvp_msg_fetch_t *m
         r->cap_supply = r->n_supply + m->n;
     }
     r->n_demand = m->n;
+    kvp__budget_account(r, false);
     uint32_t cursor = 0;
     *missing = 0;
     for (uint32_t i = 0; i < m->n; i++) {
@@ -486,7 +364,7 @@ void kvp__server_on_fetch(kvp_session_t *s, const kvp_msg_fetch_t *m)
         kvp__server_finish_request(s, m->request_id);
         return;
     }
-    lease_renew(s, m->request_id); /* the requester still works on it: other rounds live on */
+    kvp__server_lease_renew(s, m->request_id); /* the requester still works on it: other rounds live on */
     kvp_status_t dst = fetch_dsts_distinct(m);
     if (dst != KVP_OK) {
         kvp__session_fault(s, KVP_BYE_PROTOCOL, dst == KVP_ERR_NOMEM
@@ -494,7 +372,7 @@ void kvp__server_on_fetch(kvp_session_t *s, const kvp_msg_fetch_t *m)
                                                     : "FETCH names one destination slot twice");
         return;
     }
-    kvp_sround_t *r = sround_find(s, m->round);
+    kvp_sround_t *r = kvp__sround_find(s, m->round);
     if (r != NULL && r->phase != KVP_SR_SUPPLIED) {
         if (r->phase == KVP_SR_FINISHED && r->sent_done)
             return; /* a duplicate of a FETCH we already answered */
@@ -515,20 +393,31 @@ void kvp__server_on_fetch(kvp_session_t *s, const kvp_msg_fetch_t *m)
         fetch_fail_now(s, m, KVP_ERR_NOT_FOUND);
         return;
     }
-    if (r == NULL && (r = sround_new(s, m->request_id, m->round, m->n)) == NULL) {
+    if (r == NULL && !kvp__server_round_admit(s, (uint64_t)m->n * sizeof(kvp_supply_t))) {
+        kvp__budget_round_refused(s, "FETCH");
+        fetch_fail_now(s, m, KVP_ERR_LIMIT);
+        return;
+    }
+    if (r == NULL && (r = kvp__sround_new(s, m->request_id, m->round, m->n)) == NULL) {
         kvp__session_fault(s, KVP_BYE_PROTOCOL, "out of memory on FETCH");
         return;
     }
     r->flags = m->flags;
     uint32_t missing = 0;
-    if (sround_take_demand(r, m, &missing) != KVP_OK) {
-        sround_finish(r, false, KVP_ERR_NOMEM);
+    kvp_status_t tk = sround_take_demand(r, m, &missing);
+    if (tk != KVP_OK) {
+        if (tk == KVP_ERR_LIMIT)
+            kvp__budget_round_refused(s, "FETCH");
+        if (r->demand == NULL)
+            r->n_demand = m->n; /* FETCH_DONE answers every item, not ok */
+        sround_finish(r, false, tk);
         return;
     }
     if (missing > 0 && hint)
         n->st->fetch_hints_stale++; /* the router's map was (partly) out of date: quick misses */
     if (missing > 0 && !wait && missing == r->n_demand) {
-        sround_finish(r, false, KVP_ERR_NOT_FOUND); /* F9: at once, never a silent wait */
+        /* F9: at once, never a silent wait; LIMIT if a budget refused it */
+        sround_finish(r, false, r->limited ? KVP_ERR_LIMIT : KVP_ERR_NOT_FOUND);
         return;
     }
     if (missing > 0 && !wait) { /* F9, partly supplied: send what we have, at once; */
@@ -536,7 +425,7 @@ void kvp__server_on_fetch(kvp_session_t *s, const kvp_msg_fetch_t *m)
         return;
     }
     if (missing > 0) {
-        sround_set_phase(r, KVP_SR_PARKED);
+        kvp__sround_set_phase(r, KVP_SR_PARKED);
         kvp_list_insert_tail(&n->waiting, &r->wait_link);
         kvp_timer_start(n->loop, &r->timer,
                         kvp__env_now(n) + (uint64_t)n->cfg->parked_demand_ms * KVP_NSEC_PER_MSEC);
@@ -561,6 +450,7 @@ static kvp_xfer_t *xfer_new(kvp_sround_t *r)
     }
     x->n = r->n_demand;
     x->round = r;
+    kvp__budget_account(r, false); /* digests, block_ok */
     snprintf(x->peer, sizeof(x->peer), "%s", r->sess->peer_id);
     kvp_list_init(&x->link);
     return x;
@@ -580,7 +470,7 @@ static kvp_status_t xfer_take_pins(kvp_sround_t *r, kvp_xfer_t *x)
             continue; /* not supplied (F9): reported not ok in FETCH_DONE */
         kvp_supply_t *sp = &r->supply[r->demand[i].supply];
         if (sp->pinned) {
-            sp->pinned = false;
+            kvp__budget_pin_drop(r, sp); /* the pin moves to the transfer */
         } else {
             kvp_status_t rc = kvp_store_pin(st, sp->ref);
             if (rc != KVP_OK)
@@ -636,7 +526,7 @@ static void sround_post(kvp_sround_t *r)
     s->xfers_inflight++;
     kvp__session_mark_active(s);
     kvp_timer_stop(n->loop, &r->timer);
-    sround_set_phase(r, KVP_SR_TRANSFERRING);
+    kvp__sround_set_phase(r, KVP_SR_TRANSFERRING);
 }
 
 /* ---------------------------------------------------------- completions */
@@ -681,7 +571,7 @@ void kvp__server_on_xfer_done(kvp_session_t *s, kvp_xfer_id_t id, kvp_status_t s
 void kvp__server_on_abort(kvp_session_t *s, const kvp_msg_abort_t *m)
 {
     kvp_session_env_t *n = s->env;
-    kvp_sround_t *r = sround_find(s, m->round);
+    kvp_sround_t *r = kvp__sround_find(s, m->round);
     if (r == NULL) {
         /* Nothing of this round was ever posted in this incarnation: proven. */
         kvp_msg_t a = {.type = KVP_MSG_ABORT_ACK};
@@ -705,7 +595,7 @@ void kvp__server_on_abort(kvp_session_t *s, const kvp_msg_abort_t *m)
         kvp_xfer_id_t running[1];
         size_t n_running = 0;
         n->xport->ops->cancel(n->xport, &r->xfer->id, 1, KVP_CANCEL_WAIT, running, &n_running);
-        sround_set_phase(r, KVP_SR_ABORTING);
+        kvp__sround_set_phase(r, KVP_SR_ABORTING);
         if (n_running == 0) { /* terminal already: released by cancel */
             s->xfers_inflight--;
             kvp__xfer_release(n, r->xfer, KVP_PROOF_TERMINAL);
@@ -727,7 +617,7 @@ static void sround_timer_cb(kvp_timer_t *t)
     kvp_sround_t *r = t->data;
     switch (r->phase) {
     case KVP_SR_LOOKUP_PENDING:
-        lookup_pending_resolve(r);
+        kvp__server_lookup_resolve(r);
         return;
     case KVP_SR_SUPPLIED: { /* the pin lease ran out: never fetched, never renewed */
         kvp_session_env_t *n = r->sess->env;
@@ -739,14 +629,14 @@ static void sround_timer_cb(kvp_timer_t *t)
         KVP_DEBUG(n->name, "peer %s request %llu round %llu: pin lease expired, %u pins released",
                   r->sess->peer_id, (unsigned long long)r->request_id,
                   (unsigned long long)r->round, pinned);
-        sround_free(r);
+        kvp__sround_free(r);
         return;
     }
     case KVP_SR_PARKED: /* parked-demand timeout (F11) */
         sround_finish(r, false, KVP_ERR_TIMEOUT);
         return;
     case KVP_SR_FINISHED:
-        sround_free(r);
+        kvp__sround_free(r);
         return;
     default:
         return;
@@ -761,10 +651,14 @@ static bool sround_take_commit(kvp_sround_t *r, const void *key, uint32_t key_le
         bool still = false;
         for (uint32_t i = 0; i < r->n_supply; i++) {
             kvp_supply_t *sp = &r->supply[i];
+            kvp_slot_ref_t ref;
             if (sp->pending && key_eq(&sp->key, key, key_len) &&
-                kvp_store_lookup(st, key, key_len, &sp->ref, NULL, NULL) == KVP_OK) {
+                kvp_store_lookup(st, key, key_len, &ref, NULL, NULL) == KVP_OK) {
                 sp->pending = false;
-                sp->pinned = true;
+                if (kvp__budget_pin_take(r, sp))
+                    sp->ref = ref;
+                else
+                    kvp_store_unpin(st, ref); /* refused at a budget: MISS, limit */
             }
             still |= sp->pending;
         }
@@ -790,7 +684,7 @@ void kvp__server_on_commit(kvp_session_env_t *n, const void *key, uint32_t key_l
         if (!sround_take_commit(r, key, key_len))
             continue;
         if (r->phase == KVP_SR_LOOKUP_PENDING) {
-            lookup_pending_resolve(r);
+            kvp__server_lookup_resolve(r);
         } else {
             kvp_list_remove(&r->wait_link);
             sround_post(r);
@@ -810,11 +704,11 @@ void kvp__server_finish_request(kvp_session_t *s, uint64_t request_id)
         if (r->request_id != request_id)
             continue;
         if (r->phase == KVP_SR_SUPPLIED)
-            sround_free(r);
+            kvp__sround_free(r);
         else if (r->phase == KVP_SR_PARKED)
             sround_finish(r, false, KVP_ERR_CANCELED);
         else if (r->phase == KVP_SR_LOOKUP_PENDING)
-            lookup_pending_resolve(r);
+            kvp__server_lookup_resolve(r);
     }
 }
 
@@ -854,7 +748,7 @@ void kvp__server_teardown(kvp_session_t *s, kvp_session_close_t *out)
     }
     s->xfers_inflight = 0;
     while (!kvp_list_empty(&s->srounds))
-        sround_free(KVP_CONTAINER_OF(s->srounds.next, kvp_sround_t, link));
+        kvp__sround_free(KVP_CONTAINER_OF(s->srounds.next, kvp_sround_t, link));
     while (!kvp_list_empty(&s->srounds_done))
-        sround_free(KVP_CONTAINER_OF(s->srounds_done.next, kvp_sround_t, link));
+        kvp__sround_free(KVP_CONTAINER_OF(s->srounds_done.next, kvp_sround_t, link));
 }

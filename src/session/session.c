@@ -127,7 +127,7 @@ void kvp__session_on_frame(kvp_session_t *s, const kvp_msg_t *m)
         kvp__server_on_abort(s, &m->u.abort);
         break;
     case KVP_MSG_LOOKUP_RESP:
-        kvp__client_on_lookup_resp(s, &m->u.lookup_resp);
+        kvp__client_on_lookup_resp(s, &m->u.lookup_resp, m->flags);
         break;
     case KVP_MSG_FETCH_DONE:
         kvp__client_on_fetch_done(s, &m->u.fetch_done);

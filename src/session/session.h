@@ -106,6 +106,8 @@ typedef struct kvp_session_env {
     kvp_list_t landing;     /* kvp_load_t LANDING: the node calls kvp__client_check_landing
                              * after each transport progress while it is not empty */
     uint32_t n_retained;
+    uint32_t supply_pins; /* lookup-pinned supply of every session (budget.c) */
+    uint64_t round_bytes; /* memory of every session's source rounds (budget.c) */
     uint64_t next_round;                /* round tokens, unique per node */
     uint64_t releases[KVP_PROOF_COUNT]; /* slots / pins released, per proof (release.c) */
 } kvp_session_env_t;
@@ -195,10 +197,13 @@ typedef enum kvp_sround_phase {
     KVP_SR_FINISHED = 5,       /* FETCH_DONE or ABORT_ACK sent */
 } kvp_sround_phase_t;
 
+/* One supply entry per key the round holds or waits for: a LOOKUP's hits
+ * and pending keys only (issue 27: a miss costs no memory), in key order. */
 typedef struct kvp_supply {
     kvp_key_buf_t key;
     kvp_slot_ref_t ref;
-    bool pinned;
+    uint32_t idx; /* the key's position in the LOOKUP (supply_from_store: n_keys) */
+    bool pinned;  /* holds one pin, counted in the peer's supply-pin budget */
     bool pending; /* LOOKUP_PENDING: key was FILLING */
 } kvp_supply_t;
 
@@ -214,8 +219,13 @@ struct kvp_sround {
     kvp_session_t *sess;
     uint64_t request_id, round;
     kvp_sround_phase_t phase;
+    uint32_t n_keys; /* keys of the LOOKUP (LOOKUP_RESP answers this many) */
     uint32_t n_supply, cap_supply;
     kvp_supply_t *supply;
+    uint64_t mem;      /* bytes accounted to the peer's round memory (budget.c) */
+    uint64_t born_ns;  /* the lease's start: it never runs past born + max_lease_ms */
+    bool limited;      /* something was refused at a budget: the answer says limit */
+    bool lease_capped; /* counted once in leases_capped */
     uint32_t n_demand;
     kvp_demand_t *demand;
     uint32_t flags;
@@ -299,6 +309,10 @@ struct kvp_session {
     uint64_t sround_max; /* the highest round token seen, if sround_seen */
     bool sround_seen;
     uint32_t xfers_inflight;
+    /* This peer's share of the node (issue 27; budget.c): */
+    uint32_t supply_pins; /* slots its rounds hold pinned (not yet fetched) */
+    uint32_t n_rounds;    /* its live rounds (not FINISHED) */
+    uint64_t round_bytes; /* memory of its rounds, FINISHED ones included */
     uint64_t last_work_ns;
     kvp_ratelimit_t rl;       /* repeated log lines of this peer */
     kvp_ratelimit_t rl_limit; /* this peer's refusals at a limit of SPEC §8 */
@@ -379,7 +393,10 @@ void kvp__client_fail_queued(kvp_session_t *s, kvp_status_t why);
 kvp_status_t kvp__client_fetch(kvp_session_t *s, uint64_t op_id, uint64_t request_id,
                                const uint8_t *keys, const uint32_t *lens, uint32_t n,
                                uint32_t flags, int32_t *block_status);
-void kvp__client_on_lookup_resp(kvp_session_t *s, const kvp_msg_lookup_resp_t *m);
+/* flags: the LOOKUP_RESP header's (KVP_LOOKUP_F_LIMIT: the op's event says
+ * KVP_ERR_LIMIT, its hits kept). */
+void kvp__client_on_lookup_resp(kvp_session_t *s, const kvp_msg_lookup_resp_t *m,
+                                uint16_t flags);
 void kvp__client_on_fetch_done(kvp_session_t *s, const kvp_msg_fetch_done_t *m);
 void kvp__client_on_abort_ack(kvp_session_t *s, const kvp_msg_abort_t *m);
 /* After each transport progress: settle the LANDING loads whose blocks all
@@ -413,6 +430,39 @@ void kvp__server_finish_request(kvp_session_t *s, uint64_t request_id);
 void kvp__server_teardown(kvp_session_t *s, kvp_session_close_t *out);
 /* Unlink and free a transfer, dropping its source pins by `proof`. */
 void kvp__xfer_release(kvp_session_env_t *e, kvp_xfer_t *x, kvp_proof_t proof);
+/* server.c's rounds, shared with server_lookup.c (the LOOKUP answer): */
+kvp_sround_t *kvp__sround_new(kvp_session_t *s, uint64_t request_id, uint64_t round,
+                              uint32_t cap_supply);
+void kvp__sround_free(kvp_sround_t *r);
+void kvp__sround_set_phase(kvp_sround_t *r, kvp_sround_phase_t to);
+kvp_sround_t *kvp__sround_find(kvp_session_t *s, uint64_t round);
+/* A new live round with `extra` bytes beyond its record fits the peer's
+ * budgets (its finished rounds give way first). */
+bool kvp__server_round_admit(kvp_session_t *s, uint64_t extra);
+/* server_lookup.c: renew the pin lease of the request's SUPPLIED rounds;
+ * answer a LOOKUP_PENDING round now (pending keys MISS). */
+void kvp__server_lease_renew(kvp_session_t *s, uint64_t request_id);
+void kvp__server_lookup_resolve(kvp_sround_t *r);
+
+/* budget.c: the per-peer budgets of the source role (issue 27). Each
+ * refusal is counted and logged (rate-limited) naming budget and peer. */
+/* sp now holds a pin (taken by the caller): counted, if the budgets allow;
+ * else false and the caller unpins (refusal counted, r->limited set). */
+bool kvp__budget_pin_take(kvp_sround_t *r, kvp_supply_t *sp);
+/* sp's pin was dropped or moved to a transfer: uncounted. */
+void kvp__budget_pin_drop(kvp_sround_t *r, kvp_supply_t *sp);
+/* Bytes a round holds now (record, supply, demand, digests). */
+uint64_t kvp__budget_round_mem(const kvp_sround_t *r);
+/* Re-account r->mem after its arrays changed (to 0 when freed: `gone`). */
+void kvp__budget_account(kvp_sround_t *r, bool gone);
+/* Whether the peer may hold `extra` more bytes of rounds (and, with
+ * new_round, one more live round). No side effect. */
+bool kvp__budget_round_fits(const kvp_session_t *s, uint64_t extra, bool new_round);
+/* Count and log a refusal at the round budget (count or memory). */
+void kvp__budget_round_refused(kvp_session_t *s, const char *what);
+/* The pin lease's next deadline: pin_lease_ms from now, never past
+ * born_ns + max_lease_ms (then counted once in leases_capped). */
+uint64_t kvp__budget_lease_deadline(kvp_sround_t *r);
 
 /* release.c: the one place memory a WRITE may touch is released. Each call
  * names its proof, counts it (n->releases) and logs it at DEBUG. */

@@ -112,8 +112,13 @@ enum { KVP_LOOKUP_MISS = 0, KVP_LOOKUP_HIT = 1 };
  *           HIT for the longest held prefix only and pins just that prefix
  *           (keys after the first miss are not looked up).
  *   RENEW   n = 0: a lease heartbeat -- extends the pin lease of every
- *           unfetched lookup round of request_id on this session. */
-enum { KVP_LOOKUP_F_PREFIX = 1u << 0, KVP_LOOKUP_F_RENEW = 1u << 1 };
+ *           unfetched lookup round of request_id on this session.
+ *   LIMIT   (LOOKUP_RESP only; issue 27) some MISS answers are refusals at
+ *           one of the source's per-peer budgets (pins, rounds, memory), not
+ *           absent keys: the consumer reports KVP_ERR_LIMIT (its HITs stay
+ *           valid and pinned). A consumer that predates the flag ignores it
+ *           and sees MISS, as before: compatible, no version change. */
+enum { KVP_LOOKUP_F_PREFIX = 1u << 0, KVP_LOOKUP_F_RENEW = 1u << 1, KVP_LOOKUP_F_LIMIT = 1u << 2 };
 /* FETCH flags. HINT: the consumer was told (by a router's map) that the
  * source holds these keys and fetches without a lookup; the source looks
  * them up at fetch time and answers NOT_FOUND at once if any is gone (a

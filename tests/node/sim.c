@@ -271,6 +271,11 @@ static void node_cfg(sim_t *s, int i)
     c->backoff_min_ms = 20;
     c->backoff_max_ms = 200;
     c->max_retained = 64;
+    /* Issue 27's per-peer budgets stay out of the simulated workload (its
+     * digests and coverage seeds predate them; tests/reliability/test_bounds.c
+     * and test_budgets.c cover them). */
+    c->max_supply_pins_per_peer = c->max_supply_pins = UINT32_MAX;
+    c->max_lease_ms = UINT32_MAX;
     s->seams[i] = (kvp_node_seams_t){&s->mc.clock, s->net, s->fab,
                                      i % 3 == 2 ? KVP_PATH_FAKE_UNFENCEABLE
                                                 : KVP_PATH_FAKE_FENCEABLE,

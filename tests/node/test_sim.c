@@ -79,7 +79,7 @@ static void test_sim_skipping_changes_nothing(void **state)
  * now models the fence as UCX does, see test_node_fence.c). Each replays
  * clean at the soak's settings (4 nodes, 600 steps, the workload profile
  * they were found with: the same run as then, up to the fix). */
-static void replay_clean(uint64_t seed)
+static void replay_clean(uint64_t seed, bool reaches_race)
 {
     sim_opts_t o = {.seed = seed, .nodes = 4, .steps = 600, .profile = SIM_PROFILE_V1};
     sim_result_t r;
@@ -89,14 +89,19 @@ static void replay_clean(uint64_t seed)
                  (unsigned long long)seed, r.first_violation, (unsigned long long)seed);
     /* ... and still reaches the race it was found with: a WRITE posted
      * through the consumer's endpoint after the consumer fenced it. */
-    assert_true(r.posted_fenced >= 1);
+    if (reaches_race)
+        assert_true(r.posted_fenced >= 1);
 }
 
+/* Seed 5245 replays clean but no longer reaches its race since issue 27: a
+ * faulty source past its quarantine share is served again from FREE slots
+ * (client.c quarantine_check) instead of refused until the hold cap, and its
+ * run takes another path (posted_fenced 0; the other six still reach it). */
 #define SEED_REGRESSION(x)                                                                         \
     static void test_sim_seed_##x(void **state)                                                    \
     {                                                                                              \
         (void)state;                                                                               \
-        replay_clean(x);                                                                           \
+        replay_clean(x, x != 5245);                                                                \
     }
 SEED_REGRESSION(3478)
 SEED_REGRESSION(4082)

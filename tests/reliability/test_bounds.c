@@ -81,7 +81,8 @@ static uint32_t lookup_hits(world_t *w, int i, int j, uint64_t req, uint32_t k0,
     uint64_t op = do_lookup(w, i, j, req, &ks, res);
     const kvp_event_t *e = world_wait(w, i, KVP_EV_LOOKUP, op, 200 * MS);
     assert_non_null(e);
-    return e->status == KVP_OK ? e->n_ok : 0;
+    /* a refusal at a limit (issue 27) keeps the hits that were granted */
+    return e->status == KVP_OK || e->status == KVP_ERR_LIMIT ? e->n_ok : 0;
 }
 
 /* Lookup + fetch; returns the load's status (waits at most max_ns). */
@@ -442,31 +443,46 @@ static void test_inflight_queued_fetch_fails_on_probation(void **state)
 
 /* ------------------------------------------------------- max_quarantined */
 
+static bool g_per_peer; /* the limit is max_quarantined_per_peer, not the store's */
+
 static void tweak_quarantine(kvp_config_t *c, kvp_node_seams_t *s, int i)
 {
     if (i == 1) {
-        c->max_quarantined = g_limit;
+        if (g_per_peer)
+            c->max_quarantined_per_peer = g_limit; /* the store's stays a quarter */
+        else
+            c->max_quarantined = g_limit;
         s->fake_path = KVP_PATH_FAKE_UNFENCEABLE; /* no fence proof: slots stay held */
     }
 }
 
-/* SPEC §8 "max quarantined slots: further fetches from faulty peers answer
- * MISS" (I5). Source 0 dies mid-transfer on an unfenceable path: its 2
- * destination slots stay QUARANTINED, attributed to peer 0, which is now
- * *faulty*. With max_quarantined = 2: after node 0 comes back (same peer
- * id) its fetch is refused with KVP_ERR_LIMIT (fetches_refused_quarantine,
- * a WARN naming max_quarantined and peer 0); healthy node 2 is served. At
- * the hold cap the slots are released (suspect) and node 0 is served again.
- * Mutations: a store-wide limit (the old rule) -> node 2's fetch refused;
- * max_quarantined = 3 -> node 0's fetch accepted. */
-static void test_max_quarantined_refuses_faulty_peer_only(void **state)
+/* SPEC §8 max quarantined slots, as issue 27 changed it: a faulty peer past
+ * its share is served from FREE slots, refused only when none is left.
+ * Source 0 dies mid-transfer on an unfenceable path: its 2 destination
+ * slots stay QUARANTINED, attributed to peer 0 (faulty). With
+ * max_quarantined = 2, node 0 comes back (same peer id) and its fetch is
+ * served AT ONCE (FREE slots exist; before issue 27 it was refused until
+ * the hold cap). Then node 1 fills its store with its own READY blocks: no
+ * FREE slot is left, and node 0's next fetch is refused with KVP_ERR_LIMIT
+ * (fetches_refused_quarantine, a WARN naming the limit and peer 0, nothing
+ * reserved, no READY block of node 1 evicted for it), while healthy node 2
+ * is served (by eviction). At the hold cap the slots are released (suspect)
+ * and node 0 is served again.
+ * Run twice: with the store's max_quarantined = 2, and with the peer's share
+ * max_quarantined_per_peer = 2 (the store's a quarter).
+ * Mutations: the old rule (refuse past max_quarantined, FREE slots or not)
+ * -> the restarted source's first fetch is LIMIT; no FREE check (never
+ * refuse) -> the fetch with no FREE slot is accepted and evicts; the
+ * per-peer share not checked -> the second run's fetch is accepted. */
+static void quarantine_case(void **state, bool per_peer)
 {
     world_t *w = *state = malloc(sizeof(world_t));
     g_limit = 2;
+    g_per_peer = per_peer;
     world_init(w, 3, tweak_quarantine);
     world_connect(w, 1, 0);
     world_connect(w, 1, 2);
-    for (uint32_t k = 0; k < 4; k++)
+    for (uint32_t k = 0; k < 6; k++)
         world_put(w, 0, k, 0);
     for (uint32_t k = 10; k < 12; k++)
         world_put(w, 2, k, 0);
@@ -485,19 +501,34 @@ static void test_max_quarantined_refuses_faulty_peer_only(void **state)
     assert_int_not_equal(e->status, KVP_OK);
     assert_true(kvp_clock_now(&w->mc.clock) - t0 <= (uint64_t)w->cfg[1].dead_after_ms * MS);
     assert_int_equal(world_stats(w, 1).slots_quarantined, 2);
-    /* node 0 comes back under the same peer id: still faulty */
+    /* node 0 comes back under the same peer id: faulty, past the limit, but
+     * FREE slots exist: served at once */
     world_connect(w, 1, 0);
     log_start();
     kvp_stats_t before = world_stats(w, 1);
-    assert_int_equal(lookup_hits(w, 1, 0, 5, 2, 2), 2);
-    wkeys_make(&ks, 2, 2);
-    assert_int_equal(try_fetch(w, 1, 0, 5, &ks, &op), KVP_ERR_LIMIT);
+    assert_int_equal(lookup_fetch(w, 1, 0, 5, 2, 2, 500 * MS), KVP_OK);
+    assert_true(world_verify(w, 1, 2));
+    assert_int_equal(world_stats(w, 1).fetches_refused_quarantine,
+                     before.fetches_refused_quarantine);
+    /* node 1 fills every FREE slot with its own blocks */
+    for (uint32_t k = 100; world_stats(w, 1).slots_free > 0; k++)
+        world_put(w, 1, k, 0);
+    kvp_stats_t full = world_stats(w, 1);
+    assert_int_equal(lookup_hits(w, 1, 0, 6, 4, 2), 2);
+    wkeys_make(&ks, 4, 2);
+    assert_int_equal(try_fetch(w, 1, 0, 6, &ks, &op), KVP_ERR_LIMIT);
     kvp_stats_t mid = world_stats(w, 1);
-    assert_int_equal(mid.fetches_refused_quarantine - before.fetches_refused_quarantine, 1);
-    assert_int_equal(mid.slots_filling, before.slots_filling); /* nothing reserved */
-    assert_int_equal(log_count("max_quarantined", w->addr[0]), 1);
-    /* the healthy peer is served at the limit */
-    assert_int_equal(lookup_fetch(w, 1, 2, 6, 10, 2, 500 * MS), KVP_OK);
+    assert_int_equal(mid.fetches_refused_quarantine - full.fetches_refused_quarantine, 1);
+    assert_int_equal(mid.slots_filling, full.slots_filling); /* nothing reserved */
+    assert_int_equal(mid.slots_ready, full.slots_ready);     /* nothing evicted for it */
+    assert_int_equal(mid.evictions, full.evictions);
+    assert_int_equal(log_count(per_peer ? "max_quarantined_per_peer reached"
+                                        : "max_quarantined reached",
+                               w->addr[0]),
+                     1);
+    assert_int_equal(kvp_finish_request(w->node[1], 6), KVP_OK);
+    /* the healthy peer is served at the limit (its slots by eviction) */
+    assert_int_equal(lookup_fetch(w, 1, 2, 7, 10, 2, 500 * MS), KVP_OK);
     assert_true(world_verify(w, 1, 10));
     kvp_stats_t after = world_stats(w, 1);
     assert_int_equal(after.fetches_refused_quarantine, mid.fetches_refused_quarantine);
@@ -510,12 +541,22 @@ static void test_max_quarantined_refuses_faulty_peer_only(void **state)
     assert_int_equal(st.slots_quarantined, 0);
     assert_int_equal(st.slots_suspect, 2);
     assert_true(st.force_releases >= 1);
-    assert_int_equal(lookup_fetch(w, 1, 0, 7, 2, 2, 500 * MS), KVP_OK);
-    assert_true(world_verify(w, 1, 2));
+    assert_int_equal(lookup_fetch(w, 1, 0, 8, 4, 2, 500 * MS), KVP_OK);
+    assert_true(world_verify(w, 1, 4));
     assert_int_equal(world_stats(w, 1).fetches_refused_quarantine,
                      after.fetches_refused_quarantine);
     world_fini(w, false);
     free(w);
+}
+
+static void test_max_quarantined_refuses_faulty_peer_only(void **state)
+{
+    quarantine_case(state, false);
+}
+
+static void test_max_quarantined_per_peer(void **state)
+{
+    quarantine_case(state, true);
 }
 
 /* ---------------------------------------------------------- max_retained */
@@ -587,6 +628,7 @@ int main(void)
         cmocka_unit_test(test_inflight_queued_fetch_one_outcome),
         cmocka_unit_test(test_inflight_queued_fetch_fails_on_probation),
         cmocka_unit_test(test_max_quarantined_refuses_faulty_peer_only),
+        cmocka_unit_test(test_max_quarantined_per_peer),
         cmocka_unit_test(test_max_retained_refuses_fetch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
