@@ -149,6 +149,18 @@ typedef struct kvp_config {
     const char *kv_events_replay_endpoint;
     uint32_t kv_events_hwm;
     uint32_t kv_events_replay_batches;
+    /* Issue 27, the control plane's gate. `insecure`: a listen address that
+     * is not loopback needs a psk unless this is 1 (then a WARN at start and
+     * kvp_stats_t.insecure = 1): anyone who reaches the port gets the
+     * region. Connections that have not authenticated (no valid HELLO, or
+     * with a psk no verified AUTH) do not count toward max_sessions; they
+     * have their own caps: max_preauth in all (default 32; at the cap the
+     * oldest is closed), max_preauth_per_addr from one source address
+     * (default 8; more are closed at accept), and a deadline,
+     * preauth_timeout_ms (default 3000, at most handshake_timeout_ms). */
+    uint8_t insecure;
+    uint8_t reserved1[3];
+    uint32_t max_preauth, max_preauth_per_addr, preauth_timeout_ms;
 } kvp_config_t;
 
 KVP_EXPORT void kvp_config_init(kvp_config_t *cfg);
@@ -357,6 +369,9 @@ typedef struct kvp_stats {
     /* kvp_wait_events calls whose thread ran the node's rounds itself (led
      * while the node thread slept). */
     uint64_t waits_led;
+    /* Issue 27: 1 if the node listens beyond loopback without a pre-shared
+     * key (config insecure = 1). */
+    uint64_t insecure;
 } kvp_stats_t;
 
 KVP_EXPORT kvp_status_t kvp_node_stats(kvp_node_t *node, kvp_stats_t *out);
@@ -416,6 +431,12 @@ typedef struct kvp_refusal_stats {
     uint64_t refused_duplicate;    /* a second session with one peer */
     uint64_t refused_limit;        /* max_sessions */
     uint64_t peers_dead;           /* sessions ended: nothing heard for dead_after_ms */
+    /* Issue 27: connections closed before authenticating (max_preauth,
+     * max_preauth_per_addr, preauth_timeout_ms); handshakes refused over
+     * identity (a peer id with a live session, a blob that is ours or
+     * another live session's, an unprintable id); accepts that found no
+     * free file descriptor (the listener backed off). */
+    uint64_t refused_preauth, refused_identity, accept_fd_exhausted;
 } kvp_refusal_stats_t;
 
 KVP_EXPORT kvp_status_t kvp_node_refusals(kvp_node_t *node, kvp_refusal_stats_t *out);

@@ -101,6 +101,15 @@ static const opt_t opts[] = {
      UINT64_MAX, NULL, "bytes in flight per peer (K/M/G suffixes)"},
     MS(backoff_min_ms, 1, "redial backoff, first"),
     MS(backoff_max_ms, 1, "redial backoff, cap"),
+    /* issue 27: the control plane's gate */
+    {"insecure", OPT_BOOL8, 0, C(insecure), 0, 1, NULL,
+     "allow a listen address beyond loopback without a psk (anyone reaching the port can "
+     "read and overwrite the region; logged loudly, kvpeer_insecure 1)"},
+    {"max_preauth", OPT_U32, F_RUNTIME, C(max_preauth), 1, 4096, NULL,
+     "connections not yet authenticated, in all"},
+    {"max_preauth_per_addr", OPT_U32, F_RUNTIME, C(max_preauth_per_addr), 1, 4096, NULL,
+     "connections not yet authenticated, from one source address"},
+    MS(preauth_timeout_ms, 1, "a connection must authenticate within this (<= handshake_timeout_ms)"),
 };
 #define N_OPTS (sizeof(opts) / sizeof(opts[0]))
 
