@@ -133,6 +133,12 @@ class kvp_config_t(Structure):
         ("kv_events_replay_endpoint", c_char_p),
         ("kv_events_hwm", c_uint32),
         ("kv_events_replay_batches", c_uint32),
+        # issue 27: the control plane's gate
+        ("insecure", c_uint8),
+        ("reserved1", c_uint8 * 3),
+        ("max_preauth", c_uint32),
+        ("max_preauth_per_addr", c_uint32),
+        ("preauth_timeout_ms", c_uint32),
     ]
 
 
@@ -176,7 +182,7 @@ STATS_FIELDS = (
     "am_refuse_releases late_bytes_dropped am_bytes_landed "
     "released_terminal released_fetch_done released_abort_ack released_fence "
     "released_am_refuse released_hold_cap released_not_sent "
-    "waits_led"
+    "waits_led insecure"
 ).split()
 
 
@@ -218,7 +224,8 @@ class kvp_peer_state_t(Structure):
 
 
 REFUSAL_FIELDS = ("dials dial_failures handshakes_timed_out refused_incompatible "
-                  "refused_auth refused_duplicate refused_limit peers_dead").split()
+                  "refused_auth refused_duplicate refused_limit peers_dead "
+                  "refused_preauth refused_identity accept_fd_exhausted").split()
 
 
 class kvp_refusal_stats_t(Structure):
@@ -360,6 +367,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "kvp_node_reconfigure": (st, [node_p, POINTER(kvp_config_t)]),
         "kvp_node_peer_states": (st, [node_p, POINTER(kvp_peer_state_t), c_uint32, u32p]),
         "kvp_node_refusals": (st, [node_p, POINTER(kvp_refusal_stats_t)]),
+        "kvp_psk_load": (st, [c_char_p, u8p, c_uint32, u32p]),  # issue 27
     }
     for name, (res, args) in protos.items():
         fn = getattr(lib, name)
