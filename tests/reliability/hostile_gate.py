@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """hostile_gate.py -- the control plane's gate against a live kvpeerd (issue 27).
 
-    hostile_gate.py KVPEERD_BINARY [--full]
+    hostile_gate.py KVPEERD_BINARY
 
 D is the node under attack (RLIMIT_NOFILE 1024, as systemd's default), G a
 good peer that keeps fetching 8-block batches from D the whole time
@@ -10,12 +10,11 @@ all succeed (and some ran during the attack), /admin/verify bad=0 on D and G.
 
   flood      1100 idle TCP connects to D's control port, held 4 s (scaled):
              D's CPU over the flood from /proc/PID/stat, its log growth, the
-             pre-auth refusals it counted. Without a PSK; with a PSK in --full.
+             pre-auth refusals it counted. Without a PSK and with one.
   no_auth    (PSK, max_sessions 20) 25 connections that send a valid HELLO
              and never AUTH; then a new keyed peer K joins and fetches.
-             With a PSK (and, in --full, its mirror case without one: 25
-             HELLOs that then sit in the identity check are not possible
-             without a key -- they become sessions -- so it runs only keyed).
+             Keyed only: without a key a valid HELLO is all the
+             authentication there is, and such links are sessions.
   mirror     a stdlib client copies the fields of D's own HELLO:
              - PSK on D: it never receives a HELLO_ACK (no blob), and is
                closed at the pre-auth deadline;
@@ -150,7 +149,8 @@ def case_flood(kvpeerd, psk_file):
                                                         sum(health), len(health), during, pre))
     check(D.proc.poll() is None, "%s: D died" % what)
     check(all(health), "%s: /healthz failed during the flood (%s)" % (what, health))
-    check(cpu < 0.5, "%s: D spent %.0f %% of a core over the flood" % (what, 100 * cpu))
+    if not relib.WRAP:  # under valgrind every accept costs far more: no CPU bound there
+        check(cpu < 0.5, "%s: D spent %.0f %% of a core over the flood" % (what, 100 * cpu))
     check(grew < 64 * 1024, "%s: D's log grew by %d bytes over the flood" % (what, grew))
     check(during >= 1, "%s: no good fetch completed during the flood" % what)
     check(pre >= 1000, "%s: only %d pre-auth refusals counted" % (what, pre))
@@ -336,7 +336,6 @@ def case_mirror_open(kvpeerd):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("kvpeerd")
-    ap.add_argument("--full", action="store_true")
     a = ap.parse_args()
     kvpeerd = os.path.abspath(a.kvpeerd)
     psk_file = os.path.join(relib.TMP, "psk")
@@ -344,8 +343,7 @@ def main():
     os.write(fd, (KEY_HEX + "\n").encode())
     os.close(fd)
     case_flood(kvpeerd, None)
-    if a.full:
-        case_flood(kvpeerd, psk_file)
+    case_flood(kvpeerd, psk_file)
     case_no_auth(kvpeerd, psk_file)
     case_mirror_keyed(kvpeerd, psk_file)
     case_mirror_open(kvpeerd)
