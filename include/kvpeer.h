@@ -185,9 +185,11 @@ KVP_EXPORT kvp_status_t kvp_node_progress(kvp_node_t *node, int32_t timeout_ms);
  * (heartbeat_ms, dead_after_ms, handshake_timeout_ms, lookup_pending_ms,
  * supply_pin_ms, pin_lease_ms, load_timeout_ms, wait_spin_us, abort_resend_ms,
  * abort_ack_timeout_ms, parked_demand_ms, hold_cap_ms, idle_session_ms,
- * shutdown_drain_ms, backoff_min_ms, backoff_max_ms), limits (max_sessions,
- * max_quarantined, max_inflight_bytes_per_peer) and the PSK (for handshakes
- * that start afterwards; sessions up keep theirs). Every other field of cfg
+ * shutdown_drain_ms, backoff_min_ms, backoff_max_ms, preauth_timeout_ms),
+ * limits (max_sessions, max_quarantined, max_inflight_bytes_per_peer,
+ * max_preauth, max_preauth_per_addr) and the PSK (for handshakes that start
+ * afterwards; sessions up keep theirs; a node listening beyond loopback
+ * keeps one unless it was created insecure). Every other field of cfg
  * is ignored: it needs a new node (region, layout, identity, addresses,
  * compat, hash seed, max_pins, max_retained, suspect_period_ms, checksums,
  * KV events). The fields are checked together first: KVP_ERR_INVALID (see

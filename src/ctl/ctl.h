@@ -245,7 +245,8 @@ void kvp_link_set_user(kvp_link_t *link, void *user);
 void *kvp_link_user(const kvp_link_t *link);
 
 void kvp_ctl_get_stats(const kvp_ctl_t *ctl, kvp_ctl_stats_t *st);
-/* At run time: take the timing, backoff, session cap and PSK of `c` (the
+/* At run time: take the timing, backoff, session cap, pre-auth caps and
+ * deadline, and PSK of `c` (the
  * other fields are ignored; zero timings get the defaults). Links already
  * up keep running and use the new timings from their next timer arm; the
  * PSK (borrowed like at create) counts for handshakes that start afterwards
