@@ -7,6 +7,7 @@
  * (CPU and log bounded, it accepts again afterwards). */
 #include "ctl_tcp_testlib.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -285,7 +286,8 @@ static void test_gate_listener_out_of_fds(void **state)
     close(pipefd[0]);
     struct rlimit old, low;
     assert_int_equal(getrlimit(RLIMIT_NOFILE, &old), 0);
-    int probe = dup(0); /* the lowest free fd: leave a few above it */
+    int probe = open("/dev/null", O_RDONLY); /* the lowest free fd: leave a few above it */
+    assert_true(probe >= 0);
     close(probe);
     low = old;
     low.rlim_cur = (rlim_t)probe + 4;
