@@ -273,6 +273,9 @@ def case_bad_config():
     expect_refused(["--num_blocks", "0"], ["num_blocks", "out of range"])
     expect_refused(["--heartbeat_ms", "5000"], ["heartbeat_ms", "dead_after_ms"])
     expect_refused(["--transport", "fake"], ["transport", "only ucx"])
+    # issue 27: beyond loopback without a key (refused before anything binds)
+    expect_refused(["--listen", "10.255.255.1:7400", "--num_blocks", "16", "--block_size", "64K"],
+                   ["listen", "not a loopback address", "psk_file", "insecure"])
     expect_refused(["--psk", "abc"], ["psk", "hex"])
     expect_refused(["--listen", "nowhere"], ["listen", "host:port"])
     expect_refused(["--peers", "127.0.0.1:1,bad"], ["peers", "'bad'"])
