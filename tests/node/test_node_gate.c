@@ -1,10 +1,17 @@
 /* test_node_gate.c -- secure by default (issue 27): kvp_node_create refuses
  * a listen address beyond loopback without a pre-shared key, naming the
  * keys that fix it; `insecure` (or a key) lets it pass; loopback nodes need
- * no key and report insecure = 0.
+ * no key and report insecure = 0; in a network namespace of its own, an
+ * insecure node on 0.0.0.0 reports insecure = 1 and a keyed one cannot drop
+ * its key by reconfiguring.
  * Real TCP control listener, UCX data transport with an 8-block region. */
 #include "testutil.h"
 #include "node/node.h"
+#include "transport/fake.h"
+
+#include <sched.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static const uint8_t KEY[] = "0123456789abcdef-node-gate";
 
@@ -69,11 +76,67 @@ static void test_gate_loopback_needs_no_key(void **state)
     }
 }
 
+/* In a child in a network namespace of its own (so 0.0.0.0 is only that
+ * namespace's loopback): an insecure node beyond loopback starts and says
+ * so in kvp_stats_t; a keyed one cannot drop its key by reconfiguring.
+ * Exit status: 0 ok, 77 no namespace (not root), else the failed step. */
+static int open_node_child(void)
+{
+    if (unshare(CLONE_NEWNET) != 0)
+        return 77;
+    kvp_fake_fabric_t *fab = NULL;
+    if (kvp_fake_fabric_create(kvp_clock_real(), &fab) != KVP_OK)
+        return 2;
+    kvp_node_seams_t seams = {.fake_fabric = fab};
+    kvp_config_t c;
+    kvp_node_t *n = NULL;
+    cfg_for(&c, "0.0.0.0:0");
+    c.transport = KVP_TRANSPORT_FAKE;
+    c.insecure = 1;
+    if (kvp__node_create_ex(&c, &seams, &n) != KVP_OK)
+        return 3;
+    int rc = insecure_of(n) == 1 ? 0 : 4;
+    kvp_node_destroy(n);
+    c.insecure = 0;
+    c.psk = KEY;
+    c.psk_len = sizeof(KEY) - 1;
+    if (rc == 0 && kvp__node_create_ex(&c, &seams, &n) != KVP_OK)
+        rc = 5;
+    if (rc == 0) {
+        kvp_config_t r = c;
+        r.psk = NULL;
+        r.psk_len = 0;
+        if (insecure_of(n) != 0)
+            rc = 6;
+        else if (kvp_node_reconfigure(n, &r) != KVP_ERR_INVALID ||
+                 strstr(kvp_last_error(), "insecure") == NULL)
+            rc = 7;
+        kvp_node_destroy(n);
+    }
+    kvp_fake_fabric_destroy(fab);
+    return rc;
+}
+
+static void test_gate_open_node_in_netns(void **state)
+{
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0)
+        _exit(open_node_child());
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    if (WEXITSTATUS(status) == 77)
+        skip();
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gate_refuses_open_listen_without_key),
         cmocka_unit_test(test_gate_loopback_needs_no_key),
+        cmocka_unit_test(test_gate_open_node_in_netns),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
