@@ -82,11 +82,20 @@ typedef enum kvp_escape_flag {
 } kvp_escape_flag_t;
 KVP_EXPORT size_t kvp_escape(char *dst, size_t cap, const void *src, size_t len, uint32_t flags);
 
-/* Why the calling thread's last failed kvp_node_create() failed, naming the
- * field or the limit ("block_size: 1000 is not a positive multiple of the
- * page size (4096)"); "" if nothing was recorded. Thread-local, valid until
- * the thread's next kvp_node_create(). */
+/* Why the calling thread's last failed kvp_node_create() (or kvp_psk_load)
+ * failed, naming the field or the limit ("block_size: 1000 is not a positive
+ * multiple of the page size (4096)"); "" if nothing was recorded.
+ * Thread-local, valid until the thread's next such call. */
 KVP_EXPORT const char *kvp_last_error(void);
+
+/* Read a pre-shared-key file (issue 27), the one format every kvpeer tool
+ * reads: hex digits as `openssl rand -hex 32 > psk` writes them, whitespace
+ * around them ignored, 16..64 bytes of key. The file must be a regular file
+ * that group and others cannot access (else KVP_ERR_INVALID; kvp_last_error
+ * names the path, the mode and the fix `chmod 600`); KVP_ERR_IO if it cannot
+ * be opened or read. On KVP_OK the key is in key[0..*len) (cap: the caller's
+ * buffer, 64 holds any key); on error key and len are untouched. */
+KVP_EXPORT kvp_status_t kvp_psk_load(const char *path, uint8_t *key, uint32_t cap, uint32_t *len);
 
 /* ================================================================== node */
 
@@ -179,6 +188,18 @@ typedef struct kvp_config {
     uint64_t max_lookup_bytes_per_peer;
     uint32_t max_quarantined_per_peer;
     uint32_t max_wanted_peers;
+    /* Issue 27, the control plane's gate. `insecure`: a listen address that
+     * is not loopback needs a psk unless this is 1 (then a WARN at start and
+     * kvp_stats_t.insecure = 1): anyone who reaches the port gets the
+     * region. Connections that have not authenticated (no valid HELLO, or
+     * with a psk no verified AUTH) do not count toward max_sessions; they
+     * have their own caps: max_preauth in all (default 32; at the cap the
+     * oldest is closed), max_preauth_per_addr from one source address
+     * (default 8; more are closed at accept), and a deadline,
+     * preauth_timeout_ms (default 3000, at most handshake_timeout_ms). */
+    uint8_t insecure;
+    uint8_t reserved1[3];
+    uint32_t max_preauth, max_preauth_per_addr, preauth_timeout_ms;
 } kvp_config_t;
 
 KVP_EXPORT void kvp_config_init(kvp_config_t *cfg);
@@ -203,11 +224,13 @@ KVP_EXPORT kvp_status_t kvp_node_progress(kvp_node_t *node, int32_t timeout_ms);
  * (heartbeat_ms, dead_after_ms, handshake_timeout_ms, lookup_pending_ms,
  * supply_pin_ms, pin_lease_ms, load_timeout_ms, wait_spin_us, abort_resend_ms,
  * abort_ack_timeout_ms, parked_demand_ms, hold_cap_ms, idle_session_ms,
- * shutdown_drain_ms, backoff_min_ms, backoff_max_ms), limits (max_sessions,
- * max_quarantined, max_inflight_bytes_per_peer, the per-peer budgets of
- * issue 27: max_supply_pins*, max_lookup_*, max_lease_ms,
- * max_quarantined_per_peer, max_wanted_peers) and the PSK (for handshakes
- * that start afterwards; sessions up keep theirs). Every other field of cfg
+ * shutdown_drain_ms, backoff_min_ms, backoff_max_ms, preauth_timeout_ms),
+ * limits (max_sessions, max_quarantined, max_inflight_bytes_per_peer,
+ * max_preauth, max_preauth_per_addr, the per-peer budgets of issue 27:
+ * max_supply_pins*, max_lookup_*, max_lease_ms, max_quarantined_per_peer,
+ * max_wanted_peers) and the PSK (for handshakes that start afterwards;
+ * sessions up keep theirs; a node listening beyond loopback keeps one unless
+ * it was created insecure). Every other field of cfg
  * is ignored: it needs a new node (region, layout, identity, addresses,
  * compat, hash seed, max_pins, max_retained, suspect_period_ms, checksums,
  * KV events). The fields are checked together first: KVP_ERR_INVALID (see
@@ -398,6 +421,9 @@ typedef struct kvp_stats {
     uint64_t leases_capped;         /* rounds whose lease reached max_lease_ms */
     uint64_t lookups_limited;       /* consumer: KVP_EV_LOOKUP events with KVP_ERR_LIMIT */
     uint64_t peers_add_refused;     /* kvp_peer_add refused at max_wanted_peers */
+    /* Issue 27: 1 if the node listens beyond loopback without a pre-shared
+     * key (config insecure = 1). */
+    uint64_t insecure;
 } kvp_stats_t;
 
 KVP_EXPORT kvp_status_t kvp_node_stats(kvp_node_t *node, kvp_stats_t *out);
@@ -457,6 +483,12 @@ typedef struct kvp_refusal_stats {
     uint64_t refused_duplicate;    /* a second session with one peer */
     uint64_t refused_limit;        /* max_sessions */
     uint64_t peers_dead;           /* sessions ended: nothing heard for dead_after_ms */
+    /* Issue 27: connections closed before authenticating (max_preauth,
+     * max_preauth_per_addr, preauth_timeout_ms); handshakes refused over
+     * identity (a peer id with a live session, a blob that is ours or
+     * another live session's, an unprintable id); accepts that found no
+     * free file descriptor (the listener backed off). */
+    uint64_t refused_preauth, refused_identity, accept_fd_exhausted;
 } kvp_refusal_stats_t;
 
 KVP_EXPORT kvp_status_t kvp_node_refusals(kvp_node_t *node, kvp_refusal_stats_t *out);

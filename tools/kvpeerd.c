@@ -238,7 +238,9 @@ static int daemon_start(kvpd_t *d)
     if (st != KVP_OK) {
         kvpd_log(KVPD_LOG_ERROR, "node_create_failed", "listen=%s status=\"%s\"",
                  d->set.listen, kvp_status_str(st));
-        return -1;
+        /* a setting the library refused (e.g. issue 27: listen beyond
+         * loopback without a psk): exit 2, which the unit does not restart */
+        return st == KVP_ERR_INVALID ? -2 : -1;
     }
     kvpd_log(KVPD_LOG_INFO, "node_up",
              "peer=%s num_blocks=%u block_size=%u transport=ucx admin=%d drain_ms=%u",
@@ -290,10 +292,13 @@ int main(int argc, char **argv)
     }
     pthread_mutex_init(&d.lock, NULL);
     pthread_cond_init(&d.cond, NULL);
-    if (daemon_start(&d) == 0) {
+    int started = daemon_start(&d);
+    if (started == 0) {
         int sig = main_loop(&d, sigfd, argc, argv);
         kvpd_log(KVPD_LOG_INFO, "shutdown", "signal=%s", sig ? strsignal(sig) : "none");
         rc = 0;
+    } else if (started == -2) {
+        rc = 2;
     }
     daemon_stop(&d);
     pthread_cond_destroy(&d.cond);

@@ -256,6 +256,8 @@ void kvpd_metrics_format(kvpd_buf_t *b, const kvp_stats_t *st, const kvp_peer_in
                          uint32_t npeers)
 {
     one(b, "up", "gauge", "1 while the node is up.", 1);
+    one(b, "insecure", "gauge",
+        "1 if the node listens beyond loopback without a pre-shared key.", st->insecure);
     stat_families(b, st, store_families, sizeof(store_families) / sizeof(store_families[0]));
     family(b, "transfer_latency_seconds", "summary", "Latency of completed transfers.");
     kvpd_buf_printf(b, "kvpeer_transfer_latency_seconds_sum %.9f\n",
@@ -286,11 +288,16 @@ void kvpd_metrics_format_states(kvpd_buf_t *b, const kvp_peer_state_t *ps, uint3
     one(b, "peers_wanted_not_ready", "gauge", "Wanted peers without a ready session.",
         wanted_not_ready);
     static const char *const reasons[] = {"dial_failed", "handshake_timeout", "incompatible",
-                                          "auth", "duplicate", "limit", "dead"};
+                                          "auth", "duplicate", "limit", "dead", "preauth",
+                                          "identity"};
     uint64_t rv[] = {r->dial_failures, r->handshakes_timed_out, r->refused_incompatible,
-                     r->refused_auth, r->refused_duplicate, r->refused_limit, r->peers_dead};
+                     r->refused_auth, r->refused_duplicate, r->refused_limit, r->peers_dead,
+                     r->refused_preauth, r->refused_identity};
     labelled(b, "session_failures_total", "counter",
-             "Sessions that did not come up or ended, by reason.", "reason", reasons, rv, 7);
+             "Sessions that did not come up or ended, by reason.", "reason", reasons, rv, 9);
+    one(b, "accept_fd_exhausted_total", "counter",
+        "Accepts that found no free file descriptor (the listener backed off).",
+        r->accept_fd_exhausted);
     one(b, "dials_total", "counter", "Outbound connection attempts.", r->dials);
 }
 

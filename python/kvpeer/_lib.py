@@ -141,6 +141,12 @@ class kvp_config_t(Structure):
         ("max_lookup_bytes_per_peer", c_uint64),
         ("max_quarantined_per_peer", c_uint32),
         ("max_wanted_peers", c_uint32),
+        # issue 27: the control plane's gate
+        ("insecure", c_uint8),
+        ("reserved1", c_uint8 * 3),
+        ("max_preauth", c_uint32),
+        ("max_preauth_per_addr", c_uint32),
+        ("preauth_timeout_ms", c_uint32),
     ]
 
 
@@ -186,7 +192,7 @@ STATS_FIELDS = (
     "released_am_refuse released_hold_cap released_not_sent "
     "waits_led "
     "supply_pins supply_pins_refused lookups_refused_limit rounds_refused lookup_bytes "
-    "leases_capped lookups_limited peers_add_refused"
+    "leases_capped lookups_limited peers_add_refused insecure"
 ).split()
 
 
@@ -228,7 +234,8 @@ class kvp_peer_state_t(Structure):
 
 
 REFUSAL_FIELDS = ("dials dial_failures handshakes_timed_out refused_incompatible "
-                  "refused_auth refused_duplicate refused_limit peers_dead").split()
+                  "refused_auth refused_duplicate refused_limit peers_dead "
+                  "refused_preauth refused_identity accept_fd_exhausted").split()
 
 
 class kvp_refusal_stats_t(Structure):
@@ -373,6 +380,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "kvp_node_reconfigure": (st, [node_p, POINTER(kvp_config_t)]),
         "kvp_node_peer_states": (st, [node_p, POINTER(kvp_peer_state_t), c_uint32, u32p]),
         "kvp_node_refusals": (st, [node_p, POINTER(kvp_refusal_stats_t)]),
+        "kvp_psk_load": (st, [c_char_p, u8p, c_uint32, u32p]),  # issue 27
     }
     for name, (res, args) in protos.items():
         fn = getattr(lib, name)

@@ -77,6 +77,7 @@ struct kvp_listener {
     kvp_accept_cb on_accept;
     void *owner;
     char addr[KVP_WIRE_STR_MAX + 1]; /* the bound address, "host:port" */
+    uint64_t fd_exhausted; /* accepts that failed for want of an fd (issue 27) */
 };
 
 /* TCP backend (conn_tcp.c). `addr` is "host:port" or "[v6]:port". */

@@ -90,9 +90,15 @@ static bool link_same_peer(const kvp_link_t *o, const char *peer_id)
     return (o->have_peer || o->outbound) && !strcmp(o->peer_id, peer_id);
 }
 
-/* A restart claim against a ready link `o`: PING it; refuse `l` if `o`
- * answers within dead_after, else reap `o` as dead. Returns true when `l`
- * must keep waiting (or was refused). */
+/* A claim of a live session's peer id (issue 27: no takeover of a stalled
+ * peer): `l` never replaces `o`. We PING `o`; if it answers, `l` is
+ * refused; if it stays silent, `l` waits (bounded by its handshake timer)
+ * until `o` goes down by itself -- EOF, BYE or the dead-after verdict of
+ * liveness, which judges silence only while we listened -- and is then
+ * kicked (ctl_link_down -> ctl_kick_checks). A restarted peer thus gets in
+ * as soon as its old session is down; a connection that merely claims the
+ * id of a peer stalled for less than dead_after never does. Returns true
+ * when `l` must keep waiting (or was refused). */
 static bool link_claim(kvp_link_t *l, kvp_link_t *o)
 {
     kvp_ctl_t *ctl = l->ctl;
@@ -107,21 +113,23 @@ static bool link_claim(kvp_link_t *l, kvp_link_t *o)
         return true;
     }
     if (o->rx_frames > l->claim_rx_mark) {
-        KVP_WARN(ctl->prefix, "peer %s: new connection claims a live session: refused as duplicate",
-                 l->peer_id);
-        ctl_link_refuse(l, KVP_DOWN_DUPLICATE, KVP_BYE_DUPLICATE, &ctl->st.refused_duplicate);
+        char id[KVP_WIRE_STR_MAX + 1];
+        ctl_gate_esc(l->peer_id, id, sizeof(id));
+        CTL_LOG_REFUSED(l, KVP_LOG_WARN, "peer %s (%s): new connection claims the id of a live "
+                        "session: refused", id, l->conn ? l->conn->remote : "?");
+        ctl->st.refused_duplicate++;
+        ctl_link_refuse(l, KVP_DOWN_DUPLICATE, KVP_BYE_DUPLICATE, &ctl->st.refused_identity);
         return true;
     }
-    if (now < l->claim_start_ns + ctl->cfg.dead_after_ns) {
-        kvp_timer_start(ctl->loop, &l->t_check, l->claim_start_ns + ctl->cfg.dead_after_ns);
-        return true;
+    /* Still silent: wait for o's own verdict (the kick), re-checking at
+     * each dead-after period for an answer to the PING. */
+    if (!l->claim_logged) {
+        l->claim_logged = true;
+        KVP_INFO(ctl->prefix, "peer %s: new connection waits until the silent session of that "
+                 "id is judged dead (or answers)", o->peer_id);
     }
-    KVP_WARN(ctl->prefix, "peer %s: restart claim: old session silent for %llu ms: reaped",
-             l->peer_id, (unsigned long long)(ctl->cfg.dead_after_ns / KVP_NSEC_PER_MSEC));
-    ctl->st.peers_dead++;
-    ctl_link_down(o, KVP_DOWN_DEAD, KVP_BYE_DEAD, true);
-    ctl_link_finish(o); /* on_down of the old before on_ready of the new */
-    return false;
+    kvp_timer_start(ctl->loop, &l->t_check, now + ctl->cfg.dead_after_ns);
+    return true;
 }
 
 /* Settle identity conflicts before our blob goes out (SPEC §4): a ready
@@ -436,23 +444,15 @@ void kvp_ctl_unwant(kvp_ctl_t *ctl, const char *addr)
 static void ctl_on_accept(kvp_listener_t *lis, kvp_conn_t *c)
 {
     kvp_ctl_t *ctl = lis->owner;
-    size_t n = 0;
-    kvp_list_t *pos;
-    for (pos = ctl->links.next; pos != &ctl->links; pos = pos->next)
-        n++;
-    /* Connections that never send a HELLO are bounded here and by the
-     * handshake timeout; the clean BYE LIMIT needs the peer's HELLO. */
-    if (n >= (size_t)ctl->cfg.max_sessions + 64) {
-        ctl->st.refused_limit++;
-        KVP_WARN(ctl->prefix, "%s: too many connections (%zu): closed", c->remote, n);
-        c->linger_head = &ctl->lingering;
+    /* Connections that have not authenticated are bounded by the gate's
+     * caps and deadline (gate.c), apart from max_sessions. */
+    kvp_link_t *l;
+    c->linger_head = &ctl->lingering;
+    if (!ctl_gate_admit(ctl, c) || ctl_link_new(ctl, c, false, c->remote, &l) != KVP_OK) {
         c->ops->close(c, false);
         return;
     }
-    kvp_link_t *l;
-    c->linger_head = &ctl->lingering;
-    if (ctl_link_new(ctl, c, false, c->remote, &l) != KVP_OK)
-        c->ops->close(c, false);
+    l->src_hash = ctl_gate_src_hash(c->remote);
 }
 
 /* ---------------------------------------------------------- create/destroy */
@@ -475,6 +475,14 @@ static void ctl_apply_defaults(kvp_ctl_config_t *c)
         c->max_sessions = 1024;
     if (!c->wbuf_max)
         c->wbuf_max = 64u << 20;
+    if (!c->max_preauth)
+        c->max_preauth = 32;
+    if (!c->max_preauth_per_addr)
+        c->max_preauth_per_addr = 8;
+    if (!c->preauth_timeout_ns)
+        c->preauth_timeout_ns = 3 * KVP_NSEC_PER_SEC;
+    if (c->preauth_timeout_ns > c->handshake_timeout_ns)
+        c->preauth_timeout_ns = c->handshake_timeout_ns;
 }
 
 void kvp_ctl_reconfigure(kvp_ctl_t *ctl, const kvp_ctl_config_t *c)
@@ -486,6 +494,9 @@ void kvp_ctl_reconfigure(kvp_ctl_t *ctl, const kvp_ctl_config_t *c)
     n.backoff_min_ns = c->backoff_min_ns;
     n.backoff_max_ns = c->backoff_max_ns;
     n.max_sessions = c->max_sessions;
+    n.max_preauth = c->max_preauth;
+    n.max_preauth_per_addr = c->max_preauth_per_addr;
+    n.preauth_timeout_ns = c->preauth_timeout_ns;
     n.psk = c->psk_len ? c->psk : NULL;
     n.psk_len = c->psk_len;
     ctl_apply_defaults(&n);
@@ -562,6 +573,7 @@ kvp_status_t kvp_ctl_create(const kvp_ctl_config_t *cfg, kvp_ctl_t **out)
     kvp_ratelimit_init(&ctl->rl_proto, KVP_NSEC_PER_SEC, 10);
     kvp_ratelimit_init(&ctl->rl_limit, KVP_NSEC_PER_SEC, 5);
     kvp_ratelimit_init(&ctl->rl_refuse, KVP_NSEC_PER_SEC, 50);
+    kvp_ratelimit_init(&ctl->rl_gate, KVP_NSEC_PER_SEC, 5);
     uint64_t seed;
     st = kvp_random_bytes(&seed, sizeof(seed));
     if (st != KVP_OK)
@@ -623,6 +635,7 @@ const char *kvp_ctl_peer_id(const kvp_ctl_t *ctl)
 void kvp_ctl_get_stats(const kvp_ctl_t *ctl, kvp_ctl_stats_t *st)
 {
     *st = ctl->st;
+    st->accept_fd_exhausted = ctl->listener ? ctl->listener->fd_exhausted : 0;
     st->links_ready = st->links_handshaking = 0;
     const kvp_list_t *pos;
     for (pos = ctl->links.next; pos != &ctl->links; pos = pos->next) {

@@ -175,6 +175,10 @@ typedef struct kvp_ctl_config {
     kvp_fake_net_t *fake_net; /* non-NULL: use the fake network instead of TCP */
     kvp_ctl_callbacks_t cb;
     const char *log_prefix;
+    /* Issue 27: inbound links before authentication (gate.c). */
+    uint32_t max_preauth;          /* default 32; at the cap the heaviest source's oldest goes */
+    uint32_t max_preauth_per_addr; /* default 8 from one source address; more are closed */
+    uint64_t preauth_timeout_ns;   /* default 3 s, at most handshake_timeout_ns */
 } kvp_ctl_config_t;
 
 typedef struct kvp_ctl_stats {
@@ -188,6 +192,11 @@ typedef struct kvp_ctl_stats {
     /* Added by the ctl layer: HELLO_ACKs (data-transport blobs) received from
      * / sent to peers. A refused peer never gets one (tests assert this). */
     uint64_t blobs_in, blobs_out;
+    /* Issue 27: connections closed by the pre-auth caps (per source, in
+     * all) or its deadline; handshakes refused over identity (a peer id
+     * with a live session, our own blob or another live link's); accepts
+     * that hit the fd limit (the listener backed off). */
+    uint64_t refused_preauth, refused_identity, accept_fd_exhausted;
 } kvp_ctl_stats_t;
 
 kvp_status_t kvp_ctl_create(const kvp_ctl_config_t *cfg, kvp_ctl_t **out);
@@ -236,7 +245,8 @@ void kvp_link_set_user(kvp_link_t *link, void *user);
 void *kvp_link_user(const kvp_link_t *link);
 
 void kvp_ctl_get_stats(const kvp_ctl_t *ctl, kvp_ctl_stats_t *st);
-/* At run time: take the timing, backoff, session cap and PSK of `c` (the
+/* At run time: take the timing, backoff, session cap, pre-auth caps and
+ * deadline, and PSK of `c` (the
  * other fields are ignored; zero timings get the defaults). Links already
  * up keep running and use the new timings from their next timer arm; the
  * PSK (borrowed like at create) counts for handshakes that start afterwards

@@ -82,6 +82,11 @@ struct kvp_link {
     size_t pending_bytes;
     ctl_want_t *want; /* the want that dialed this link, or NULL */
     void *user;
+    /* gate.c (issue 27): hash of the source host (inbound), and of the
+     * peer's blob once its HELLO_ACK came (no two live links share one). */
+    uint64_t src_hash;
+    uint8_t blob_hash[32];
+    bool claim_logged;
 };
 
 /* kvp_ctl_want(): dial, redial with backoff while not ready. Owned by ctl. */
@@ -121,6 +126,7 @@ struct kvp_ctl {
     kvp_ratelimit_t rl_proto;
     kvp_ratelimit_t rl_limit; /* refusals at max_sessions */
     kvp_ratelimit_t rl_refuse; /* handshakes refused or timed out (any peer can cause them) */
+    kvp_ratelimit_t rl_gate;   /* pre-auth caps (gate.c) */
     const kvp_conn_handler_t *handler;
     ctl_resolver_t *resolver; /* started at the first host name to resolve */
 };
@@ -158,6 +164,25 @@ void ctl_hs_on_ack(kvp_link_t *l, const kvp_msg_hello_ack_t *a);
 void ctl_hs_send_ack(kvp_link_t *l);
 /* A HELLO of another wire major: refuse it cleanly. False if not that case. */
 bool ctl_hs_refuse_version(kvp_link_t *l, const uint8_t *frame, size_t len);
+
+/* gate.c (issue 27): what a link must pass before it costs the node more
+ * than a few hundred bytes. */
+/* Hash of the host part of "host:port" (a link's source address). */
+uint64_t ctl_gate_src_hash(const char *remote);
+/* Inbound and not yet authenticated (HELLO or AUTH state). */
+bool ctl_link_preauth(const kvp_link_t *l);
+/* An accepted connection: within the pre-auth caps? May close the oldest
+ * pre-auth link of the heaviest source to make room. False: close c. */
+bool ctl_gate_admit(kvp_ctl_t *ctl, kvp_conn_t *c);
+/* Authenticated links other than l (CHECK, ACKED, READY): max_sessions. */
+size_t ctl_gate_sessions(const kvp_ctl_t *ctl, const kvp_link_t *l);
+/* The peer's blob in its HELLO_ACK: refused (false, logged, counted, link
+ * down) if it is ours or another live link's; else remembered. */
+bool ctl_gate_blob_ok(kvp_link_t *l, const void *blob, size_t len);
+/* A peer id or instance id only of printable ASCII (it reaches logs). */
+bool ctl_gate_id_ok(const char *s);
+/* Copy for a log line: non-printable bytes as '?'. */
+void ctl_gate_esc(const char *in, char *out, size_t cap);
 
 /* resolve.c: host names resolved off the loop thread */
 kvp_status_t ctl_resolve_start(kvp_ctl_t *ctl, ctl_want_t *w);

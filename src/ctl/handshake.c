@@ -134,15 +134,27 @@ void ctl_hs_compat_refused(kvp_link_t *l)
     ctl_link_down(l, KVP_DOWN_INCOMPATIBLE, -1, true);
 }
 
-static size_t ctl_count_sessions(const kvp_ctl_t *ctl)
+/* The peer proved what it had to (a valid HELLO, and with a psk a verified
+ * AUTH): only now does it count toward max_sessions (issue 27: links that
+ * have not authenticated have their own caps, gate.c), its handshake gets
+ * the full handshake timeout instead of the pre-auth deadline, and its
+ * identity is settled. */
+static void hs_authenticated(kvp_link_t *l)
 {
-    size_t n = 0;
-    const kvp_list_t *pos;
-    for (pos = ctl->links.next; pos != &ctl->links; pos = pos->next) {
-        const kvp_link_t *o = KVP_CONTAINER_OF(pos, kvp_link_t, node);
-        n += o->have_peer;
+    kvp_ctl_t *ctl = l->ctl;
+    if (ctl_gate_sessions(ctl, l) >= ctl->cfg.max_sessions) {
+        char id[KVP_WIRE_STR_MAX + 1];
+        ctl_gate_esc(l->peer_id, id, sizeof(id));
+        KVP_LOG_RL(&ctl->rl_limit, ctl_link_now(l), KVP_LOG_WARN, ctl->prefix,
+                   "peer %s: session refused: max_sessions (%u) reached", id,
+                   ctl->cfg.max_sessions);
+        ctl_link_refuse(l, KVP_DOWN_LIMIT, KVP_BYE_LIMIT, &ctl->st.refused_limit);
+        return;
     }
-    return n;
+    ctl_link_set_state(l, LINK_CHECK);
+    if (!l->outbound)
+        kvp_timer_start(ctl->loop, &l->t_handshake, l->created_ns + ctl->cfg.handshake_timeout_ns);
+    ctl_settle_identity(l);
 }
 
 void ctl_hs_on_hello(kvp_link_t *l, const kvp_msg_hello_t *h)
@@ -157,6 +169,15 @@ void ctl_hs_on_hello(kvp_link_t *l, const kvp_msg_hello_t *h)
     l->remote_epoch = h->epoch;
     snprintf(l->peer_id, sizeof(l->peer_id), "%s", h->peer_id);
     l->wctx.peer_num_blocks = h->num_blocks;
+    if (!ctl_gate_id_ok(h->peer_id) || !ctl_gate_id_ok(h->instance_id)) {
+        char id[KVP_WIRE_STR_MAX + 1];
+        ctl_gate_esc(h->peer_id, id, sizeof(id));
+        memcpy(l->peer_id, id, sizeof(id)); /* what later lines name */
+        CTL_LOG_REFUSED(l, KVP_LOG_ERROR, "peer %s (%s): peer or instance id not printable ASCII: "
+                        "refused", id, l->conn ? l->conn->remote : "?");
+        ctl_link_refuse(l, KVP_DOWN_PROTOCOL, KVP_BYE_PROTOCOL, &ctl->st.refused_identity);
+        return;
+    }
     if (!link_validate(l, h))
         return;
     if (!strcmp(h->peer_id, ctl->peer_id)) {
@@ -164,20 +185,12 @@ void ctl_hs_on_hello(kvp_link_t *l, const kvp_msg_hello_t *h)
         ctl_link_refuse(l, KVP_DOWN_DUPLICATE, KVP_BYE_DUPLICATE, &ctl->st.refused_duplicate);
         return;
     }
-    if (ctl_count_sessions(ctl) > ctl->cfg.max_sessions) {
-        KVP_LOG_RL(&ctl->rl_limit, ctl_link_now(l), KVP_LOG_WARN, ctl->prefix,
-                   "peer %s: session refused: max_sessions (%u) reached", h->peer_id,
-                   ctl->cfg.max_sessions);
-        ctl_link_refuse(l, KVP_DOWN_LIMIT, KVP_BYE_LIMIT, &ctl->st.refused_limit);
-        return;
-    }
     if (ctl->cfg.psk_len) {
         ctl_link_set_state(l, LINK_AUTH);
         link_send_auth(l);
         return;
     }
-    ctl_link_set_state(l, LINK_CHECK);
-    ctl_settle_identity(l);
+    hs_authenticated(l);
 }
 
 void ctl_hs_on_auth(kvp_link_t *l, const kvp_msg_auth_t *a)
@@ -201,8 +214,7 @@ void ctl_hs_on_auth(kvp_link_t *l, const kvp_msg_auth_t *a)
         ctl_link_refuse(l, KVP_DOWN_AUTH, KVP_BYE_AUTH, &ctl->st.refused_auth);
         return;
     }
-    ctl_link_set_state(l, LINK_CHECK);
-    ctl_settle_identity(l);
+    hs_authenticated(l);
 }
 
 
@@ -222,6 +234,8 @@ void ctl_hs_on_ack(kvp_link_t *l, const kvp_msg_hello_ack_t *a)
         ctl_link_protocol_error(l, "HELLO_ACK acknowledges another epoch");
         return;
     }
+    if (!ctl_gate_blob_ok(l, a->blob, a->blob_len))
+        return; /* our own or another live link's address: refused */
     l->peer_blob = kvp__malloc(a->blob_len ? a->blob_len : 1);
     if (!l->peer_blob) {
         ctl_link_down(l, KVP_DOWN_LOCAL_CLOSE, KVP_BYE_PROTOCOL, true);
@@ -265,8 +279,10 @@ bool ctl_hs_refuse_version(kvp_link_t *l, const uint8_t *f, size_t len)
     l->remote_epoch = id.epoch;
     snprintf(l->peer_id, sizeof(l->peer_id), "%s", id.peer_id);
     l->have_peer = !kvp_epoch_is_zero(&l->remote_epoch); /* lets the BYE carry epochs */
+    char esc[KVP_WIRE_STR_MAX + 1];
+    ctl_gate_esc(id.peer_id, esc, sizeof(esc));
     CTL_LOG_REFUSED(l, KVP_LOG_ERROR, "peer %s: incompatible wire major version (ours %u, theirs %u): refused",
-              id.peer_id, KVP_WIRE_MAJOR, id.major);
+              esc, KVP_WIRE_MAJOR, id.major);
     ctl_link_refuse(l, KVP_DOWN_INCOMPATIBLE, KVP_BYE_INCOMPATIBLE, &ctl->st.refused_incompatible);
     return true;
 }

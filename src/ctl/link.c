@@ -291,8 +291,11 @@ static void link_on_handshake_timeout(kvp_timer_t *t)
         return;
     }
     l->ctl->st.handshakes_timed_out++;
-    CTL_LOG_REFUSED(l, KVP_LOG_WARN, "peer %s: handshake not complete after %llu ms (%s): closed",
-             l->peer_id, (unsigned long long)(l->ctl->cfg.handshake_timeout_ns / KVP_NSEC_PER_MSEC),
+    bool pre = ctl_link_preauth(l);
+    l->ctl->st.refused_preauth += pre;
+    CTL_LOG_REFUSED(l, KVP_LOG_WARN, "peer %s (%s): %s not complete after %llu ms (%s): closed",
+             l->peer_id, l->conn ? l->conn->remote : "?", pre ? "authentication" : "handshake",
+             (unsigned long long)((ctl_link_now(l) - l->created_ns) / KVP_NSEC_PER_MSEC),
              link_state_names[l->state]);
     ctl_link_down(l, KVP_DOWN_HANDSHAKE_TIMEOUT, -1, true);
 }
@@ -533,7 +536,10 @@ kvp_status_t ctl_link_new(kvp_ctl_t *ctl, kvp_conn_t *conn, bool outbound, const
     kvp_timer_init(&l->t_heartbeat, "heartbeat", link_on_heartbeat, l);
     kvp_timer_init(&l->t_dead, "dead-after", link_on_dead, l);
     kvp_timer_init(&l->t_check, "identity-check", ctl_on_check, l);
-    kvp_timer_start(ctl->loop, &l->t_handshake, now + ctl->cfg.handshake_timeout_ns);
+    /* An inbound connection has preauth_timeout to authenticate (gate.c);
+     * hs_authenticated() then extends it to the handshake timeout. */
+    kvp_timer_start(ctl->loop, &l->t_handshake,
+                    now + (outbound ? ctl->cfg.handshake_timeout_ns : ctl->cfg.preauth_timeout_ns));
     kvp_list_insert_tail(&ctl->links, &l->node);
     if (conn) {
         l->conn = conn;

@@ -111,6 +111,9 @@ static kvp_status_t do_reconfigure(kvp_node_t *n, void *arg)
     k->backoff_min_ms = c->backoff_min_ms;
     k->backoff_max_ms = c->backoff_max_ms;
     k->max_sessions = c->max_sessions;
+    k->max_preauth = c->max_preauth;
+    k->max_preauth_per_addr = c->max_preauth_per_addr;
+    k->preauth_timeout_ms = c->preauth_timeout_ms;
     k->max_quarantined = c->max_quarantined ? c->max_quarantined : KVP_MAX(k->num_blocks / 4, 1);
     /* issue 27 budgets: reconfigurable, defaults as at create */
     k->max_supply_pins_per_peer = c->max_supply_pins_per_peer;
@@ -147,6 +150,11 @@ KVP_EXPORT kvp_status_t kvp_node_reconfigure(kvp_node_t *n, const kvp_config_t *
     kvp_status_t st = kvp__config_check_runtime(cfg);
     if (st != KVP_OK)
         return st;
+    if (!n->listen_loopback && !n->cfg.insecure && cfg->psk_len == 0) { /* issue 27 */
+        kvp__set_last_error("psk: this node listens beyond loopback; removing its pre-shared key "
+                            "needs insecure = true at start");
+        return KVP_ERR_INVALID;
+    }
     reconf_args_t a = {cfg, NULL};
     if (cfg->psk_len) { /* cfg's buffers are borrowed for this call only */
         if ((a.psk = kvp__malloc(cfg->psk_len)) == NULL)
@@ -635,6 +643,7 @@ static kvp_status_t do_stats(kvp_node_t *n, void *arg)
     o->quarantined_slots = ss.slots[KVP_SLOT_QUARANTINED];
     o->sessions_refused += cs.refused_limit; /* ctl (HELLO) + session layer */
     o->pins_refused = ss.pin_limit_refusals;
+    o->insecure = !n->listen_loopback && n->cfg.psk_len == 0;
     if (n->kvevents != NULL) {
         kvp_kvevents_stats_t es;
         kvp__kvevents_get_stats(n->kvevents, &es);
@@ -880,6 +889,9 @@ static kvp_status_t do_refusals(kvp_node_t *n, void *arg)
     o->refused_duplicate = cs.refused_duplicate;
     o->refused_limit = cs.refused_limit + n->st.sessions_refused;
     o->peers_dead = cs.peers_dead;
+    o->refused_preauth = cs.refused_preauth;
+    o->refused_identity = cs.refused_identity;
+    o->accept_fd_exhausted = cs.accept_fd_exhausted;
     return KVP_OK;
 }
 

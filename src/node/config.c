@@ -12,6 +12,7 @@
  */
 #include "node/node.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
@@ -117,6 +118,49 @@ static kvp_status_t check_region(const kvp_config_t *c)
     return KVP_OK;
 }
 
+/* "host:port" / "[v6]:port" on a loopback address (127/8, ::1, a
+ * v4-mapped 127/8, or "localhost"); a host name otherwise is not assumed
+ * to be loopback (no resolution here). */
+bool kvp__addr_is_loopback(const char *addr)
+{
+    char host[KVP_WIRE_STR_MAX + 1];
+    const char *colon = addr ? strrchr(addr, ':') : NULL;
+    size_t n = colon ? (size_t)(colon - addr) : 0;
+    if (colon == NULL || n == 0 || n >= sizeof(host))
+        return false;
+    if (addr[0] == '[' && addr[n - 1] == ']')
+        addr++, n -= 2;
+    memcpy(host, addr, n);
+    host[n] = '\0';
+    struct in_addr a4;
+    struct in6_addr a6;
+    if (inet_pton(AF_INET, host, &a4) == 1)
+        return (ntohl(a4.s_addr) >> 24) == 127;
+    if (inet_pton(AF_INET6, host, &a6) == 1)
+        return IN6_IS_ADDR_LOOPBACK(&a6) ||
+               (IN6_IS_ADDR_V4MAPPED(&a6) && a6.s6_addr[12] == 127);
+    return strcmp(host, "localhost") == 0;
+}
+
+kvp_status_t kvp__config_check_gate(const kvp_config_t *c, bool *loopback)
+{
+    bool lo = kvp__addr_is_loopback(c->listen_addr);
+    if (loopback)
+        *loopback = lo;
+    if (lo || c->psk_len > 0)
+        return KVP_OK;
+    if (!c->insecure)
+        BAD("listen: %s is not a loopback address and no pre-shared key is set: anyone who "
+            "reaches the port could read and overwrite the region. Set psk_file (a key from "
+            "`openssl rand -hex 32`, mode 600, the same on every peer), or listen on "
+            "127.0.0.1, or set insecure = true to run without authentication",
+            c->listen_addr ? c->listen_addr : "(none)");
+    KVP_WARN(c->name, "INSECURE: listening on %s without a pre-shared key (insecure = true): "
+             "any host that reaches this port can read and overwrite every block; set "
+             "psk_file", c->listen_addr);
+    return KVP_OK;
+}
+
 /* The rules of the settings kvp_node_reconfigure() may change. */
 kvp_status_t kvp__config_check_runtime(const kvp_config_t *c)
 {
@@ -136,6 +180,8 @@ kvp_status_t kvp__config_check_runtime(const kvp_config_t *c)
         BAD("hold_cap_ms: must be > 0");
     if (c->load_timeout_ms == 0)
         BAD("load_timeout_ms: must be > 0");
+    if (c->max_preauth > 4096 || c->max_preauth_per_addr > 4096)
+        BAD("max_preauth / max_preauth_per_addr: at most 4096 (0 = default)");
     if (c->wait_spin_us > KVP_WAIT_SPIN_MAX_US)
         BAD("wait_spin_us: %u is above %u (a spin that long is a busy loop)", c->wait_spin_us,
             (unsigned)KVP_WAIT_SPIN_MAX_US);

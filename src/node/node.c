@@ -805,6 +805,9 @@ KVP_EXPORT void kvp_config_init(kvp_config_t *c)
     c->max_inflight_bytes_per_peer = 1ull << 30;
     c->backoff_min_ms = 100;
     c->backoff_max_ms = 5000;
+    c->max_preauth = 32;
+    c->max_preauth_per_addr = 8;
+    c->preauth_timeout_ms = 3000;
 }
 
 /* Store callbacks: what the store holds, told to routers (KV events). */
@@ -961,6 +964,9 @@ void kvp__node_ctl_runtime(const kvp_config_t *c, kvp_ctl_config_t *cc)
     cc->backoff_min_ns = (uint64_t)c->backoff_min_ms * KVP_NSEC_PER_MSEC;
     cc->backoff_max_ns = (uint64_t)c->backoff_max_ms * KVP_NSEC_PER_MSEC;
     cc->max_sessions = c->max_sessions;
+    cc->max_preauth = c->max_preauth;
+    cc->max_preauth_per_addr = c->max_preauth_per_addr;
+    cc->preauth_timeout_ns = (uint64_t)c->preauth_timeout_ms * KVP_NSEC_PER_MSEC;
     cc->psk = c->psk;
     cc->psk_len = c->psk_len;
 }
@@ -993,11 +999,16 @@ kvp_status_t kvp__node_create_ex(const kvp_config_t *cfg, const kvp_node_seams_t
 {
     kvp_status_t st;
     kvp__clear_last_error();
+    bool loopback = false;
     if (out == NULL || (st = kvp__config_check(cfg)) != KVP_OK)
+        return KVP_ERR_INVALID;
+    /* The fake network's addresses are names, not hosts: no gate there. */
+    if (!(seams && seams->fake_net) && kvp__config_check_gate(cfg, &loopback) != KVP_OK)
         return KVP_ERR_INVALID;
     kvp_node_t *n = kvp__calloc(1, sizeof(*n));
     if (n == NULL)
         return KVP_ERR_NOMEM;
+    n->listen_loopback = loopback || (seams && seams->fake_net);
     n->cfg = *cfg;
     n->evfd = -1;
     n->pollfd = -1;

@@ -55,6 +55,7 @@ typedef struct kvp_cmd kvp_cmd_t;
 
 struct kvp_node {
     uint8_t *psk_copy; /* owned copy of cfg.psk (the caller's is borrowed for create only) */
+    bool listen_loopback; /* the listen address is loopback (issue 27: psk optional) */
     kvp_config_t cfg; /* strings below are owned copies */
     char name[KVP_WIRE_STR_MAX + 1];
     char peer_id[KVP_WIRE_STR_MAX + 1];
@@ -139,6 +140,11 @@ kvp_status_t kvp__config_check(const kvp_config_t *cfg);
 void kvp__node_ctl_runtime(const kvp_config_t *c, kvp_ctl_config_t *cc);
 /* Issue 27: the per-peer budgets left 0 take their defaults (kvpeer.h). */
 void kvp__node_budget_defaults(kvp_config_t *c);
+/* Issue 27: a listen address that is not loopback needs a psk unless
+ * insecure is set (KVP_ERR_INVALID naming listen, psk_file, insecure).
+ * loopback: the listen address is loopback (out, may be NULL). */
+kvp_status_t kvp__config_check_gate(const kvp_config_t *cfg, bool *loopback);
+bool kvp__addr_is_loopback(const char *addr);
 /* The subset kvp_node_reconfigure() may change (called by the above). */
 kvp_status_t kvp__config_check_runtime(const kvp_config_t *cfg);
 void kvp__set_last_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -81,7 +81,8 @@ static inline void tn_init(tnode_t *n, kvp_loop_t *loop, const char *listen, kvp
 {
     memset(n, 0, sizeof(*n));
     n->loop = loop;
-    snprintf(n->blob, sizeof(n->blob), "blob-of-%s", listen ? listen : "client");
+    /* unique per node: a blob equal to our own or a live peer's is refused (issue 27) */
+    snprintf(n->blob, sizeof(n->blob), "blob-of-%s#%p", listen ? listen : "client", (void *)n);
     kvp_ctl_config_t *c = &n->cfg;
     c->listen_addr = listen;
     c->num_blocks = 128;

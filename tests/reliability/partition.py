@@ -104,8 +104,18 @@ def link(up):
     relib.sh("ip", "link", "set", DEV, "up" if up else "down", ns=NS["a"])
 
 
+def psk_file():
+    """The key the daemons share: they listen beyond loopback (namespace
+    addresses), where kvpeerd refuses to start without one (issue 27)."""
+    path = os.path.join(relib.TMP, "psk")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.write(fd, (os.urandom(32).hex() + "\n").encode())
+    os.close(fd)
+    return path
+
+
 def start_daemons():
-    common = ["--http", "127.0.0.1:0", "--admin", "--num_blocks", "256",
+    common = ["--http", "127.0.0.1:0", "--admin", "--num_blocks", "256", "--psk_file", psk_file(),
               "--block_size", "256K", "--compat", "partition-test",
               "--heartbeat_ms", str(HB_MS), "--dead_after_ms", str(DEAD_MS),
               "--hold_cap_ms", str(HOLD_MS), "--load_timeout_ms", "30000",

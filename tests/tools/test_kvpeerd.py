@@ -291,6 +291,9 @@ def case_bad_config():
     expect_refused(["--num_blocks", "0"], ["num_blocks", "out of range"])
     expect_refused(["--heartbeat_ms", "5000"], ["heartbeat_ms", "dead_after_ms"])
     expect_refused(["--transport", "fake"], ["transport", "only ucx"])
+    # issue 27: beyond loopback without a key (refused before anything binds)
+    expect_refused(["--listen", "10.255.255.1:7400", "--num_blocks", "16", "--block_size", "64K"],
+                   ["listen", "not a loopback address", "psk_file", "insecure"])
     expect_refused(["--psk", "abc"], ["psk", "hex"])
     expect_refused(["--listen", "nowhere"], ["listen", "host:port"])
     expect_refused(["--peers", "127.0.0.1:1,bad"], ["peers", "'bad'"])
@@ -608,13 +611,20 @@ def case_operator():
     check(strip(r2.stdout) == strip(r.stdout), "round trip differs:\n%s\n%s" % (r.stdout, r2.stdout))
     expect_refused(["--config", TMP], ["not a regular file", "directory"])
     expect_refused(["--psk", "0011"], ["psk", "too short"])
+    r = run([KVPEERD, "--psk", "00112233445566778899aabbccddeeff", "--print-config"])
+    check(r.returncode == 0 and "/proc/PID/cmdline" in r.stderr,
+          "--psk gave no /proc/PID/cmdline warning: %r" % r.stderr)
+    # The one PSK file format (kvp_psk_load, issue 27): hex, mode 600.
     hexf = os.path.join(TMP, "psk.hex")
     open(hexf, "w").write("00112233445566778899aabbccddeeff0011223344556677\n")
+    expect_refused(["--psk_file", hexf], ["psk_file", hexf, "chmod 600"])
+    os.chmod(hexf, 0o600)
     r = run([KVPEERD, "--psk_file", hexf, "--print-config"])
     check(r.returncode == 0, "hex psk_file refused: %r" % r.stderr)
     short = os.path.join(TMP, "psk.short")
     open(short, "w").write("abcd\n")
-    expect_refused(["--psk_file", short], ["psk_file", "too short"])
+    os.chmod(short, 0o600)
+    expect_refused(["--psk_file", short], ["psk_file", "32..128 hex digits"])
     expect_refused(["--listen", "no-such-host.invalid:0"], ["listen", "does not resolve"])
     expect_refused(["--http", "no-such-host.invalid:0"], ["http", "does not resolve"])
     # A busy HTTP port: the message names it.
