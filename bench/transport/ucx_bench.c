@@ -211,7 +211,7 @@ static void raw_open(raw_t *r, const char *tls, const void *blob, size_t len)
         die("ucp_worker_create");
     ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
                                         UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
-                          .address = bp.worker_addr,
+                          .address = bp.rma_worker_addr, /* puts: the RMA worker */
                           .err_mode = UCP_ERR_HANDLING_MODE_PEER};
     if (ucp_ep_create(r->worker, &ep, &r->ep) != UCS_OK)
         die("ucp_ep_create");
