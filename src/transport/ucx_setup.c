@@ -436,16 +436,22 @@ void kvp_ucx_config_each(const kvp_ucx_config_t *cfg,
 
 /* The RMA context's transports: the configured list without tcp (issue 27:
  * UCX serves emulated put/get over any AM lane of an RMA context; tcp would
- * let any host reach them). NULL/"all" -> "^tcp"; "^x" -> "^x,tcp"; a list
- * -> the list minus tcp (nothing left: "self"). */
+ * let any host reach them) and without sysv (UCX creates its sysv segments
+ * with mode 0660: any process of the node's GROUP could attach the RMA
+ * worker's FIFO and reach those handlers; posix segments are reached through
+ * /proc/<pid>/fd, i.e. only by processes allowed to ptrace the node; cma
+ * needs the same). NULL/"all" -> "^tcp,sysv"; "^x" -> "^x,tcp,sysv"; a list
+ * -> the list minus tcp and sysv, "sm"/"shm" -> "posix,cma" (nothing left:
+ * "self"). The AM context keeps sysv: it has no RMA handlers, and kvpeer's
+ * data AM needs the node's secret. */
 static void ucx_rma_tls(const char *tls, char *buf, size_t cap)
 {
     if (tls == NULL || strcmp(tls, "all") == 0) {
-        snprintf(buf, cap, "^tcp");
+        snprintf(buf, cap, "^tcp,sysv");
         return;
     }
     if (tls[0] == '^') {
-        snprintf(buf, cap, "%s,tcp", tls);
+        snprintf(buf, cap, "%s,tcp,sysv", tls);
         return;
     }
     char tmp[256];
@@ -453,9 +459,10 @@ static void ucx_rma_tls(const char *tls, char *buf, size_t cap)
     snprintf(tmp, sizeof(tmp), "%s", tls);
     buf[0] = '\0';
     for (char *save = NULL, *t = strtok_r(tmp, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        if (strcmp(t, "tcp") == 0 || strcmp(t, "all") == 0)
+        if (strcmp(t, "tcp") == 0 || strcmp(t, "all") == 0 || strcmp(t, "sysv") == 0)
             continue;
-        int w = snprintf(buf + n, cap - n, "%s%s", n ? "," : "", t);
+        const char *w_t = strcmp(t, "sm") == 0 || strcmp(t, "shm") == 0 ? "posix,cma" : t;
+        int w = snprintf(buf + n, cap - n, "%s%s", n ? "," : "", w_t);
         if (w < 0 || (size_t)w >= cap - n)
             break;
         n += (size_t)w;
