@@ -151,13 +151,19 @@ def run_case(e2e, foreign, psk, tls):
         # Another user (nobody), and another user of the node's own group
         # (gid 0): UCX's sysv segments are 0660, so the group case is the one
         # that shows the RMA context has no sysv (ucx_setup.c, ucx_rma_tls).
-        for who, ids in (("uid 65534 gid 65534", (65534, 65534)),
-                         ("uid 65534 gid 0 (the node's group)", (65534, 0))):
+        # The group attacker also forces sysv (UCX would otherwise try posix
+        # first and stop there).
+        for who, ids, a_tls in (("uid 65534 gid 65534", (65534, 65534), None),
+                                ("uid 65534 gid 0 (the node's group)", (65534, 0), None),
+                                ("uid 65534 gid 0, UCX_TLS=sysv,self", (65534, 0), "sysv,self")):
             v2 = Node(e2e, env)
             check(v2.cmd("put 0 16").startswith("ok"), "put")
             blob2 = v2.cmd("blob").split()[1]
+            o_env = dict(a_env)
+            if a_tls:
+                o_env["UCX_TLS"] = a_tls
             for mode in ("rma", "am"):
-                other = attack(foreign, blob2, mode, a_env, as_ids=ids)
+                other = attack(foreign, blob2, mode, o_env, as_ids=ids)
                 log("  %s worker, attacker as %s: %s" % (mode.upper(), who, other))
                 check(v2.alive(), "%s: V2 died after an attack as %s" % (name, who))
                 check(v2.verify(0, 16) == (16, 0), "%s: an attacker as %s changed V2's blocks: %s"
