@@ -15,7 +15,11 @@
  *   ours  : kvpeer's UCX backend, write(D blocks) -> poll until DONE
  *   raw   : the same puts on the same regions with bare ucp_put_nbx + one
  *           ucp_ep_flush_nbx, none of our bookkeeping (the ceiling on shm;
- *           on tcp this is UCX's emulated put)
+ *           on tcp this is UCX's emulated put). Since issue 27 a kvpeer
+ *           node's tcp worker has no RMA (no emulated put can reach it), so
+ *           on tcp the target also opens a bare UCX RMA context of its own
+ *           on tcp with the same region registered, for raw only (a bench
+ *           target: the door the library closed, opened on purpose here)
  *   old   : (tcp) ours with legacy_put, i.e. the backend before issue 14
  *           (emulated put + our bookkeeping). On tcp ours is kvpeer's AM
  *           path, registered with slots of the block size (one AM per block,
@@ -131,17 +135,66 @@ static kvp_xport_t *make_xport(const char *tls, uint32_t bs, void **region, cons
     return x;
 }
 
+/* The bare tcp RMA target for raw (see the header). */
+typedef struct raw_target {
+    ucp_context_h ctx;
+    ucp_worker_h worker;
+    ucp_mem_h memh;
+    ucp_address_t *addr;
+    size_t addr_len;
+    void *rkey;
+    size_t rkey_len;
+} raw_target_t;
+
+static void raw_target_open(raw_target_t *t, void *region)
+{
+    ucp_config_t *c;
+    if (ucp_config_read(NULL, NULL, &c) != UCS_OK || ucp_config_modify(c, "TLS", "tcp") != UCS_OK)
+        die("raw target config");
+    ucp_params_t prm = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_RMA};
+    if (ucp_init(&prm, c, &t->ctx) != UCS_OK)
+        die("raw target ucp_init");
+    ucp_config_release(c);
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                              .thread_mode = UCS_THREAD_MODE_SINGLE};
+    ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
+                                             UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+                               .address = region,
+                               .length = O.region};
+    if (ucp_worker_create(t->ctx, &wp, &t->worker) != UCS_OK ||
+        ucp_mem_map(t->ctx, &mp, &t->memh) != UCS_OK ||
+        ucp_rkey_pack(t->ctx, t->memh, &t->rkey, &t->rkey_len) != UCS_OK ||
+        ucp_worker_get_address(t->worker, &t->addr, &t->addr_len) != UCS_OK)
+        die("raw target");
+}
+
+static void raw_target_close(raw_target_t *t)
+{
+    if (t->ctx == NULL)
+        return;
+    ucp_worker_release_address(t->worker, t->addr);
+    ucp_rkey_buffer_release(t->rkey);
+    ucp_mem_unmap(t->ctx, t->memh);
+    ucp_worker_destroy(t->worker);
+    ucp_cleanup(t->ctx);
+    memset(t, 0, sizeof(*t));
+}
+
 static void target_main(int sock)
 {
     kvp_xport_t *x = NULL;
     void *region;
     cmd_t c;
+    raw_target_t rt = {0};
 
     for (;;) {
         struct pollfd pf = {.fd = sock, .events = POLLIN};
         if (x) { /* spin: emulated puts land in our progress */
-            for (int i = 0; i < 64; i++)
+            for (int i = 0; i < 64; i++) {
                 x->ops->progress(x);
+                if (rt.worker)
+                    ucp_worker_progress(rt.worker);
+            }
         }
         if (poll(&pf, 1, x ? 0 : 100) <= 0)
             continue;
@@ -160,13 +213,23 @@ static void target_main(int sock)
             uint32_t l32 = (uint32_t)len;
             if (!io_all(sock, &l32, 4, true) || !io_all(sock, (void *)blob, len, true))
                 break;
+            if (strcmp(c.tls, "tcp") == 0)
+                raw_target_open(&rt, region);
+            uint32_t al = (uint32_t)rt.addr_len, rl = (uint32_t)rt.rkey_len;
+            uint64_t base = (uintptr_t)region;
+            if (!io_all(sock, &al, 4, true) || !io_all(sock, &rl, 4, true) ||
+                !io_all(sock, &base, 8, true) || (al && !io_all(sock, rt.addr, al, true)) ||
+                (rl && !io_all(sock, rt.rkey, rl, true)))
+                break;
         } else if (c.op == 2 && x) {
+            raw_target_close(&rt);
             x->ops->close(x, true);
             x = NULL;
             uint32_t ok = 0;
             io_all(sock, &ok, 4, true);
         }
     }
+    raw_target_close(&rt);
     if (x)
         x->ops->close(x, true);
     _exit(0);
@@ -188,7 +251,13 @@ static void raw_cfg_set(const char *k, const char *v, void *arg)
         die("ucp_config_modify");
 }
 
-static void raw_open(raw_t *r, const char *tls, const void *blob, size_t len)
+typedef struct raw_peer { /* the bare tcp target's (tcp path only) */
+    uint8_t addr[4096], rkey[4096];
+    uint32_t addr_len, rkey_len;
+    uint64_t base;
+} raw_peer_t;
+
+static void raw_open(raw_t *r, const char *tls, const void *blob, size_t len, const raw_peer_t *rp)
 {
     kvp_ucx_blob_parts_t bp;
     kvp_ucx_config_t cfg;
@@ -201,6 +270,8 @@ static void raw_open(raw_t *r, const char *tls, const void *blob, size_t len)
     if (ucp_config_read(NULL, NULL, &c) != UCS_OK)
         die("ucp_config_read");
     kvp_ucx_config_each(&cfg, raw_cfg_set, c); /* UCX configured exactly as ours */
+    if (rp->addr_len && ucp_config_modify(c, "TLS", "tcp") != UCS_OK)
+        die("raw TLS"); /* to the bare tcp target (its RMA context is ours' AM one's twin) */
     ucp_params_t prm = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_RMA};
     if (ucp_init(&prm, c, &r->ctx) != UCS_OK)
         die("ucp_init");
@@ -211,13 +282,14 @@ static void raw_open(raw_t *r, const char *tls, const void *blob, size_t len)
         die("ucp_worker_create");
     ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
                                         UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
-                          .address = bp.worker_addr,
+                          .address = rp->addr_len ? (const ucp_address_t *)rp->addr
+                                                  : bp.rma_worker_addr, /* puts: RMA worker */
                           .err_mode = UCP_ERR_HANDLING_MODE_PEER};
     if (ucp_ep_create(r->worker, &ep, &r->ep) != UCS_OK)
         die("ucp_ep_create");
-    if (ucp_ep_rkey_unpack(r->ep, bp.rkey, &r->rkey) != UCS_OK)
+    if (ucp_ep_rkey_unpack(r->ep, rp->addr_len ? rp->rkey : bp.rkey, &r->rkey) != UCS_OK)
         die("rkey_unpack");
-    r->rbase = bp.region_base;
+    r->rbase = rp->addr_len ? rp->base : bp.region_base;
 }
 
 static void raw_wait(raw_t *r, void *req)
@@ -455,8 +527,13 @@ static void bench_path(int sock, const char *path, const char *tls, const uint32
     g_slot = slot;
 
     snprintf(c.tls, sizeof(c.tls), "%s", tls);
+    static raw_peer_t rp;
     if (!io_all(sock, &c, sizeof(c), true) || !io_all(sock, &len, 4, false) || len > sizeof(blob) ||
-        !io_all(sock, blob, len, false))
+        !io_all(sock, blob, len, false) || !io_all(sock, &rp.addr_len, 4, false) ||
+        !io_all(sock, &rp.rkey_len, 4, false) || !io_all(sock, &rp.base, 8, false) ||
+        rp.addr_len > sizeof(rp.addr) || rp.rkey_len > sizeof(rp.rkey) ||
+        (rp.addr_len && !io_all(sock, rp.addr, rp.addr_len, false)) ||
+        (rp.rkey_len && !io_all(sock, rp.rkey, rp.rkey_len, false)))
         die("target setup");
     kvp_xport_t *x = make_xport(tls, slot, &src, "producer", false);
     if (x->ops->add_peer(x, blob, len, &lay, &peer) != KVP_OK)
@@ -469,7 +546,7 @@ static void bench_path(int sock, const char *path, const char *tls, const uint32
     }
     char lanes[192];
     kvp_ucx_peer_lanes(x, peer, lanes, sizeof(lanes));
-    raw_open(&raw, tls, blob, len);
+    raw_open(&raw, tls, blob, len, &rp);
     double t0 = now_s(); /* one pass each: our mapping and raw's mapping of the target */
     pair_res_t w;
     run_pair(x, peer, xl, lpeer, &raw, src, KVP_MAX(2u << 20, slot), 64, 0, &w);

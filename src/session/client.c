@@ -544,8 +544,11 @@ void kvp__load_release_quarantine(kvp_load_t *l, kvp_proof_t proof)
 static bool load_awaits_landing(const kvp_session_t *s, const kvp_msg_fetch_done_t *m)
 {
     kvp_xport_t *x = s->env->xport;
-    return m->status == KVP_OK && m->n > 0 && x->ops->is_landed != NULL &&
-           x->ops->inbound_refusable != NULL && x->ops->inbound_refusable(x, s->xpeer) &&
+    /* issue 27: a direct-shm commit needs the transport's same-host proof */
+    bool need = x->ops->landing_required != NULL
+                    ? x->ops->landing_required(x, s->xpeer)
+                    : x->ops->inbound_refusable != NULL && x->ops->inbound_refusable(x, s->xpeer);
+    return m->status == KVP_OK && m->n > 0 && x->ops->is_landed != NULL && need &&
            !KVP_MUTATED(KVP_MUT_AM_SKIP_AWAIT);
 }
 

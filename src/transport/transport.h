@@ -99,6 +99,9 @@ typedef struct kvp_xport_stats {
     uint64_t am_blocks_landed, am_bytes_landed;
     uint64_t late_bytes_dropped; /* AM data for a slot not expecting it (refused, stale gen, foreign) */
     uint64_t am_refused_slots;   /* slots refused while still expected */
+    /* issue 27: AM data without the consumer's secret (foreign worker, or a
+     * peer that never had our blob): dropped, counted also here (bytes) */
+    uint64_t am_unauth_dropped;
 } kvp_xport_stats_t;
 
 typedef struct kvp_xport_ops {
@@ -155,6 +158,11 @@ typedef struct kvp_xport_ops {
     /* True when the peer's writes to us can only arrive through the AM
      * handler (refusal is proof for its loads); false for direct shm/RDMA. */
     bool (*inbound_refusable)(kvp_xport_t *x, kvp_xpeer_id_t peer);
+    /* Issue 27: true when a FETCH_DONE from `peer` may be trusted only for
+     * blocks our handler saw land (is_landed), i.e. unless the transport has
+     * PROVEN that the peer writes straight into our memory (same host, its
+     * own claim is not enough). NULL: inbound_refusable decides. */
+    bool (*landing_required)(kvp_xport_t *x, kvp_xpeer_id_t peer);
     /* Accept blocks from `peer` into these slots at these generations (peer 0:
      * from any source -- transport tests only). Clears their landed flag. */
     kvp_status_t (*expect)(kvp_xport_t *x, kvp_xpeer_id_t peer, const kvp_xslot_t *slots,

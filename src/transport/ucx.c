@@ -32,8 +32,36 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* ---------------------------------------------------------------- helpers */
+
+/* One turn of both workers (RMA and AM contexts); nonzero when either did
+ * something. */
+static unsigned ucx_worker_turn(ucx_xport_t *x)
+{
+    unsigned n = 0;
+
+    if (x->worker)
+        n += ucp_worker_progress(x->worker);
+    if (x->worker_am)
+        n += ucp_worker_progress(x->worker_am);
+    return n;
+}
+
+/* Start closing ep (flags), returning the request to own or NULL. */
+static void *ucx_ep_close(ucx_xport_t *x, ucp_ep_h ep, uint32_t flags, kvp_xpeer_id_t id)
+{
+    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = flags};
+    void *req = ucp_ep_close_nbx(ep, &prm);
+
+    if (UCS_PTR_IS_PTR(req))
+        return req;
+    if (UCS_PTR_IS_ERR(req))
+        KVP_DEBUG(PFX(x), "peer %llu: endpoint close: %s", (unsigned long long)id,
+                  ucs_status_string(UCS_PTR_STATUS(req)));
+    return NULL;
+}
 
 ucx_peer_t *kvp__ucx_peer_find(ucx_xport_t *x, kvp_xpeer_id_t id)
 {
@@ -199,16 +227,14 @@ static void ucx_peer_start_close(ucx_xport_t *x, ucx_peer_t *p, bool force)
         p->rkey = NULL;
         p->rptr = NULL; /* the mapping went with the rkey */
     }
+    uint32_t flags = (force || p->status != KVP_OK) ? UCP_EP_CLOSE_FLAG_FORCE : 0;
     if (p->ep) {
-        ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS};
-        prm.flags = (force || p->status != KVP_OK) ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-        void *req = ucp_ep_close_nbx(p->ep, &prm);
+        p->close_req = ucx_ep_close(x, p->ep, flags, p->id);
         p->ep = NULL;
-        if (UCS_PTR_IS_PTR(req))
-            p->close_req = req;
-        else if (UCS_PTR_IS_ERR(req))
-            KVP_DEBUG(PFX(x), "peer %llu: endpoint close: %s", (unsigned long long)p->id,
-                      ucs_status_string(UCS_PTR_STATUS(req)));
+    }
+    if (p->ep_rma) {
+        p->close_req_rma = ucx_ep_close(x, p->ep_rma, flags, p->id);
+        p->ep_rma = NULL;
     }
     kvp_list_remove(&p->link);
     kvp_list_insert_tail(&x->closing, &p->link);
@@ -228,6 +254,12 @@ static bool ucx_closing_reap(ucx_xport_t *x)
                 continue;
             ucp_request_free(p->close_req);
             p->close_req = NULL;
+        }
+        if (p->close_req_rma) {
+            if (ucp_request_check_status(p->close_req_rma) == UCS_INPROGRESS)
+                continue;
+            ucp_request_free(p->close_req_rma);
+            p->close_req_rma = NULL;
         }
         kvp_list_remove(&p->link);
         kvp__free(p);
@@ -446,16 +478,28 @@ static void ucx_probe_check(ucx_xport_t *x)
 
 /* -------------------------------------------------------------- add_peer */
 
+static void ucx_ep_abort(ucx_xport_t *x, ucp_ep_h ep)
+{
+    void *req = ucx_ep_close(x, ep, UCP_EP_CLOSE_FLAG_FORCE, 0);
+    while (req && ucp_request_check_status(req) == UCS_INPROGRESS)
+        ucx_worker_turn(x); /* FORCE close: local, completes at once */
+    if (req)
+        ucp_request_free(req);
+}
+
+/* The AM endpoint (always) and, where the RMA context reaches the peer
+ * (same host, RDMA), the RMA endpoint with the peer's region rkey. */
 static kvp_status_t ucx_peer_connect(ucx_xport_t *x, ucx_peer_t *p, const ucx_blob_view_t *v)
 {
     /* copies: UCX may expect natural alignment of its address/rkey buffers */
-    uint8_t *tmp = kvp__malloc(v->addr_len + v->rkey_len);
+    uint8_t *tmp = kvp__malloc(v->addr_len + v->rma_addr_len + v->rkey_len);
     ucs_status_t s;
 
     if (!tmp)
         return KVP_ERR_NOMEM;
     memcpy(tmp, v->addr, v->addr_len);
-    memcpy(tmp + v->addr_len, v->rkey, v->rkey_len);
+    memcpy(tmp + v->addr_len, v->rma_addr, v->rma_addr_len);
+    memcpy(tmp + v->addr_len + v->rma_addr_len, v->rkey, v->rkey_len);
     ucp_ep_params_t ep = {
         .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER,
@@ -463,26 +507,33 @@ static kvp_status_t ucx_peer_connect(ucx_xport_t *x, ucx_peer_t *p, const ucx_bl
         .err_mode = UCP_ERR_HANDLING_MODE_PEER,
         .err_handler = {.cb = ucx_ep_err_cb, .arg = p},
     };
-    s = ucp_ep_create(x->worker, &ep, &p->ep);
+    s = ucp_ep_create(x->worker_am, &ep, &p->ep);
     if (s != UCS_OK) {
         KVP_ERROR(PFX(x), "peer blob: ucp_ep_create: %s", ucs_status_string(s));
         kvp__free(tmp);
         return KVP_ERR_TRANSPORT;
     }
-    s = ucp_ep_rkey_unpack(p->ep, tmp + v->addr_len, &p->rkey);
-    kvp__free(tmp);
-    if (s != UCS_OK) {
-        KVP_ERROR(PFX(x), "peer blob: ucp_ep_rkey_unpack: %s", ucs_status_string(s));
-        ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-                                   .flags = UCP_EP_CLOSE_FLAG_FORCE};
-        void *req = ucp_ep_close_nbx(p->ep, &prm);
-        while (UCS_PTR_IS_PTR(req) && ucp_request_check_status(req) == UCS_INPROGRESS)
-            ucp_worker_progress(x->worker); /* FORCE close: local, completes at once */
-        if (UCS_PTR_IS_PTR(req))
-            ucp_request_free(req);
-        p->ep = NULL;
-        return KVP_ERR_PROTO;
+    /* The RMA context reaches only this host's memory (RDMA is not detected
+     * yet): tried only for a peer claiming our host (its claim is then
+     * proven or not, ucx_probe.c) and only when shm transports are on. */
+    ep.address = (const ucp_address_t *)(tmp + v->addr_len);
+    s = p->same_host && x->shm_enabled ? ucp_ep_create(x->worker, &ep, &p->ep_rma)
+                                       : UCS_ERR_UNREACHABLE;
+    if (s != UCS_OK) { /* not on this host (and no RDMA): AM only */
+        KVP_DEBUG(PFX(x), "peer blob: RMA endpoint: %s (AM path only)", ucs_status_string(s));
+        p->ep_rma = NULL;
+    } else {
+        s = ucp_ep_rkey_unpack(p->ep_rma, tmp + v->addr_len + v->rma_addr_len, &p->rkey);
+        if (s != UCS_OK) {
+            KVP_ERROR(PFX(x), "peer blob: ucp_ep_rkey_unpack: %s", ucs_status_string(s));
+            kvp__free(tmp);
+            ucx_ep_abort(x, p->ep_rma);
+            ucx_ep_abort(x, p->ep);
+            p->ep = p->ep_rma = NULL;
+            return KVP_ERR_PROTO;
+        }
     }
+    kvp__free(tmp);
     return KVP_OK;
 }
 
@@ -519,7 +570,7 @@ static kvp_status_t ucx_add_peer(kvp_xport_t *xp, const void *blob, size_t len,
     p->rbase = v.base;
     p->layout = v.layout;
     p->same_host = v.host_len == strlen(x->host_id) && !memcmp(v.host, x->host_id, v.host_len);
-    p->token = p->dst_token = kvp__ucx_token(v.addr, v.addr_len);
+    p->token = p->dst_token = v.secret; /* checked non-zero by blob_view */
     st = ucx_peer_connect(x, p, &v);
     if (st != KVP_OK) {
         kvp__free(p);
@@ -527,6 +578,11 @@ static kvp_status_t ucx_add_peer(kvp_xport_t *xp, const void *blob, size_t len,
     }
     p->id = ++x->next_peer;
     kvp_list_insert_tail(&x->peers, &p->link);
+    /* Before anything of ours can reach it: our secret into its segment
+     * (the same-host proof, ucx_probe.c). */
+    if (kvp__ucx_probe_mark(x, p, &v))
+        KVP_DEBUG(PFX(x), "peer %llu: proof written into its shared segment",
+                  (unsigned long long)p->id);
     kvp__ucx_peer_classify(x, p);
     ucx_probe_start(x, p);
     *out = p->id;
@@ -608,8 +664,8 @@ static size_t ucx_post_puts(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r,
                 kvp_copy_stream(p->rptr + (size_t)(dst - p->rbase) + off, src + off, piece);
                 x->st.stream_copies++;
             } else {
-                if (!ucx_post_done(r, ucp_put_nbx(p->ep, src + off, piece, dst + off, p->rkey,
-                                                  prm)))
+                if (!ucx_post_done(r, ucp_put_nbx(p->ep_rma, src + off, piece, dst + off,
+                                                  p->rkey, prm)))
                     return posted;
                 x->st.puts++;
             }
@@ -633,7 +689,10 @@ static kvp_status_t ucx_write(kvp_xport_t *xp, kvp_xpeer_id_t peer, const kvp_xf
     kvp_status_t st = ucx_write_check(x, p, blocks, n); /* every index, before any put */
     if (st != KVP_OK)
         return st;
-    bool am = p->use_am && !x->legacy_put && !KVP_MUTATED(KVP_MUT_UCX_EMULATED_PUT);
+    /* Puts exist only on the RMA endpoint (shm/RDMA); the AM context has
+     * no RMA, so legacy_put (bench) applies only where one exists. */
+    bool am = p->use_am &&
+              !((x->legacy_put || KVP_MUTATED(KVP_MUT_UCX_EMULATED_PUT)) && p->rkey != NULL);
     ucx_xfer_t *r = ucx_xfer_get(x, p);
     if (!r)
         return KVP_ERR_LIMIT;
@@ -663,7 +722,7 @@ static kvp_status_t ucx_write(kvp_xport_t *xp, kvp_xpeer_id_t peer, const kvp_xf
      * its handler had copied the whole block (~200 us per 2 MiB block at
      * K=1, issue 17). */
     if (posted > 0 && !am)
-        ucx_post_done(r, ucp_ep_flush_nbx(p->ep, &prm));
+        ucx_post_done(r, ucp_ep_flush_nbx(p->ep_rma, &prm));
     if (--r->pending == 0 && posted > 0) {
         kvp_list_remove(&r->link);
         kvp_list_insert_tail(&p->done, &r->link);
@@ -760,22 +819,33 @@ static void ucx_retire_list(ucx_xport_t *x, kvp_list_t *l)
 static void ucx_peer_force_ep(ucx_xport_t *x, ucx_peer_t *p)
 {
     if (p->ep) {
-        ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-                                   .flags = UCP_EP_CLOSE_FLAG_FORCE};
-        void *req = ucp_ep_close_nbx(p->ep, &prm);
+        p->close_req = ucx_ep_close(x, p->ep, UCP_EP_CLOSE_FLAG_FORCE, p->id);
         p->ep = NULL;
-        if (UCS_PTR_IS_PTR(req))
-            p->close_req = req;
+    }
+    if (p->ep_rma) {
+        if (p->rkey) { /* the rkey is unpacked on this endpoint: it goes first */
+            ucp_rkey_destroy(p->rkey);
+            p->rkey = NULL;
+            p->rptr = NULL;
+        }
+        p->close_req_rma = ucx_ep_close(x, p->ep_rma, UCP_EP_CLOSE_FLAG_FORCE, p->id);
+        p->ep_rma = NULL;
     }
     /* FORCE completes locally (also one started in the error callback);
      * give UCX a bounded number of turns, else it is reaped with the peer. */
-    for (int i = 0; p->close_req && i < 100000 &&
-                    ucp_request_check_status(p->close_req) == UCS_INPROGRESS;
+    for (int i = 0; i < 100000 &&
+                    ((p->close_req && ucp_request_check_status(p->close_req) == UCS_INPROGRESS) ||
+                     (p->close_req_rma &&
+                      ucp_request_check_status(p->close_req_rma) == UCS_INPROGRESS));
          i++)
-        ucp_worker_progress(x->worker);
+        ucx_worker_turn(x);
     if (p->close_req && ucp_request_check_status(p->close_req) != UCS_INPROGRESS) {
         ucp_request_free(p->close_req);
         p->close_req = NULL;
+    }
+    if (p->close_req_rma && ucp_request_check_status(p->close_req_rma) != UCS_INPROGRESS) {
+        ucp_request_free(p->close_req_rma);
+        p->close_req_rma = NULL;
     }
 }
 
@@ -905,7 +975,7 @@ static void ucx_force_errored(ucx_xport_t *x)
         kvp_list_foreach_safe(pos, tmp, lists[k])
         {
             ucx_peer_t *p = KVP_CONTAINER_OF(pos, ucx_peer_t, link);
-            if (p->ep_err != UCS_OK && p->ep != NULL)
+            if (p->ep_err != UCS_OK && (p->ep != NULL || p->ep_rma != NULL))
                 ucx_peer_force_ep(x, p);
         }
     }
@@ -916,7 +986,7 @@ static bool ucx_progress(kvp_xport_t *xp)
     ucx_xport_t *x = ucx_of(xp);
     bool any = false;
 
-    for (int i = 0; i < UCX_PROGRESS_MAX && ucp_worker_progress(x->worker); i++) {
+    for (int i = 0; i < UCX_PROGRESS_MAX && ucx_worker_turn(x); i++) {
         any = true;
         if (x->errored)
             ucx_force_errored(x);
@@ -933,15 +1003,20 @@ static bool ucx_progress(kvp_xport_t *xp)
     return any;
 }
 
+/* The epoll fd holding both workers' event fds. */
 static int ucx_event_fd(kvp_xport_t *xp)
 {
-    return ucx_of(xp)->efd;
+    return ucx_of(xp)->epfd;
 }
 
+/* Both workers armed, or BUSY (progress again). */
 static kvp_status_t ucx_arm(kvp_xport_t *xp)
 {
-    ucs_status_t s = ucp_worker_arm(ucx_of(xp)->worker);
+    ucx_xport_t *x = ucx_of(xp);
+    ucs_status_t s = ucp_worker_arm(x->worker);
 
+    if (s == UCS_OK)
+        s = ucp_worker_arm(x->worker_am);
     return s == UCS_OK ? KVP_OK : s == UCS_ERR_BUSY ? KVP_ERR_BUSY : KVP_ERR_TRANSPORT;
 }
 
@@ -1034,6 +1109,8 @@ static void ucx_destroy(ucx_xport_t *x)
         ucx_peer_t *p = KVP_CONTAINER_OF(pos, ucx_peer_t, link);
         if (p->close_req)
             ucp_request_free(p->close_req);
+        if (p->close_req_rma)
+            ucp_request_free(p->close_req_rma);
         kvp_list_remove(&p->link);
         kvp__free(p);
     }
@@ -1050,11 +1127,18 @@ static void ucx_destroy(ucx_xport_t *x)
     if (x->blob)
         kvp__free(x->blob);
     kvp__ucx_region_release(x);
+    kvp__ucx_probe_release(x);
     x->destroying = true;
+    if (x->worker_am)
+        ucp_worker_destroy(x->worker_am);
     if (x->worker)
         ucp_worker_destroy(x->worker);
+    if (x->ctx_am)
+        ucp_cleanup(x->ctx_am);
     if (x->ctx)
         ucp_cleanup(x->ctx);
+    if (x->epfd >= 0)
+        close(x->epfd);
     for (uint32_t i = 0; x->pool && i < x->pool_cap; i++)
         kvp__free(x->pool[i].hdrs);
     kvp__free(x->pool); /* after the worker: no callback can name a record now */
@@ -1099,7 +1183,7 @@ kvp_status_t kvp_ucx_xport_create(const kvp_ucx_config_t *cfg, kvp_xport_t **out
     x->clock = cfg->clock ? cfg->clock : kvp_clock_real();
     x->connect_timeout_ns =
         (uint64_t)(cfg->connect_timeout_ms ? cfg->connect_timeout_ms : 2000) * KVP_NSEC_PER_MSEC;
-    x->efd = -1;
+    x->efd = x->efd_am = x->epfd = -1;
     x->legacy_put = cfg->legacy_put;
     kvp_ratelimit_init(&x->rl_blob, KVP_NSEC_PER_SEC, 50);
     if (cfg->host_id)
@@ -1140,6 +1224,13 @@ bool kvp_ucx_peer_same_host(kvp_xport_t *xp, kvp_xpeer_id_t peer)
     return p && p->same_host;
 }
 
+bool kvp_ucx_peer_proven(kvp_xport_t *xp, kvp_xpeer_id_t peer)
+{
+    ucx_peer_t *p = kvp__ucx_peer_find(ucx_of(xp), peer);
+
+    return p && kvp__ucx_peer_proven(ucx_of(xp), p);
+}
+
 kvp_status_t kvp_ucx_peer_lanes(kvp_xport_t *xp, kvp_xpeer_id_t peer, char *buf, size_t cap)
 {
     ucx_peer_t *p = kvp__ucx_peer_find(ucx_of(xp), peer);
@@ -1153,8 +1244,12 @@ kvp_status_t kvp_ucx_peer_lanes(kvp_xport_t *xp, kvp_xpeer_id_t peer, char *buf,
 
 kvp_data_path_t kvp_ucx_peer_inbound_path(kvp_xport_t *xp, kvp_xpeer_id_t peer)
 {
-    ucx_peer_t *p = kvp__ucx_peer_find(ucx_of(xp), peer);
+    ucx_xport_t *x = ucx_of(xp);
+    ucx_peer_t *p = kvp__ucx_peer_find(x, peer);
 
+    if (p && p->inbound != KVP_PATH_DIRECT_SHM && x->region_kind == REGION_UCX &&
+        kvp__ucx_peer_proven(x, p))
+        return KVP_PATH_DIRECT_SHM; /* it shares our memory, whatever its host id says */
     return p ? p->inbound : KVP_PATH_UNKNOWN;
 }
 
@@ -1180,6 +1275,7 @@ const kvp_xport_ops_t kvp_ucx_xport_ops = {
     .peer_status = ucx_peer_status,
     .peer_path = ucx_peer_path,
     .inbound_refusable = kvp__ucx_inbound_refusable,
+    .landing_required = kvp__ucx_landing_required,
     .expect = kvp__ucx_expect,
     .refuse = kvp__ucx_refuse,
     .is_landed = kvp__ucx_is_landed,

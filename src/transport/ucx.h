@@ -3,8 +3,10 @@
  * table of transport.h.
  *
  * What it does (UCX 1.13.1, see UCX-NOTES.md for the measurements):
- *   - one ucp context + worker (UCS_THREAD_MODE_SERIALIZED: created on one
- *     thread, progressed on another; features RMA+AM+WAKEUP); UCX settings
+ *   - two ucp contexts + workers (UCS_THREAD_MODE_SERIALIZED: created on one
+ *     thread, progressed on another): RMA+WAKEUP limited to shm/RDMA
+ *     transports (never tcp), holding the region; AM+WAKEUP without RMA for
+ *     kvpeer's AM path (issue 27: no software put/get reachable); UCX settings
  *     come from ucp_config_read (so UCX_* environment variables still apply,
  *     e.g. UCX_TLS=tcp) and ucp_config_modify for what kvpeer needs:
  *     MM_ERROR_HANDLING=y, KEEPALIVE_INTERVAL, ALLOC_PRIO (posix first),
@@ -76,6 +78,12 @@ typedef struct kvp_ucx_config {
      * the TARGET then aborts when its completion send fails because the
      * source died). Never set by the node. */
     bool legacy_put;
+    /* Issue 27: the control plane's listen address ("host:port"). UCX's tcp
+     * transport (AM context) is limited to the interface carrying that host
+     * (UCX_NET_DEVICES; 127.0.0.1 -> lo) unless UCX_NET_DEVICES is set in
+     * the environment; a wildcard keeps every interface (WARN). NULL: UCX's
+     * default (every interface). Borrowed during create only. */
+    const char *listen_addr;
 } kvp_ucx_config_t;
 
 /* Fill `cfg` with the defaults (all zero/NULL). */
@@ -95,6 +103,11 @@ extern const kvp_xport_ops_t kvp_ucx_xport_ops;
 /* True when the peer's blob carried the same host id as ours. False for an
  * unknown peer. */
 bool kvp_ucx_peer_same_host(kvp_xport_t *x, kvp_xpeer_id_t peer);
+
+/* True once the peer proved it shares our memory (it wrote its secret into
+ * our probe segment; ucx_probe.c). Only then is a FETCH_DONE from it
+ * trusted without AM landing (issue 27). */
+bool kvp_ucx_peer_proven(kvp_xport_t *x, kvp_xpeer_id_t peer);
 
 /* The facts the peer's data paths were decided from at add_peer (e.g.
  * "out=direct-shm in=direct-shm rkey_ptr=ok shm=on"), copied into buf
@@ -121,6 +134,10 @@ typedef struct kvp_ucx_blob_parts {
     uint32_t pid;       /* diagnostic only */
     const void *host_id, *worker_addr, *rkey;
     size_t host_id_len, worker_addr_len, rkey_len;
+    /* the RMA context's worker (shm/RDMA, never tcp): where puts go and
+     * rkey unpacks; worker_addr is the AM context's (no RMA) */
+    const void *rma_worker_addr;
+    size_t rma_worker_addr_len;
 } kvp_ucx_blob_parts_t;
 kvp_status_t kvp_ucx_blob_parse(const void *blob, size_t len, kvp_ucx_blob_parts_t *out);
 

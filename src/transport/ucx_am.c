@@ -12,7 +12,10 @@
  * Source side: each block is ucp_am_send_nbx(UCX_AM_ID_DATA, header, piece)
  * per piece of at most UCX_AM_PIECE_BYTES, in order, with
  * UCP_AM_SEND_FLAG_EAGER; the header names the destination slot, its
- * generation, the piece's offset and length and both transport tokens. The transfer is terminal when
+ * generation, the piece's offset and length and both transport secrets
+ * (random per node incarnation, learned only from the authenticated blob:
+ * a piece without the consumer's secret is dropped and counted,
+ * am_unauth_dropped). The transfer is terminal when
  * every send completed (the source pins may go: the data left our memory);
  * no endpoint flush follows (ucx_write: on tcp it waited for the consumer's
  * next progress and proved nothing more). That is only LOCAL completion:
@@ -39,12 +42,6 @@
 
 #include <string.h>
 
-uint64_t kvp__ucx_token(const void *worker_addr, size_t len)
-{
-    uint64_t t = kvp_hash64(worker_addr, len, UCX_AM_MAGIC);
-    return t ? t : 1; /* 0 means "any source" in the accept table */
-}
-
 /* ------------------------------------------------------------- consumer */
 
 static ucs_status_t ucx_am_data_cb(void *arg, const void *header, size_t header_length,
@@ -65,7 +62,13 @@ static ucs_status_t ucx_am_data_cb(void *arg, const void *header, size_t header_
     }
     memcpy(&h, header, sizeof(h));
     const size_t bs = x->layout.block_size;
-    if (h.magic != UCX_AM_MAGIC || h.dst_token != x->token || h.slot >= x->layout.num_blocks ||
+    if (h.dst_token != x->token) {
+        /* Not from a holder of our blob (issue 27): a foreign worker. */
+        x->st.am_unauth_dropped += length;
+        x->st.late_bytes_dropped += length;
+        return UCS_OK;
+    }
+    if (h.magic != UCX_AM_MAGIC || h.slot >= x->layout.num_blocks ||
         h.zero != 0 || h.len == 0 || h.len != length || h.off >= bs || h.len > bs - h.off) {
         x->st.late_bytes_dropped += length;
         return UCS_OK;
@@ -96,7 +99,7 @@ kvp_status_t kvp__ucx_am_init(ucx_xport_t *x)
         .cb = ucx_am_data_cb,
         .arg = x,
     };
-    ucs_status_t s = ucp_worker_set_am_recv_handler(x->worker, &hp);
+    ucs_status_t s = ucp_worker_set_am_recv_handler(x->worker_am, &hp);
     if (s != UCS_OK) {
         KVP_ERROR(PFX(x), "ucp_worker_set_am_recv_handler: %s", ucs_status_string(s));
         return KVP_ERR_TRANSPORT;
@@ -110,11 +113,31 @@ kvp_status_t kvp__ucx_acc_alloc(ucx_xport_t *x)
     return x->acc ? KVP_OK : KVP_ERR_NOMEM;
 }
 
+/* Release rule (conservative): a peer that COULD write our region directly
+ * -- it claims our host, or proved it shares our memory -- is not refusable
+ * (its loads are quarantined, not released, on an unknown outcome). */
 bool kvp__ucx_inbound_refusable(kvp_xport_t *xp, kvp_xpeer_id_t peer)
 {
-    ucx_peer_t *p = kvp__ucx_peer_find(ucx_of(xp), peer);
+    ucx_xport_t *x = ucx_of(xp);
+    ucx_peer_t *p = kvp__ucx_peer_find(x, peer);
 
-    return p && (p->inbound == KVP_PATH_AM_TCP || p->inbound == KVP_PATH_AM_SHM);
+    if (p == NULL || p->inbound == KVP_PATH_DIRECT_SHM)
+        return false;
+    return !(x->region_kind == REGION_UCX && kvp__ucx_peer_proven(x, p));
+}
+
+/* Commit rule (issue 27): a FETCH_DONE is trusted without our handler
+ * seeing the blocks land only from a peer PROVEN to share our memory
+ * (ucx_probe.c); a peer's claim of our host id is not enough. An honest
+ * same-host kvpeer wrote its proof in add_peer, before it could serve us. */
+bool kvp__ucx_landing_required(kvp_xport_t *xp, kvp_xpeer_id_t peer)
+{
+    ucx_xport_t *x = ucx_of(xp);
+    ucx_peer_t *p = kvp__ucx_peer_find(x, peer);
+
+    if (p == NULL)
+        return true;
+    return !(x->region_kind == REGION_UCX && kvp__ucx_peer_proven(x, p));
 }
 
 kvp_status_t kvp__ucx_expect(kvp_xport_t *xp, kvp_xpeer_id_t peer, const kvp_xslot_t *slots,

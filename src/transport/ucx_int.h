@@ -12,13 +12,18 @@
 #include <ucp/api/ucp.h>
 
 #define UCX_BLOB_MAGIC 0x5550564Bu /* "KVPU" little-endian */
-#define UCX_BLOB_VERSION 4u /* 2: digest trailer; 3: AM data path (older peers would put: refused);
-                            * 4: AM blocks in pieces (a v3 consumer drops them: refused) */
-#define UCX_BLOB_HDR 44u
+#define UCX_BLOB_VERSION 5u /* 2: digest trailer; 3: AM data path (older peers would put: refused);
+                            * 4: AM blocks in pieces (a v3 consumer drops them: refused);
+                            * 5: two workers (AM without RMA, RMA without tcp), secret, probe */
+#define UCX_BLOB_HDR 64u
 #define UCX_BLOB_DIGEST 8u /* trailer: xxh3-64 of every byte before it */
 #define UCX_HOST_MAX 256u
 #define UCX_ADDR_MAX 8192u
 #define UCX_RKEY_MAX 4096u
+/* Same-host proof (ucx_probe.c): a UCX-allocated shm segment of this many
+ * u64 cells in the RMA context; a peer that maps it writes its secret into a
+ * cell (CAS into an empty one from secret % cells, linear probing). */
+#define UCX_PROOF_CELLS 8192u
 #define UCX_IDX_BITS 24
 #define UCX_IDX_MASK ((1ull << UCX_IDX_BITS) - 1)
 #define UCX_PROGRESS_MAX 1024 /* bound of one progress() call */
@@ -56,8 +61,8 @@ typedef struct ucx_am_hdr {
     uint32_t slot, gen; /* destination slot in the consumer's region and its generation */
     uint32_t off, len;  /* this piece: bytes [off, off + len) of the block */
     uint32_t zero;      /* 0 */
-    uint64_t src_token; /* the source transport's token (hash of its worker address) */
-    uint64_t dst_token; /* the consumer transport's token: a mis-addressed block is dropped */
+    uint64_t src_token; /* the source transport's secret (random per incarnation, in its blob) */
+    uint64_t dst_token; /* the consumer transport's secret: without it the piece is dropped */
 } ucx_am_hdr_t;
 
 /* Consumer side: one entry per slot of our region. */
@@ -97,8 +102,10 @@ struct ucx_peer {
     kvp_list_t done;    /* LIVE records with pending == 0, not yet polled */
     struct ucx_xport *x;
     kvp_xpeer_id_t id;
-    ucp_ep_h ep;
-    ucp_rkey_h rkey;
+    ucp_ep_h ep;     /* AM context: kvpeer's AM data path (never RMA) */
+    ucp_ep_h ep_rma; /* RMA context (shm/RDMA, never tcp): direct puts; NULL when unreachable */
+    ucp_rkey_h rkey; /* the peer's region, unpacked on ep_rma; NULL without it */
+    void *close_req_rma; /* ucp_ep_close_nbx request of ep_rma, owned until complete */
     void *close_req; /* ucp_ep_close_nbx request, owned until complete */
     uint64_t rbase;
     uint8_t *rptr; /* direct shm: the peer's whole region, mapped here contiguously by
@@ -111,9 +118,10 @@ struct ucx_peer {
     kvp_data_path_t path;    /* how OUR puts reach the peer */
     kvp_data_path_t inbound; /* how the peer's puts reach US: decides fence proof */
     bool same_host, removed, rkey_ptr_ok;
+    bool proven;           /* it wrote its secret into our probe segment: shares our memory */
     bool use_am;           /* our writes to it go as AM (path != direct shm) */
-    uint64_t token;        /* its transport token (hash of its worker address) */
-    uint64_t dst_token;    /* = token: the consumer token we put in our headers */
+    uint64_t token;        /* its secret (from its blob): expected in its AM headers */
+    uint64_t dst_token;    /* = token: the consumer secret we put in our headers */
     char lanes[192];
     struct ucx_probe *probe;    /* data-path probe still owned by UCX, or NULL */
     uint64_t probe_deadline_ns; /* real clock */
@@ -136,9 +144,20 @@ typedef struct ucx_xport {
     char prefix[64];
     char host_id[UCX_HOST_MAX];
     const kvp_clock_t *clock;
+    /* Two contexts (issue 27): ctx/worker have UCP_FEATURE_RMA and only
+     * same-host (shm, cma, self) or RDMA transports, never tcp: the region
+     * and the probe segment are mapped here. ctx_am/worker_am have AM+WAKEUP
+     * and NO RMA (UCX installs no software put/get handlers there): kvpeer's
+     * AM data path, tcp and shm. Both efds sit in epfd (event_fd()). */
     ucp_context_h ctx;
     ucp_worker_h worker;
-    int efd;
+    ucp_context_h ctx_am;
+    ucp_worker_h worker_am;
+    int efd, efd_am, epfd;
+    char net_devices[128]; /* UCX_NET_DEVICES of the AM context ("" = UCX's default) */
+    /* same-host proof segment (ucx_probe.c) */
+    ucp_mem_h probe_memh;
+    uint64_t *probe_cells; /* UCX_PROOF_CELLS, in shm */
     /* region */
     int region_kind;
     void *region;
@@ -167,7 +186,7 @@ typedef struct ucx_xport {
     bool shm_enabled;  /* our config keeps UCX shm transports (with error handling) */
     char tls[64];      /* the effective UCX_TLS ("" = UCX's default), for logs */
     bool legacy_put;   /* bench only: ucp_put_nbx on every path (the old emulated put) */
-    uint64_t token;    /* ours: hash of our worker address */
+    uint64_t token;    /* ours: random per incarnation (libsodium), sent only in the blob */
     ucx_acc_t *acc;    /* consumer side: layout.num_blocks entries, from register_region */
 } ucx_xport_t;
 
@@ -183,8 +202,9 @@ typedef struct ucx_blob_view {
     uint32_t flags;
     kvp_layout_t layout;
     uint64_t base, len;
-    const uint8_t *host, *addr, *rkey;
-    size_t host_len, addr_len, rkey_len;
+    uint64_t secret, probe_base;
+    const uint8_t *host, *addr, *rkey, *rma_addr, *probe_rkey;
+    size_t host_len, addr_len, rkey_len, rma_addr_len, probe_rkey_len;
 } ucx_blob_view_t;
 
 /* ucx_setup.c */
@@ -196,10 +216,20 @@ kvp_status_t kvp__ucx_local_blob(kvp_xport_t *xp, const void **blob, size_t *len
 void kvp__ucx_region_release(ucx_xport_t *x);
 kvp_status_t kvp__ucx_ucp_open(ucx_xport_t *x, const kvp_ucx_config_t *cfg);
 
+/* ucx_probe.c: the same-host proof. */
+kvp_status_t kvp__ucx_probe_alloc(ucx_xport_t *x);
+void kvp__ucx_probe_release(ucx_xport_t *x);
+/* Map the peer's probe segment through p->ep_rma and write our secret into
+ * it (once, at add_peer); false when it cannot be mapped (not same host). */
+bool kvp__ucx_probe_mark(ucx_xport_t *x, ucx_peer_t *p, const ucx_blob_view_t *v);
+/* Whether the peer's secret is in our probe segment (cached once true). */
+bool kvp__ucx_peer_proven(ucx_xport_t *x, ucx_peer_t *p);
+/* ucx_netdev.c: UCX_NET_DEVICES for a control listen address. */
+kvp_status_t kvp__ucx_net_devices(const char *listen_host, char *buf, size_t cap, bool *all);
+
 /* ucx_path.c: which data path each direction of a peer takes; sets p->path,
  * p->inbound, p->use_am, p->lanes and logs once. */
 void kvp__ucx_peer_classify(ucx_xport_t *x, ucx_peer_t *p);
-uint64_t kvp__ucx_token(const void *worker_addr, size_t len);
 
 /* ucx_am.c */
 kvp_status_t kvp__ucx_am_init(ucx_xport_t *x);
@@ -211,6 +241,7 @@ size_t kvp__ucx_am_post(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r,
                         const kvp_xfer_block_t *blocks, size_t n, const ucp_request_param_t *prm);
 bool kvp__ucx_am_reserve_hdrs(ucx_xfer_t *r, size_t n, size_t block_size);
 bool kvp__ucx_inbound_refusable(kvp_xport_t *xp, kvp_xpeer_id_t peer);
+bool kvp__ucx_landing_required(kvp_xport_t *xp, kvp_xpeer_id_t peer);
 kvp_status_t kvp__ucx_expect(kvp_xport_t *xp, kvp_xpeer_id_t peer, const kvp_xslot_t *slots,
                              size_t n);
 void kvp__ucx_refuse(kvp_xport_t *xp, const kvp_xslot_t *slots, size_t n);

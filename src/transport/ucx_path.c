@@ -33,7 +33,9 @@ void kvp__ucx_peer_classify(ucx_xport_t *x, ucx_peer_t *p)
 {
     void *ptr = NULL;
 
-    p->rkey_ptr_ok = ucp_rkey_ptr(p->rkey, p->rbase, &ptr) == UCS_OK;
+    /* No RMA endpoint (the RMA context does not reach it: another host) ->
+     * no rkey, AM only. */
+    p->rkey_ptr_ok = p->rkey != NULL && ucp_rkey_ptr(p->rkey, p->rbase, &ptr) == UCS_OK;
     bool direct = p->rkey_ptr_ok && x->shm_enabled;
     kvp_data_path_t am = p->same_host && x->shm_enabled ? KVP_PATH_AM_SHM : KVP_PATH_AM_TCP;
     p->path = direct ? KVP_PATH_DIRECT_SHM : am;

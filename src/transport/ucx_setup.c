@@ -5,10 +5,17 @@
  *
  * Blob layout (little-endian; strict: every length checked, no trailing
  * bytes):
- *   0 magic u32 "KVPU" | 4 version u16 (3) | 6 flags u16 (bit0: UCX-allocated)
+ *   0 magic u32 "KVPU" | 4 version u16 (5) | 6 flags u16 (bit0: UCX-allocated)
  *   8 num_blocks u32 | 12 block_size u32 | 16 region base u64 | 24 region len u64
- *   32 pid u32 | 36 host_len u16 | 38 addr_len u16 | 40 rkey_len u16 | 42 zero u16
- *   44 host id | worker address | packed rkey | digest u64
+ *   32 pid u32 | 36 host_len u16 | 38 addr_len u16 | 40 rkey_len u16
+ *   42 rma_addr_len u16 | 44 secret u64 | 52 probe base u64 | 60 probe_rkey_len u16
+ *   62 zero u16
+ *   64 host id | AM worker address | packed rkey | RMA worker address |
+ *      packed probe rkey | digest u64
+ * The AM worker address is the AM context's (tcp, shm; no RMA); the RMA
+ * worker address and both rkeys belong to the RMA context (shm/RDMA only).
+ * secret: the node incarnation's random AM authenticator (issue 27); the
+ * blob travels only after authentication (SPEC §4), so nobody else has it.
  * digest = xxh3-64 (seed UCX_BLOB_MAGIC) of every byte before it.
  *
  * Why the digest: UCX parses a worker address and a packed rkey without a
@@ -24,6 +31,8 @@
 #include "transport/ucx_int.h"
 
 #include <errno.h>
+#include <sodium.h>
+#include <sys/epoll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,10 +90,18 @@ kvp_status_t kvp__ucx_blob_view(const uint8_t *b, size_t len, ucx_blob_view_t *v
     v->host_len = le_get(b + 36, 2);
     v->addr_len = le_get(b + 38, 2);
     v->rkey_len = le_get(b + 40, 2);
+    v->rma_addr_len = le_get(b + 42, 2);
+    v->secret = le_get(b + 44, 8);
+    v->probe_base = le_get(b + 52, 8);
+    v->probe_rkey_len = le_get(b + 60, 2);
     if (v->host_len > UCX_HOST_MAX || v->addr_len == 0 || v->addr_len > UCX_ADDR_MAX ||
-        v->rkey_len == 0 || v->rkey_len > UCX_RKEY_MAX || le_get(b + 42, 2) != 0)
+        v->rkey_len == 0 || v->rkey_len > UCX_RKEY_MAX || v->rma_addr_len == 0 ||
+        v->rma_addr_len > UCX_ADDR_MAX || v->probe_rkey_len > UCX_RKEY_MAX ||
+        (v->probe_rkey_len != 0) != (v->probe_base != 0) || v->secret == 0 ||
+        le_get(b + 62, 2) != 0)
         return KVP_ERR_PROTO;
-    size_t need = UCX_BLOB_HDR + v->host_len + v->addr_len + v->rkey_len + UCX_BLOB_DIGEST;
+    size_t need = UCX_BLOB_HDR + v->host_len + v->addr_len + v->rkey_len + v->rma_addr_len +
+                  v->probe_rkey_len + UCX_BLOB_DIGEST;
     if (len < need)
         return KVP_ERR_TRUNCATED;
     if (len != need)
@@ -99,17 +116,27 @@ kvp_status_t kvp__ucx_blob_view(const uint8_t *b, size_t len, ucx_blob_view_t *v
     v->host = b + UCX_BLOB_HDR;
     v->addr = v->host + v->host_len;
     v->rkey = v->addr + v->addr_len;
+    v->rma_addr = v->rkey + v->rkey_len;
+    v->probe_rkey = v->rma_addr + v->rma_addr_len;
     return KVP_OK;
 }
 
-static kvp_status_t ucx_blob_build(ucx_xport_t *x, const void *addr, size_t addr_len,
-                                   const void *rkey, size_t rkey_len)
+typedef struct ucx_blob_parts_in {
+    const void *addr, *rkey, *rma_addr, *probe_rkey;
+    size_t addr_len, rkey_len, rma_addr_len, probe_rkey_len;
+} ucx_blob_in_t;
+
+static kvp_status_t ucx_blob_build(ucx_xport_t *x, const ucx_blob_in_t *in)
 {
     size_t host_len = strlen(x->host_id);
-    size_t len = UCX_BLOB_HDR + host_len + addr_len + rkey_len + UCX_BLOB_DIGEST;
+    size_t len = UCX_BLOB_HDR + host_len + in->addr_len + in->rkey_len + in->rma_addr_len +
+                 in->probe_rkey_len + UCX_BLOB_DIGEST;
 
-    if (addr_len > UCX_ADDR_MAX || rkey_len > UCX_RKEY_MAX || len > KVP_UCX_BLOB_MAX) {
-        KVP_ERROR(PFX(x), "blob too large (address %zu B, rkey %zu B)", addr_len, rkey_len);
+    if (in->addr_len > UCX_ADDR_MAX || in->rkey_len > UCX_RKEY_MAX ||
+        in->rma_addr_len > UCX_ADDR_MAX || in->probe_rkey_len > UCX_RKEY_MAX ||
+        len > KVP_UCX_BLOB_MAX) {
+        KVP_ERROR(PFX(x), "blob too large (addresses %zu+%zu B, rkeys %zu+%zu B)", in->addr_len,
+                  in->rma_addr_len, in->rkey_len, in->probe_rkey_len);
         return KVP_ERR_LIMIT;
     }
     uint8_t *b = kvp__calloc(1, len);
@@ -124,11 +151,23 @@ static kvp_status_t ucx_blob_build(ucx_xport_t *x, const void *addr, size_t addr
     le_put(b + 24, x->region_len, 8);
     le_put(b + 32, (uint64_t)getpid(), 4);
     le_put(b + 36, host_len, 2);
-    le_put(b + 38, addr_len, 2);
-    le_put(b + 40, rkey_len, 2);
-    memcpy(b + UCX_BLOB_HDR, x->host_id, host_len);
-    memcpy(b + UCX_BLOB_HDR + host_len, addr, addr_len);
-    memcpy(b + UCX_BLOB_HDR + host_len + addr_len, rkey, rkey_len);
+    le_put(b + 38, in->addr_len, 2);
+    le_put(b + 40, in->rkey_len, 2);
+    le_put(b + 42, in->rma_addr_len, 2);
+    le_put(b + 44, x->token, 8);
+    le_put(b + 52, in->probe_rkey_len ? (uintptr_t)x->probe_cells : 0, 8);
+    le_put(b + 60, in->probe_rkey_len, 2);
+    uint8_t *q = b + UCX_BLOB_HDR;
+    memcpy(q, x->host_id, host_len);
+    q += host_len;
+    memcpy(q, in->addr, in->addr_len);
+    q += in->addr_len;
+    memcpy(q, in->rkey, in->rkey_len);
+    q += in->rkey_len;
+    memcpy(q, in->rma_addr, in->rma_addr_len);
+    q += in->rma_addr_len;
+    if (in->probe_rkey_len)
+        memcpy(q, in->probe_rkey, in->probe_rkey_len);
     le_put(b + len - UCX_BLOB_DIGEST, kvp_hash64(b, len - UCX_BLOB_DIGEST, UCX_BLOB_MAGIC), 8);
     x->blob = b;
     x->blob_len = len;
@@ -156,6 +195,8 @@ kvp_status_t kvp_ucx_blob_parse(const void *blob, size_t len, kvp_ucx_blob_parts
     out->worker_addr_len = v.addr_len;
     out->rkey = v.rkey;
     out->rkey_len = v.rkey_len;
+    out->rma_worker_addr = v.rma_addr;
+    out->rma_worker_addr_len = v.rma_addr_len;
     return KVP_OK;
 }
 
@@ -241,8 +282,9 @@ kvp_status_t kvp__ucx_register_region(kvp_xport_t *xp, void *base, size_t len,
     ucx_xport_t *x = ucx_of(xp);
     void *rkey = NULL;
     size_t rkey_len = 0;
-    ucp_address_t *addr = NULL;
-    size_t addr_len = 0;
+    ucp_address_t *addr = NULL, *rma_addr = NULL;
+    size_t addr_len = 0, rma_addr_len = 0, prkey_len = 0;
+    void *prkey = NULL;
     kvp_status_t st;
 
     if (!layout || !base_out || layout->num_blocks == 0 || layout->block_size == 0 ||
@@ -259,29 +301,42 @@ kvp_status_t kvp__ucx_register_region(kvp_xport_t *xp, void *base, size_t len,
     if (st != KVP_OK)
         goto err_release;
     if (ucp_rkey_pack(x->ctx, x->memh, &rkey, &rkey_len) != UCS_OK ||
-        ucp_worker_get_address(x->worker, &addr, &addr_len) != UCS_OK) {
+        ucp_worker_get_address(x->worker_am, &addr, &addr_len) != UCS_OK ||
+        ucp_worker_get_address(x->worker, &rma_addr, &rma_addr_len) != UCS_OK ||
+        (x->probe_memh && ucp_rkey_pack(x->ctx, x->probe_memh, &prkey, &prkey_len) != UCS_OK)) {
         KVP_ERROR(PFX(x), "ucp_rkey_pack/ucp_worker_get_address failed");
         st = KVP_ERR_TRANSPORT;
-        goto err_release;
+        goto err_release_addr;
     }
-    st = ucx_blob_build(x, addr, addr_len, rkey, rkey_len);
+    ucx_blob_in_t in = {addr, rkey, rma_addr, prkey, addr_len, rkey_len, rma_addr_len, prkey_len};
+    st = ucx_blob_build(x, &in);
     if (st != KVP_OK)
-        goto err_release;
-    ucp_worker_release_address(x->worker, addr);
+        goto err_release_addr;
+    ucp_worker_release_address(x->worker_am, addr);
+    ucp_worker_release_address(x->worker, rma_addr);
     ucp_rkey_buffer_release(rkey);
-    KVP_INFO(PFX(x), "region %zu B at %p (%s), blob %zu B", len, x->region,
+    if (prkey)
+        ucp_rkey_buffer_release(prkey);
+    /* The address only at DEBUG (issue 27: it helped aim a foreign put). */
+    KVP_INFO(PFX(x), "region %zu B (%s), blob %zu B", len,
              x->region_kind == REGION_UCX    ? "UCX-allocated"
              : x->region_kind == REGION_MMAP ? "anonymous mmap"
                                              : "caller memory",
              x->blob_len);
+    KVP_DEBUG(PFX(x), "region at %p", x->region);
     *base_out = x->region;
     return KVP_OK;
 
-err_release:
+err_release_addr:
     if (addr)
-        ucp_worker_release_address(x->worker, addr);
+        ucp_worker_release_address(x->worker_am, addr);
+    if (rma_addr)
+        ucp_worker_release_address(x->worker, rma_addr);
     if (rkey)
         ucp_rkey_buffer_release(rkey);
+    if (prkey)
+        ucp_rkey_buffer_release(prkey);
+err_release:
     kvp__free(x->acc);
     x->acc = NULL;
     kvp__ucx_region_release(x);
@@ -359,6 +414,8 @@ static const char *ucx_config_keys(const kvp_ucx_config_t *cfg, ucx_kv_t kv[UCX_
     return tls;
 }
 
+static void ucx_rma_tls(const char *tls, char *buf, size_t cap);
+
 void kvp_ucx_config_each(const kvp_ucx_config_t *cfg,
                          void (*set)(const char *key, const char *value, void *arg), void *arg)
 {
@@ -369,19 +426,65 @@ void kvp_ucx_config_each(const kvp_ucx_config_t *cfg,
         kvp_ucx_config_default(&def);
         cfg = &def;
     }
-    ucx_config_keys(cfg, kv);
+    char rtls[256];
+    ucx_rma_tls(ucx_config_keys(cfg, kv), rtls, sizeof(rtls));
+    kv[0].v = rtls; /* the RMA context's: never tcp (issue 27) */
     for (size_t i = 0; i < KVP_ARRAY_SIZE(kv); i++)
         if (kv[i].v)
             set(kv[i].k, kv[i].v, arg);
 }
 
-static kvp_status_t ucx_config_apply(ucx_xport_t *x, ucp_config_t *c, const kvp_ucx_config_t *cfg)
+/* The RMA context's transports: the configured list without tcp (issue 27:
+ * UCX serves emulated put/get over any AM lane of an RMA context; tcp would
+ * let any host reach them) and without sysv (UCX creates its sysv segments
+ * with mode 0660: any process of the node's GROUP could attach the RMA
+ * worker's FIFO and reach those handlers; posix segments are reached through
+ * /proc/<pid>/fd, i.e. only by processes allowed to ptrace the node; cma
+ * needs the same). NULL/"all" -> "^tcp,sysv"; "^x" -> "^x,tcp,sysv"; a list
+ * -> the list minus tcp and sysv, "sm"/"shm" -> "posix,cma" (nothing left:
+ * "self"). The AM context keeps sysv: it has no RMA handlers, and kvpeer's
+ * data AM needs the node's secret. */
+static void ucx_rma_tls(const char *tls, char *buf, size_t cap)
+{
+    if (tls == NULL || strcmp(tls, "all") == 0) {
+        snprintf(buf, cap, "^tcp,sysv");
+        return;
+    }
+    if (tls[0] == '^') {
+        snprintf(buf, cap, "%s,tcp,sysv", tls);
+        return;
+    }
+    char tmp[256];
+    size_t n = 0;
+    snprintf(tmp, sizeof(tmp), "%s", tls);
+    buf[0] = '\0';
+    for (char *save = NULL, *t = strtok_r(tmp, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (strcmp(t, "tcp") == 0 || strcmp(t, "all") == 0 || strcmp(t, "sysv") == 0)
+            continue;
+        const char *w_t = strcmp(t, "sm") == 0 || strcmp(t, "shm") == 0 ? "posix,cma" : t;
+        int w = snprintf(buf + n, cap - n, "%s%s", n ? "," : "", w_t);
+        if (w < 0 || (size_t)w >= cap - n)
+            break;
+        n += (size_t)w;
+    }
+    if (n == 0)
+        snprintf(buf, cap, "self");
+}
+
+static kvp_status_t ucx_config_apply(ucx_xport_t *x, ucp_config_t *c, const kvp_ucx_config_t *cfg,
+                                     bool rma)
 {
     ucx_kv_t kv[UCX_KV_N];
     const char *tls = ucx_config_keys(cfg, kv);
+    char rtls[256];
 
     x->shm_enabled = kv[1].v != NULL;
     snprintf(x->tls, sizeof(x->tls), "%s", tls ? tls : "");
+    if (rma) {
+        ucx_rma_tls(tls, rtls, sizeof(rtls));
+        kv[0].v = rtls;
+        kv[5].v = NULL; /* tcp's key: refused (WARN) by a context without tcp */
+    }
     for (size_t i = 0; i < KVP_ARRAY_SIZE(kv); i++) {
         if (!kv[i].v)
             continue;
@@ -392,16 +495,48 @@ static kvp_status_t ucx_config_apply(ucx_xport_t *x, ucp_config_t *c, const kvp_
             return KVP_ERR_INVALID;
         }
     }
+    if (!rma && x->net_devices[0] && ucp_config_modify(c, "NET_DEVICES", x->net_devices) != UCS_OK) {
+        KVP_ERROR(PFX(x), "ucp_config_modify(NET_DEVICES=%s) failed", x->net_devices);
+        return KVP_ERR_INVALID;
+    }
     KVP_INFO(PFX(x),
-             "UCX %s: TLS=%s MM_ERROR_HANDLING=%s KEEPALIVE_INTERVAL=%s ALLOC_PRIO=%s ZCOPY_THRESH=%s "
-             "TCP_TX_SEG_SIZE=%s",
-             ucp_get_version_string(), tls ? tls : "(default)", kv[1].v ? "y" : "(no shm)",
-             kv[2].v ? kv[2].v : "(env)", kv[3].v ? kv[3].v : "(env)", kv[4].v ? kv[4].v : "(env)",
+             "UCX %s %s context: TLS=%s NET_DEVICES=%s MM_ERROR_HANDLING=%s KEEPALIVE_INTERVAL=%s "
+             "ALLOC_PRIO=%s ZCOPY_THRESH=%s TCP_TX_SEG_SIZE=%s",
+             ucp_get_version_string(), rma ? "RMA (shm/RDMA, no tcp)" : "AM (no RMA)",
+             kv[0].v ? kv[0].v : "(default)",
+             rma ? "-" : x->net_devices[0] ? x->net_devices : "(default)",
+             kv[1].v ? "y" : "(no shm)", kv[2].v ? kv[2].v : "(env)",
+             kv[3].v ? kv[3].v : "(env)", kv[4].v ? kv[4].v : "(env)",
              kv[5].v ? kv[5].v : "(env)");
     return KVP_OK;
 }
 
-kvp_status_t kvp__ucx_ucp_open(ucx_xport_t *x, const kvp_ucx_config_t *cfg)
+/* UCX_NET_DEVICES of the AM context from the control listen address, unless
+ * the environment sets it. */
+static void ucx_pick_net_devices(ucx_xport_t *x, const kvp_ucx_config_t *cfg)
+{
+    bool all = false;
+
+    x->net_devices[0] = '\0';
+    if (cfg->listen_addr == NULL)
+        return;
+    if (getenv("UCX_NET_DEVICES")) {
+        KVP_INFO(PFX(x), "UCX_NET_DEVICES=%s from the environment (not derived from listen %s)",
+                 getenv("UCX_NET_DEVICES"), cfg->listen_addr);
+        return;
+    }
+    kvp_status_t st =
+        kvp__ucx_net_devices(cfg->listen_addr, x->net_devices, sizeof(x->net_devices), &all);
+    if (st == KVP_OK && all)
+        KVP_WARN(PFX(x), "listen %s is a wildcard: UCX's tcp data port listens on every "
+                         "interface too", cfg->listen_addr);
+    else if (st != KVP_OK)
+        KVP_WARN(PFX(x), "listen %s: no local interface carries it (%s): UCX's tcp data port "
+                         "listens on every interface", cfg->listen_addr, kvp_status_str(st));
+}
+
+static kvp_status_t ucx_open_one(ucx_xport_t *x, const kvp_ucx_config_t *cfg, bool rma,
+                                 ucp_context_h *ctx, ucp_worker_h *worker, int *efd)
 {
     ucp_config_t *c = NULL;
     ucs_status_t s = ucp_config_read(NULL, NULL, &c);
@@ -410,14 +545,16 @@ kvp_status_t kvp__ucx_ucp_open(ucx_xport_t *x, const kvp_ucx_config_t *cfg)
         KVP_ERROR(PFX(x), "ucp_config_read: %s", ucs_status_string(s));
         return KVP_ERR_TRANSPORT;
     }
-    kvp_status_t st = ucx_config_apply(x, c, cfg);
+    kvp_status_t st = ucx_config_apply(x, c, cfg, rma);
     if (st != KVP_OK)
         goto out_config;
+    /* The AM context never has UCP_FEATURE_RMA: UCX then installs no
+     * software put/get handlers (rma_sw.c) on the worker tcp reaches. */
     ucp_params_t prm = {.field_mask = UCP_PARAM_FIELD_FEATURES,
-                        .features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP};
-    s = ucp_init(&prm, c, &x->ctx);
+                        .features = (rma ? UCP_FEATURE_RMA : UCP_FEATURE_AM) | UCP_FEATURE_WAKEUP};
+    s = ucp_init(&prm, c, ctx);
     if (s != UCS_OK) {
-        KVP_ERROR(PFX(x), "ucp_init: %s", ucs_status_string(s));
+        KVP_ERROR(PFX(x), "ucp_init (%s): %s", rma ? "RMA" : "AM", ucs_status_string(s));
         st = KVP_ERR_TRANSPORT;
         goto out_config;
     }
@@ -427,27 +564,44 @@ kvp_status_t kvp__ucx_ucp_open(ucx_xport_t *x, const kvp_ucx_config_t *cfg)
      * Every call still comes from one thread at a time. */
     ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
                               .thread_mode = UCS_THREAD_MODE_SERIALIZED};
-    s = ucp_worker_create(x->ctx, &wp, &x->worker);
+    s = ucp_worker_create(*ctx, &wp, worker);
     if (s == UCS_OK)
-        s = ucp_worker_get_efd(x->worker, &x->efd);
+        s = ucp_worker_get_efd(*worker, efd);
     if (s != UCS_OK) {
-        KVP_ERROR(PFX(x), "ucp_worker_create/get_efd: %s", ucs_status_string(s));
+        KVP_ERROR(PFX(x), "ucp_worker_create/get_efd (%s): %s", rma ? "RMA" : "AM",
+                  ucs_status_string(s));
         st = KVP_ERR_TRANSPORT;
-        goto out_config;
     }
-    ucp_address_t *addr = NULL;
-    size_t addr_len = 0;
-    if (ucp_worker_get_address(x->worker, &addr, &addr_len) != UCS_OK) {
-        KVP_ERROR(PFX(x), "ucp_worker_get_address failed");
-        st = KVP_ERR_TRANSPORT;
-        goto out_config;
-    }
-    x->token = kvp__ucx_token(addr, addr_len);
-    ucp_worker_release_address(x->worker, addr);
-    st = kvp__ucx_am_init(x);
 out_config:
     ucp_config_release(c);
     return st;
+}
+
+kvp_status_t kvp__ucx_ucp_open(ucx_xport_t *x, const kvp_ucx_config_t *cfg)
+{
+    ucx_pick_net_devices(x, cfg);
+    kvp_status_t st = ucx_open_one(x, cfg, true, &x->ctx, &x->worker, &x->efd);
+    if (st == KVP_OK)
+        st = ucx_open_one(x, cfg, false, &x->ctx_am, &x->worker_am, &x->efd_am);
+    if (st != KVP_OK)
+        return st;
+    /* One fd for the node's loop: readable when either worker has work. */
+    x->epfd = epoll_create1(EPOLL_CLOEXEC);
+    struct epoll_event ev = {.events = EPOLLIN};
+    if (x->epfd < 0 || epoll_ctl(x->epfd, EPOLL_CTL_ADD, x->efd, &ev) != 0 ||
+        epoll_ctl(x->epfd, EPOLL_CTL_ADD, x->efd_am, &ev) != 0) {
+        KVP_ERROR(PFX(x), "epoll for the UCX workers: %s", strerror(errno));
+        return KVP_ERR_TRANSPORT;
+    }
+    /* The AM authenticator: random per incarnation, never derived from
+     * anything public (issue 27; it was a hash of the worker address). */
+    if (sodium_init() < 0)
+        return KVP_ERR_TRANSPORT;
+    do
+        randombytes_buf(&x->token, sizeof(x->token));
+    while (x->token == 0);
+    (void)kvp__ucx_probe_alloc(x); /* without it: no same-host proof (logged) */
+    return kvp__ucx_am_init(x);
 }
 
 void kvp_ucx_config_default(kvp_ucx_config_t *cfg)

@@ -16,13 +16,20 @@
  *                                       <pins> <retained> <force_releases> <mismatches>
  *                                       <am_refuse_releases> <late_bytes_dropped>"
  *   path PEER                        -> "path <data-path>"
+ *   blob                             -> "blob <hex>": this node's data-transport
+ *                                       address blob (issue 27: handed to the
+ *                                       foreign UCX attacker, stronger than a
+ *                                       real one, which never sees it)
  *   quit                             -> destroys the node (drain), exits 0
  *
  * Usage: e2e_node LISTEN_ADDR BLOCK_SIZE NUM_BLOCKS [HOLD_CAP_MS] [DEAD_AFTER_MS]
+ * Environment: KVPEER_E2E_PSK=<text>: that pre-shared key (issue 27 tests).
  * Blocks: key "blk-%08u", content from a seeded PRNG (as tests/node/world.h).
  */
 #include "kvpeer.h"
 #include "common/common.h"
+#include "node/node.h"
+#include "transport/transport.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -203,6 +210,21 @@ static void cmd_path(const char *peer)
     printf("path none\n");
 }
 
+static void cmd_blob(void)
+{
+    const void *b = NULL;
+    size_t len = 0;
+    kvp_xport_t *x = kvp__node_xport(node);
+    if (x == NULL || x->ops->local_blob(x, &b, &len) != KVP_OK) {
+        printf("err blob\n");
+        return;
+    }
+    printf("blob ");
+    for (size_t i = 0; i < len; i++)
+        printf("%02x", ((const uint8_t *)b)[i]);
+    printf("\n");
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 4) {
@@ -231,6 +253,11 @@ int main(int argc, char **argv)
         c.abort_resend_ms = c.dead_after_ms / 2;
     }
     c.shutdown_drain_ms = 1000;
+    const char *psk = getenv("KVPEER_E2E_PSK");
+    if (psk != NULL && psk[0]) {
+        c.psk = (const uint8_t *)psk;
+        c.psk_len = (uint32_t)strlen(psk);
+    }
     block_size = c.block_size;
     kvp_status_t st = kvp_node_create(&c, &node);
     if (st != KVP_OK) {
@@ -267,6 +294,8 @@ int main(int argc, char **argv)
             cmd_stats();
         else if (sscanf(line, "path %255s", a) == 1)
             cmd_path(a);
+        else if (strncmp(line, "blob", 4) == 0)
+            cmd_blob();
         else if (strncmp(line, "quit", 4) == 0)
             break;
         else

@@ -280,10 +280,10 @@ def capture_blob(addr, fp, num_blocks):
 
 def blob_parts(blob):
     """(worker address offset, length), (rkey offset, length) of a kvpeer
-    UCX blob (src/transport/ucx_setup.c: 44-byte header, host id, address,
-    rkey, digest)."""
+    UCX blob (src/transport/ucx_setup.c, version 5: 64-byte header, host id,
+    AM worker address, rkey, RMA worker address, probe rkey, digest)."""
     host_len, addr_len, rkey_len = struct.unpack("<HHH", blob[36:42])
-    a = 44 + host_len
+    a = 64 + host_len
     return (a, addr_len), (a + addr_len, rkey_len)
 
 

@@ -69,8 +69,13 @@ static void test_own_blob(void **state)
     assert_int_equal(p.layout.num_blocks, NB);
     assert_int_equal(p.layout.block_size, BS);
     assert_true(p.region_len >= (uint64_t)NB * BS);
-    assert_int_equal(
-        UCX_BLOB_HDR + p.host_id_len + p.worker_addr_len + p.rkey_len + UCX_BLOB_DIGEST, len);
+    /* v5: host | AM address | rkey | RMA address | probe rkey | digest */
+    assert_ptr_equal(p.rma_worker_addr, (const uint8_t *)p.rkey + p.rkey_len);
+    assert_true(p.rma_worker_addr_len > 0);
+    assert_true(UCX_BLOB_HDR + p.host_id_len + p.worker_addr_len + p.rkey_len +
+                    p.rma_worker_addr_len + le_get((const uint8_t *)b + 60, 2) + UCX_BLOB_DIGEST ==
+                len);
+    assert_true(le_get((const uint8_t *)b + 44, 8) != 0); /* the secret */
     assert_int_equal(le_get(b, 4), UCX_BLOB_MAGIC);
     assert_int_equal(le_get((const uint8_t *)b + 4, 2), UCX_BLOB_VERSION);
     assert_int_equal(x->ops->close(x, false), KVP_OK);
@@ -122,8 +127,9 @@ static void test_garbage_truncation_flips(void **state)
     KVP_TEST_ASSERT_NO_LEAKS();
 }
 
-/* A blob of the previous format (version 1, no digest) is a clear
- * incompatibility, not a protocol error. */
+/* A blob of a previous format (version 1, no digest; version 4, one worker
+ * with RMA reachable over tcp) is a clear incompatibility, not a protocol
+ * error. */
 static void test_old_version(void **state)
 {
     kvp_xport_t *x = solo();
@@ -134,6 +140,10 @@ static void test_old_version(void **state)
     memcpy(b, ob, len - UCX_BLOB_DIGEST);
     le_put(b + 4, 1, 2);
     assert_int_equal(parse(b, len - UCX_BLOB_DIGEST), KVP_ERR_INCOMPATIBLE);
+    memcpy(b, ob, len);
+    le_put(b + 4, 4, 2);
+    reseal(b, len);
+    assert_int_equal(parse(b, len), KVP_ERR_INCOMPATIBLE);
     assert_int_equal(x->ops->close(x, false), KVP_OK);
     KVP_TEST_ASSERT_NO_LEAKS();
 }
@@ -158,7 +168,10 @@ static void test_header_rules(void **state)
         {"region base 0", 16, 8, 0},
         {"region shorter than the layout", 24, 8, (uint64_t)NB * BS - 1},
         {"region end wraps around", 16, 8, UINT64_MAX - 4096},
-        {"reserved field not zero", 42, 2, 1},
+        {"reserved field not zero", 62, 2, 1},
+        {"empty RMA worker address", 42, 2, 0},
+        {"secret 0 (issue 27)", 44, 8, 0},
+        {"probe base without its rkey", 60, 2, 0},
         {"host id longer than the limit", 36, 2, UCX_HOST_MAX + 1},
         {"rkey longer than the limit", 40, 2, UCX_RKEY_MAX + 1},
         {"empty worker address", 38, 2, 0},

@@ -419,13 +419,12 @@ static void test_ucx_remove_defers_release(void **state)
     kvp_xfer_result_t res[8];
     size_t n;
     kvp_test_logcap_start(&cap);
-    ut_pair_open(&p, "tcp", KVP_PATH_AM_TCP);
-    assert_true(ut_send(&p.child, UT_PAUSE, SC_MS(700), 0, NULL, 0)); /* target stops progressing */
+    ut_pair_open_paused(&p, "tcp", KVP_PATH_AM_TCP, SC_MS(700)); /* target stops progressing */
     ut_progress_for(p.x, SC(50 * MSEC));
     kvp_xfer_id_t a = ut_post4(&p, 0), b = ut_post4(&p, 1), c = ut_post4(&p, 2);
     ut_progress_for(p.x, SC(50 * MSEC));
     assert_int_equal(p.x->ops->poll(p.x, p.peer, res, 8, &n), KVP_OK);
-    assert_int_equal(n, 0); /* emulated puts wait for the target */
+    assert_int_equal(n, 0); /* the sends wait for the target (its wire-up) */
     assert_int_equal(p.x->ops->remove_peer(p.x, p.peer), KVP_OK);
     p.x->ops->get_stats(p.x, &st);
     assert_int_equal(st.peers, 0);
@@ -473,8 +472,7 @@ static void test_ucx_cancel_modes(void **state)
     kvp_status_t st;
     kvp_xport_stats_t xs;
     kvp_test_logcap_start(&cap);
-    ut_pair_open(&p, "tcp", KVP_PATH_AM_TCP);
-    assert_true(ut_send(&p.child, UT_PAUSE, SC_MS(500), 0, NULL, 0));
+    ut_pair_open_paused(&p, "tcp", KVP_PATH_AM_TCP, SC_MS(500));
     ut_progress_for(p.x, SC(50 * MSEC));
     kvp_xfer_id_t ids[2] = {ut_post4(&p, 0), ut_post4(&p, 1)};
     kvp_xfer_id_t bogus = ids[1] + (1ull << 24);

@@ -457,8 +457,8 @@ void ut_pair_open(ut_pair_t *p, const char *tls, kvp_data_path_t want_path)
     ut_pair_open_ex(p, tls, want_path, false);
 }
 
-void ut_pair_open_ex(ut_pair_t *p, const char *tls, kvp_data_path_t want_path,
-                     bool target_caller_mem)
+static void ut_pair_open_impl(ut_pair_t *p, const char *tls, kvp_data_path_t want_path,
+                              bool target_caller_mem, uint32_t pause_ms)
 {
     ut_reply_t r;
     void *base = NULL;
@@ -468,6 +468,8 @@ void ut_pair_open_ex(ut_pair_t *p, const char *tls, kvp_data_path_t want_path,
     assert_true(ut_call(&p->child, UT_SETUP, UT_NB | (target_caller_mem ? UT_SETUP_CALLER_MEM : 0),
                         UT_BS, tls, (uint32_t)strlen(tls), &r, p->blob, sizeof(p->blob)));
     assert_int_equal(r.status, KVP_OK);
+    if (pause_ms) /* before our endpoint exists: its wire-up waits for the target */
+        assert_true(ut_send(&p->child, UT_PAUSE, pause_ms, 0, NULL, 0));
     p->blob_len = r.len;
     p->x = ut_xport_new(tls, "producer");
     assert_non_null(p->x);
@@ -486,6 +488,18 @@ void ut_pair_open_ex(ut_pair_t *p, const char *tls, kvp_data_path_t want_path,
         assert_true(kvp_ucx_region_ucx_allocated(p->x));
         assert_int_equal(r.v1, 1); /* target region UCX-allocated too */
     }
+}
+
+void ut_pair_open_ex(ut_pair_t *p, const char *tls, kvp_data_path_t want_path,
+                     bool target_caller_mem)
+{
+    ut_pair_open_impl(p, tls, want_path, target_caller_mem, 0);
+}
+
+void ut_pair_open_paused(ut_pair_t *p, const char *tls, kvp_data_path_t want_path,
+                         uint32_t pause_ms)
+{
+    ut_pair_open_impl(p, tls, want_path, false, pause_ms);
 }
 
 void ut_pair_close(ut_pair_t *p)

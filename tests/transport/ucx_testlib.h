@@ -104,5 +104,12 @@ void ut_pair_close(ut_pair_t *p);
 /* Post transfer number k to the pair's peer: 4 adjacent blocks (slots
  * 4k..4k+3, cycling over the UT_NB-slot region); asserts the post. */
 kvp_xfer_id_t ut_post4(ut_pair_t *p, uint32_t k);
+/* ut_pair_open with the target paused for pause_ms (UT_PAUSE, its reply
+ * left to the caller) before our endpoint is created: over tcp nothing we
+ * send can complete until it wakes (the wire-up waits for it). With the
+ * AM-only context (issue 27) a wired tcp endpoint completes small sends into
+ * the socket at once, so "the target stopped" must come before the wire-up. */
+void ut_pair_open_paused(ut_pair_t *p, const char *tls, kvp_data_path_t want_path,
+                         uint32_t pause_ms);
 
 #endif

@@ -1,0 +1,125 @@
+/*
+ * ucx_probe.c -- "same host" is proven, never taken from the peer's word
+ * (issue 27, SPEC §9).
+ *
+ * Why: a consumer commits a direct-shm load at FETCH_DONE without seeing
+ * the bytes land (the source wrote them straight into our region). If that
+ * verdict came from the host id in the peer's own blob, a remote peer
+ * claiming our host id could commit whatever the slots held (measured: a
+ * FETCH_DONE with no write committed zero blocks).
+ *
+ * How: every node maps a small segment in its RMA context (UCX-allocated
+ * shared memory, like the region; its rkey and address are in the blob).
+ * A peer that can map it (ucp_rkey_ptr through its RMA endpoint: only on
+ * this host, through shared memory) writes its own secret into it -- a
+ * cell claimed with a compare-and-swap from secret % cells, linear probing.
+ * It does so in add_peer, i.e. before it can serve any fetch of ours. We
+ * learned its secret from its blob over the authenticated control channel;
+ * finding it in our segment proves the peer shares our memory, so it can
+ * indeed write our region directly. No control message is needed: the
+ * "echo" travels through the very memory whose sharing it proves.
+ *
+ * Cells are never cleared: UCX_PROOF_CELLS peer incarnations per node
+ * incarnation; past that a peer stays unproven (its loads then need AM
+ * landing and fail on a direct path -- logged). A same-host process of
+ * the same user can write any cell (it can map the segment like a peer);
+ * DESIGN.md "Threat model: data plane" says what that process can do anyway.
+ */
+#include "transport/ucx_int.h"
+
+#include <string.h>
+
+kvp_status_t kvp__ucx_probe_alloc(ucx_xport_t *x)
+{
+    size_t len = UCX_PROOF_CELLS * sizeof(uint64_t);
+    ucp_mem_map_params_t mp = {
+        .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                      UCP_MEM_MAP_PARAM_FIELD_FLAGS,
+        .address = NULL,
+        .length = len,
+        .flags = UCP_MEM_MAP_ALLOCATE,
+    };
+    ucp_mem_attr_t ma = {.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH};
+
+    if (ucp_mem_map(x->ctx, &mp, &x->probe_memh) != UCS_OK) {
+        x->probe_memh = NULL;
+        KVP_WARN(PFX(x), "same-host proof segment not allocated: same-host peers cannot "
+                         "prove it (their direct writes are not trusted)");
+        return KVP_ERR_TRANSPORT;
+    }
+    if (ucp_mem_query(x->probe_memh, &ma) != UCS_OK || ma.address == NULL || ma.length < len) {
+        ucp_mem_unmap(x->ctx, x->probe_memh);
+        x->probe_memh = NULL;
+        return KVP_ERR_TRANSPORT;
+    }
+    x->probe_cells = ma.address;
+    memset(x->probe_cells, 0, len);
+    return KVP_OK;
+}
+
+void kvp__ucx_probe_release(ucx_xport_t *x)
+{
+    if (x->probe_memh)
+        ucp_mem_unmap(x->ctx, x->probe_memh);
+    x->probe_memh = NULL;
+    x->probe_cells = NULL;
+}
+
+bool kvp__ucx_probe_mark(ucx_xport_t *x, ucx_peer_t *p, const ucx_blob_view_t *v)
+{
+    ucp_rkey_h rk = NULL;
+    void *ptr = NULL;
+    bool ok = false;
+
+    if (p->ep_rma == NULL || v->probe_rkey_len == 0)
+        return false;
+    uint8_t *tmp = kvp__malloc(v->probe_rkey_len); /* aligned copy for UCX */
+    if (tmp == NULL)
+        return false;
+    memcpy(tmp, v->probe_rkey, v->probe_rkey_len);
+    ucs_status_t s = ucp_ep_rkey_unpack(p->ep_rma, tmp, &rk);
+    kvp__free(tmp);
+    if (s != UCS_OK)
+        return false;
+    void *last = NULL;
+    size_t len = UCX_PROOF_CELLS * sizeof(uint64_t);
+    if (ucp_rkey_ptr(rk, v->probe_base, &ptr) == UCS_OK &&
+        ucp_rkey_ptr(rk, v->probe_base + len - 1, &last) == UCS_OK &&
+        (uint8_t *)last == (uint8_t *)ptr + len - 1 && ((uintptr_t)ptr & 7) == 0) {
+        uint64_t *cells = ptr;
+        for (uint32_t i = 0, c = (uint32_t)(x->token % UCX_PROOF_CELLS); i < UCX_PROOF_CELLS;
+             i++, c = (c + 1) % UCX_PROOF_CELLS) {
+            uint64_t want = 0;
+            if (__atomic_compare_exchange_n(&cells[c], &want, x->token, false, __ATOMIC_SEQ_CST,
+                                            __ATOMIC_SEQ_CST) ||
+                want == x->token) {
+                ok = true;
+                break;
+            }
+        }
+        if (!ok)
+            KVP_WARN(PFX(x), "peer %llu: its same-host proof segment is full",
+                     (unsigned long long)p->id);
+    }
+    ucp_rkey_destroy(rk); /* the mapping goes with it; the mark stays in its memory */
+    return ok;
+}
+
+bool kvp__ucx_peer_proven(ucx_xport_t *x, ucx_peer_t *p)
+{
+    if (p->proven || x->probe_cells == NULL || p->token == 0)
+        return p->proven;
+    for (uint32_t i = 0, c = (uint32_t)(p->token % UCX_PROOF_CELLS); i < UCX_PROOF_CELLS;
+         i++, c = (c + 1) % UCX_PROOF_CELLS) {
+        uint64_t v = __atomic_load_n(&x->probe_cells[c], __ATOMIC_ACQUIRE);
+        if (v == p->token) {
+            p->proven = true;
+            KVP_INFO(PFX(x), "peer %llu: same host proven (it wrote our shared segment)",
+                     (unsigned long long)p->id);
+            break;
+        }
+        if (v == 0)
+            break;
+    }
+    return p->proven;
+}
