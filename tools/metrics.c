@@ -179,6 +179,7 @@ static const char *const fetch_results[] = {"ok", "failed", "aborted"};
 static const char *const session_states[] = {"ready", "handshaking"};
 static const char *const proofs[] = {"terminal",  "fetch-done", "abort-ack", "fence",
                                      "am-refuse", "hold-cap",   "not-sent"};
+static const char *const budgets[] = {"supply_pins", "rounds", "peers_add"};
 static const char *const limits[] = {"sessions", "pins", "inflight_bytes", "quarantine",
                                      "retained"};
 
@@ -220,6 +221,17 @@ static const stat_family_t safety_families[] = {
     {"limit_refusals_total", "counter", "Work refused at a resource limit (SPEC 8).", "limit",
      limits, {F(sessions_refused), F(pins_refused), F(fetches_refused_inflight),
               F(fetches_refused_quarantine), F(fetches_refused_retained)}, 5},
+    /* issue 27: per-peer budgets (source side unless said) */
+    ONE("supply_pins", "gauge", supply_pins, "Slots pinned by lookups not fetched yet."),
+    ONE("lookup_round_bytes", "gauge", lookup_bytes, "Memory of peers' live lookup rounds."),
+    {"budget_refusals_total", "counter", "Work refused at a per-peer budget (issue 27).", "budget",
+     budgets, {F(supply_pins_refused), F(rounds_refused), F(peers_add_refused)}, 3},
+    ONE("lookups_refused_limit_total", "counter", lookups_refused_limit,
+        "LOOKUP answers sent with the limit flag."),
+    ONE("leases_capped_total", "counter", leases_capped,
+        "Lookup rounds whose lease reached max_lease_ms."),
+    ONE("lookups_limited_total", "counter", lookups_limited,
+        "Our lookups a source answered with the limit flag."),
     ONE("fetches_queued_total", "counter", fetches_queued,
         "Fetches that waited for the bytes-in-flight budget."),
     ONE("pin_leases_renewed_total", "counter", leases_renewed,

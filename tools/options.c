@@ -110,6 +110,21 @@ static const opt_t opts[] = {
      "HTTP connections at once from one client address"},
     {"http_idle_ms", OPT_U32, 0, S(http_idle_ms), 1000, 3600000, "5000",
      "an HTTP connection silent this long is closed (whole seconds, rounded up)"},
+    /* issue 27: per-peer budgets (0 = the library's default, kvpeer.h) */
+    {"max_supply_pins_per_peer", OPT_U32, F_RUNTIME, C(max_supply_pins_per_peer), 0, UINT32_MAX,
+     NULL, "slots one peer's lookups may hold pinned (0 = num_blocks/4, at least min(64, num_blocks/2))"},
+    {"max_supply_pins", OPT_U32, F_RUNTIME, C(max_supply_pins), 0, UINT32_MAX, NULL,
+     "slots all peers' lookups may hold pinned (0 = num_blocks/2)"},
+    {"max_lookup_rounds_per_peer", OPT_U32, F_RUNTIME, C(max_lookup_rounds_per_peer), 0, UINT32_MAX,
+     NULL, "live lookup/fetch rounds of one peer (0 = 1024)"},
+    {"max_lookup_bytes_per_peer", OPT_U64, F_SIZE | F_RUNTIME, C(max_lookup_bytes_per_peer), 0,
+     UINT64_MAX, NULL, "memory of one peer's live rounds (0 = 16M; K/M/G suffixes)"},
+    MS(max_lease_ms, 0, "total lifetime of a lookup's pin lease, renewals included (0 = 4 x the lease)"),
+    {"max_quarantined_per_peer", OPT_U32, F_RUNTIME, C(max_quarantined_per_peer), 0, UINT32_MAX, NULL,
+     "quarantined slots of one faulty peer past which it is served from FREE slots only "
+     "(0 = num_blocks/8)"},
+    {"max_wanted_peers", OPT_U32, F_RUNTIME, C(max_wanted_peers), 0, UINT32_MAX, NULL,
+     "peers added by config or /admin/peer (0 = max_sessions)"},
     /* issue 27: the control plane's gate */
     {"insecure", OPT_BOOL8, 0, C(insecure), 0, 1, NULL,
      "allow a listen address beyond loopback without a psk (anyone reaching the port can "

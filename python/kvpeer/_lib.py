@@ -38,6 +38,7 @@ from typing import Iterator, List, Optional
 
 # ------------------------------------------------------------------ statuses
 KVP_OK = 0
+KVP_ERR_LIMIT = -9
 STATUS_NAMES = {
     0: "KVP_OK",
     -1: "KVP_ERR_INVALID",

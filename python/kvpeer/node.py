@@ -711,7 +711,11 @@ class Node:
                 if not ev.peer:
                     ev.peer = op.peer
                 if op.results is not None:
-                    ev.results = [bool(r) for r in op.results] if ev.ok else \
+                    # A LOOKUP refused at a source's budget (KVP_ERR_LIMIT,
+                    # issue 27) still holds the hits it was granted (pinned
+                    # for this request): keep them, or they wait for the lease.
+                    granted = ev.ok or (et == EventType.LOOKUP and ev.status == L.KVP_ERR_LIMIT)
+                    ev.results = [bool(r) for r in op.results] if granted else \
                         [False] * len(op.keys)
                 if op.block_status is not None:
                     ev.block_status = list(op.block_status)

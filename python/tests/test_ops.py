@@ -142,3 +142,26 @@ def test_wait_peer_timeout_says_why():
             n.wait_peer("127.0.0.1:1", timeout=1.0)
         assert ei.value.status == L.KVP_ERR_TIMEOUT
         assert "refused" in str(ei.value), str(ei.value)
+
+
+def test_lookup_at_a_budget_keeps_its_granted_hits():
+    """Issue 27: a source answers a LOOKUP past one peer's supply-pin share
+    with the limit flag (KVP_ERR_LIMIT) and the hits it did grant, pinned for
+    the request. The event keeps them (they are fetchable), instead of
+    reading as all-miss and leaving the pins to the lease.
+    Mutation: results all False whenever the event is not ok."""
+    cfg = dict(num_blocks=16, block_size=65536)
+    with kvpeer.Node(max_supply_pins_per_peer=2, **cfg) as src, kvpeer.Node(**cfg) as dst:
+        keys = [b"budget-%d" % i for i in range(4)]
+        for k in keys:
+            src.put(k, k * 8)
+        dst.wait_peer(src.peer_id)
+        ev = dst.wait(dst.lookup(src.peer_id, keys, request_id=7))
+        assert ev.status == L.KVP_ERR_LIMIT, L.STATUS_NAMES.get(ev.status)
+        assert sum(ev.results) == 2, ev.results
+        granted = [k for k, hit in zip(keys, ev.results) if hit]
+        load = dst.wait(dst.fetch(src.peer_id, granted, request_id=7))
+        assert load.ok, L.STATUS_NAMES.get(load.status)
+        with dst.get(granted[0]) as b:
+            assert bytes(b.view[:len(granted[0]) * 8]) == granted[0] * 8
+        dst.finish_request(7)
