@@ -113,10 +113,8 @@ static bool link_claim(kvp_link_t *l, kvp_link_t *o)
         return true;
     }
     if (o->rx_frames > l->claim_rx_mark) {
-        char id[KVP_WIRE_STR_MAX + 1];
-        ctl_gate_esc(l->peer_id, id, sizeof(id));
         CTL_LOG_REFUSED(l, KVP_LOG_WARN, "peer %s (%s): new connection claims the id of a live "
-                        "session: refused", id, l->conn ? l->conn->remote : "?");
+                        "session: refused", l->peer_id, l->conn ? l->conn->remote : "?");
         ctl->st.refused_duplicate++;
         ctl_link_refuse(l, KVP_DOWN_DUPLICATE, KVP_BYE_DUPLICATE, &ctl->st.refused_identity);
         return true;

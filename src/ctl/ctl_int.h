@@ -182,7 +182,6 @@ bool ctl_gate_blob_ok(kvp_link_t *l, const void *blob, size_t len);
 /* A peer id or instance id only of printable ASCII (it reaches logs). */
 bool ctl_gate_id_ok(const char *s);
 /* Copy for a log line: non-printable bytes as '?'. */
-void ctl_gate_esc(const char *in, char *out, size_t cap);
 
 /* resolve.c: host names resolved off the loop thread */
 kvp_status_t ctl_resolve_start(kvp_ctl_t *ctl, ctl_want_t *w);

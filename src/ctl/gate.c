@@ -72,16 +72,14 @@ bool ctl_gate_admit(kvp_ctl_t *ctl, kvp_conn_t *c)
 {
     uint64_t h = ctl_gate_src_hash(c->remote), now = kvp_loop_now(ctl->loop);
     uint32_t total = 0, mine = gate_count_src(ctl, h);
-    char who[KVP_WIRE_STR_MAX + 1];
     kvp_list_t *pos;
     for (pos = ctl->links.next; pos != &ctl->links; pos = pos->next)
         total += ctl_link_preauth(KVP_CONTAINER_OF(pos, kvp_link_t, node));
-    ctl_gate_esc(c->remote, who, sizeof(who));
     if (mine >= ctl->cfg.max_preauth_per_addr) {
         ctl->st.refused_preauth++;
         KVP_LOG_RL(&ctl->rl_gate, now, KVP_LOG_WARN, ctl->prefix,
                    "%s: %u connections from this address not yet authenticated "
-                   "(max_preauth_per_addr): closed", who, mine);
+                   "(max_preauth_per_addr): closed", c->remote, mine);
         return false;
     }
     if (total < ctl->cfg.max_preauth)
@@ -91,14 +89,13 @@ bool ctl_gate_admit(kvp_ctl_t *ctl, kvp_conn_t *c)
     if (v == NULL || heaviest <= mine + 1) { /* the newcomer's source is (about) the heaviest */
         ctl->st.refused_preauth++;
         KVP_LOG_RL(&ctl->rl_gate, now, KVP_LOG_WARN, ctl->prefix,
-                   "%s: %u connections not yet authenticated (max_preauth): closed", who, total);
+                   "%s: %u connections not yet authenticated (max_preauth): closed", c->remote, total);
         return false;
     }
     ctl->st.refused_preauth++;
-    ctl_gate_esc(v->conn ? v->conn->remote : "?", who, sizeof(who));
     KVP_LOG_RL(&ctl->rl_gate, now, KVP_LOG_WARN, ctl->prefix,
                "%s: oldest of %u unauthenticated connections from this address closed "
-               "(max_preauth %u reached)", who, heaviest, ctl->cfg.max_preauth);
+               "(max_preauth %u reached)", v->conn ? v->conn->remote : "?", heaviest, ctl->cfg.max_preauth);
     ctl_link_down(v, KVP_DOWN_LIMIT, -1, true);
     return true;
 }
@@ -120,7 +117,6 @@ bool ctl_gate_blob_ok(kvp_link_t *l, const void *blob, size_t len)
     kvp_ctl_t *ctl = l->ctl;
     uint8_t h[32];
     const char *whose = NULL;
-    char id[KVP_WIRE_STR_MAX + 1];
     crypto_generichash(h, sizeof(h), blob, len, NULL, 0);
     if (len == ctl->cfg.blob_len && len > 0 && !memcmp(blob, ctl->cfg.blob, len))
         whose = "our own";
@@ -137,9 +133,8 @@ bool ctl_gate_blob_ok(kvp_link_t *l, const void *blob, size_t len)
         memcpy(l->blob_hash, h, sizeof(h));
         return true;
     }
-    ctl_gate_esc(l->peer_id, id, sizeof(id));
     CTL_LOG_REFUSED(l, KVP_LOG_ERROR, "peer %s (%s): its data-transport address is %s: refused",
-                    id, l->conn ? l->conn->remote : "?", whose);
+                    l->peer_id, l->conn ? l->conn->remote : "?", whose);
     ctl_link_refuse(l, KVP_DOWN_DUPLICATE, KVP_BYE_DUPLICATE, &ctl->st.refused_identity);
     return false;
 }
@@ -150,14 +145,4 @@ bool ctl_gate_id_ok(const char *s)
         if ((unsigned char)*s < 0x20 || (unsigned char)*s > 0x7e)
             return false;
     return true;
-}
-
-void ctl_gate_esc(const char *in, char *out, size_t cap)
-{
-    size_t i = 0;
-    for (; in[i] && i + 1 < cap; i++) {
-        unsigned char ch = (unsigned char)in[i];
-        out[i] = ch >= 0x20 && ch <= 0x7e ? (char)ch : '?';
-    }
-    out[i] = '\0';
 }

@@ -143,10 +143,8 @@ static void hs_authenticated(kvp_link_t *l)
 {
     kvp_ctl_t *ctl = l->ctl;
     if (ctl_gate_sessions(ctl, l) >= ctl->cfg.max_sessions) {
-        char id[KVP_WIRE_STR_MAX + 1];
-        ctl_gate_esc(l->peer_id, id, sizeof(id));
         KVP_LOG_RL(&ctl->rl_limit, ctl_link_now(l), KVP_LOG_WARN, ctl->prefix,
-                   "peer %s: session refused: max_sessions (%u) reached", id,
+                   "peer %s: session refused: max_sessions (%u) reached", l->peer_id,
                    ctl->cfg.max_sessions);
         ctl_link_refuse(l, KVP_DOWN_LIMIT, KVP_BYE_LIMIT, &ctl->st.refused_limit);
         return;
@@ -170,11 +168,9 @@ void ctl_hs_on_hello(kvp_link_t *l, const kvp_msg_hello_t *h)
     snprintf(l->peer_id, sizeof(l->peer_id), "%s", h->peer_id);
     l->wctx.peer_num_blocks = h->num_blocks;
     if (!ctl_gate_id_ok(h->peer_id) || !ctl_gate_id_ok(h->instance_id)) {
-        char id[KVP_WIRE_STR_MAX + 1];
-        ctl_gate_esc(h->peer_id, id, sizeof(id));
-        memcpy(l->peer_id, id, sizeof(id)); /* what later lines name */
+        /* Logged as sent: every library log line is escaped (kvp_escape). */
         CTL_LOG_REFUSED(l, KVP_LOG_ERROR, "peer %s (%s): peer or instance id not printable ASCII: "
-                        "refused", id, l->conn ? l->conn->remote : "?");
+                        "refused", h->peer_id, l->conn ? l->conn->remote : "?");
         ctl_link_refuse(l, KVP_DOWN_PROTOCOL, KVP_BYE_PROTOCOL, &ctl->st.refused_identity);
         return;
     }
@@ -279,10 +275,8 @@ bool ctl_hs_refuse_version(kvp_link_t *l, const uint8_t *f, size_t len)
     l->remote_epoch = id.epoch;
     snprintf(l->peer_id, sizeof(l->peer_id), "%s", id.peer_id);
     l->have_peer = !kvp_epoch_is_zero(&l->remote_epoch); /* lets the BYE carry epochs */
-    char esc[KVP_WIRE_STR_MAX + 1];
-    ctl_gate_esc(id.peer_id, esc, sizeof(esc));
     CTL_LOG_REFUSED(l, KVP_LOG_ERROR, "peer %s: incompatible wire major version (ours %u, theirs %u): refused",
-              esc, KVP_WIRE_MAJOR, id.major);
+              id.peer_id, KVP_WIRE_MAJOR, id.major);
     ctl_link_refuse(l, KVP_DOWN_INCOMPATIBLE, KVP_BYE_INCOMPATIBLE, &ctl->st.refused_incompatible);
     return true;
 }

@@ -22,10 +22,17 @@ static kvp_status_t check_key(const void *key, uint32_t len)
     return key != NULL && len >= 1 && len <= KVP_KEY_MAX ? KVP_OK : KVP_ERR_INVALID;
 }
 
+/* A peer address or id: 1..KVP_WIRE_STR_MAX printable ASCII characters (a
+ * HELLO with anything else is refused, issue 27, so no session has such an
+ * id; a name with a newline or ESC must not reach the dialler or a page). */
 static kvp_status_t check_peer(const char *peer)
 {
-    return peer != NULL && peer[0] != '\0' && strlen(peer) <= KVP_WIRE_STR_MAX ? KVP_OK
-                                                                               : KVP_ERR_INVALID;
+    if (peer == NULL || peer[0] == '\0' || strlen(peer) > KVP_WIRE_STR_MAX)
+        return KVP_ERR_INVALID;
+    for (const char *c = peer; *c; c++)
+        if ((unsigned char)*c < 0x20 || (unsigned char)*c > 0x7e)
+            return KVP_ERR_INVALID;
+    return KVP_OK;
 }
 
 KVP_EXPORT void kvp_set_log_level(int32_t level)

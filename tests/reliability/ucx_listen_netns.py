@@ -96,6 +96,9 @@ def main():
     env = dict(os.environ)
     env["UCX_TLS"] = "tcp"
     env.pop("UCX_NET_DEVICES", None)
+    # A namespace address is not loopback: the node refuses to listen there
+    # without a pre-shared key (issue 27), so both nodes share one.
+    env["KVPEER_E2E_PSK"] = "netns-listen-test-key-" + os.urandom(8).hex()
     try:
         na = NsNode(e2e, a, "10.199.%d.1:0" % r, env)
         nb = NsNode(e2e, b, "10.199.%d.2:0" % r, env)
