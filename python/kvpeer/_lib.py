@@ -365,6 +365,14 @@ def _declare(lib: ctypes.CDLL) -> None:
         fn = getattr(lib, name)
         fn.restype = res
         fn.argtypes = args
+    # Optional: libraries built before it have no kvp_psk_load (kvpeer.psk).
+    for name, (res, args) in {
+        "kvp_psk_load": (st, [c_char_p, u8p, c_uint32, u32p]),
+    }.items():
+        fn = getattr(lib, name, None)
+        if fn is not None:
+            fn.restype = res
+            fn.argtypes = args
 
 
 _LIB: Optional[ctypes.CDLL] = None

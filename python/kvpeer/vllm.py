@@ -69,7 +69,11 @@ from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, Tra
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from . import _lib as L
-from .node import config_defaults
+from . import psk
+from . import vllm_setup as setup
+from .dialer import DEFAULT_MAX_HINTED
+from .node import CONFIG_FIELDS, Node, config_defaults
+from .node import Error as L_Error
 from .tier import HIT, HIT_PENDING, MISS, RETRY, KVPeerTier, LoadJob, Request, StoreJob
 
 log = logging.getLogger("kvpeer.vllm")
@@ -128,11 +132,13 @@ class KVPeerSecondaryTier(SecondaryTierManager):
 
     def __init__(self, offloading_spec: Any, primary_kv_view: memoryview, tier_type: str,
                  backpressure_detector: Any = None, *, peers: Sequence[str] = (),
-                 listen: str = "127.0.0.1:0", psk_file: Optional[str] = None,
+                 listen: Optional[str] = None, host: Optional[str] = None,
+                 port: Optional[int] = None, psk_file: Optional[str] = None,
+                 insecure: bool = False,
                  block_size: Optional[int] = None, num_blocks: int = DEFAULT_NUM_BLOCKS,
                  compat: Optional[str] = None, dead_after_ms: Optional[int] = None,
                  hold_cap_ms: Optional[int] = None, batch_lookups: bool = True,
-                 copy_thread: bool = True,
+                 copy_thread: bool = True, max_hinted_peers: int = DEFAULT_MAX_HINTED,
                  locality: Any = None,
                  node_options: Optional[Dict[str, Any]] = None) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
@@ -154,25 +160,62 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         if isinstance(peers, str) or not all(isinstance(p, str) and p for p in peers):
             raise ValueError(f"kvpeer: peers must be a list of 'host:port' strings, got {peers!r}")
         opts: Dict[str, Any] = dict(node_options or {})
-        for k in ("listen_addr", "block_size", "num_blocks", "psk", "compat"):
+        for k in ("listen_addr", "peer_id", "block_size", "num_blocks", "psk", "compat",
+                  "insecure"):
             if k in opts:
                 raise ValueError(f"kvpeer: give {k} as the tier key, not in node_options")
-        opts.update(listen_addr=listen, block_size=block_size, num_blocks=num_blocks,
-                    compat=compat if compat is not None else f"vllm-kv/{block_size}")
+        if not isinstance(insecure, bool):
+            raise ValueError(f"kvpeer: insecure must be true or false, got {insecure!r}")
+        parallel = offloading_spec.config.parallel
+        bind, advertised = setup.addresses(listen, host, port, parallel.data_parallel_index)
+        # The default compat: the fingerprint vLLM's own p2p tier uses (model,
+        # dtype, parallel layout, tokens per hash, KV groups, layout) and the
+        # hash seed, so engines of different models never share a block.
+        self._hash_seed = setup.hash_seed()
+        self._seed_checked = self._seed_mismatch = False
+        if compat is not None and not (isinstance(compat, str) and compat):
+            raise ValueError(f"kvpeer: compat must be a non-empty string, got {compat!r}")
+        self.compat = compat if compat is not None else setup.fingerprint(offloading_spec,
+                                                                          self._hash_seed)
+        opts.update(listen_addr=bind, peer_id=advertised, block_size=block_size,
+                    num_blocks=num_blocks, compat=self.compat)
         if dead_after_ms is not None:
             opts["dead_after_ms"] = dead_after_ms
         if hold_cap_ms is not None:
             opts["hold_cap_ms"] = hold_cap_ms
         if psk_file is not None:
-            opts["psk"] = _read_psk(psk_file)
+            try:
+                opts["psk"] = psk.load(psk_file)
+            except L_Error as e:
+                raise ValueError(f"kvpeer: {e}") from None
+        elif not insecure and not _loopback(bind):
+            raise ValueError(f"kvpeer: listening on {bind} (beyond loopback) needs a "
+                             f"pre-shared key: set psk_file (one key file for every peer "
+                             f"and kvpeerd), or insecure: true to run without one")
+        if insecure and "insecure" in CONFIG_FIELDS:  # the library refuses otherwise
+            opts["insecure"] = 1
         self._load_timeout_ms = int(opts.get("load_timeout_ms",
                                              config_defaults()["load_timeout_ms"]))
         # vLLM's view is (num_chunks, chunk_bytes); a 2-D memoryview has no
         # row indexing, so chunks are addressed in a flat byte view of it.
         self._view = primary_kv_view.cast("B")
         self._num_chunks = primary_kv_view.shape[0]
-        self._tier = KVPeerTier(peers=list(peers), copy_thread=copy_thread, **opts)
-        self.peer_id = self._tier.node.peer_id
+        try:
+            node = Node(**opts)
+        except L_Error as e:  # a bind failure names the address kvpeer tried
+            raise L_Error(e.status, f"kvpeer tier on {bind}"
+                          f"{' (advertised ' + advertised + ')' if advertised else ''}: "
+                          f"{e.detail}") from None
+        self.peer_id = node.peer_id
+        # One JSON for the whole fleet may list this engine too: not a peer.
+        peers = [p for p in peers if p != self.peer_id]
+        try:
+            self._tier = KVPeerTier(node=node, peers=peers, copy_thread=copy_thread,
+                                    owns_node=True, max_hinted_peers=max_hinted_peers,
+                                    dial_wait_s=_dial_wait_s(opts))
+        except BaseException:
+            node.close()
+            raise
         self._submitted: Dict[int, float] = {}
         self._results: List[JobResult] = []
         log.info("kvpeer tier %s: %d blocks of %d B, peers %s", self.peer_id, num_blocks,
@@ -180,6 +223,10 @@ class KVPeerSecondaryTier(SecondaryTierManager):
 
     # ------------------------------------------------------------ lookup
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        if not self._seed_checked:
+            self._check_seed()
+        if self._seed_mismatch:
+            return LookupResult.MISS
         req = self._request(req_context)
         # vLLM looks keys up one call at a time: the asks are queued and
         # on_schedule_end sends one LOOKUP per (request, peer) for the step.
@@ -194,6 +241,15 @@ class KVPeerSecondaryTier(SecondaryTierManager):
             if not self._tier._inflight_keys.get(bytes(key)):
                 return LookupResult.HIT
         return LookupResult.RETRY  # asked a peer, or a load of it is in flight
+
+    def _check_seed(self) -> None:
+        """Once, at the first lookup (vLLM resolves its hash seed after the
+        tier is built): the seed fingerprinted must be the one in use."""
+        self._seed_checked = True
+        why = setup.check_hash_seed(self._hash_seed)
+        if why is not None:
+            self._seed_mismatch = True
+            log.error("kvpeer tier %s: %s; every lookup answers MISS", self.peer_id, why)
 
     def on_schedule_end(self, context: ScheduleEndContext) -> None:
         """End of the scheduler step: send this step's lookups, one LOOKUP
@@ -308,6 +364,7 @@ class KVPeerSecondaryTier(SecondaryTierManager):
 
 def offloading_config(engine_id: str, chunk_bytes: int, num_chunks: int,
                        secondary_tiers: List[Dict[str, Any]], model_name: str = "none",
+                       dtype: str = "float16", tp_size: int = 1, dp_index: int = 0,
                        **extra: Any):
     """vLLM's OffloadingConfig for a TieringOffloadingSpec of one KV group
     (16 tokens per block, one layer) on one rank: a primary CPU tier of
@@ -326,20 +383,24 @@ def offloading_config(engine_id: str, chunk_bytes: int, num_chunks: int,
         groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=("l0",), group_id=0),),
         worker_kv_bytes_per_block=chunk_bytes, enable_kv_cache_events=False,
         extra_config=extra_config, engine_id=engine_id,
-        model=OffloadingModelConfig(name=model_name, dtype="float16"),
+        model=OffloadingModelConfig(name=model_name, dtype=dtype),
         cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
         parallel=OffloadingParallelConfig(
-            rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1,
-            data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
+            rank=0, world_size=tp_size, tp_size=tp_size, pp_size=1, pcp_size=1, dcp_size=1,
+            data_parallel_index=dp_index, data_parallel_size=dp_index + 1,
+            data_parallel_rank_local=None,
             is_parallelism_agnostic=False))
 
 
-def _read_psk(path: str) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            psk = f.read().strip()
-    except OSError as e:
-        raise ValueError(f"kvpeer: psk_file {path!r}: {e.strerror}") from None
-    if not psk:
-        raise ValueError(f"kvpeer: psk_file {path!r} is empty")
-    return psk
+
+def _dial_wait_s(opts: Dict[str, Any]) -> float:
+    """How long a lookup waits for a peer being dialled: what kvpeer's own
+    remote calls wait for a handshake in progress."""
+    d = config_defaults()
+    return min(int(opts.get("handshake_timeout_ms", d["handshake_timeout_ms"])),
+               int(opts.get("dead_after_ms", d["dead_after_ms"]))) / 1000.0
+
+
+def _loopback(addr: str) -> bool:
+    host = addr.rpartition(":")[0].strip("[]")
+    return host == "localhost" or host == "::1" or host.startswith("127.")

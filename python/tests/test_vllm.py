@@ -366,15 +366,17 @@ def test_vllm_tier_config_errors(tmp_path, engines):
         Engine(tier_cfg(block_size=4096))
     with pytest.raises(ValueError, match="psk_file"):
         Engine(tier_cfg(psk_file=str(tmp_path / "nope")))
-    (tmp_path / "empty").write_bytes(b"\n")
-    with pytest.raises(ValueError, match="empty"):
+    (tmp_path / "empty").write_bytes(b"\n")  # kvpeerd's reader: 1 raw byte, too short
+    with pytest.raises(ValueError, match="psk_file .*empty.*short|psk_file .*short"):
         Engine(tier_cfg(psk_file=str(tmp_path / "empty")))
     with pytest.raises(ValueError, match="peers"):
         Engine(tier_cfg(peers="127.0.0.1:1"))
     with pytest.raises(ValueError, match="batch_lookups"):
         Engine(tier_cfg(batch_lookups="yes"))
-    with pytest.raises(kvpeer.Error):
+    with pytest.raises(ValueError, match="listen"):
         Engine(tier_cfg(listen="not-an-address"))
+    with pytest.raises(kvpeer.Error, match="nosuchhost.invalid"):  # names the address
+        Engine(tier_cfg(listen="nosuchhost.invalid:1", insecure=True))
     assert set(Path("/dev/shm").glob("vllm_offload_kvpeer-test-*")) == before
     # Bad kv_transfer_params are logged and ignored, not raised into the scheduler.
     e = engines(tier_cfg())
