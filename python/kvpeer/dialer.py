@@ -64,8 +64,8 @@ class Dialer:
             if st is None or not st[2]:  # unknown, or reaped idle: dial it
                 if self._dial(p):
                     coming.append(p)
-            elif st[0] in _COMING and st[1] == 0:  # first attempt under way
-                coming.append(p)
+            elif st[0] == "ready" or (st[0] in _COMING and st[1] == 0):
+                coming.append(p)  # up since ``ready`` was taken, or first attempt under way
         return now_ready, coming
 
     def settled(self, peer: str) -> bool:

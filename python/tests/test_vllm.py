@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional, Sequence
 
 import pytest
 
@@ -56,13 +56,17 @@ def free_port() -> int:
 class Child:
     """Engine A in its own process (python vllm_engine.py)."""
 
-    def __init__(self, cfg: Dict[str, Any]) -> None:
-        env = dict(os.environ)
-        self.p = subprocess.Popen([sys.executable, str(HERE / "vllm_engine.py"), json.dumps(cfg)],
+    def __init__(self, cfg: Dict[str, Any], spec: Optional[Dict[str, Any]] = None,
+                 prefix: Sequence[str] = (), env: Optional[Dict[str, str]] = None) -> None:
+        """``spec``: vllm_engine's offloading_config fields (model_name, ...);
+        ``prefix``: a command the child runs under (ip netns exec NS)."""
+        self.p = subprocess.Popen([*prefix, sys.executable, str(HERE / "vllm_engine.py"),
+                                   json.dumps(cfg), json.dumps(spec or {})],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                  env=env)
+                                  env={**os.environ, **(env or {})})
         hello = self._read(scaled(60))
         self.peer_id = hello["peer_id"]
+        self.compat = hello["compat"]
 
     def _read(self, timeout: float) -> Dict[str, Any]:
         import selectors
@@ -87,6 +91,14 @@ class Child:
                                        "req_id": req_id or None}) + "\n")
         self.p.stdin.flush()
         return self._read(scaled(30))["stored"]
+
+    def load(self, keys: List[bytes], params: Optional[Dict[str, Any]] = None,
+             timeout: float = 10.0) -> Dict[str, Any]:
+        """Look keys up (stepping) and load them: {"results", "digests", "blocks_in"}."""
+        self.p.stdin.write(json.dumps({"op": "load", "keys": [k.hex() for k in keys],
+                                       "params": params, "timeout": scaled(timeout)}) + "\n")
+        self.p.stdin.flush()
+        return self._read(scaled(timeout) + scaled(30))
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.p.poll() is None:
@@ -426,7 +438,7 @@ def test_vllm_readme_kv_transfer_config(tmp_path, engines):
     (tier,) = extra["secondary_tiers"]
     assert SecondaryTierFactory.get_tier_class(tier) is KVPeerSecondaryTier
     (tmp_path / "psk").write_bytes(b"readme-psk-of-20-bytes\n")
-    local = {k: v for k, v in tier.items() if k not in ("type", "module_path")}
+    local = {k: v for k, v in tier.items() if k not in ("type", "module_path", "port", "host")}
     local.update(peers=[], listen="127.0.0.1:0", psk_file=str(tmp_path / "psk"), num_blocks=16)
     e = engines(local)
     assert e.tier.peer_id.startswith("127.0.0.1:")
