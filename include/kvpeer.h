@@ -67,11 +67,20 @@ KVP_EXPORT int32_t kvp_get_log_level(void);
 typedef void (*kvp_log_fn)(int32_t level, const char *component, const char *line, void *arg);
 KVP_EXPORT void kvp_set_log_callback(kvp_log_fn fn, void *arg);
 
-/* Why the calling thread's last failed kvp_node_create() failed, naming the
- * field or the limit ("block_size: 1000 is not a positive multiple of the
- * page size (4096)"); "" if nothing was recorded. Thread-local, valid until
- * the thread's next kvp_node_create(). */
+/* Why the calling thread's last failed kvp_node_create() (or kvp_psk_load)
+ * failed, naming the field or the limit ("block_size: 1000 is not a positive
+ * multiple of the page size (4096)"); "" if nothing was recorded.
+ * Thread-local, valid until the thread's next such call. */
 KVP_EXPORT const char *kvp_last_error(void);
+
+/* Read a pre-shared-key file (issue 27), the one format every kvpeer tool
+ * reads: hex digits as `openssl rand -hex 32 > psk` writes them, whitespace
+ * around them ignored, 16..64 bytes of key. The file must be a regular file
+ * that group and others cannot access (else KVP_ERR_INVALID; kvp_last_error
+ * names the path, the mode and the fix `chmod 600`); KVP_ERR_IO if it cannot
+ * be opened or read. On KVP_OK the key is in key[0..*len) (cap: the caller's
+ * buffer, 64 holds any key); on error key and len are untouched. */
+KVP_EXPORT kvp_status_t kvp_psk_load(const char *path, uint8_t *key, uint32_t cap, uint32_t *len);
 
 /* ================================================================== node */
 

@@ -69,8 +69,12 @@ static const opt_t opts[] = {
      "bytes per block, a multiple of the page size (K/M suffixes)"},
     {"compat", OPT_STR, 0, S(compat), 0, 0, "", "compatibility string (fingerprint source)"},
     {"hash_seed", OPT_U64, 0, C(hash_seed), 0, UINT64_MAX, NULL, "checksum/fingerprint seed"},
-    {"psk", OPT_STR, F_RUNTIME, S(psk_hex), 0, 0, "", "pre-shared key, hex (empty = none)"},
-    {"psk_file", OPT_STR, F_RUNTIME, S(psk_file), 0, 0, "", "file holding the pre-shared key (raw bytes)"},
+    {"psk", OPT_STR, F_RUNTIME, S(psk_hex), 0, 0, "",
+     "pre-shared key, hex (empty = none); as a flag every local user sees it in "
+     "/proc/PID/cmdline: use psk_file"},
+    {"psk_file", OPT_STR, F_RUNTIME, S(psk_file), 0, 0, "",
+     "file holding the pre-shared key: 32..128 hex digits (openssl rand -hex 32), "
+     "mode 600"},
     {"verify_checksums", OPT_BOOL8, 0, C(verify_checksums), 0, 1, NULL, "verify block checksums"},
     {"huge_pages", OPT_BOOL8, 0, C(huge_pages), 0, 1, NULL, "map the region with huge pages"},
     MS(heartbeat_ms, 1, "PING interval on idle sessions"),
@@ -452,6 +456,9 @@ static int apply_flags(kvpd_settings_t *s, const flag_val_t *fv, int nfv, FILE *
         if (fv[i].o->flags & F_NOFILE)
             continue; /* --config: already used */
         snprintf(origin, sizeof(origin), "flag --%s", fv[i].o->name);
+        if (fv[i].o->off == S(psk_hex) && fv[i].value[0]) /* issue 27 */
+            fprintf(err, "kvpeerd: WARNING: --psk on the command line is readable by every "
+                         "local user in /proc/PID/cmdline; put the key in a psk_file (mode 600)\n");
         if (kvpd_settings_set(s, fv[i].o->name, fv[i].value, origin, err) != 0)
             return -1;
     }
@@ -499,32 +506,10 @@ static int load_psk(kvpd_settings_t *s, FILE *err)
         }
         s->psk_len = (uint32_t)(n / 2);
     } else if (s->psk_file[0]) {
-        struct stat sb;
-        uint8_t raw[2 * KVPD_PSK_MAX + 2];
-        FILE *f = stat(s->psk_file, &sb) == 0 && !S_ISREG(sb.st_mode) ? NULL
-                                                                     : fopen(s->psk_file, "rb");
-        if (f == NULL) {
-            fprintf(err, "kvpeerd: psk_file %s: %s\n", s->psk_file,
-                    errno ? strerror(errno) : "not a regular file");
+        /* The one file format (kvp_psk_load): hex, mode 600, 16..64 bytes. */
+        if (kvp_psk_load(s->psk_file, s->psk, KVPD_PSK_MAX, &s->psk_len) != KVP_OK) {
+            fprintf(err, "kvpeerd: %s\n", kvp_last_error());
             return -1;
-        }
-        size_t n = fread(raw, 1, sizeof(raw), f);
-        int more = fgetc(f) != EOF;
-        fclose(f);
-        /* A file of hex digits (what `openssl rand -hex 32 > psk` writes),
-         * with an optional trailing newline, is decoded; else raw bytes. */
-        size_t t = n;
-        while (t > 0 && (raw[t - 1] == '\n' || raw[t - 1] == '\r' || raw[t - 1] == ' '))
-            t--;
-        if (!more && t > 0 && t / 2 <= KVPD_PSK_MAX && hex_decode((char *)raw, t, s->psk) == 0) {
-            s->psk_len = (uint32_t)(t / 2);
-        } else if (n == 0 || more || n > KVPD_PSK_MAX) {
-            fprintf(err, "kvpeerd: psk_file %s: must hold 1..%d raw bytes or up to %d hex digits\n",
-                    s->psk_file, KVPD_PSK_MAX, 2 * KVPD_PSK_MAX);
-            return -1;
-        } else {
-            memcpy(s->psk, raw, n);
-            s->psk_len = (uint32_t)n;
         }
     }
     if (s->psk_len > 0 && s->psk_len < KVPD_PSK_MIN) {

@@ -587,13 +587,20 @@ def case_operator():
     check(strip(r2.stdout) == strip(r.stdout), "round trip differs:\n%s\n%s" % (r.stdout, r2.stdout))
     expect_refused(["--config", TMP], ["not a regular file", "directory"])
     expect_refused(["--psk", "0011"], ["psk", "too short"])
+    r = run([KVPEERD, "--psk", "00112233445566778899aabbccddeeff", "--print-config"])
+    check(r.returncode == 0 and "/proc/PID/cmdline" in r.stderr,
+          "--psk gave no /proc/PID/cmdline warning: %r" % r.stderr)
+    # The one PSK file format (kvp_psk_load, issue 27): hex, mode 600.
     hexf = os.path.join(TMP, "psk.hex")
     open(hexf, "w").write("00112233445566778899aabbccddeeff0011223344556677\n")
+    expect_refused(["--psk_file", hexf], ["psk_file", hexf, "chmod 600"])
+    os.chmod(hexf, 0o600)
     r = run([KVPEERD, "--psk_file", hexf, "--print-config"])
     check(r.returncode == 0, "hex psk_file refused: %r" % r.stderr)
     short = os.path.join(TMP, "psk.short")
     open(short, "w").write("abcd\n")
-    expect_refused(["--psk_file", short], ["psk_file", "too short"])
+    os.chmod(short, 0o600)
+    expect_refused(["--psk_file", short], ["psk_file", "32..128 hex digits"])
     expect_refused(["--listen", "no-such-host.invalid:0"], ["listen", "does not resolve"])
     expect_refused(["--http", "no-such-host.invalid:0"], ["http", "does not resolve"])
     # A busy HTTP port: the message names it.
