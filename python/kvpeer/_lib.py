@@ -360,19 +360,12 @@ def _declare(lib: ctypes.CDLL) -> None:
         "kvp_node_reconfigure": (st, [node_p, POINTER(kvp_config_t)]),
         "kvp_node_peer_states": (st, [node_p, POINTER(kvp_peer_state_t), c_uint32, u32p]),
         "kvp_node_refusals": (st, [node_p, POINTER(kvp_refusal_stats_t)]),
+        "kvp_psk_load": (st, [c_char_p, u8p, c_uint32, u32p]),  # issue 27
     }
     for name, (res, args) in protos.items():
         fn = getattr(lib, name)
         fn.restype = res
         fn.argtypes = args
-    # Optional: libraries built before it have no kvp_psk_load (kvpeer.psk).
-    for name, (res, args) in {
-        "kvp_psk_load": (st, [c_char_p, u8p, c_uint32, u32p]),
-    }.items():
-        fn = getattr(lib, name, None)
-        if fn is not None:
-            fn.restype = res
-            fn.argtypes = args
 
 
 _LIB: Optional[ctypes.CDLL] = None

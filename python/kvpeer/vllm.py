@@ -3,26 +3,38 @@ framework (``vllm.v1.kv_offload.tiering``, vllm 0.34.0 tested).
 
 vLLM loads it without any patch, as an out-of-tree tier named in the
 TieringOffloadingSpec's ``secondary_tiers`` (SecondaryTierFactory.get_tier_class:
-``type`` is the class name, ``module_path`` the module)::
+``type`` is the class name, ``module_path`` the module); the same JSON on
+every host, each host's address in VLLM_P2P_SIDE_CHANNEL_HOST::
 
     --kv-transfer-config '{"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
       "kv_connector_extra_config": {"spec_name": "TieringOffloadingSpec",
         "cpu_bytes_to_use": 8589934592,
         "secondary_tiers": [{"type": "KVPeerSecondaryTier", "module_path": "kvpeer.vllm",
-                             "peers": ["10.0.0.2:7000"], "listen": "0.0.0.0:7000",
+                             "port": 7000, "peers": ["10.0.0.1:7000", "10.0.0.2:7000"],
                              "psk_file": "/etc/kvpeer/psk"}]}}'
 
-Config keys (the tier's entry in ``secondary_tiers``):
-  peers          list of "host:port" of the other engines' kvpeer tiers
-  listen         this tier's listen address ("host:port"; default 127.0.0.1:0)
-  psk_file       file holding the pre-shared key (all peers share it)
+Config keys (the tier's entry in ``secondary_tiers``; python/README.md):
+  peers          list of "host:port" of the other engines' kvpeer tiers (this
+                 engine's own id, if listed, is skipped)
+  host, port     vLLM's p2p tier's keys: bind and advertise host:port; default
+                 $VLLM_P2P_SIDE_CHANNEL_HOST / $VLLM_P2P_SIDE_CHANNEL_PORT, else
+                 127.0.0.1 and an ephemeral port; DP rank i binds port + i
+  listen         instead: the bind address ("0.0.0.0:7000"); advertised is then
+                 host, else $VLLM_P2P_SIDE_CHANNEL_HOST, else vLLM's get_ip();
+                 a wildcard is never advertised (refused, naming the key)
+  psk_file       the pre-shared key file (kvp_psk_load: kvpeerd's format);
+                 required beyond loopback unless ``insecure: true``
   block_size     bytes per kvpeer block; must equal vLLM's primary chunk size
                  (default: that size, ``primary_kv_view.strides[0]``)
-  num_blocks     kvpeer store capacity in blocks (default 1024)
-  compat         compatibility string; peers with another one are refused
-                 (default "vllm-kv/<block_size>": same chunk layout)
-  dead_after_ms  a silent peer is dead after this long (kvpeer default 3000)
-  hold_cap_ms    bound on quarantined slots / retained transfers (default 30000)
+  num_blocks     kvpeer store capacity in blocks (default 1024): host memory of
+                 num_blocks x chunk size, beside vLLM's CPU tier
+  compat         override of the fingerprint; default: vLLM's own p2p fingerprint
+                 fields (FileMapper.from_offloading_spec) + the hash seed
+                 (kvpeer.vllm_setup), so engines of different models never
+                 exchange a block
+  dead_after_ms  a silent peer is dead after this long (kvpeer default 2000)
+  hold_cap_ms    bound on quarantined slots / retained transfers (default 120000)
+  max_hinted_peers  peers dialled because a request named them (default 64)
   batch_lookups  one LOOKUP per (request, peer) per scheduler step (default
                  true); false sends one per lookup() call (for comparison)
   copy_thread    copy a finished load into vLLM's chunks on a kvpeer thread
@@ -46,7 +58,9 @@ with every key queued in the step. A dead or unready peer counts as MISS at
 once. With a supplier named in ``kv_transfer_params``
 (``{"kvpeer_supplier": "host:port"}``, prefill -> decode) a key no peer holds
 yet answers HIT: the load is then a fetch-before-supply from that peer.
-``{"kvpeer_peers": [...]}`` narrows the peers asked for that request.
+``{"kvpeer_peers": [...]}`` narrows the peers asked for that request. A
+named peer without a session is dialled on demand (kvpeer.dialer): RETRY
+while it is dialled, MISS if that fails or outlasts the handshake wait.
 """
 from __future__ import annotations
 
@@ -54,7 +68,7 @@ import hashlib
 import logging
 import os
 import time
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from vllm.v1.kv_offload.base import (
     Locality,
@@ -166,34 +180,13 @@ class KVPeerSecondaryTier(SecondaryTierManager):
                 raise ValueError(f"kvpeer: give {k} as the tier key, not in node_options")
         if not isinstance(insecure, bool):
             raise ValueError(f"kvpeer: insecure must be true or false, got {insecure!r}")
-        parallel = offloading_spec.config.parallel
-        bind, advertised = setup.addresses(listen, host, port, parallel.data_parallel_index)
-        # The default compat: the fingerprint vLLM's own p2p tier uses (model,
-        # dtype, parallel layout, tokens per hash, KV groups, layout) and the
-        # hash seed, so engines of different models never share a block.
-        self._hash_seed = setup.hash_seed()
-        self._seed_checked = self._seed_mismatch = False
-        if compat is not None and not (isinstance(compat, str) and compat):
-            raise ValueError(f"kvpeer: compat must be a non-empty string, got {compat!r}")
-        self.compat = compat if compat is not None else setup.fingerprint(offloading_spec,
-                                                                          self._hash_seed)
-        opts.update(listen_addr=bind, peer_id=advertised, block_size=block_size,
-                    num_blocks=num_blocks, compat=self.compat)
+        bind, advertised = self._identity(opts, offloading_spec, listen, host, port,
+                                          psk_file, insecure, compat)
+        opts.update(block_size=block_size, num_blocks=num_blocks)
         if dead_after_ms is not None:
             opts["dead_after_ms"] = dead_after_ms
         if hold_cap_ms is not None:
             opts["hold_cap_ms"] = hold_cap_ms
-        if psk_file is not None:
-            try:
-                opts["psk"] = psk.load(psk_file)
-            except L_Error as e:
-                raise ValueError(f"kvpeer: {e}") from None
-        elif not insecure and not _loopback(bind):
-            raise ValueError(f"kvpeer: listening on {bind} (beyond loopback) needs a "
-                             f"pre-shared key: set psk_file (one key file for every peer "
-                             f"and kvpeerd), or insecure: true to run without one")
-        if insecure and "insecure" in CONFIG_FIELDS:  # the library refuses otherwise
-            opts["insecure"] = 1
         self._load_timeout_ms = int(opts.get("load_timeout_ms",
                                              config_defaults()["load_timeout_ms"]))
         # vLLM's view is (num_chunks, chunk_bytes); a 2-D memoryview has no
@@ -218,8 +211,41 @@ class KVPeerSecondaryTier(SecondaryTierManager):
             raise
         self._submitted: Dict[int, float] = {}
         self._results: List[JobResult] = []
-        log.info("kvpeer tier %s: %d blocks of %d B, peers %s", self.peer_id, num_blocks,
-                 block_size, list(peers))
+        log.info("kvpeer tier %s: %d blocks of %d B, compat %s, peers %s", self.peer_id,
+                 num_blocks, block_size, self.compat, list(peers))
+
+    def _identity(self, opts: Dict[str, Any], offloading_spec: Any, listen: Optional[str],
+                  host: Optional[str], port: Any, psk_file: Optional[str], insecure: bool,
+                  compat: Optional[str]) -> Tuple[str, Optional[str]]:
+        """Who this tier is and whom it may talk to (issue 28): bind address
+        and advertised peer id (kvpeer.vllm_setup.addresses), the compat
+        fingerprint, the PSK. Sets them in ``opts``; returns (bind, advertised)."""
+        if not isinstance(insecure, bool):
+            raise ValueError(f"kvpeer: insecure must be true or false, got {insecure!r}")
+        parallel = offloading_spec.config.parallel
+        bind, advertised = setup.addresses(listen, host, port, parallel.data_parallel_index)
+        # The default compat: the fields vLLM's own p2p tier fingerprints
+        # (model, dtype, parallel layout, tokens per hash, KV groups, layout)
+        # and the hash seed, so engines of different models never share a block.
+        self._hash_seed = setup.hash_seed()
+        self._seed_checked = self._seed_mismatch = False
+        if compat is not None and not (isinstance(compat, str) and compat):
+            raise ValueError(f"kvpeer: compat must be a non-empty string, got {compat!r}")
+        self.compat = compat if compat is not None else setup.fingerprint(offloading_spec,
+                                                                          self._hash_seed)
+        opts.update(listen_addr=bind, peer_id=advertised, compat=self.compat)
+        if psk_file is not None:
+            try:
+                opts["psk"] = psk.load(psk_file)
+            except L_Error as e:
+                raise ValueError(f"kvpeer: {e.detail or e}") from None
+        elif not insecure and not _loopback(bind):
+            raise ValueError(f"kvpeer: listening on {bind} (beyond loopback) needs a "
+                             f"pre-shared key: set psk_file (one key file for every peer "
+                             f"and kvpeerd), or insecure: true to run without one")
+        if insecure and "insecure" in CONFIG_FIELDS:  # the library refuses otherwise
+            opts["insecure"] = 1
+        return bind, advertised
 
     # ------------------------------------------------------------ lookup
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:

@@ -47,6 +47,13 @@ def tier_cfg(**kw: Any) -> Dict[str, Any]:
     return cfg
 
 
+def write_psk(path: Path, mode: int = 0o600) -> str:
+    """A key file as the README says (`openssl rand -hex 32`, chmod 600)."""
+    path.write_text(os.urandom(32).hex() + "\n")
+    path.chmod(mode)
+    return str(path)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -157,8 +164,7 @@ def procs():
 @pytest.fixture(scope="module")
 def psk(tmp_path_factory) -> str:
     p = tmp_path_factory.mktemp("psk") / "psk"
-    p.write_bytes(b"kvpeer-vllm-test-key\n")
-    return str(p)
+    return write_psk(p)
 
 
 @pytest.fixture(scope="module")
@@ -378,9 +384,12 @@ def test_vllm_tier_config_errors(tmp_path, engines):
         Engine(tier_cfg(block_size=4096))
     with pytest.raises(ValueError, match="psk_file"):
         Engine(tier_cfg(psk_file=str(tmp_path / "nope")))
-    (tmp_path / "empty").write_bytes(b"\n")  # kvpeerd's reader: 1 raw byte, too short
-    with pytest.raises(ValueError, match="psk_file .*empty.*short|psk_file .*short"):
+    (tmp_path / "empty").write_bytes(b"\n")
+    (tmp_path / "empty").chmod(0o600)
+    with pytest.raises(ValueError, match="psk_file .*empty"):  # kvp_psk_load's words
         Engine(tier_cfg(psk_file=str(tmp_path / "empty")))
+    with pytest.raises(ValueError, match="chmod 600"):
+        Engine(tier_cfg(psk_file=write_psk(tmp_path / "open", mode=0o644)))
     with pytest.raises(ValueError, match="peers"):
         Engine(tier_cfg(peers="127.0.0.1:1"))
     with pytest.raises(ValueError, match="batch_lookups"):
@@ -400,7 +409,7 @@ def test_vllm_tier_config_errors(tmp_path, engines):
 
 def test_vllm_psk_mismatch_is_a_miss(tmp_path, engine_a, engines):
     """Peers with different PSKs never get a session: lookups MISS."""
-    (tmp_path / "k2").write_bytes(b"another-key-of-24-bytes\n")
+    write_psk(tmp_path / "k2")
     a = engine_a
     b = engines(tier_cfg(peers=[a.peer_id], psk_file=str(tmp_path / "k2")))
     keys = [make_key(200)]
@@ -437,7 +446,7 @@ def test_vllm_readme_kv_transfer_config(tmp_path, engines):
     assert OffloadingSpecFactory.get_spec_cls(extra) is TieringOffloadingSpec
     (tier,) = extra["secondary_tiers"]
     assert SecondaryTierFactory.get_tier_class(tier) is KVPeerSecondaryTier
-    (tmp_path / "psk").write_bytes(b"readme-psk-of-20-bytes\n")
+    write_psk(tmp_path / "psk")
     local = {k: v for k, v in tier.items() if k not in ("type", "module_path", "port", "host")}
     local.update(peers=[], listen="127.0.0.1:0", psk_file=str(tmp_path / "psk"), num_blocks=16)
     e = engines(local)

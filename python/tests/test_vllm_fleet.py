@@ -33,7 +33,7 @@ from vllm.v1.kv_offload.factory import OffloadingSpecFactory  # noqa: E402
 import kvpeer  # noqa: E402
 from kvpeer import vllm_setup as setup  # noqa: E402
 from kvpeer.vllm import offloading_config  # noqa: E402
-from test_vllm import Child, _reap, free_port, tier_cfg  # noqa: E402
+from test_vllm import Child, _reap, free_port, tier_cfg, write_psk  # noqa: E402
 from vllm_engine import CHUNK, Engine, block_bytes, make_key  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -66,9 +66,7 @@ def engines():
 
 @pytest.fixture
 def psk_file(tmp_path) -> str:
-    p = tmp_path / "psk"
-    p.write_bytes(os.urandom(32).hex().encode() + b"\n")  # `openssl rand -hex 32 > psk`
-    return str(p)
+    return write_psk(tmp_path / "psk")
 
 
 def spec_of(**kw: Any):
@@ -119,6 +117,27 @@ def test_other_model_exchanges_nothing(procs, engines, psk_file):
     assert same.lookup_all(keys, c, timeout=scaled(10)) == [LookupResult.HIT] * 4
     assert same.read(keys, c) == [block_bytes(k, 11) for k in keys]
     same.finish(c)
+
+
+def test_unshareable_hash_seed_answers_miss(engines, psk_file, monkeypatch, caplog):
+    """vLLM resolves its hash seed after the tier is built; a seed other
+    than the one fingerprinted (xxhash without PYTHONHASHSEED: random per
+    process) makes every lookup MISS, logged, instead of asking peers."""
+    import vllm.v1.core.kv_cache_utils as kcu
+    a = engines(tier_cfg(psk_file=psk_file))
+    keys = [make_key(720 + i) for i in range(2)]
+    assert a.store(keys, seed=14, timeout=scaled(10)) == [True] * 2
+    b = engines(tier_cfg(peers=[a.peer_id], psk_file=psk_file))
+    b.tier._tier.node.wait_peer(a.peer_id, scaled(10))
+    monkeypatch.setattr(kcu, "_NONE_HASH_SEED", os.urandom(32).hex())
+    c = b.ctx()
+    assert b.lookup_all(keys, c, timeout=scaled(5)) == [LookupResult.MISS] * 2
+    assert "PYTHONHASHSEED" in caplog.text
+    b.finish(c)
+    monkeypatch.undo()
+    d = a.ctx()  # A was fingerprinted with the seed in use: its lookups go on
+    assert a.lookup_all(keys, d, timeout=scaled(5)) == [LookupResult.HIT] * 2
+    a.finish(d)
 
 
 def test_compat_override_is_used(engines):
@@ -193,37 +212,54 @@ def _kvpeerd() -> str:
     return path
 
 
-@pytest.mark.parametrize("form", ["hex", "raw"])
-def test_one_psk_file_for_kvpeerd_and_tier(tmp_path, engines, form):
-    """The same psk_file in kvpeerd's config and the tier's: the tier's
-    session with the daemon comes up. A tier with another key does not."""
-    key = os.urandom(32)
+def _daemon(port: int, psk: str) -> subprocess.Popen:
+    return subprocess.Popen([_kvpeerd(), "--listen", f"127.0.0.1:{port}", "--num_blocks", "16",
+                             "--block_size", str(CHUNK), "--compat", "psk-test",
+                             "--psk_file", psk],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _stop(d: subprocess.Popen) -> str:
+    if d.poll() is None:
+        d.send_signal(signal.SIGTERM)
+    try:
+        _, err = d.communicate(timeout=scaled(20))
+    except subprocess.TimeoutExpired:
+        d.kill()
+        _, err = d.communicate()
+    return err
+
+
+def test_one_psk_file_for_kvpeerd_and_tier(tmp_path, engines):
+    """The same psk_file (`openssl rand -hex 32` with spaces and a newline
+    around it) in kvpeerd's config and the tier's: the tier's session with
+    the daemon comes up; a tier with another key is refused (auth). A file
+    group/others can read is refused by both, with the same fix named."""
     good = tmp_path / "psk"
-    good.write_bytes(key.hex().encode() + b"\n" if form == "hex" else key)
+    good.write_text("  " + os.urandom(32).hex() + " \n")
     good.chmod(0o600)
     port = free_port()
-    d = subprocess.Popen([_kvpeerd(), "--listen", f"127.0.0.1:{port}", "--num_blocks", "16",
-                          "--block_size", str(CHUNK), "--compat", "psk-test",
-                          "--psk_file", str(good)],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    d = _daemon(port, str(good))
     try:
         peer = f"127.0.0.1:{port}"
         e = engines(tier_cfg(peers=[peer], psk_file=str(good), compat="psk-test"))
         e.tier._tier.node.wait_peer(peer, scaled(15))
-        bad = tmp_path / "other"
-        bad.write_bytes(os.urandom(32).hex().encode())
-        f = engines(tier_cfg(peers=[peer], psk_file=str(bad), compat="psk-test"))
+        f = engines(tier_cfg(peers=[peer], psk_file=write_psk(tmp_path / "other"),
+                             compat="psk-test"))
         with pytest.raises(kvpeer.Error):
             f.tier._tier.node.wait_peer(peer, scaled(3))
         assert f.tier._tier.node.refusals()["refused_auth"] >= 1, f.tier._tier.node.refusals()
     finally:
-        d.send_signal(signal.SIGTERM)
-        try:
-            d.wait(scaled(20))
-        except subprocess.TimeoutExpired:
-            d.kill()
-            d.wait()
-        assert d.returncode is not None
+        _stop(d)
+    good.chmod(0o640)
+    with pytest.raises(ValueError, match="chmod 600"):
+        Engine(tier_cfg(psk_file=str(good)))
+    d = _daemon(free_port(), str(good))
+    try:
+        d.wait(scaled(20))
+    finally:
+        err = _stop(d)
+    assert d.returncode != 0 and "chmod 600" in err, (d.returncode, err)
 
 
 # ------------------------------------------------------------------ dial on demand
