@@ -64,7 +64,6 @@ while it is dialled, MISS if that fails or outlasts the handshake wait.
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import time
@@ -84,7 +83,9 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from . import _lib as L
 from . import psk
+from . import vllm_params as params
 from . import vllm_setup as setup
+from .vllm_params import request_id_of  # noqa: F401 (kvpeer.vllm.request_id_of)
 from .dialer import DEFAULT_MAX_HINTED
 from .node import CONFIG_FIELDS, Node, config_defaults
 from .node import Error as L_Error
@@ -93,17 +94,6 @@ from .tier import HIT, HIT_PENDING, MISS, RETRY, KVPeerTier, LoadJob, Request, S
 log = logging.getLogger("kvpeer.vllm")
 
 DEFAULT_NUM_BLOCKS = 1024
-_TRANSFER_PARAM_SUPPLIER = "kvpeer_supplier"
-_TRANSFER_PARAM_PEERS = "kvpeer_peers"
-
-
-def request_id_of(req_id: str) -> int:
-    """kvpeer's 64-bit request id for a vLLM request id: a hash, so the
-    prefill and decode engines of one request derive the same id."""
-    h = int.from_bytes(hashlib.blake2b(req_id.encode(), digest_size=8).digest(), "little")
-    return h or 1  # 0 means "no request" to kvpeer
-
-
 class _ReqParams:
     """The kvpeer part of a request's kv_transfer_params, parsed once."""
 
@@ -114,22 +104,7 @@ class _ReqParams:
 
 
 def _parse_params(req_context: ReqContext) -> Request:
-    rid = request_id_of(req_context.req_id)
-    params = req_context.kv_transfer_params or {}
-    supplier = params.get(_TRANSFER_PARAM_SUPPLIER)
-    peers = params.get(_TRANSFER_PARAM_PEERS)
-    if supplier is not None and not (isinstance(supplier, str) and supplier):
-        log.error("request %s: kv_transfer_params[%r] must be a 'host:port' string, "
-                  "got %r: ignored", req_context.req_id, _TRANSFER_PARAM_SUPPLIER, supplier)
-        supplier = None
-    if peers is not None and not (isinstance(peers, (list, tuple))
-                                  and all(isinstance(p, str) and p for p in peers)):
-        log.error("request %s: kv_transfer_params[%r] must be a list of 'host:port' "
-                  "strings, got %r: ignored", req_context.req_id, _TRANSFER_PARAM_PEERS, peers)
-        peers = None
-    if supplier is not None and peers is not None and supplier not in peers:
-        peers = list(peers) + [supplier]
-    return Request(rid, peers=list(peers) if peers is not None else None, supplier=supplier)
+    return params.parse(req_context.req_id, req_context.kv_transfer_params)
 
 
 class KVPeerSecondaryTier(SecondaryTierManager):

@@ -92,10 +92,11 @@ class Child:
         finally:
             sel.close()
 
-    def store(self, keys: List[bytes], seed: int, req_id: str = "") -> List[bool]:
+    def store(self, keys: List[bytes], seed: int, req_id: str = "",
+              params: Optional[Dict[str, Any]] = None) -> List[bool]:
         self.p.stdin.write(json.dumps({"op": "store", "keys": [k.hex() for k in keys],
                                        "seed": seed, "timeout": scaled(10),
-                                       "req_id": req_id or None}) + "\n")
+                                       "req_id": req_id or None, "params": params}) + "\n")
         self.p.stdin.flush()
         return self._read(scaled(30))["stored"]
 

@@ -32,7 +32,7 @@ from vllm.v1.kv_offload.factory import OffloadingSpecFactory  # noqa: E402
 
 import kvpeer  # noqa: E402
 from kvpeer import vllm_setup as setup  # noqa: E402
-from kvpeer.vllm import offloading_config  # noqa: E402
+from kvpeer.vllm import offloading_config, request_id_of  # noqa: E402
 from test_vllm import Child, _reap, free_port, tier_cfg, write_psk  # noqa: E402
 from vllm_engine import CHUNK, Engine, block_bytes, make_key  # noqa: E402
 
@@ -374,3 +374,85 @@ def test_readme_multi_host_json_between_two_hosts(two_hosts, procs, psk_file):
     assert got["results"] == ["HIT"] * 6, got
     assert got["digests"] == [digest(block_bytes(k, 13)) for k in keys]
     assert got["blocks_in"] == 6
+
+
+# ------------------------------------------------------------------ p2p hints
+def _spy_lookups(e: Engine) -> List[Any]:
+    node = e.tier._tier.node
+    sent: List[Any] = []
+    orig = node.lookup
+
+    def spy(peer, ks, rid):
+        sent.append((peer, len(ks)))
+        return orig(peer, ks, rid)
+
+    node.lookup = spy  # type: ignore[method-assign]
+    return sent
+
+
+def test_router_hint_remote_kv_source(procs, engines, psk_file):
+    """llm-d's hint for vLLM's p2p tier, unchanged: remote_kv_source names
+    the engine that holds the prefix. B (static peers: A and one more) asks
+    A only, one LOOKUP, and loads A's bytes."""
+    a = procs(tier_cfg(psk_file=psk_file))
+    other = procs(tier_cfg(psk_file=psk_file))
+    keys = [make_key(1000 + i) for i in range(5)]
+    assert a.store(keys, seed=15) == [True] * 5
+    b = engines(tier_cfg(peers=[other.peer_id, a.peer_id], psk_file=psk_file))
+    for p in (a.peer_id, other.peer_id):
+        b.tier._tier.node.wait_peer(p, scaled(10))
+    sent = _spy_lookups(b)
+    host, port = a.peer_id.rsplit(":", 1)
+    c = b.ctx({"remote_kv_source": {"remote_host": host, "remote_port": int(port),
+                                    "kv_request_id": "router-req-1"}})
+    assert b.lookup_all(keys, c, timeout=scaled(10)) == [LookupResult.HIT] * 5
+    assert sent == [(a.peer_id, 5)], sent
+    assert b.read(keys, c) == [block_bytes(k, 15) for k in keys]
+    b.finish(c)
+
+
+def test_pd_remote_prefiller_remote_decoder(procs, engines, psk_file):
+    """A P/D pair driven by the p2p tier's params: the decoder's request
+    names remote_prefiller (host, port, kv_request_id) and is answered HIT
+    before the prefiller has stored; the prefiller's request carries
+    remote_decoder with the same kv_request_id (different vLLM request ids
+    on the two engines); the decoder's load waits and gets the bytes."""
+    a = procs(tier_cfg(psk_file=psk_file))
+    b = engines(tier_cfg(psk_file=psk_file,
+                         node_options={"heartbeat_ms": 200, "parked_demand_ms": 20000}))
+    keys = [make_key(1100 + i) for i in range(3)]
+    host, port = a.peer_id.rsplit(":", 1)
+    c = b.ctx({"remote_prefiller": {"remote_host": host, "remote_port": port,
+                                    "kv_request_id": "pd-kv-7"}}, req_id="decode-side-id")
+    # Both sides derive kvpeer's request id from kv_request_id (the put does
+    # not need it to serve the parked fetch: by key; the id ties pins/leases).
+    assert b.tier._request(c).request_id == request_id_of("pd-kv-7")
+    for k in keys:
+        assert until_hit(b, k, c), k
+    with b.manager.lock:
+        assert [b.manager.lookup(k, c) for k in keys] == [LookupResult.HIT_PENDING] * 3
+    b.step()  # the fetch (wait for supply) is on its way
+    assert a.store(keys, seed=16, req_id="prefill-side-id",
+                   params={"remote_decoder": {"kv_request_id": "pd-kv-7"}}) == [True] * 3
+    assert b.lookup_all(keys, c, timeout=scaled(10)) == [LookupResult.HIT] * 3
+    assert b.read(keys, c) == [block_bytes(k, 16) for k in keys]
+    b.finish(c)
+
+
+def until_hit(e: Engine, key: bytes, c: Any) -> bool:
+    deadline = time.monotonic() + scaled(10)
+    while time.monotonic() < deadline:
+        if e.tier.lookup(key, c) is LookupResult.HIT:
+            return True
+        e.step()
+        time.sleep(0.02)
+    return False
+
+
+def test_p2p_params_malformed_are_ignored(engines):
+    e = engines(tier_cfg())
+    c = e.ctx({"remote_kv_source": {"remote_host": "127.0.0.1\n", "kv_request_id": "x"},
+               "remote_prefiller": "nonsense"})
+    r = e.tier._request(c)
+    assert r.peers is None and r.supplier is None
+    e.finish(c)

@@ -83,10 +83,11 @@ class Engine:
             self.manager.on_schedule_end(STEP_END)
 
     def store(self, keys: Sequence[bytes], seed: int, timeout: float,
-              req_id: Optional[str] = None) -> List[bool]:
+              req_id: Optional[str] = None,
+              params: Optional[Dict[str, Any]] = None) -> List[bool]:
         """GPU->primary store (the test writes the chunks), then vLLM cascades
         to the kvpeer tier; waits until no tier job is running."""
-        c = self.ctx(req_id=req_id)
+        c = self.ctx(params, req_id=req_id)
         with self.manager.lock:
             out = self.manager.prepare_store(keys, c)
             assert out is not None, "primary tier full"
@@ -155,7 +156,8 @@ def main() -> None:
         op = cmd["op"]
         if op == "store":
             keys = [bytes.fromhex(k) for k in cmd["keys"]]
-            ok = eng.store(keys, cmd["seed"], cmd.get("timeout", 10.0), cmd.get("req_id"))
+            ok = eng.store(keys, cmd["seed"], cmd.get("timeout", 10.0), cmd.get("req_id"),
+                           cmd.get("params"))
             print(json.dumps({"stored": ok}), flush=True)
         elif op == "load":  # look up (stepping) and load: digests of what vLLM reads
             keys = [bytes.fromhex(k) for k in cmd["keys"]]
