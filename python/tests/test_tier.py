@@ -352,3 +352,26 @@ def test_tier_bad_input(tier_factory):
     assert [(d.job_id, d.ok) for d in tier.get_finished_jobs()] == [("z", False)]
     with pytest.raises(TypeError):
         KVPeerTier(node=tier.node, num_blocks=4)
+
+
+def test_tier_redials_a_static_peer_closed_as_idle(tier_factory, peer_factory):
+    """The node closes a session idle for idle_session_ms and stops
+    redialling it; the tier's next lookup for that static peer dials it
+    again (issue 28; before, every lookup was MISS from then on)."""
+    src = peer_factory()
+    keys = [b"I-%d" % i for i in range(2)]
+    src.call("put_pattern", keys, BS, 0)
+    tier = tier_factory(peers=[src.peer_id], idle_session_ms=300)
+    tier.node.wait_peer(src.peer_id, scaled(10))
+    deadline = time.monotonic() + scaled(10)
+    while any(p.peer == src.peer_id and p.wanted for p in tier.node.peer_states()) \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(p.peer == src.peer_id and p.wanted for p in tier.node.peer_states())
+    req = Request(37)
+    deadline = time.monotonic() + scaled(10)
+    while RETRY in tier.lookup_many(keys, req, defer=True) and time.monotonic() < deadline:
+        tier.flush_lookups()
+        time.sleep(0.01)
+    assert tier.lookup_many(keys, req, defer=True) == [HIT] * 2
+    tier.on_request_finished(req)
