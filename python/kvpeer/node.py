@@ -816,6 +816,13 @@ class Node:
         _check(L.lib().kvp_node_stats(self._handle(), ctypes.byref(s)), "kvp_node_stats")
         return {f: int(getattr(s, f)) for f in L.STATS_FIELDS}
 
+    def refusals(self) -> Dict[str, int]:
+        """kvp_node_refusals as a dict: why sessions did not come up
+        (dials, refused_incompatible, refused_auth, ...)."""
+        r = L.kvp_refusal_stats_t()
+        _check(L.lib().kvp_node_refusals(self._handle(), ctypes.byref(r)), "kvp_node_refusals")
+        return {f: int(getattr(r, f)) for f in L.REFUSAL_FIELDS}
+
     def kv_events_endpoints(self) -> Tuple[Optional[str], Optional[str]]:
         """The bound KV-event endpoints (PUB, replay), wildcard ports
         resolved; None where the node publishes none. Subscribe with

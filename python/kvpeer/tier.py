@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Hashable, List, Optional, Sequence, Set, Tuple, Union
 
 from . import _lib as L
+from .dialer import DEFAULT_MAX_HINTED, Dialer
 from .node import Buffer, Error, Event, EventType, Node
 
 # How long lookup_many(defer=True) trusts its list of ready peers (one
@@ -169,17 +170,24 @@ def _rid(request: RequestLike) -> int:
 class KVPeerTier:
     """A secondary KV tier backed by one kvpeer Node. Pass ``node`` to share an
     existing Node (the tier then does not close it), or keyword arguments to
-    create one (kvp_config_t options). ``peers`` are dialled at once."""
+    create one (kvp_config_t options); ``owns_node=True`` hands a given node
+    to the tier (closed by shutdown()). ``peers`` are dialled at once."""
 
     def __init__(self, node: Optional[Node] = None, peers: Sequence[str] = (),
-                 copy_thread: bool = False, **node_config: Any) -> None:
+                 copy_thread: bool = False, owns_node: bool = False,
+                 max_hinted_peers: int = DEFAULT_MAX_HINTED, dial_wait_s: float = 2.0,
+                 **node_config: Any) -> None:
         if node is not None and node_config:
             raise TypeError("give either node= or node config options, not both")
-        self._owns = node is None
+        self._owns = node is None or owns_node
         self.node: Node = node if node is not None else Node(**node_config)
         self.peers: List[str] = list(peers)
         for p in self.peers:
             self.node.add_peer(p)
+        # Peers a request names that the node does not know are dialled on
+        # demand (bounded); their lookups wait in _pending until ready.
+        self._dialer = Dialer(self.node, self.peers, max_hinted_peers, dial_wait_s)
+        self._pending: Dict[Tuple[int, str], Tuple[List[bytes], float]] = {}
         # (rid, key) -> {peer: True (HIT) | False (MISS) | None (asked)}
         self._answers: Dict[Tuple[int, bytes], Dict[str, Optional[bool]]] = {}
         self._lookup_ops: Dict[int, Tuple[int, str]] = {}
@@ -231,25 +239,34 @@ class KVPeerTier:
                     and (rid, k) not in self._queued_keys:
                 ask.append(k)
             out.append(r)
+        if self._pending:
+            self._poll_pending()
         if ask:
             if defer:
                 self._queue(rid, request, ask)
             else:
-                self._ask(rid, ask, self._candidates(request))
+                self._ask(rid, ask, *self._reach(request))
         sup = request.supplier if isinstance(request, Request) else None
         return [r if r is not None
                 else RETRY if (rid, k) in self._queued_keys
                 else self._remote_state(rid, k, sup)
                 for k, r in zip(keys, out)]
 
-    def _queue(self, rid: int, request: RequestLike, keys: List[bytes]) -> None:
-        cands = self._candidates(request)
+    def _ready_peers(self) -> Set[str]:
         now = time.monotonic()
         if self._ready is None or now - self._ready_at > _READY_TTL_S:
             self._ready = {p.peer for p in self.node.peers() if p.ready and not p.probation}
             self._ready_at = now
-        down = [p for p in cands if p not in self._ready]
-        if len(down) == len(cands):  # no peer to ask: answered at once (MISS)
+        return self._ready
+
+    def _reach(self, request: RequestLike) -> Tuple[List[str], List[str]]:
+        """(peers to ask now, peers being dialled: asked once ready)."""
+        return self._dialer.reach(self._candidates(request), self._ready_peers())
+
+    def _queue(self, rid: int, request: RequestLike, keys: List[bytes]) -> None:
+        cands = self._candidates(request)
+        ready, coming = self._reach(request)
+        if not ready and not coming:  # no peer to ask: answered at once (MISS)
             for k in keys:
                 self._answers[(rid, k)] = {p: False for p in cands}
             return
@@ -266,15 +283,34 @@ class KVPeerTier:
         queued, self._queued = self._queued, {}
         self._queued_keys.clear()
         self._ready = None
+        if self._pending:
+            self._poll_pending()
         n = 0
         for rid, (request, keys) in queued.items():
-            self._ask(rid, keys, self._candidates(request))
+            self._ask(rid, keys, *self._reach(request))
             n += len(keys)
         return n
 
+    def _poll_pending(self) -> None:
+        """Lookups waiting for a peer being dialled: sent once it is ready,
+        MISS once the dial failed or took longer than dial_wait_s."""
+        now = time.monotonic()
+        ready = self._ready_peers()
+        for (rid, p), (keys, deadline) in list(self._pending.items()):
+            if p in ready:
+                del self._pending[(rid, p)]
+                self._send(rid, keys, p)
+            elif now >= deadline or self._dialer.settled(p):
+                del self._pending[(rid, p)]
+                for k in keys:
+                    ans = self._answers.get((rid, k))
+                    if ans is not None and ans.get(p, False) is None:
+                        ans[p] = False
+
     def queued_lookups(self) -> int:
-        """Keys queued by lookup_many(defer=True) and not sent yet."""
-        return len(self._queued_keys)
+        """Keys queued by lookup_many(defer=True) and not sent yet, and keys
+        waiting for a peer being dialled."""
+        return len(self._queued_keys) + sum(len(v[0]) for v in self._pending.values())
 
     def _local_state(self, key: bytes) -> Optional[LookupResult]:
         st, b = self.node.try_get(key)  # no exception per miss: asked per key, per step
@@ -300,22 +336,37 @@ class KVPeerTier:
             return list(request.peers)
         return list(self.peers)
 
-    def _ask(self, rid: int, keys: List[bytes], peers: List[str]) -> None:
+    def _ask(self, rid: int, keys: List[bytes], peers: List[str],
+             coming: Sequence[str] = ()) -> None:
         for k in keys:
             self._answers[(rid, k)] = {}
         for p in peers:
-            try:
-                op = self.node.lookup(p, keys, rid)
-            except Error as e:  # routing failure: MISS at once, the node redials
-                if e.status == L.KVP_ERR_INVALID:
-                    raise
-                for k in keys:
-                    self._answers[(rid, k)][p] = False
-                continue
-            self._lookup_ops[op] = (rid, p)
-            self._rounds[(rid, p)] = _Round(op, set(keys))
+            self._send(rid, keys, p)
+        deadline = time.monotonic() + self._dialer.wait_s
+        for p in coming:
+            old = self._pending.get((rid, p))
+            self._pending[(rid, p)] = ((old[0] if old else []) + list(keys),
+                                       old[1] if old else deadline)
             for k in keys:
                 self._answers[(rid, k)][p] = None
+
+    def _send(self, rid: int, keys: List[bytes], p: str) -> None:
+        try:
+            op = self.node.lookup(p, keys, rid)
+        except Error as e:  # routing failure: MISS at once, the node redials
+            if e.status == L.KVP_ERR_INVALID:
+                raise
+            for k in keys:
+                ans = self._answers.get((rid, k))
+                if ans is not None:
+                    ans[p] = False
+            return
+        self._lookup_ops[op] = (rid, p)
+        self._rounds[(rid, p)] = _Round(op, set(keys))
+        for k in keys:
+            ans = self._answers.get((rid, k))
+            if ans is not None:
+                ans[p] = None
 
     # ---------------------------------------------------------- jobs
     def submit_load(self, job: LoadJob) -> None:
@@ -416,6 +467,8 @@ class KVPeerTier:
             del self._answers[k]
         for k in [k for k in self._rounds if k[0] == rid]:
             del self._rounds[k]
+        for k in [k for k in self._pending if k[0] == rid]:
+            del self._pending[k]
 
     def shutdown(self, timeout: float = 5.0) -> List[FinishedJob]:
         """Cancel pending loads, wait (bounded) for their outcomes, close the

@@ -3,26 +3,38 @@ framework (``vllm.v1.kv_offload.tiering``, vllm 0.34.0 tested).
 
 vLLM loads it without any patch, as an out-of-tree tier named in the
 TieringOffloadingSpec's ``secondary_tiers`` (SecondaryTierFactory.get_tier_class:
-``type`` is the class name, ``module_path`` the module)::
+``type`` is the class name, ``module_path`` the module); the same JSON on
+every host, each host's address in VLLM_P2P_SIDE_CHANNEL_HOST::
 
     --kv-transfer-config '{"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
       "kv_connector_extra_config": {"spec_name": "TieringOffloadingSpec",
         "cpu_bytes_to_use": 8589934592,
         "secondary_tiers": [{"type": "KVPeerSecondaryTier", "module_path": "kvpeer.vllm",
-                             "peers": ["10.0.0.2:7000"], "listen": "0.0.0.0:7000",
+                             "port": 7000, "peers": ["10.0.0.1:7000", "10.0.0.2:7000"],
                              "psk_file": "/etc/kvpeer/psk"}]}}'
 
-Config keys (the tier's entry in ``secondary_tiers``):
-  peers          list of "host:port" of the other engines' kvpeer tiers
-  listen         this tier's listen address ("host:port"; default 127.0.0.1:0)
-  psk_file       file holding the pre-shared key (all peers share it)
+Config keys (the tier's entry in ``secondary_tiers``; python/README.md):
+  peers          list of "host:port" of the other engines' kvpeer tiers (this
+                 engine's own id, if listed, is skipped)
+  host, port     vLLM's p2p tier's keys: bind and advertise host:port; default
+                 $VLLM_P2P_SIDE_CHANNEL_HOST / $VLLM_P2P_SIDE_CHANNEL_PORT, else
+                 127.0.0.1 and an ephemeral port; DP rank i binds port + i
+  listen         instead: the bind address ("0.0.0.0:7000"); advertised is then
+                 host, else $VLLM_P2P_SIDE_CHANNEL_HOST, else vLLM's get_ip();
+                 a wildcard is never advertised (refused, naming the key)
+  psk_file       the pre-shared key file (kvp_psk_load: kvpeerd's format);
+                 required beyond loopback unless ``insecure: true``
   block_size     bytes per kvpeer block; must equal vLLM's primary chunk size
                  (default: that size, ``primary_kv_view.strides[0]``)
-  num_blocks     kvpeer store capacity in blocks (default 1024)
-  compat         compatibility string; peers with another one are refused
-                 (default "vllm-kv/<block_size>": same chunk layout)
-  dead_after_ms  a silent peer is dead after this long (kvpeer default 3000)
-  hold_cap_ms    bound on quarantined slots / retained transfers (default 30000)
+  num_blocks     kvpeer store capacity in blocks (default 1024): host memory of
+                 num_blocks x chunk size, beside vLLM's CPU tier
+  compat         override of the fingerprint; default: vLLM's own p2p fingerprint
+                 fields (FileMapper.from_offloading_spec) + the hash seed
+                 (kvpeer.vllm_setup), so engines of different models never
+                 exchange a block
+  dead_after_ms  a silent peer is dead after this long (kvpeer default 2000)
+  hold_cap_ms    bound on quarantined slots / retained transfers (default 120000)
+  max_hinted_peers  peers dialled because a request named them (default 64)
   batch_lookups  one LOOKUP per (request, peer) per scheduler step (default
                  true); false sends one per lookup() call (for comparison)
   copy_thread    copy a finished load into vLLM's chunks on a kvpeer thread
@@ -46,15 +58,16 @@ with every key queued in the step. A dead or unready peer counts as MISS at
 once. With a supplier named in ``kv_transfer_params``
 (``{"kvpeer_supplier": "host:port"}``, prefill -> decode) a key no peer holds
 yet answers HIT: the load is then a fetch-before-supply from that peer.
-``{"kvpeer_peers": [...]}`` narrows the peers asked for that request.
+``{"kvpeer_peers": [...]}`` narrows the peers asked for that request. A
+named peer without a session is dialled on demand (kvpeer.dialer): RETRY
+while it is dialled, MISS if that fails or outlasts the handshake wait.
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import time
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from vllm.v1.kv_offload.base import (
     Locality,
@@ -69,23 +82,18 @@ from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, Tra
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from . import _lib as L
-from .node import config_defaults
+from . import psk
+from . import vllm_params as params
+from . import vllm_setup as setup
+from .vllm_params import request_id_of  # noqa: F401 (kvpeer.vllm.request_id_of)
+from .dialer import DEFAULT_MAX_HINTED
+from .node import CONFIG_FIELDS, Node, config_defaults
+from .node import Error as L_Error
 from .tier import HIT, HIT_PENDING, MISS, RETRY, KVPeerTier, LoadJob, Request, StoreJob
 
 log = logging.getLogger("kvpeer.vllm")
 
 DEFAULT_NUM_BLOCKS = 1024
-_TRANSFER_PARAM_SUPPLIER = "kvpeer_supplier"
-_TRANSFER_PARAM_PEERS = "kvpeer_peers"
-
-
-def request_id_of(req_id: str) -> int:
-    """kvpeer's 64-bit request id for a vLLM request id: a hash, so the
-    prefill and decode engines of one request derive the same id."""
-    h = int.from_bytes(hashlib.blake2b(req_id.encode(), digest_size=8).digest(), "little")
-    return h or 1  # 0 means "no request" to kvpeer
-
-
 class _ReqParams:
     """The kvpeer part of a request's kv_transfer_params, parsed once."""
 
@@ -96,22 +104,7 @@ class _ReqParams:
 
 
 def _parse_params(req_context: ReqContext) -> Request:
-    rid = request_id_of(req_context.req_id)
-    params = req_context.kv_transfer_params or {}
-    supplier = params.get(_TRANSFER_PARAM_SUPPLIER)
-    peers = params.get(_TRANSFER_PARAM_PEERS)
-    if supplier is not None and not (isinstance(supplier, str) and supplier):
-        log.error("request %s: kv_transfer_params[%r] must be a 'host:port' string, "
-                  "got %r: ignored", req_context.req_id, _TRANSFER_PARAM_SUPPLIER, supplier)
-        supplier = None
-    if peers is not None and not (isinstance(peers, (list, tuple))
-                                  and all(isinstance(p, str) and p for p in peers)):
-        log.error("request %s: kv_transfer_params[%r] must be a list of 'host:port' "
-                  "strings, got %r: ignored", req_context.req_id, _TRANSFER_PARAM_PEERS, peers)
-        peers = None
-    if supplier is not None and peers is not None and supplier not in peers:
-        peers = list(peers) + [supplier]
-    return Request(rid, peers=list(peers) if peers is not None else None, supplier=supplier)
+    return params.parse(req_context.req_id, req_context.kv_transfer_params)
 
 
 class KVPeerSecondaryTier(SecondaryTierManager):
@@ -128,11 +121,13 @@ class KVPeerSecondaryTier(SecondaryTierManager):
 
     def __init__(self, offloading_spec: Any, primary_kv_view: memoryview, tier_type: str,
                  backpressure_detector: Any = None, *, peers: Sequence[str] = (),
-                 listen: str = "127.0.0.1:0", psk_file: Optional[str] = None,
+                 listen: Optional[str] = None, host: Optional[str] = None,
+                 port: Optional[int] = None, psk_file: Optional[str] = None,
+                 insecure: bool = False,
                  block_size: Optional[int] = None, num_blocks: int = DEFAULT_NUM_BLOCKS,
                  compat: Optional[str] = None, dead_after_ms: Optional[int] = None,
                  hold_cap_ms: Optional[int] = None, batch_lookups: bool = True,
-                 copy_thread: bool = True,
+                 copy_thread: bool = True, max_hinted_peers: int = DEFAULT_MAX_HINTED,
                  locality: Any = None,
                  node_options: Optional[Dict[str, Any]] = None) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
@@ -154,32 +149,85 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         if isinstance(peers, str) or not all(isinstance(p, str) and p for p in peers):
             raise ValueError(f"kvpeer: peers must be a list of 'host:port' strings, got {peers!r}")
         opts: Dict[str, Any] = dict(node_options or {})
-        for k in ("listen_addr", "block_size", "num_blocks", "psk", "compat"):
+        for k in ("listen_addr", "peer_id", "block_size", "num_blocks", "psk", "compat",
+                  "insecure"):
             if k in opts:
                 raise ValueError(f"kvpeer: give {k} as the tier key, not in node_options")
-        opts.update(listen_addr=listen, block_size=block_size, num_blocks=num_blocks,
-                    compat=compat if compat is not None else f"vllm-kv/{block_size}")
+        if not isinstance(insecure, bool):
+            raise ValueError(f"kvpeer: insecure must be true or false, got {insecure!r}")
+        bind, advertised = self._identity(opts, offloading_spec, listen, host, port,
+                                          psk_file, insecure, compat)
+        opts.update(block_size=block_size, num_blocks=num_blocks)
         if dead_after_ms is not None:
             opts["dead_after_ms"] = dead_after_ms
         if hold_cap_ms is not None:
             opts["hold_cap_ms"] = hold_cap_ms
-        if psk_file is not None:
-            opts["psk"] = _read_psk(psk_file)
         self._load_timeout_ms = int(opts.get("load_timeout_ms",
                                              config_defaults()["load_timeout_ms"]))
         # vLLM's view is (num_chunks, chunk_bytes); a 2-D memoryview has no
         # row indexing, so chunks are addressed in a flat byte view of it.
         self._view = primary_kv_view.cast("B")
         self._num_chunks = primary_kv_view.shape[0]
-        self._tier = KVPeerTier(peers=list(peers), copy_thread=copy_thread, **opts)
-        self.peer_id = self._tier.node.peer_id
+        try:
+            node = Node(**opts)
+        except L_Error as e:  # a bind failure names the address kvpeer tried
+            raise L_Error(e.status, f"kvpeer tier on {bind}"
+                          f"{' (advertised ' + advertised + ')' if advertised else ''}: "
+                          f"{e.detail}") from None
+        self.peer_id = node.peer_id
+        # One JSON for the whole fleet may list this engine too: not a peer.
+        peers = [p for p in peers if p != self.peer_id]
+        try:
+            self._tier = KVPeerTier(node=node, peers=peers, copy_thread=copy_thread,
+                                    owns_node=True, max_hinted_peers=max_hinted_peers,
+                                    dial_wait_s=_dial_wait_s(opts))
+        except BaseException:
+            node.close()
+            raise
         self._submitted: Dict[int, float] = {}
         self._results: List[JobResult] = []
-        log.info("kvpeer tier %s: %d blocks of %d B, peers %s", self.peer_id, num_blocks,
-                 block_size, list(peers))
+        log.info("kvpeer tier %s: %d blocks of %d B, compat %s, peers %s", self.peer_id,
+                 num_blocks, block_size, self.compat, list(peers))
+
+    def _identity(self, opts: Dict[str, Any], offloading_spec: Any, listen: Optional[str],
+                  host: Optional[str], port: Any, psk_file: Optional[str], insecure: bool,
+                  compat: Optional[str]) -> Tuple[str, Optional[str]]:
+        """Who this tier is and whom it may talk to (issue 28): bind address
+        and advertised peer id (kvpeer.vllm_setup.addresses), the compat
+        fingerprint, the PSK. Sets them in ``opts``; returns (bind, advertised)."""
+        if not isinstance(insecure, bool):
+            raise ValueError(f"kvpeer: insecure must be true or false, got {insecure!r}")
+        parallel = offloading_spec.config.parallel
+        bind, advertised = setup.addresses(listen, host, port, parallel.data_parallel_index)
+        # The default compat: the fields vLLM's own p2p tier fingerprints
+        # (model, dtype, parallel layout, tokens per hash, KV groups, layout)
+        # and the hash seed, so engines of different models never share a block.
+        self._hash_seed = setup.hash_seed()
+        self._seed_checked = self._seed_mismatch = False
+        if compat is not None and not (isinstance(compat, str) and compat):
+            raise ValueError(f"kvpeer: compat must be a non-empty string, got {compat!r}")
+        self.compat = compat if compat is not None else setup.fingerprint(offloading_spec,
+                                                                          self._hash_seed)
+        opts.update(listen_addr=bind, peer_id=advertised, compat=self.compat)
+        if psk_file is not None:
+            try:
+                opts["psk"] = psk.load(psk_file)
+            except L_Error as e:
+                raise ValueError(f"kvpeer: {e.detail or e}") from None
+        elif not insecure and not _loopback(bind):
+            raise ValueError(f"kvpeer: listening on {bind} (beyond loopback) needs a "
+                             f"pre-shared key: set psk_file (one key file for every peer "
+                             f"and kvpeerd), or insecure: true to run without one")
+        if insecure and "insecure" in CONFIG_FIELDS:  # the library refuses otherwise
+            opts["insecure"] = 1
+        return bind, advertised
 
     # ------------------------------------------------------------ lookup
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        if not self._seed_checked:
+            self._check_seed()
+        if self._seed_mismatch:
+            return LookupResult.MISS
         req = self._request(req_context)
         # vLLM looks keys up one call at a time: the asks are queued and
         # on_schedule_end sends one LOOKUP per (request, peer) for the step.
@@ -194,6 +242,15 @@ class KVPeerSecondaryTier(SecondaryTierManager):
             if not self._tier._inflight_keys.get(bytes(key)):
                 return LookupResult.HIT
         return LookupResult.RETRY  # asked a peer, or a load of it is in flight
+
+    def _check_seed(self) -> None:
+        """Once, at the first lookup (vLLM resolves its hash seed after the
+        tier is built): the seed fingerprinted must be the one in use."""
+        self._seed_checked = True
+        why = setup.check_hash_seed(self._hash_seed)
+        if why is not None:
+            self._seed_mismatch = True
+            log.error("kvpeer tier %s: %s; every lookup answers MISS", self.peer_id, why)
 
     def on_schedule_end(self, context: ScheduleEndContext) -> None:
         """End of the scheduler step: send this step's lookups, one LOOKUP
@@ -308,6 +365,7 @@ class KVPeerSecondaryTier(SecondaryTierManager):
 
 def offloading_config(engine_id: str, chunk_bytes: int, num_chunks: int,
                        secondary_tiers: List[Dict[str, Any]], model_name: str = "none",
+                       dtype: str = "float16", tp_size: int = 1, dp_index: int = 0,
                        **extra: Any):
     """vLLM's OffloadingConfig for a TieringOffloadingSpec of one KV group
     (16 tokens per block, one layer) on one rank: a primary CPU tier of
@@ -326,20 +384,24 @@ def offloading_config(engine_id: str, chunk_bytes: int, num_chunks: int,
         groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=("l0",), group_id=0),),
         worker_kv_bytes_per_block=chunk_bytes, enable_kv_cache_events=False,
         extra_config=extra_config, engine_id=engine_id,
-        model=OffloadingModelConfig(name=model_name, dtype="float16"),
+        model=OffloadingModelConfig(name=model_name, dtype=dtype),
         cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
         parallel=OffloadingParallelConfig(
-            rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1,
-            data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
+            rank=0, world_size=tp_size, tp_size=tp_size, pp_size=1, pcp_size=1, dcp_size=1,
+            data_parallel_index=dp_index, data_parallel_size=dp_index + 1,
+            data_parallel_rank_local=None,
             is_parallelism_agnostic=False))
 
 
-def _read_psk(path: str) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            psk = f.read().strip()
-    except OSError as e:
-        raise ValueError(f"kvpeer: psk_file {path!r}: {e.strerror}") from None
-    if not psk:
-        raise ValueError(f"kvpeer: psk_file {path!r} is empty")
-    return psk
+
+def _dial_wait_s(opts: Dict[str, Any]) -> float:
+    """How long a lookup waits for a peer being dialled: what kvpeer's own
+    remote calls wait for a handshake in progress."""
+    d = config_defaults()
+    return min(int(opts.get("handshake_timeout_ms", d["handshake_timeout_ms"])),
+               int(opts.get("dead_after_ms", d["dead_after_ms"]))) / 1000.0
+
+
+def _loopback(addr: str) -> bool:
+    host = addr.rpartition(":")[0].strip("[]")
+    return host == "localhost" or host == "::1" or host.startswith("127.")

@@ -120,26 +120,39 @@ def test_tier_deferred_lookups(tier_factory, peer_factory):
         time.sleep(0.01)
     assert tier.lookup_many(keys + [b"absent"], req, defer=True) == [HIT] * 5 + [MISS]
     assert tier.flush_lookups() == 0 and len(sent) == 1  # answered keys are not re-asked
-    # No ready session to any candidate: MISS at once, nothing queued.
-    assert tier.lookup_many([b"x"], Request(33, peers=["127.0.0.1:9"]), defer=True) == [MISS]
-    assert tier.queued_lookups() == 0
+    # A candidate nobody listens on is dialled (issue 28: named peers are
+    # dialled on demand): RETRY while dialling, MISS once the dial failed,
+    # bounded; nothing is left queued.
+    down = Request(33, peers=["127.0.0.1:9"])
+    deadline = time.monotonic() + scaled(5)
+    while RETRY in tier.lookup_many([b"x"], down, defer=True) and time.monotonic() < deadline:
+        tier.flush_lookups()
+        time.sleep(0.01)
+    assert tier.lookup_many([b"x"], down, defer=True) == [MISS]
+    assert tier.queued_lookups() == 0 and len(sent) == 1  # no LOOKUP to a failed dial
+    # A peer whose dial failed is MISS at once afterwards.
+    assert tier.lookup_many([b"y"], Request(34, peers=["127.0.0.1:9"]), defer=True) == [MISS]
     tier.on_request_finished(req)
 
 
 def test_tier_deferred_lookups_see_a_peer_come_up(tier_factory, peer_factory):
-    """A deferred lookup while no candidate is ready answers MISS at once; a
-    peer that comes up afterwards is asked, even when the caller ended no
-    step in between (an engine whose every answer was MISS; the bench's
-    warm-up never hit once in 1 of 4 runs when the list of ready peers lived
-    until the next flush_lookups())."""
+    """A request naming a peer the node does not know dials it (issue 28;
+    it used to answer MISS for ever): RETRY while dialling, then the lookup
+    goes out and answers HIT. A peer that comes up is asked even when the
+    caller ended no step in between (an engine whose every answer was MISS;
+    the bench's warm-up never hit once in 1 of 4 runs when the list of ready
+    peers lived until the next flush_lookups())."""
     src = peer_factory()
     keys = [b"U-%d" % i for i in range(3)]
     src.call("put_pattern", keys, BS, 0)
     tier = tier_factory(peers=[])
     req = Request(35, peers=[src.peer_id])
-    assert tier.lookup_many(keys, req, defer=True) == [MISS] * 3  # not a peer yet
-    assert tier.queued_lookups() == 0
-    tier.node.add_peer(src.peer_id)
+    assert tier.lookup_many(keys, req, defer=True) == [RETRY] * 3  # dialled, not MISS
+    deadline = time.monotonic() + scaled(10)
+    while RETRY in tier.lookup_many(keys, req, defer=True) and time.monotonic() < deadline:
+        tier.flush_lookups()
+        time.sleep(0.01)
+    assert tier.lookup_many(keys, req, defer=True) == [HIT] * 3
     tier.node.wait_peer(src.peer_id, scaled(10))
     time.sleep(0.05)  # past the ready list's lifetime, however fast the session came up
     req2 = Request(36, peers=[src.peer_id])
@@ -339,3 +352,26 @@ def test_tier_bad_input(tier_factory):
     assert [(d.job_id, d.ok) for d in tier.get_finished_jobs()] == [("z", False)]
     with pytest.raises(TypeError):
         KVPeerTier(node=tier.node, num_blocks=4)
+
+
+def test_tier_redials_a_static_peer_closed_as_idle(tier_factory, peer_factory):
+    """The node closes a session idle for idle_session_ms and stops
+    redialling it; the tier's next lookup for that static peer dials it
+    again (issue 28; before, every lookup was MISS from then on)."""
+    src = peer_factory()
+    keys = [b"I-%d" % i for i in range(2)]
+    src.call("put_pattern", keys, BS, 0)
+    tier = tier_factory(peers=[src.peer_id], idle_session_ms=300)
+    tier.node.wait_peer(src.peer_id, scaled(10))
+    deadline = time.monotonic() + scaled(10)
+    while any(p.peer == src.peer_id and p.wanted for p in tier.node.peer_states()) \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(p.peer == src.peer_id and p.wanted for p in tier.node.peer_states())
+    req = Request(37)
+    deadline = time.monotonic() + scaled(10)
+    while RETRY in tier.lookup_many(keys, req, defer=True) and time.monotonic() < deadline:
+        tier.flush_lookups()
+        time.sleep(0.01)
+    assert tier.lookup_many(keys, req, defer=True) == [HIT] * 2
+    tier.on_request_finished(req)

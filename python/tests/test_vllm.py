@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional, Sequence
 
 import pytest
 
@@ -47,6 +47,13 @@ def tier_cfg(**kw: Any) -> Dict[str, Any]:
     return cfg
 
 
+def write_psk(path: Path, mode: int = 0o600) -> str:
+    """A key file as the README says (`openssl rand -hex 32`, chmod 600)."""
+    path.write_text(os.urandom(32).hex() + "\n")
+    path.chmod(mode)
+    return str(path)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -56,13 +63,17 @@ def free_port() -> int:
 class Child:
     """Engine A in its own process (python vllm_engine.py)."""
 
-    def __init__(self, cfg: Dict[str, Any]) -> None:
-        env = dict(os.environ)
-        self.p = subprocess.Popen([sys.executable, str(HERE / "vllm_engine.py"), json.dumps(cfg)],
+    def __init__(self, cfg: Dict[str, Any], spec: Optional[Dict[str, Any]] = None,
+                 prefix: Sequence[str] = (), env: Optional[Dict[str, str]] = None) -> None:
+        """``spec``: vllm_engine's offloading_config fields (model_name, ...);
+        ``prefix``: a command the child runs under (ip netns exec NS)."""
+        self.p = subprocess.Popen([*prefix, sys.executable, str(HERE / "vllm_engine.py"),
+                                   json.dumps(cfg), json.dumps(spec or {})],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                  env=env)
+                                  env={**os.environ, **(env or {})})
         hello = self._read(scaled(60))
         self.peer_id = hello["peer_id"]
+        self.compat = hello["compat"]
 
     def _read(self, timeout: float) -> Dict[str, Any]:
         import selectors
@@ -81,12 +92,21 @@ class Child:
         finally:
             sel.close()
 
-    def store(self, keys: List[bytes], seed: int, req_id: str = "") -> List[bool]:
+    def store(self, keys: List[bytes], seed: int, req_id: str = "",
+              params: Optional[Dict[str, Any]] = None) -> List[bool]:
         self.p.stdin.write(json.dumps({"op": "store", "keys": [k.hex() for k in keys],
                                        "seed": seed, "timeout": scaled(10),
-                                       "req_id": req_id or None}) + "\n")
+                                       "req_id": req_id or None, "params": params}) + "\n")
         self.p.stdin.flush()
         return self._read(scaled(30))["stored"]
+
+    def load(self, keys: List[bytes], params: Optional[Dict[str, Any]] = None,
+             timeout: float = 10.0) -> Dict[str, Any]:
+        """Look keys up (stepping) and load them: {"results", "digests", "blocks_in"}."""
+        self.p.stdin.write(json.dumps({"op": "load", "keys": [k.hex() for k in keys],
+                                       "params": params, "timeout": scaled(timeout)}) + "\n")
+        self.p.stdin.flush()
+        return self._read(scaled(timeout) + scaled(30))
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.p.poll() is None:
@@ -145,8 +165,7 @@ def procs():
 @pytest.fixture(scope="module")
 def psk(tmp_path_factory) -> str:
     p = tmp_path_factory.mktemp("psk") / "psk"
-    p.write_bytes(b"kvpeer-vllm-test-key\n")
-    return str(p)
+    return write_psk(p)
 
 
 @pytest.fixture(scope="module")
@@ -367,14 +386,19 @@ def test_vllm_tier_config_errors(tmp_path, engines):
     with pytest.raises(ValueError, match="psk_file"):
         Engine(tier_cfg(psk_file=str(tmp_path / "nope")))
     (tmp_path / "empty").write_bytes(b"\n")
-    with pytest.raises(ValueError, match="empty"):
+    (tmp_path / "empty").chmod(0o600)
+    with pytest.raises(ValueError, match="psk_file .*empty"):  # kvp_psk_load's words
         Engine(tier_cfg(psk_file=str(tmp_path / "empty")))
+    with pytest.raises(ValueError, match="chmod 600"):
+        Engine(tier_cfg(psk_file=write_psk(tmp_path / "open", mode=0o644)))
     with pytest.raises(ValueError, match="peers"):
         Engine(tier_cfg(peers="127.0.0.1:1"))
     with pytest.raises(ValueError, match="batch_lookups"):
         Engine(tier_cfg(batch_lookups="yes"))
-    with pytest.raises(kvpeer.Error):
+    with pytest.raises(ValueError, match="listen"):
         Engine(tier_cfg(listen="not-an-address"))
+    with pytest.raises(kvpeer.Error, match="nosuchhost.invalid"):  # names the address
+        Engine(tier_cfg(listen="nosuchhost.invalid:1", insecure=True))
     assert set(Path("/dev/shm").glob("vllm_offload_kvpeer-test-*")) == before
     # Bad kv_transfer_params are logged and ignored, not raised into the scheduler.
     e = engines(tier_cfg())
@@ -386,7 +410,7 @@ def test_vllm_tier_config_errors(tmp_path, engines):
 
 def test_vllm_psk_mismatch_is_a_miss(tmp_path, engine_a, engines):
     """Peers with different PSKs never get a session: lookups MISS."""
-    (tmp_path / "k2").write_bytes(b"another-key-of-24-bytes\n")
+    write_psk(tmp_path / "k2")
     a = engine_a
     b = engines(tier_cfg(peers=[a.peer_id], psk_file=str(tmp_path / "k2")))
     keys = [make_key(200)]
@@ -423,8 +447,8 @@ def test_vllm_readme_kv_transfer_config(tmp_path, engines):
     assert OffloadingSpecFactory.get_spec_cls(extra) is TieringOffloadingSpec
     (tier,) = extra["secondary_tiers"]
     assert SecondaryTierFactory.get_tier_class(tier) is KVPeerSecondaryTier
-    (tmp_path / "psk").write_bytes(b"readme-psk-of-20-bytes\n")
-    local = {k: v for k, v in tier.items() if k not in ("type", "module_path")}
+    write_psk(tmp_path / "psk")
+    local = {k: v for k, v in tier.items() if k not in ("type", "module_path", "port", "host")}
     local.update(peers=[], listen="127.0.0.1:0", psk_file=str(tmp_path / "psk"), num_blocks=16)
     e = engines(local)
     assert e.tier.peer_id.startswith("127.0.0.1:")

@@ -51,10 +51,13 @@ def make_key(i: int, group: int = 0) -> bytes:
 class Engine:
     """One engine's scheduler-side offloading stack."""
 
-    def __init__(self, tier_config: Dict[str, Any], num_chunks: int = NUM_CHUNKS) -> None:
+    def __init__(self, tier_config: Dict[str, Any], num_chunks: int = NUM_CHUNKS,
+                 **spec: Any) -> None:
+        """``spec``: offloading_config's model_name, dtype, tp_size, dp_index."""
         self.engine_id = f"kvpeer-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         tier = {"type": "KVPeerSecondaryTier", "module_path": "kvpeer.vllm", **tier_config}
-        cfg = offloading_config(self.engine_id, CHUNK, num_chunks, [tier], tier_poll_interval_s=0)
+        cfg = offloading_config(self.engine_id, CHUNK, num_chunks, [tier], tier_poll_interval_s=0,
+                                **spec)
         self.spec = OffloadingSpecFactory.create_spec(cfg)
         self.manager = self.spec.get_manager()
         self.tier = self.manager.secondary_tiers[0]
@@ -80,10 +83,11 @@ class Engine:
             self.manager.on_schedule_end(STEP_END)
 
     def store(self, keys: Sequence[bytes], seed: int, timeout: float,
-              req_id: Optional[str] = None) -> List[bool]:
+              req_id: Optional[str] = None,
+              params: Optional[Dict[str, Any]] = None) -> List[bool]:
         """GPU->primary store (the test writes the chunks), then vLLM cascades
         to the kvpeer tier; waits until no tier job is running."""
-        c = self.ctx(req_id=req_id)
+        c = self.ctx(params, req_id=req_id)
         with self.manager.lock:
             out = self.manager.prepare_store(keys, c)
             assert out is not None, "primary tier full"
@@ -141,17 +145,30 @@ class Engine:
 
 
 def main() -> None:
-    """Child process: build an Engine from argv[1] (JSON tier config), print
-    {"peer_id": ...}, then answer one JSON line per command line."""
-    eng = Engine(json.loads(sys.argv[1]))
-    print(json.dumps({"peer_id": eng.peer_id}), flush=True)
+    """Child process: build an Engine from argv[1] (JSON tier config) and
+    argv[2] (JSON offloading_config fields, optional), print {"peer_id":
+    ...}, then answer one JSON line per command line."""
+    spec = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
+    eng = Engine(json.loads(sys.argv[1]), **spec)
+    print(json.dumps({"peer_id": eng.peer_id, "compat": eng.tier.compat}), flush=True)
     for line in sys.stdin:
         cmd = json.loads(line)
         op = cmd["op"]
         if op == "store":
             keys = [bytes.fromhex(k) for k in cmd["keys"]]
-            ok = eng.store(keys, cmd["seed"], cmd.get("timeout", 10.0), cmd.get("req_id"))
+            ok = eng.store(keys, cmd["seed"], cmd.get("timeout", 10.0), cmd.get("req_id"),
+                           cmd.get("params"))
             print(json.dumps({"stored": ok}), flush=True)
+        elif op == "load":  # look up (stepping) and load: digests of what vLLM reads
+            keys = [bytes.fromhex(k) for k in cmd["keys"]]
+            c = eng.ctx(cmd.get("params"))
+            res = eng.lookup_all(keys, c, timeout=cmd.get("timeout", 10.0))
+            data = eng.read(keys, c) if all(r is LookupResult.HIT for r in res) else []
+            eng.finish(c)
+            st = eng.tier._tier.node.stats()
+            print(json.dumps({"results": [r.name for r in res],
+                              "digests": [hashlib.sha256(d).hexdigest() for d in data],
+                              "blocks_in": st["blocks_in"]}), flush=True)
         elif op == "quit":
             break
     eng.close()
