@@ -184,7 +184,7 @@ typedef struct raw {
 
 static void raw_cfg_set(const char *k, const char *v, void *arg)
 {
-    if (ucp_config_modify(arg, k, v) != UCS_OK)
+    if (kvp__ucx_config_modify(arg, k, v) != UCS_OK)
         die("ucp_config_modify");
 }
 

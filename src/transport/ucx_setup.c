@@ -385,7 +385,7 @@ static kvp_status_t ucx_config_apply(ucx_xport_t *x, ucp_config_t *c, const kvp_
     for (size_t i = 0; i < KVP_ARRAY_SIZE(kv); i++) {
         if (!kv[i].v)
             continue;
-        ucs_status_t s = ucp_config_modify(c, kv[i].k, kv[i].v);
+        ucs_status_t s = kvp__ucx_config_modify(c, kv[i].k, kv[i].v); /* issue 30 */
         if (s != UCS_OK) {
             KVP_ERROR(PFX(x), "ucp_config_modify(%s=%s): %s", kv[i].k, kv[i].v,
                       ucs_status_string(s));
