@@ -223,5 +223,8 @@ ucx_peer_t *kvp__ucx_peer_find(ucx_xport_t *x, kvp_xpeer_id_t id);
  * (INFO, or WARN on a mismatch). */
 bool kvp__ucx_version_describe(char *buf, size_t cap);
 void kvp__ucx_version_log(ucx_xport_t *x);
+/* Whether the loaded UCX knows ucp key `key` (a UCX that accepts any key,
+ * like 1.13, answers false). */
+bool kvp__ucx_config_has(const char *key, const char *value);
 
 #endif

@@ -307,7 +307,7 @@ typedef struct ucx_kv {
     const char *k, *v;
 } ucx_kv_t;
 
-enum { UCX_KV_N = 6 };
+enum { UCX_KV_N = 7 };
 
 /* Which keys need ucp_config_modify; UCX_* environment values stay unless a
  * config field overrides them. Fills kv[UCX_KV_N]; returns the effective TLS.
@@ -333,7 +333,16 @@ enum { UCX_KV_N = 6 };
  * receives every fragment (an operator who sets UCX_TCP_RX_SEG_SIZE below 64K
  * on one node must set it on all). e2e_bench tcp, 256 KiB blocks, 16 MiB requests,
  * K=4, checksums off, 2026-12-03 load 1.5: 1.04 -> 2.67 GB/s, CPU 1.55 ->
- * 0.64 s/GB. */
+ * 0.64 s/GB.
+ *
+ * PROTO_EMULATION_ENABLE=n (issue 30; only where the loaded UCX has the key,
+ * >= 1.21, and unless UCX_PROTO_EMULATION_ENABLE is set): kvpeer posts
+ * ucp_put_nbx only on a direct path and never wants UCX to emulate it (the
+ * target would copy it and answer with a send, which aborts the target when
+ * the source died): such a put now fails, the transfer with it. It is a
+ * sender setting: it does not stop the software put handler from serving
+ * another process's emulated puts (issue 27). The bench's legacy_put and the
+ * emulated-put mutation keep emulation. */
 static const char *ucx_config_keys(const kvp_ucx_config_t *cfg, ucx_kv_t kv[UCX_KV_N])
 {
     const char *tls = cfg->tls ? cfg->tls : getenv("UCX_TLS");
@@ -356,6 +365,12 @@ static const char *ucx_config_keys(const kvp_ucx_config_t *cfg, ucx_kv_t kv[UCX_
     kv[5] = (ucx_kv_t){"TX_SEG_SIZE", /* the tcp transport's, without its TCP_ prefix */
                        getenv("UCX_TCP_TX_SEG_SIZE") || getenv("UCX_TCP_RX_SEG_SIZE") ? NULL
                                                                                      : "64K"};
+    kv[6] = (ucx_kv_t){"PROTO_EMULATION_ENABLE",
+                       cfg->legacy_put || KVP_MUTATED(KVP_MUT_UCX_EMULATED_PUT) ||
+                               getenv("UCX_PROTO_EMULATION_ENABLE") ||
+                               !kvp__ucx_config_has("PROTO_EMULATION_ENABLE", "n")
+                           ? NULL
+                           : "n"};
     return tls;
 }
 
@@ -394,10 +409,10 @@ static kvp_status_t ucx_config_apply(ucx_xport_t *x, ucp_config_t *c, const kvp_
     }
     KVP_INFO(PFX(x),
              "UCX %s: TLS=%s MM_ERROR_HANDLING=%s KEEPALIVE_INTERVAL=%s ALLOC_PRIO=%s ZCOPY_THRESH=%s "
-             "TCP_TX_SEG_SIZE=%s",
+             "TCP_TX_SEG_SIZE=%s PROTO_EMULATION_ENABLE=%s",
              ucp_get_version_string(), tls ? tls : "(default)", kv[1].v ? "y" : "(no shm)",
              kv[2].v ? kv[2].v : "(env)", kv[3].v ? kv[3].v : "(env)", kv[4].v ? kv[4].v : "(env)",
-             kv[5].v ? kv[5].v : "(env)");
+             kv[5].v ? kv[5].v : "(env)", kv[6].v ? kv[6].v : "(env or UCX default)");
     return KVP_OK;
 }
 

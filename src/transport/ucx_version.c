@@ -56,3 +56,19 @@ int kvp__ucx_config_modify(void *ucp_config, const char *key, const char *value)
         s = ucp_config_modify(ucp_config, "TCP_TX_SEG_SIZE", value);
     return s;
 }
+
+/* Whether the loaded UCX knows ucp key `key` (and takes `value`), asked on a
+ * scratch configuration: only a UCX that refuses unknown keys can say so
+ * (1.22 does; 1.13 accepts any key, keeps it for its transports and warns
+ * "invalid configuration" when none takes it, so there the answer is no). */
+bool kvp__ucx_config_has(const char *key, const char *value)
+{
+    ucp_config_t *c = NULL;
+
+    if (ucp_config_read(NULL, NULL, &c) != UCS_OK)
+        return false;
+    bool checks = ucp_config_modify(c, "KVPEER_NO_SUCH_KEY", "1") != UCS_OK;
+    bool has = checks && ucp_config_modify(c, key, value) == UCS_OK;
+    ucp_config_release(c);
+    return has;
+}
