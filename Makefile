@@ -150,8 +150,8 @@ ucx122: deps-c
 	@cmake --build $(UCX122_DIR) -j $(JOBS)
 
 test-ucx122: ucx122
-	@echo "test-ucx122: $$(grep -h 'Library version' build/ucx122-pkgconfig/ucx_info-v.txt)"; \
-	  ldd $(UCX122_DIR)/tools/kvpeerd | grep -E 'libuc[pts]\.' | sed 's/^[[:space:]]*/test-ucx122: kvpeerd loads /'
+	@ldd $(UCX122_DIR)/tools/kvpeerd | grep -E 'libuc[pts]\.' | sed 's/^[[:space:]]*/test-ucx122: kvpeerd loads /'
+	@UCX_NET_DEVICES=lo $(UCX122_DIR)/tests/transport/test_ucx_version 2>&1 | sed -n 's/^# UCX/test-ucx122: UCX/p'
 	cd $(UCX122_DIR) && ctest --output-on-failure -j $(JOBS) -R '$(UCX122_TESTS)' $(CTEST_ARGS)
 	UCX_NET_DEVICES=lo KVPEER_TEST_TIME_SCALE=3 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitizer/lsan.supp UBSAN_OPTIONS=halt_on_error=1 \
