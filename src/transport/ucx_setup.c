@@ -307,7 +307,7 @@ typedef struct ucx_kv {
     const char *k, *v;
 } ucx_kv_t;
 
-enum { UCX_KV_N = 7 };
+enum { UCX_KV_N = 8 };
 
 /* Which keys need ucp_config_modify; UCX_* environment values stay unless a
  * config field overrides them. Fills kv[UCX_KV_N]; returns the effective TLS.
@@ -342,7 +342,18 @@ enum { UCX_KV_N = 7 };
  * the source died): such a put now fails, the transfer with it. It is a
  * sender setting: it does not stop the software put handler from serving
  * another process's emulated puts (issue 27). The bench's legacy_put and the
- * emulated-put mutation keep emulation. */
+ * emulated-put mutation keep emulation.
+ *
+ * TCP_PUT_ENABLE=n (issue 30; unless UCX_TCP_PUT_ENABLE is set): our tcp
+ * interface does not offer UCX's native tcp put. UCX 1.22 sends a put over
+ * tcp as that zero-copy put whenever the target offers it (1.13 emulated it
+ * with active messages), and libuct's tcp receiver writes its bytes to the
+ * address in the request -- no rkey, no region, no UCP feature checked: a
+ * foreign UCX 1.22 worker wrote 64 KiB into memory of a context WITHOUT
+ * UCP_FEATURE_RMA that had registered nothing. Not offered, a stock sender
+ * falls back to the emulated put, which a context without RMA drops (the
+ * receiver still parses a hand-made PUT request: only not exposing the tcp
+ * port closes that). kvpeer's own writes on tcp are active messages. */
 static const char *ucx_config_keys(const kvp_ucx_config_t *cfg, ucx_kv_t kv[UCX_KV_N])
 {
     const char *tls = cfg->tls ? cfg->tls : getenv("UCX_TLS");
@@ -356,6 +367,10 @@ static const char *ucx_config_keys(const kvp_ucx_config_t *cfg, ucx_kv_t kv[UCX_
      * without any shm transport UCX rejects it with a warning, so skip. */
     bool shm = !tls || tls[0] == '^' || strstr(tls, "sm") || strstr(tls, "posix") ||
                strstr(tls, "sysv") || strstr(tls, "mm") || strstr(tls, "all");
+    /* The tcp keys likewise only with tcp (1.13 warns "invalid
+     * configurations: TX_SEG_SIZE=64K,..." when no transport takes them). */
+    bool tcp = !tls || strstr(tls, "all") ||
+               (tls[0] == '^' ? strstr(tls, "tcp") == NULL : strstr(tls, "tcp") != NULL);
 
     kv[0] = (ucx_kv_t){"TLS", cfg->tls};
     kv[1] = (ucx_kv_t){"MM_ERROR_HANDLING", shm ? "y" : NULL};
@@ -363,14 +378,17 @@ static const char *ucx_config_keys(const kvp_ucx_config_t *cfg, ucx_kv_t kv[UCX_
     kv[3] = (ucx_kv_t){"ALLOC_PRIO", ap};
     kv[4] = (ucx_kv_t){"ZCOPY_THRESH", getenv("UCX_ZCOPY_THRESH") ? NULL : "inf"};
     kv[5] = (ucx_kv_t){"TX_SEG_SIZE", /* the tcp transport's, without its TCP_ prefix */
-                       getenv("UCX_TCP_TX_SEG_SIZE") || getenv("UCX_TCP_RX_SEG_SIZE") ? NULL
-                                                                                     : "64K"};
+                       !tcp || getenv("UCX_TCP_TX_SEG_SIZE") || getenv("UCX_TCP_RX_SEG_SIZE")
+                           ? NULL
+                           : "64K"};
     kv[6] = (ucx_kv_t){"PROTO_EMULATION_ENABLE",
                        cfg->legacy_put || KVP_MUTATED(KVP_MUT_UCX_EMULATED_PUT) ||
                                getenv("UCX_PROTO_EMULATION_ENABLE") ||
                                !kvp__ucx_config_has("PROTO_EMULATION_ENABLE", "n")
                            ? NULL
                            : "n"};
+    kv[7] = (ucx_kv_t){"PUT_ENABLE", /* the tcp transport's, without its TCP_ prefix */
+                       !tcp || getenv("UCX_TCP_PUT_ENABLE") ? NULL : "n"};
     return tls;
 }
 
@@ -409,10 +427,11 @@ static kvp_status_t ucx_config_apply(ucx_xport_t *x, ucp_config_t *c, const kvp_
     }
     KVP_INFO(PFX(x),
              "UCX %s: TLS=%s MM_ERROR_HANDLING=%s KEEPALIVE_INTERVAL=%s ALLOC_PRIO=%s ZCOPY_THRESH=%s "
-             "TCP_TX_SEG_SIZE=%s PROTO_EMULATION_ENABLE=%s",
+             "TCP_TX_SEG_SIZE=%s PROTO_EMULATION_ENABLE=%s TCP_PUT_ENABLE=%s",
              ucp_get_version_string(), tls ? tls : "(default)", kv[1].v ? "y" : "(no shm)",
              kv[2].v ? kv[2].v : "(env)", kv[3].v ? kv[3].v : "(env)", kv[4].v ? kv[4].v : "(env)",
-             kv[5].v ? kv[5].v : "(env)", kv[6].v ? kv[6].v : "(env or UCX default)");
+             kv[5].v ? kv[5].v : "(env)", kv[6].v ? kv[6].v : "(env or UCX default)",
+             kv[7].v ? kv[7].v : "(env)");
     return KVP_OK;
 }
 

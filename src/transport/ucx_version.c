@@ -50,10 +50,15 @@ void kvp__ucx_version_log(ucx_xport_t *x)
  * first, the tcp transport's prefixed name when that is refused. */
 int kvp__ucx_config_modify(void *ucp_config, const char *key, const char *value)
 {
+    static const char *const tcp_keys[] = {"TX_SEG_SIZE", "PUT_ENABLE"};
     ucs_status_t s = ucp_config_modify(ucp_config, key, value);
+    char name[64];
 
-    if (s != UCS_OK && strcmp(key, "TX_SEG_SIZE") == 0)
-        s = ucp_config_modify(ucp_config, "TCP_TX_SEG_SIZE", value);
+    for (size_t i = 0; s != UCS_OK && i < sizeof(tcp_keys) / sizeof(tcp_keys[0]); i++)
+        if (strcmp(key, tcp_keys[i]) == 0) {
+            snprintf(name, sizeof(name), "TCP_%s", key);
+            s = ucp_config_modify(ucp_config, name, value);
+        }
     return s;
 }
 

@@ -135,15 +135,23 @@ static ucs_status_t raw_put(raw_t *r, kvp_xport_t *t, uint64_t dst)
     return put_st != UCS_OK ? put_st : flush_st;
 }
 
-static void raw_open(raw_t *r, const kvp_ucx_blob_parts_t *bp)
+/* foreign: a stock UCX over tcp that never emulates a put (it takes the
+ * native tcp put or nothing); else UCX configured exactly as kvpeer's, over
+ * shared memory only (no self, no tcp). */
+static void raw_open(raw_t *r, const kvp_ucx_blob_parts_t *bp, bool foreign)
 {
     kvp_ucx_config_t cfg;
     ucp_config_t *c = NULL;
 
     kvp_ucx_config_default(&cfg);
-    cfg.tls = "sysv,posix"; /* shared memory only: no self, no tcp */
+    cfg.tls = "sysv,posix";
     assert_int_equal(ucp_config_read(NULL, NULL, &c), UCS_OK);
-    kvp_ucx_config_each(&cfg, raw_set, c); /* UCX configured exactly as kvpeer's */
+    if (foreign) {
+        assert_int_equal(ucp_config_modify(c, "TLS", "tcp"), UCS_OK);
+        assert_int_equal(ucp_config_modify(c, "PROTO_EMULATION_ENABLE", "n"), UCS_OK);
+    } else {
+        kvp_ucx_config_each(&cfg, raw_set, c);
+    }
     ucp_params_t prm = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_RMA};
     assert_int_equal(ucp_init(&prm, c, &r->ctx), UCS_OK);
     ucp_config_release(c);
@@ -153,7 +161,8 @@ static void raw_open(raw_t *r, const kvp_ucx_blob_parts_t *bp)
     ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
                                         UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
                           .address = bp->worker_addr,
-                          .err_mode = UCP_ERR_HANDLING_MODE_PEER};
+                          .err_mode = foreign ? UCP_ERR_HANDLING_MODE_NONE
+                                              : UCP_ERR_HANDLING_MODE_PEER};
     assert_int_equal(ucp_ep_create(r->w, &ep, &r->ep), UCS_OK);
     assert_int_equal(ucp_ep_rkey_unpack(r->ep, bp->rkey, &r->rkey), UCS_OK);
 }
@@ -173,7 +182,7 @@ static void raw_close(raw_t *r)
 }
 
 /* Returns how many bytes of the target's first block the put changed. */
-static size_t put_into_caller_memory(ucs_status_t *st)
+static size_t put_into_caller_memory(ucs_status_t *st, const char *target_tls, bool foreign)
 {
     static const kvp_layout_t layout = {EM_NB, EM_BS};
     size_t len = (size_t)EM_NB * EM_BS, changed = 0;
@@ -185,12 +194,12 @@ static size_t put_into_caller_memory(ucs_status_t *st)
     raw_t r;
 
     assert_true(mem != MAP_FAILED);
-    kvp_xport_t *t = ut_xport_new("", "target");
+    kvp_xport_t *t = ut_xport_new(target_tls, "target");
     assert_non_null(t);
     assert_int_equal(t->ops->register_region(t, mem, len, &layout, &base), KVP_OK);
     assert_int_equal(t->ops->local_blob(t, &blob, &blen), KVP_OK);
     assert_int_equal(kvp_ucx_blob_parse(blob, blen, &bp), KVP_OK);
-    raw_open(&r, &bp);
+    raw_open(&r, &bp, foreign);
     *st = raw_put(&r, t, bp.region_base);
     raw_close(&r);
     for (size_t i = 0; i < EM_BS; i++)
@@ -209,7 +218,7 @@ static void test_put_never_emulated(void **state)
         skip();
     }
     unsetenv("UCX_PROTO_EMULATION_ENABLE");
-    assert_int_equal(put_into_caller_memory(&st), 0);
+    assert_int_equal(put_into_caller_memory(&st, "", false), 0);
     assert_int_not_equal(st, UCS_OK);
     printf("# emulated put refused: %s\n", ucs_status_string(st));
     KVP_TEST_ASSERT_NO_LEAKS();
@@ -222,8 +231,50 @@ static void test_put_emulated_when_allowed(void **state)
     if (!kvp__ucx_config_has("PROTO_EMULATION_ENABLE", "n"))
         skip();
     setenv("UCX_PROTO_EMULATION_ENABLE", "y", 1); /* the operator's choice stands */
-    size_t changed = put_into_caller_memory(&st);
+    size_t changed = put_into_caller_memory(&st, "", false);
     unsetenv("UCX_PROTO_EMULATION_ENABLE");
+    assert_int_equal(st, UCS_OK);
+    assert_int_equal(changed, EM_BS);
+    KVP_TEST_ASSERT_NO_LEAKS();
+}
+
+/* ------------------------------------------------ the native tcp put (1.22)
+ *
+ * UCX 1.22 sends a put over tcp as a zero-copy put whenever the target's tcp
+ * interface offers it, and libuct's tcp receiver writes its bytes to the
+ * address in the request: no rkey, no region, no UCP feature checked
+ * (measured: 64 KiB from a foreign worker into a context with only
+ * UCP_FEATURE_AM that had registered nothing; 1.13 dropped the same put).
+ * kvpeer's tcp interface does not offer it (TCP_PUT_ENABLE=n), so a stock
+ * foreign worker (endpoint error mode NONE; with PEER, 1.22 did not pick the
+ * tcp put here) that will not emulate finds no way to put into a kvpeer
+ * node over tcp; with the operator's UCX_TCP_PUT_ENABLE=y the same put
+ * lands (the harness sees a landing). Skipped on a UCX without the
+ * emulation switch (1.13: there a tcp put is always emulated).
+ *
+ * Mutation tried: kv[7] of ucx_config_keys (ucx_setup.c) left NULL -> the
+ * foreign put lands, test_foreign_tcp_put_not_offered fails. */
+static void test_foreign_tcp_put_not_offered(void **state)
+{
+    ucs_status_t st = UCS_OK;
+
+    if (!kvp__ucx_config_has("PROTO_EMULATION_ENABLE", "n"))
+        skip();
+    unsetenv("UCX_TCP_PUT_ENABLE");
+    assert_int_equal(put_into_caller_memory(&st, "tcp", true), 0);
+    assert_int_not_equal(st, UCS_OK);
+    KVP_TEST_ASSERT_NO_LEAKS();
+}
+
+static void test_foreign_tcp_put_when_offered(void **state)
+{
+    ucs_status_t st = UCS_ERR_NO_MESSAGE;
+
+    if (!kvp__ucx_config_has("PROTO_EMULATION_ENABLE", "n"))
+        skip();
+    setenv("UCX_TCP_PUT_ENABLE", "y", 1); /* the operator's choice stands */
+    size_t changed = put_into_caller_memory(&st, "tcp", true);
+    unsetenv("UCX_TCP_PUT_ENABLE");
     assert_int_equal(st, UCS_OK);
     assert_int_equal(changed, EM_BS);
     KVP_TEST_ASSERT_NO_LEAKS();
@@ -236,6 +287,8 @@ int main(void)
         cmocka_unit_test(test_start_up_line),
         cmocka_unit_test(test_put_never_emulated),
         cmocka_unit_test(test_put_emulated_when_allowed),
+        cmocka_unit_test(test_foreign_tcp_put_not_offered),
+        cmocka_unit_test(test_foreign_tcp_put_when_offered),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
