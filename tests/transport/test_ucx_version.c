@@ -2,9 +2,11 @@
  * test_ucx_version.c -- this build loads the UCX it was built against, and
  * says so at start-up (issue 30: a second build against UCX 1.22 from PyPI
  * beside Debian's 1.13, found through PKG_CONFIG_PATH, loaded through the
- * binaries' RUNPATH).
+ * binaries' RUNPATH); and the UCX differences kvpeer bridges that the other
+ * transport tests do not show: put emulation off, the native tcp put not
+ * offered (both skipped on a UCX without the emulation switch).
  *
- * Mutation tried (makes test_loaded_is_the_build_ucx fail): the 1.22 build's
+ * Mutation tried here (makes test_loaded_is_the_build_ucx fail): the 1.22 build's
  * binary run with LD_LIBRARY_PATH=/lib/x86_64-linux-gnu, i.e. Debian's
  * libucp 1.13 picked instead of the wheel's (what a missing RUNPATH does).
  */
