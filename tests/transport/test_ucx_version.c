@@ -282,8 +282,10 @@ static void test_foreign_tcp_put_when_offered(void **state)
     KVP_TEST_ASSERT_NO_LEAKS();
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    (void)argc;
+    ut_main_init(argv); /* TSan: UCX's memory hooks off (see ucx_testlib.c) */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_loaded_is_the_build_ucx),
         cmocka_unit_test(test_start_up_line),
