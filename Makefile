@@ -163,15 +163,19 @@ test-ucx122: ucx122
 	  --runs $(UCX122_DEATH_RUNS) --blocks 400 $(DEATH_ARGS)
 
 # e2e_bench --quick on the Debian UCX (release build) and on UCX 1.22 (a
-# release build in build/ucx122-release), one after the other in one run.
+# release build in build/ucx122-release), one after the other in one run;
+# the 1.22 run's ceilings use the wheel's ucx_perftest (its own RUNPATH names
+# the wheel builder's prefix: LD_LIBRARY_PATH).
 bench-ucx122: release
 	@pc=$$(./scripts/install-ucx122.sh) && PKG_CONFIG_PATH="$$pc" cmake -S . -B build/ucx122-release \
 	  -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null
-	@cmake --build build/ucx122-release -j $(JOBS) --target e2e_bench
+	@cmake --build build/ucx122-release -j $(JOBS) --target e2e_bench ucx_bench
 	@echo "== UCX $$(pkg-config --modversion ucx) (build/release)"
 	build/release/bench/e2e/e2e_bench --quick --out build/bench-out/ucx113 $(E2E_ARGS)
 	@echo "== UCX 1.22 (build/ucx122-release)"
-	build/ucx122-release/bench/e2e/e2e_bench --quick --out build/bench-out/ucx122 $(E2E_ARGS)
+	w=$$(PKG_CONFIG_PATH=$$(./scripts/install-ucx122.sh) pkg-config --variable=prefix ucx) && \
+	  PATH="$$w/bin:$$PATH" LD_LIBRARY_PATH="$$w/lib" \
+	  build/ucx122-release/bench/e2e/e2e_bench --quick --out build/bench-out/ucx122 $(E2E_ARGS)
 
 # The deterministic simulator: `make sim` runs SEEDS seeds (default 40),
 # `make sim SEED=x` replays one seed verbosely, `make sim SOAK=60` soaks.
