@@ -1206,6 +1206,7 @@ kvp_status_t kvp_ucx_xport_create(const kvp_ucx_config_t *cfg, kvp_xport_t **out
         x->pool[i].x = x;
         kvp_list_insert_tail(&x->free_list, &x->pool[i].link);
     }
+    kvp__ucx_version_log(x);
     kvp_status_t st = kvp__ucx_ucp_open(x, cfg);
     if (st != KVP_OK) {
         ucx_destroy(x);

@@ -147,5 +147,9 @@ kvp_status_t kvp_ucx_blob_parse(const void *blob, size_t len, kvp_ucx_blob_parts
  * UCX exactly as configured here. */
 void kvp_ucx_config_each(const kvp_ucx_config_t *cfg,
                          void (*set)(const char *key, const char *value, void *arg), void *arg);
+/* ucp_config_modify((ucp_config_t *)ucp_config, key, value) for a key of
+ * kvp_ucx_config_each, under the name the loaded UCX applies (ucx_version.c:
+ * UCX 1.13 and 1.22 spell a transport's key differently). A ucs_status_t. */
+int kvp__ucx_config_modify(void *ucp_config, const char *key, const char *value);
 
 #endif /* KVP_TRANSPORT_UCX_H */

@@ -248,4 +248,14 @@ void kvp__ucx_refuse(kvp_xport_t *xp, const kvp_xslot_t *slots, size_t n);
 bool kvp__ucx_is_landed(kvp_xport_t *xp, kvp_xslot_t s);
 ucx_peer_t *kvp__ucx_peer_find(ucx_xport_t *x, kvp_xpeer_id_t id);
 
+/* ucx_version.c (issue 30): the UCX this process loaded. describe() writes
+ * "UCX a.b.c loaded from <libucp> (built with UCX x.y headers...)" and says
+ * whether the library's major.minor are the headers'; log() logs it once
+ * (INFO, or WARN on a mismatch). */
+bool kvp__ucx_version_describe(char *buf, size_t cap);
+void kvp__ucx_version_log(ucx_xport_t *x);
+/* Whether the loaded UCX knows ucp key `key` (a UCX that accepts any key,
+ * like 1.13, answers false). */
+bool kvp__ucx_config_has(const char *key, const char *value);
+
 #endif

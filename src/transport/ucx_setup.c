@@ -362,7 +362,7 @@ typedef struct ucx_kv {
     const char *k, *v;
 } ucx_kv_t;
 
-enum { UCX_KV_N = 6 };
+enum { UCX_KV_N = 8 };
 
 /* Which keys need ucp_config_modify; UCX_* environment values stay unless a
  * config field overrides them. Fills kv[UCX_KV_N]; returns the effective TLS.
@@ -388,7 +388,27 @@ enum { UCX_KV_N = 6 };
  * receives every fragment (an operator who sets UCX_TCP_RX_SEG_SIZE below 64K
  * on one node must set it on all). e2e_bench tcp, 256 KiB blocks, 16 MiB requests,
  * K=4, checksums off, 2026-12-03 load 1.5: 1.04 -> 2.67 GB/s, CPU 1.55 ->
- * 0.64 s/GB. */
+ * 0.64 s/GB.
+ *
+ * PROTO_EMULATION_ENABLE=n (issue 30; only where the loaded UCX has the key,
+ * >= 1.21, and unless UCX_PROTO_EMULATION_ENABLE is set): kvpeer posts
+ * ucp_put_nbx only on a direct path and never wants UCX to emulate it (the
+ * target would copy it and answer with a send, which aborts the target when
+ * the source died): such a put now fails, the transfer with it. It is a
+ * sender setting: it does not stop the software put handler from serving
+ * another process's emulated puts (issue 27). The bench's legacy_put and the
+ * emulated-put mutation keep emulation.
+ *
+ * TCP_PUT_ENABLE=n (issue 30; unless UCX_TCP_PUT_ENABLE is set): our tcp
+ * interface does not offer UCX's native tcp put. UCX 1.22 sends a put over
+ * tcp as that zero-copy put whenever the target offers it (1.13 emulated it
+ * with active messages), and libuct's tcp receiver writes its bytes to the
+ * address in the request -- no rkey, no region, no UCP feature checked: a
+ * foreign UCX 1.22 worker wrote 64 KiB into memory of a context WITHOUT
+ * UCP_FEATURE_RMA that had registered nothing. Not offered, a stock sender
+ * falls back to the emulated put, which a context without RMA drops (the
+ * receiver still parses a hand-made PUT request: only not exposing the tcp
+ * port closes that). kvpeer's own writes on tcp are active messages. */
 static const char *ucx_config_keys(const kvp_ucx_config_t *cfg, ucx_kv_t kv[UCX_KV_N])
 {
     const char *tls = cfg->tls ? cfg->tls : getenv("UCX_TLS");
@@ -402,6 +422,10 @@ static const char *ucx_config_keys(const kvp_ucx_config_t *cfg, ucx_kv_t kv[UCX_
      * without any shm transport UCX rejects it with a warning, so skip. */
     bool shm = !tls || tls[0] == '^' || strstr(tls, "sm") || strstr(tls, "posix") ||
                strstr(tls, "sysv") || strstr(tls, "mm") || strstr(tls, "all");
+    /* The tcp keys likewise only with tcp (1.13 warns "invalid
+     * configurations: TX_SEG_SIZE=64K,..." when no transport takes them). */
+    bool tcp = !tls || strstr(tls, "all") ||
+               (tls[0] == '^' ? strstr(tls, "tcp") == NULL : strstr(tls, "tcp") != NULL);
 
     kv[0] = (ucx_kv_t){"TLS", cfg->tls};
     kv[1] = (ucx_kv_t){"MM_ERROR_HANDLING", shm ? "y" : NULL};
@@ -409,8 +433,17 @@ static const char *ucx_config_keys(const kvp_ucx_config_t *cfg, ucx_kv_t kv[UCX_
     kv[3] = (ucx_kv_t){"ALLOC_PRIO", ap};
     kv[4] = (ucx_kv_t){"ZCOPY_THRESH", getenv("UCX_ZCOPY_THRESH") ? NULL : "inf"};
     kv[5] = (ucx_kv_t){"TX_SEG_SIZE", /* the tcp transport's, without its TCP_ prefix */
-                       getenv("UCX_TCP_TX_SEG_SIZE") || getenv("UCX_TCP_RX_SEG_SIZE") ? NULL
-                                                                                     : "64K"};
+                       !tcp || getenv("UCX_TCP_TX_SEG_SIZE") || getenv("UCX_TCP_RX_SEG_SIZE")
+                           ? NULL
+                           : "64K"};
+    kv[6] = (ucx_kv_t){"PROTO_EMULATION_ENABLE",
+                       cfg->legacy_put || KVP_MUTATED(KVP_MUT_UCX_EMULATED_PUT) ||
+                               getenv("UCX_PROTO_EMULATION_ENABLE") ||
+                               !kvp__ucx_config_has("PROTO_EMULATION_ENABLE", "n")
+                           ? NULL
+                           : "n"};
+    kv[7] = (ucx_kv_t){"PUT_ENABLE", /* the tcp transport's, without its TCP_ prefix */
+                       !tcp || getenv("UCX_TCP_PUT_ENABLE") ? NULL : "n"};
     return tls;
 }
 
@@ -483,12 +516,13 @@ static kvp_status_t ucx_config_apply(ucx_xport_t *x, ucp_config_t *c, const kvp_
     if (rma) {
         ucx_rma_tls(tls, rtls, sizeof(rtls));
         kv[0].v = rtls;
-        kv[5].v = NULL; /* tcp's key: refused (WARN) by a context without tcp */
+        kv[5].v = NULL; /* tcp's keys: refused (WARN) by a context without tcp */
+        kv[7].v = NULL;
     }
     for (size_t i = 0; i < KVP_ARRAY_SIZE(kv); i++) {
         if (!kv[i].v)
             continue;
-        ucs_status_t s = ucp_config_modify(c, kv[i].k, kv[i].v);
+        ucs_status_t s = kvp__ucx_config_modify(c, kv[i].k, kv[i].v); /* issue 30 */
         if (s != UCS_OK) {
             KVP_ERROR(PFX(x), "ucp_config_modify(%s=%s): %s", kv[i].k, kv[i].v,
                       ucs_status_string(s));
@@ -501,13 +535,15 @@ static kvp_status_t ucx_config_apply(ucx_xport_t *x, ucp_config_t *c, const kvp_
     }
     KVP_INFO(PFX(x),
              "UCX %s %s context: TLS=%s NET_DEVICES=%s MM_ERROR_HANDLING=%s KEEPALIVE_INTERVAL=%s "
-             "ALLOC_PRIO=%s ZCOPY_THRESH=%s TCP_TX_SEG_SIZE=%s",
+             "ALLOC_PRIO=%s ZCOPY_THRESH=%s TCP_TX_SEG_SIZE=%s PROTO_EMULATION_ENABLE=%s "
+             "TCP_PUT_ENABLE=%s",
              ucp_get_version_string(), rma ? "RMA (shm/RDMA, no tcp)" : "AM (no RMA)",
              kv[0].v ? kv[0].v : "(default)",
              rma ? "-" : x->net_devices[0] ? x->net_devices : "(default)",
              kv[1].v ? "y" : "(no shm)", kv[2].v ? kv[2].v : "(env)",
              kv[3].v ? kv[3].v : "(env)", kv[4].v ? kv[4].v : "(env)",
-             kv[5].v ? kv[5].v : "(env)");
+             kv[5].v ? kv[5].v : "(env)", kv[6].v ? kv[6].v : "(env or UCX default)",
+             kv[7].v ? kv[7].v : "(env)");
     return KVP_OK;
 }
 

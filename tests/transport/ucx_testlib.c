@@ -10,6 +10,8 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -36,6 +38,25 @@ void ut_main_init(char **argv)
 #else
     (void)argv;
 #endif
+}
+
+/* UCX 1.22's cma transport probes a same-host peer with
+ * process_vm_readv(pid, &iov, 1, &iov, 1, 0) (uct_cma_iface_is_reachable_v2):
+ * one iovec is both the local buffer and the remote address. Against a
+ * forked child (same address layout) the read succeeds and overwrites that
+ * iovec with the child's bytes; ASan's interceptor then reads the iovec
+ * AFTER the call and reports a write to wherever those bytes point
+ * (heap-buffer-overflow in write_iovec: test_ucx aborted in ucp_ep_create).
+ * The syscall itself harms nothing (UCX never reads the iovec again), and
+ * only these tests' peers are forks (e2e_node and kvpeerd are exec'd, their
+ * stacks elsewhere): here the call goes straight to the kernel. Exported
+ * from the test binaries (tests/transport/CMakeLists.txt) so that libuct_cma
+ * binds to it; UCX 1.13 never calls it there. (issue 30) */
+ssize_t process_vm_readv(pid_t pid, const struct iovec *local_iov, unsigned long liovcnt,
+                         const struct iovec *remote_iov, unsigned long riovcnt,
+                         unsigned long flags)
+{
+    return syscall(SYS_process_vm_readv, pid, local_iov, liovcnt, remote_iov, riovcnt, flags);
 }
 
 uint64_t ut_now_ns(void)
