@@ -222,6 +222,7 @@ static void ucx_ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
  * or was cancelled by a FORCE close the caller already did. */
 static void ucx_peer_start_close(ucx_xport_t *x, ucx_peer_t *p, bool force)
 {
+    kvp__ucx_probe_unmark(p);
     if (p->rkey) {
         ucp_rkey_destroy(p->rkey);
         p->rkey = NULL;
@@ -827,6 +828,7 @@ static void ucx_peer_force_ep(ucx_xport_t *x, ucx_peer_t *p)
         p->ep = NULL;
     }
     if (p->ep_rma) {
+        kvp__ucx_probe_unmark(p);
         if (p->rkey) { /* the rkey is unpacked on this endpoint: it goes first */
             ucp_rkey_destroy(p->rkey);
             p->rkey = NULL;
@@ -1123,6 +1125,7 @@ static void ucx_destroy(ucx_xport_t *x)
         ucx_peer_t *p = KVP_CONTAINER_OF(pos, ucx_peer_t, link);
         KVP_ERROR(PFX(x), "peer %llu: endpoint still referenced at close; leaking it to UCX",
                   (unsigned long long)p->id);
+        kvp__ucx_probe_unmark(p);
         if (p->rkey)
             ucp_rkey_destroy(p->rkey);
         kvp_list_remove(&p->link);

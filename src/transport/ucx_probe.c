@@ -94,22 +94,26 @@ bool kvp__ucx_probe_mark(ucx_xport_t *x, ucx_peer_t *p, const ucx_blob_view_t *v
         (uint8_t *)last == (uint8_t *)ptr + len - 1 && ((uintptr_t)ptr & 7) == 0) {
         uint64_t *cells = ptr;
         uint64_t mark = p->mark_ours;
-        for (uint32_t i = 0, c = (uint32_t)(mark % UCX_PROOF_CELLS); i < UCX_PROOF_CELLS;
+        for (uint32_t i = 0, c = (uint32_t)(mark % UCX_PROOF_CELLS); i < UCX_PROOF_CELLS && !ok;
              i++, c = (c + 1) % UCX_PROOF_CELLS) {
-            uint64_t want = 0;
-            if (__atomic_compare_exchange_n(&cells[c], &want, mark, false, __ATOMIC_SEQ_CST,
-                                            __ATOMIC_SEQ_CST) ||
-                want == mark) {
+            uint64_t cur = __atomic_load_n(&cells[c], __ATOMIC_ACQUIRE);
+            if (cur == mark || ((cur == 0 || cur == UCX_PROOF_TOMB) &&
+                                __atomic_compare_exchange_n(&cells[c], &cur, mark, false,
+                                                            __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))) {
                 ok = true;
-                break;
+                p->mark_cell = &cells[c];
             }
         }
         if (!ok)
             KVP_WARN(PFX(x), "peer %llu: its same-host proof segment is full",
                      (unsigned long long)p->id);
     }
-    ucp_rkey_destroy(rk); /* the mapping goes with it; the mark stays in its memory */
-    return ok;
+    if (ok) { /* keep the mapping: the mark is taken back when the peer goes */
+        p->probe_rk = rk;
+        return true;
+    }
+    ucp_rkey_destroy(rk);
+    return false;
 }
 
 bool kvp__ucx_peer_proven(ucx_xport_t *x, ucx_peer_t *p)
@@ -137,10 +141,26 @@ bool kvp__ucx_peer_proven(ucx_xport_t *x, ucx_peer_t *p)
  * connection, so a relay (two connections) finds no mark it can use. */
 uint64_t kvp__ucx_proof_mark_value(uint64_t secret, uint64_t binding)
 {
-    if (binding == 0)
-        return secret;
-    uint64_t h = kvp_hash64(&binding, sizeof(binding), secret);
-    return h ? h : 1;
+    uint64_t h = binding == 0 ? secret : kvp_hash64(&binding, sizeof(binding), secret);
+    return h > UCX_PROOF_TOMB ? h : h + 2; /* never empty (0) nor a tombstone (1) */
+}
+
+/* Take our mark back from the peer's segment (a tombstone: its readers
+ * probe past it) and drop the mapping: before the RMA endpoint closes.
+ * So a peer's segment holds one cell per live session of ours, however
+ * many sessions (a relay's too) come and go. */
+void kvp__ucx_probe_unmark(ucx_peer_t *p)
+{
+    if (p->mark_cell != NULL) {
+        uint64_t want = p->mark_ours;
+        (void)__atomic_compare_exchange_n(p->mark_cell, &want, UCX_PROOF_TOMB, false,
+                                          __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+        p->mark_cell = NULL;
+    }
+    if (p->probe_rk != NULL) {
+        ucp_rkey_destroy(p->probe_rk);
+        p->probe_rk = NULL;
+    }
 }
 
 void kvp__ucx_bind_next_peer(kvp_xport_t *xp, uint64_t binding)

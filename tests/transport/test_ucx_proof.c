@@ -20,7 +20,8 @@
  *   relayed:  the proof is bound to the control connection (bind_next_peer,
  *             kvp_link_binding): the honest node imported our blob on one
  *             connection (a relay's), we import its blob on another ->
- *             not proven; on the same connection at both ends -> proven.
+ *             not proven; on the same connection at both ends -> proven;
+ *             once the honest node dropped those peers, its marks are gone.
  *
  * Mutation tried: landing_required() answering from the host-id claim
  * (`return !(x->region_kind == REGION_UCX && p->same_host)`) -> the claimant
@@ -126,6 +127,11 @@ static void test_relayed_proof_is_not_proof(void **state)
     assert_int_equal(me->ops->remove_peer(me, h), KVP_OK);
     assert_int_equal(honest->ops->remove_peer(honest, back), KVP_OK);
     assert_int_equal(honest->ops->remove_peer(honest, back2), KVP_OK);
+    /* its sessions gone, its marks are taken back: a new import of its blob
+     * on that connection finds none (one cell per live session, no more) */
+    kvp_xpeer_id_t h2 = import_bound(me, honest, 0x3333);
+    assert_false(kvp_ucx_peer_proven(me, h2));
+    assert_int_equal(me->ops->remove_peer(me, h2), KVP_OK);
     assert_int_equal(honest->ops->close(honest, true), KVP_OK);
     assert_int_equal(me->ops->close(me, true), KVP_OK);
     KVP_TEST_ASSERT_NO_LEAKS();
