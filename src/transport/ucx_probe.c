@@ -25,9 +25,10 @@
  * the binding a hash of the TCP endpoints both ends see (kvp_link_binding),
  * set by bind_next_peer before add_peer. 0 = unbound: the bare secret.
  *
- * Cells are never cleared: UCX_PROOF_CELLS sessions per node
- * incarnation; past that a peer stays unproven (its loads then need AM
- * landing and fail on a direct path -- logged). A same-host process of
+ * A node takes its mark back when the peer goes (UCX_PROOF_TOMB: readers
+ * probe past it, writers reuse it); a crashed node's marks stay. Past
+ * UCX_PROOF_CELLS live marks in our segment a new peer stays unproven (its
+ * loads then need AM landing and fail on a direct path -- logged). A same-host process of
  * the same user can write any cell (it can map the segment like a peer);
  * DESIGN.md "Threat model: data plane" says what that process can do anyway.
  */
