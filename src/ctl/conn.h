@@ -42,6 +42,9 @@ typedef struct kvp_conn_ops {
     /* Free a closed (lingering) connection now: only for the ctl's destroy,
      * outside every call chain of the connection. */
     void (*destroy)(kvp_conn_t *c);
+    /* Issue 27: a hash of this connection's two endpoints, the same at both
+     * ends (sorted), 0 if unknown. NULL: unknown (fake connections). */
+    uint64_t (*binding)(const kvp_conn_t *c);
 } kvp_conn_ops_t;
 
 struct kvp_conn {

@@ -359,12 +359,60 @@ static void tcp_destroy(kvp_conn_t *c)
     tcp_free((tcp_conn_t *)c);
 }
 
+/* One endpoint as bytes: family, port, address (IPv4-mapped IPv6 as IPv4,
+ * so a dual-stack listener and an IPv4 dialer agree). 0 if not IP. */
+static size_t endpoint_bytes(const struct sockaddr_storage *ss, uint8_t out[20])
+{
+    const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)ss;
+    if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *s4 = (const struct sockaddr_in *)ss;
+        out[0] = 4;
+        memcpy(out + 1, &s4->sin_port, 2);
+        memcpy(out + 3, &s4->sin_addr, 4);
+        return 7;
+    }
+    if (ss->ss_family != AF_INET6)
+        return 0;
+    if (IN6_IS_ADDR_V4MAPPED(&s6->sin6_addr)) {
+        out[0] = 4;
+        memcpy(out + 1, &s6->sin6_port, 2);
+        memcpy(out + 3, s6->sin6_addr.s6_addr + 12, 4);
+        return 7;
+    }
+    out[0] = 6;
+    memcpy(out + 1, &s6->sin6_port, 2);
+    memcpy(out + 3, &s6->sin6_addr, 16);
+    return 19;
+}
+
+/* Issue 27: both endpoints, sorted, hashed: what the same-host proof is
+ * bound to (a relay holds two connections, never this one at both ends). */
+static uint64_t tcp_binding(const kvp_conn_t *c)
+{
+    const tcp_conn_t *t = (const tcp_conn_t *)c;
+    struct sockaddr_storage a, b;
+    socklen_t la = sizeof(a), lb = sizeof(b);
+    uint8_t ea[20], eb[20], both[40];
+    if (t->fd < 0 || getsockname(t->fd, (struct sockaddr *)&a, &la) != 0 ||
+        getpeername(t->fd, (struct sockaddr *)&b, &lb) != 0)
+        return 0;
+    size_t na = endpoint_bytes(&a, ea), nb = endpoint_bytes(&b, eb);
+    if (na == 0 || nb == 0)
+        return 0;
+    bool swap = na > nb || (na == nb && memcmp(ea, eb, na) > 0);
+    memcpy(both, swap ? eb : ea, swap ? nb : na);
+    memcpy(both + (swap ? nb : na), swap ? ea : eb, swap ? na : nb);
+    uint64_t h = kvp_hash64(both, na + nb, 0);
+    return h ? h : 1;
+}
+
 static const kvp_conn_ops_t tcp_ops = {
     .name = "tcp",
     .write = tcp_write,
     .queued = tcp_queued,
     .close = tcp_close,
     .destroy = tcp_destroy,
+    .binding = tcp_binding,
 };
 
 /* ------------------------------------------------------------ dial/listen */

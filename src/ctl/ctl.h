@@ -264,6 +264,9 @@ bool kvp_link_is_ready(const kvp_link_t *link);
 size_t kvp_link_queued_bytes(const kvp_link_t *link);
 /* True if we dialed this link (false: accepted). */
 bool kvp_link_outbound(const kvp_link_t *link);
+/* Issue 27: a hash of the connection's two endpoints, equal at both ends; 0
+ * if unknown (the same-host proof is bound to it, transport bind_next_peer). */
+uint64_t kvp_link_binding(const kvp_link_t *link);
 /* A link still in its handshake whose peer id (or, for our dial, the address
  * dialed) is `peer_id`, or NULL. Lets a caller queue frames before ready
  * (kvp_link_send queues them). Borrowed: valid only until the loop runs

@@ -611,3 +611,9 @@ bool kvp_link_outbound(const kvp_link_t *l)
 {
     return l->outbound;
 }
+
+uint64_t kvp_link_binding(const kvp_link_t *l)
+{
+    const kvp_conn_t *c = l->conn;
+    return c != NULL && c->ops->binding != NULL ? c->ops->binding(c) : 0;
+}

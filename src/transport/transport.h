@@ -163,6 +163,11 @@ typedef struct kvp_xport_ops {
      * PROVEN that the peer writes straight into our memory (same host, its
      * own claim is not enough). NULL: inbound_refusable decides. */
     bool (*landing_required)(kvp_xport_t *x, kvp_xpeer_id_t peer);
+    /* Issue 27: the control connection the NEXT add_peer's blob arrived on
+     * (kvp_link_binding; 0 = unknown). The same-host proof written and
+     * expected for that peer is bound to it, so a proof a node wrote for one
+     * connection proves nothing on another (a relay). NULL: not used. */
+    void (*bind_next_peer)(kvp_xport_t *x, uint64_t binding);
     /* Accept blocks from `peer` into these slots at these generations (peer 0:
      * from any source -- transport tests only). Clears their landed flag. */
     kvp_status_t (*expect)(kvp_xport_t *x, kvp_xpeer_id_t peer, const kvp_xslot_t *slots,

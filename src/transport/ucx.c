@@ -222,6 +222,7 @@ static void ucx_ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
  * or was cancelled by a FORCE close the caller already did. */
 static void ucx_peer_start_close(ucx_xport_t *x, ucx_peer_t *p, bool force)
 {
+    kvp__ucx_probe_unmark(p);
     if (p->rkey) {
         ucp_rkey_destroy(p->rkey);
         p->rkey = NULL;
@@ -543,7 +544,9 @@ static kvp_status_t ucx_add_peer(kvp_xport_t *xp, const void *blob, size_t len,
     ucx_xport_t *x = ucx_of(xp);
     ucx_blob_view_t v;
     kvp_status_t st;
+    uint64_t binding = x->bind_next; /* bind_next_peer: this add_peer only */
 
+    x->bind_next = 0;
     if (!expect || !out)
         return KVP_ERR_INVALID;
     st = kvp__ucx_blob_view(blob, len, &v);
@@ -571,6 +574,8 @@ static kvp_status_t ucx_add_peer(kvp_xport_t *xp, const void *blob, size_t len,
     p->layout = v.layout;
     p->same_host = v.host_len == strlen(x->host_id) && !memcmp(v.host, x->host_id, v.host_len);
     p->token = p->dst_token = v.secret; /* checked non-zero by blob_view */
+    p->mark_ours = kvp__ucx_proof_mark_value(x->token, binding);
+    p->mark_theirs = kvp__ucx_proof_mark_value(p->token, binding);
     st = ucx_peer_connect(x, p, &v);
     if (st != KVP_OK) {
         kvp__free(p);
@@ -823,6 +828,7 @@ static void ucx_peer_force_ep(ucx_xport_t *x, ucx_peer_t *p)
         p->ep = NULL;
     }
     if (p->ep_rma) {
+        kvp__ucx_probe_unmark(p);
         if (p->rkey) { /* the rkey is unpacked on this endpoint: it goes first */
             ucp_rkey_destroy(p->rkey);
             p->rkey = NULL;
@@ -1119,6 +1125,7 @@ static void ucx_destroy(ucx_xport_t *x)
         ucx_peer_t *p = KVP_CONTAINER_OF(pos, ucx_peer_t, link);
         KVP_ERROR(PFX(x), "peer %llu: endpoint still referenced at close; leaking it to UCX",
                   (unsigned long long)p->id);
+        kvp__ucx_probe_unmark(p);
         if (p->rkey)
             ucp_rkey_destroy(p->rkey);
         kvp_list_remove(&p->link);
@@ -1277,6 +1284,7 @@ const kvp_xport_ops_t kvp_ucx_xport_ops = {
     .peer_path = ucx_peer_path,
     .inbound_refusable = kvp__ucx_inbound_refusable,
     .landing_required = kvp__ucx_landing_required,
+    .bind_next_peer = kvp__ucx_bind_next_peer,
     .expect = kvp__ucx_expect,
     .refuse = kvp__ucx_refuse,
     .is_landed = kvp__ucx_is_landed,

@@ -155,6 +155,10 @@ kvp_status_t kvp__ucx_expect(kvp_xport_t *xp, kvp_xpeer_id_t peer, const kvp_xsl
         if (!p)
             return KVP_ERR_NOT_FOUND;
         token = p->token;
+        /* Look for its proof now, while it is live (cached once found): a
+         * source that answered FETCH_DONE and then closed at once has taken
+         * its mark back (ucx_probe.c) by the time we read the FETCH_DONE. */
+        (void)kvp__ucx_peer_proven(x, p);
     }
     for (size_t i = 0; i < n; i++)
         if (slots[i].slot >= x->layout.num_blocks)

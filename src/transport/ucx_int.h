@@ -24,6 +24,7 @@
  * u64 cells in the RMA context; a peer that maps it writes its secret into a
  * cell (CAS into an empty one from secret % cells, linear probing). */
 #define UCX_PROOF_CELLS 8192u
+#define UCX_PROOF_TOMB 1u /* a cell whose mark was taken back (0: never used) */
 #define UCX_IDX_BITS 24
 #define UCX_IDX_MASK ((1ull << UCX_IDX_BITS) - 1)
 #define UCX_PROGRESS_MAX 1024 /* bound of one progress() call */
@@ -119,6 +120,10 @@ struct ucx_peer {
     kvp_data_path_t inbound; /* how the peer's puts reach US: decides fence proof */
     bool same_host, removed, rkey_ptr_ok;
     bool proven;           /* it wrote its secret into our probe segment: shares our memory */
+    uint64_t mark_ours;    /* what we write into its probe segment (our secret, bound) */
+    uint64_t mark_theirs;  /* what it must write into ours (its secret, bound) */
+    uint64_t *mark_cell;   /* where ours is in its segment (cleared at close), or NULL */
+    ucp_rkey_h probe_rk;   /* keeps that mapping while mark_cell is set */
     bool use_am;           /* our writes to it go as AM (path != direct shm) */
     uint64_t token;        /* its secret (from its blob): expected in its AM headers */
     uint64_t dst_token;    /* = token: the consumer secret we put in our headers */
@@ -187,6 +192,7 @@ typedef struct ucx_xport {
     char tls[64];      /* the effective UCX_TLS ("" = UCX's default), for logs */
     bool legacy_put;   /* bench only: ucp_put_nbx on every path (the old emulated put) */
     uint64_t token;    /* ours: random per incarnation (libsodium), sent only in the blob */
+    uint64_t bind_next; /* issue 27: the next add_peer's connection binding (0: none) */
     ucx_acc_t *acc;    /* consumer side: layout.num_blocks entries, from register_region */
 } ucx_xport_t;
 
@@ -224,6 +230,9 @@ void kvp__ucx_probe_release(ucx_xport_t *x);
 bool kvp__ucx_probe_mark(ucx_xport_t *x, ucx_peer_t *p, const ucx_blob_view_t *v);
 /* Whether the peer's secret is in our probe segment (cached once true). */
 bool kvp__ucx_peer_proven(ucx_xport_t *x, ucx_peer_t *p);
+uint64_t kvp__ucx_proof_mark_value(uint64_t secret, uint64_t binding);
+void kvp__ucx_probe_unmark(ucx_peer_t *p);
+void kvp__ucx_bind_next_peer(kvp_xport_t *xp, uint64_t binding);
 /* ucx_netdev.c: UCX_NET_DEVICES for a control listen address. */
 kvp_status_t kvp__ucx_net_devices(const char *listen_host, char *buf, size_t cap, bool *all);
 

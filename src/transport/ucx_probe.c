@@ -19,9 +19,16 @@
  * indeed write our region directly. No control message is needed: the
  * "echo" travels through the very memory whose sharing it proves.
  *
- * Cells are never cleared: UCX_PROOF_CELLS peer incarnations per node
- * incarnation; past that a peer stays unproven (its loads then need AM
- * landing and fail on a direct path -- logged). A same-host process of
+ * The mark is bound to the control connection the blob came on (issue 27:
+ * a relay made X write its bare secret for a session carrying D's borrowed
+ * blob, then gave D X's blob): kvp__ucx_proof_mark_value(secret, binding),
+ * the binding a hash of the TCP endpoints both ends see (kvp_link_binding),
+ * set by bind_next_peer before add_peer. 0 = unbound: the bare secret.
+ *
+ * A node takes its mark back when the peer goes (UCX_PROOF_TOMB: readers
+ * probe past it, writers reuse it); a crashed node's marks stay. Past
+ * UCX_PROOF_CELLS live marks in our segment a new peer stays unproven (its
+ * loads then need AM landing and fail on a direct path -- logged). A same-host process of
  * the same user can write any cell (it can map the segment like a peer);
  * DESIGN.md "Threat model: data plane" says what that process can do anyway.
  */
@@ -87,32 +94,37 @@ bool kvp__ucx_probe_mark(ucx_xport_t *x, ucx_peer_t *p, const ucx_blob_view_t *v
         ucp_rkey_ptr(rk, v->probe_base + len - 1, &last) == UCS_OK &&
         (uint8_t *)last == (uint8_t *)ptr + len - 1 && ((uintptr_t)ptr & 7) == 0) {
         uint64_t *cells = ptr;
-        for (uint32_t i = 0, c = (uint32_t)(x->token % UCX_PROOF_CELLS); i < UCX_PROOF_CELLS;
+        uint64_t mark = p->mark_ours;
+        for (uint32_t i = 0, c = (uint32_t)(mark % UCX_PROOF_CELLS); i < UCX_PROOF_CELLS && !ok;
              i++, c = (c + 1) % UCX_PROOF_CELLS) {
-            uint64_t want = 0;
-            if (__atomic_compare_exchange_n(&cells[c], &want, x->token, false, __ATOMIC_SEQ_CST,
-                                            __ATOMIC_SEQ_CST) ||
-                want == x->token) {
+            uint64_t cur = __atomic_load_n(&cells[c], __ATOMIC_ACQUIRE);
+            if (cur == mark || ((cur == 0 || cur == UCX_PROOF_TOMB) &&
+                                __atomic_compare_exchange_n(&cells[c], &cur, mark, false,
+                                                            __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))) {
                 ok = true;
-                break;
+                p->mark_cell = &cells[c];
             }
         }
         if (!ok)
             KVP_WARN(PFX(x), "peer %llu: its same-host proof segment is full",
                      (unsigned long long)p->id);
     }
-    ucp_rkey_destroy(rk); /* the mapping goes with it; the mark stays in its memory */
-    return ok;
+    if (ok) { /* keep the mapping: the mark is taken back when the peer goes */
+        p->probe_rk = rk;
+        return true;
+    }
+    ucp_rkey_destroy(rk);
+    return false;
 }
 
 bool kvp__ucx_peer_proven(ucx_xport_t *x, ucx_peer_t *p)
 {
-    if (p->proven || x->probe_cells == NULL || p->token == 0)
+    if (p->proven || x->probe_cells == NULL || p->mark_theirs == 0)
         return p->proven;
-    for (uint32_t i = 0, c = (uint32_t)(p->token % UCX_PROOF_CELLS); i < UCX_PROOF_CELLS;
+    for (uint32_t i = 0, c = (uint32_t)(p->mark_theirs % UCX_PROOF_CELLS); i < UCX_PROOF_CELLS;
          i++, c = (c + 1) % UCX_PROOF_CELLS) {
         uint64_t v = __atomic_load_n(&x->probe_cells[c], __ATOMIC_ACQUIRE);
-        if (v == p->token) {
+        if (v == p->mark_theirs) {
             p->proven = true;
             KVP_INFO(PFX(x), "peer %llu: same host proven (it wrote our shared segment)",
                      (unsigned long long)p->id);
@@ -122,4 +134,37 @@ bool kvp__ucx_peer_proven(ucx_xport_t *x, ucx_peer_t *p)
             break;
     }
     return p->proven;
+}
+
+/* The cell value of a secret on one control connection: the secret itself
+ * when unbound (transport tests), else a hash of it and the connection's
+ * binding -- a node writes it only for a peer whose blob came on that very
+ * connection, so a relay (two connections) finds no mark it can use. */
+uint64_t kvp__ucx_proof_mark_value(uint64_t secret, uint64_t binding)
+{
+    uint64_t h = binding == 0 ? secret : kvp_hash64(&binding, sizeof(binding), secret);
+    return h > UCX_PROOF_TOMB ? h : h + 2; /* never empty (0) nor a tombstone (1) */
+}
+
+/* Take our mark back from the peer's segment (a tombstone: its readers
+ * probe past it) and drop the mapping: before the RMA endpoint closes.
+ * So a peer's segment holds one cell per live session of ours, however
+ * many sessions (a relay's too) come and go. */
+void kvp__ucx_probe_unmark(ucx_peer_t *p)
+{
+    if (p->mark_cell != NULL) {
+        uint64_t want = p->mark_ours;
+        (void)__atomic_compare_exchange_n(p->mark_cell, &want, UCX_PROOF_TOMB, false,
+                                          __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+        p->mark_cell = NULL;
+    }
+    if (p->probe_rk != NULL) {
+        ucp_rkey_destroy(p->probe_rk);
+        p->probe_rk = NULL;
+    }
+}
+
+void kvp__ucx_bind_next_peer(kvp_xport_t *xp, uint64_t binding)
+{
+    ucx_of(xp)->bind_next = binding;
 }

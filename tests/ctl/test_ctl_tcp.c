@@ -25,11 +25,18 @@ static void test_tcp_handshake_both_ways(void **state)
     connect_ab(e); /* a dials b */
     assert_memory_equal(e->a.peer_blob, e->b.blob, strlen(e->b.blob));
     assert_memory_equal(e->b.peer_blob, e->a.blob, strlen(e->a.blob));
+    /* issue 27: one connection, one binding, the same at both ends */
+    uint64_t ab = kvp_link_binding(e->a.link);
+    assert_true(ab != 0);
+    assert_true(ab == kvp_link_binding(e->b.link));
     tn_start(&e->c);
     assert_int_equal(kvp_ctl_want(e->c.ctl, kvp_ctl_peer_id(e->a.ctl)), KVP_OK); /* c dials a */
     assert_true(RUN_UNTIL(e->loop, e->a.ready == 2 && e->c.ready == 1, 2000 * MS));
     assert_false(kvp_link_outbound(e->a.link));
     assert_string_equal(kvp_link_peer_id(e->a.link), kvp_ctl_peer_id(e->c.ctl));
+    /* another connection of a: another binding */
+    assert_true(kvp_link_binding(e->a.link) == kvp_link_binding(e->c.link));
+    assert_true(kvp_link_binding(e->a.link) != ab);
     env_free(e);
 }
 
@@ -473,6 +480,8 @@ static void test_tcp_ipv6(void **state)
     assert_string_equal(strncmp(kvp_ctl_peer_id(e->a.ctl), "[::1]:", 6) == 0 ? "ok" : "", "ok");
     assert_int_equal(kvp_ctl_want(e->b.ctl, kvp_ctl_peer_id(e->a.ctl)), KVP_OK);
     assert_true(RUN_UNTIL(e->loop, e->a.ready == 1 && e->b.ready == 1, 2000 * MS));
+    assert_true(kvp_link_binding(e->a.link) != 0);
+    assert_true(kvp_link_binding(e->a.link) == kvp_link_binding(e->b.link));
     env_free(e);
 }
 

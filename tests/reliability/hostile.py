@@ -96,14 +96,31 @@ T_LOOKUP, T_LOOKUP_RESP, T_FETCH, T_FETCH_DONE = 7, 8, 9, 10
 BYE_PROTOCOL, BYE_INCOMPATIBLE = 1, 5
 
 
-def fingerprint():
-    """kvp_hash64(compat, seed 0) = XXH3_64bits_withSeed (libxxhash)."""
+class _XXH128(ctypes.Structure):
+    _fields_ = [("low64", ctypes.c_uint64), ("high64", ctypes.c_uint64)]
+
+
+def _xxhash():
     name = ctypes.util.find_library("xxhash") or "libxxhash.so.0"
     lib = ctypes.CDLL(name)
     lib.XXH3_64bits_withSeed.restype = ctypes.c_uint64
     lib.XXH3_64bits_withSeed.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint64]
+    lib.XXH3_128bits_withSeed.restype = _XXH128
+    lib.XXH3_128bits_withSeed.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint64]
+    return lib
+
+
+def fingerprint():
+    """kvp_hash64(compat, seed 0) = XXH3_64bits_withSeed (libxxhash)."""
     b = COMPAT.encode()
-    return lib.XXH3_64bits_withSeed(b, len(b), 0)
+    return _xxhash().XXH3_64bits_withSeed(b, len(b), 0)
+
+
+def digest(data, seed=0):
+    """kvp_digest(data, seed) = XXH3_128bits_withSeed: (lo, hi), as a
+    FETCH_DONE carries it (the block checksum, hash_seed 0 by default)."""
+    h = _xxhash().XXH3_128bits_withSeed(data, len(data), seed)
+    return h.low64, h.high64
 
 
 def frame(mtype, payload, flags=0, length=None):

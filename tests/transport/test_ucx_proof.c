@@ -17,6 +17,11 @@
  *             claims it could write directly).
  *   honest:   a same-host node with shared memory: after it imported our
  *             blob -> proven, landing not required.
+ *   relayed:  the proof is bound to the control connection (bind_next_peer,
+ *             kvp_link_binding): the honest node imported our blob on one
+ *             connection (a relay's), we import its blob on another ->
+ *             not proven; on the same connection at both ends -> proven;
+ *             once the honest node dropped those peers, its marks are gone.
  *
  * Mutation tried: landing_required() answering from the host-id claim
  * (`return !(x->region_kind == REGION_UCX && p->same_host)`) -> the claimant
@@ -38,6 +43,17 @@ static kvp_xport_t *node(const char *tls, const char *name)
     assert_non_null(x);
     assert_int_equal(x->ops->register_region(x, NULL, (size_t)NB * BS, &g_layout, &base), KVP_OK);
     return x;
+}
+
+static kvp_xpeer_id_t import_bound(kvp_xport_t *x, kvp_xport_t *from, uint64_t binding)
+{
+    const void *b;
+    size_t len;
+    kvp_xpeer_id_t id = 0;
+    assert_int_equal(from->ops->local_blob(from, &b, &len), KVP_OK);
+    x->ops->bind_next_peer(x, binding);
+    assert_int_equal(x->ops->add_peer(x, b, len, &g_layout, &id), KVP_OK);
+    return id;
 }
 
 static kvp_xpeer_id_t import(kvp_xport_t *x, kvp_xport_t *from)
@@ -89,6 +105,38 @@ static void test_shared_memory_is_proof(void **state)
     KVP_TEST_ASSERT_NO_LEAKS();
 }
 
+static void test_relayed_proof_is_not_proof(void **state)
+{
+    (void)state;
+    kvp_xport_t *me = node("", "consumer");
+    kvp_xport_t *honest = node("", "honest");
+    /* a relay hands our blob to the honest node on its connection 0x1111,
+     * and the honest node's blob to us on its connection 0x2222 */
+    kvp_xpeer_id_t back = import_bound(honest, me, 0x1111);
+    kvp_xpeer_id_t r = import_bound(me, honest, 0x2222);
+    assert_true(kvp_ucx_peer_same_host(me, r));
+    assert_false(kvp_ucx_peer_proven(me, r));
+    assert_true(me->ops->landing_required(me, r));
+    /* one connection seen from both ends: proven */
+    kvp_xpeer_id_t back2 = import_bound(honest, me, 0x3333);
+    kvp_xpeer_id_t h = import_bound(me, honest, 0x3333);
+    assert_true(kvp_ucx_peer_proven(me, h));
+    assert_false(me->ops->landing_required(me, h));
+    assert_false(kvp_ucx_peer_proven(me, r)); /* still: that mark is not its */
+    assert_int_equal(me->ops->remove_peer(me, r), KVP_OK);
+    assert_int_equal(me->ops->remove_peer(me, h), KVP_OK);
+    assert_int_equal(honest->ops->remove_peer(honest, back), KVP_OK);
+    assert_int_equal(honest->ops->remove_peer(honest, back2), KVP_OK);
+    /* its sessions gone, its marks are taken back: a new import of its blob
+     * on that connection finds none (one cell per live session, no more) */
+    kvp_xpeer_id_t h2 = import_bound(me, honest, 0x3333);
+    assert_false(kvp_ucx_peer_proven(me, h2));
+    assert_int_equal(me->ops->remove_peer(me, h2), KVP_OK);
+    assert_int_equal(honest->ops->close(honest, true), KVP_OK);
+    assert_int_equal(me->ops->close(me, true), KVP_OK);
+    KVP_TEST_ASSERT_NO_LEAKS();
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -96,6 +144,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_claim_is_not_proof),
         cmocka_unit_test(test_shared_memory_is_proof),
+        cmocka_unit_test(test_relayed_proof_is_not_proof),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
