@@ -33,7 +33,7 @@ from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory  # noqa: E40
 
 import kvpeer  # noqa: E402
 from kvpeer.vllm import KVPeerSecondaryTier, request_id_of  # noqa: E402
-from vllm_engine import CHUNK, Engine, block_bytes, make_key  # noqa: E402
+from vllm_engine import CHUNK, Engine, block_bytes, make_key, spy_lookups  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 TESTED_VLLM = "0.34.0"
@@ -233,15 +233,7 @@ def test_vllm_lookups_batched_per_step(engine_a, psk, engines):
     b.tier._tier.node.wait_peer(a.peer_id, scaled(10))
     keys = [make_key(400 + i) for i in range(8)]
     assert a.store(keys, seed=7) == [True] * 8
-    node = b.tier._tier.node
-    sent: List[Any] = []
-    orig = node.lookup
-
-    def spy(peer, ks, rid):
-        sent.append((peer, len(ks)))
-        return orig(peer, ks, rid)
-
-    node.lookup = spy  # type: ignore[method-assign]
+    sent = spy_lookups(b)
     c = b.ctx()
     with b.manager.lock:
         assert [b.manager.lookup(k, c) for k in keys] == [LookupResult.RETRY] * 8

@@ -34,7 +34,7 @@ import kvpeer  # noqa: E402
 from kvpeer import vllm_setup as setup  # noqa: E402
 from kvpeer.vllm import offloading_config, request_id_of  # noqa: E402
 from test_vllm import Child, _reap, free_port, tier_cfg, write_psk  # noqa: E402
-from vllm_engine import CHUNK, Engine, block_bytes, make_key  # noqa: E402
+from vllm_engine import CHUNK, Engine, block_bytes, make_key, spy_lookups  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -377,19 +377,6 @@ def test_readme_multi_host_json_between_two_hosts(two_hosts, procs, psk_file):
 
 
 # ------------------------------------------------------------------ p2p hints
-def _spy_lookups(e: Engine) -> List[Any]:
-    node = e.tier._tier.node
-    sent: List[Any] = []
-    orig = node.lookup
-
-    def spy(peer, ks, rid):
-        sent.append((peer, len(ks)))
-        return orig(peer, ks, rid)
-
-    node.lookup = spy  # type: ignore[method-assign]
-    return sent
-
-
 def test_router_hint_remote_kv_source(procs, engines, psk_file):
     """llm-d's hint for vLLM's p2p tier, unchanged: remote_kv_source names
     the engine that holds the prefix. B (static peers: A and one more) asks
@@ -401,7 +388,7 @@ def test_router_hint_remote_kv_source(procs, engines, psk_file):
     b = engines(tier_cfg(peers=[other.peer_id, a.peer_id], psk_file=psk_file))
     for p in (a.peer_id, other.peer_id):
         b.tier._tier.node.wait_peer(p, scaled(10))
-    sent = _spy_lookups(b)
+    sent = spy_lookups(b)
     host, port = a.peer_id.rsplit(":", 1)
     c = b.ctx({"remote_kv_source": {"remote_host": host, "remote_port": int(port),
                                     "kv_request_id": "router-req-1"}})

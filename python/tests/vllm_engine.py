@@ -144,6 +144,20 @@ class Engine:
         self.manager.shutdown()
 
 
+def spy_lookups(e: "Engine") -> List[Any]:
+    """Record (peer, number of keys) of every LOOKUP engine e's tier sends."""
+    node = e.tier._tier.node
+    sent: List[Any] = []
+    orig = node.lookup
+
+    def spy(peer, ks, rid):
+        sent.append((peer, len(ks)))
+        return orig(peer, ks, rid)
+
+    node.lookup = spy  # type: ignore[method-assign]
+    return sent
+
+
 def main() -> None:
     """Child process: build an Engine from argv[1] (JSON tier config) and
     argv[2] (JSON offloading_config fields, optional), print {"peer_id":

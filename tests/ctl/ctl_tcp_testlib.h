@@ -189,12 +189,16 @@ static inline int raw_drain(raw_t *r, kvp_loop_t *loop)
     return bye;
 }
 
-/* The raw client plays a full handshake (no psk) against node n. */
-static inline void raw_handshake(raw_t *r, tnode_t *n)
+/* The raw client's half of a handshake (no psk) against node n: HELLO (under
+ * peer id `id`, NULL = the one raw_hello gives), n's HELLO, then a HELLO_ACK
+ * carrying `blob`. */
+static inline void raw_hello_ack(raw_t *r, tnode_t *n, const char *id, const void *blob,
+                                 size_t len)
 {
-    int ready0 = n->ready;
     kvp_msg_t m;
     raw_hello(n, &m, r);
+    if (id != NULL)
+        snprintf(m.u.hello.peer_id, sizeof(m.u.hello.peer_id), "%s", id);
     raw_send(r, &m, false);
     assert_true(raw_recv(r, n->loop, &m, 2000 * MS));
     assert_int_equal(m.type, KVP_MSG_HELLO);
@@ -203,9 +207,17 @@ static inline void raw_handshake(raw_t *r, tnode_t *n)
     memset(&m, 0, sizeof(m));
     m.type = KVP_MSG_HELLO_ACK;
     m.u.hello_ack.acked_epoch = r->peer_epoch;
-    m.u.hello_ack.blob = (const uint8_t *)"raw";
-    m.u.hello_ack.blob_len = 3;
+    m.u.hello_ack.blob = blob;
+    m.u.hello_ack.blob_len = (uint32_t)len;
     raw_send(r, &m, true);
+}
+
+/* The raw client plays a full handshake (no psk) against node n. */
+static inline void raw_handshake(raw_t *r, tnode_t *n)
+{
+    int ready0 = n->ready;
+    kvp_msg_t m;
+    raw_hello_ack(r, n, NULL, "raw", 3);
     assert_true(raw_recv(r, n->loop, &m, 2000 * MS));
     assert_int_equal(m.type, KVP_MSG_HELLO_ACK);
     r->ctx.handshake_done = true;

@@ -148,20 +148,7 @@ static void test_gate_preauth_deadline(void **state)
 static bool raw_ack_with(raw_t *r, tnode_t *n, const char *id, const void *blob, size_t len)
 {
     int ready0 = n->ready;
-    kvp_msg_t m;
-    raw_hello(n, &m, r);
-    snprintf(m.u.hello.peer_id, sizeof(m.u.hello.peer_id), "%s", id);
-    raw_send(r, &m, false);
-    assert_true(raw_recv(r, n->loop, &m, 2000 * MS));
-    assert_int_equal(m.type, KVP_MSG_HELLO);
-    r->peer_epoch = m.u.hello.epoch;
-    r->ctx.peer_num_blocks = m.u.hello.num_blocks;
-    memset(&m, 0, sizeof(m));
-    m.type = KVP_MSG_HELLO_ACK;
-    m.u.hello_ack.acked_epoch = r->peer_epoch;
-    m.u.hello_ack.blob = blob;
-    m.u.hello_ack.blob_len = (uint32_t)len;
-    raw_send(r, &m, true);
+    raw_hello_ack(r, n, id, blob, len);
     run_for(n->loop, kvp_test_scaled_ns(200 * MS));
     return n->ready > ready0;
 }
