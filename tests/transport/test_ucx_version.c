@@ -92,6 +92,7 @@ typedef struct raw {
     ucp_worker_h w;
     ucp_ep_h ep;
     ucp_rkey_h rkey;
+    ucp_mem_h own_mh; /* foreign: the memory its own rkey was packed from */
 } raw_t;
 
 static void raw_set(const char *k, const char *v, void *arg)
@@ -138,8 +139,11 @@ static ucs_status_t raw_put(raw_t *r, kvp_xport_t *t, uint64_t dst)
 }
 
 /* foreign: a stock UCX over tcp that never emulates a put (it takes the
- * native tcp put or nothing); else UCX configured exactly as kvpeer's, over
- * shared memory only (no self, no tcp). */
+ * native tcp put or nothing), aimed at the node's AM worker (the only one on
+ * tcp) with an rkey packed from its own memory (the region's rkey belongs to
+ * the RMA context, which has no tcp; a tcp put ignores the rkey anyway);
+ * else UCX configured exactly as kvpeer's, over shared memory only (no self,
+ * no tcp), aimed at the RMA worker with the region's rkey. */
 static void raw_open(raw_t *r, const kvp_ucx_blob_parts_t *bp, bool foreign)
 {
     kvp_ucx_config_t cfg;
@@ -162,11 +166,26 @@ static void raw_open(raw_t *r, const kvp_ucx_blob_parts_t *bp, bool foreign)
     assert_int_equal(ucp_worker_create(r->ctx, &wp, &r->w), UCS_OK);
     ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
                                         UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
-                          .address = bp->worker_addr,
+                          .address = foreign ? bp->worker_addr : bp->rma_worker_addr,
                           .err_mode = foreign ? UCP_ERR_HANDLING_MODE_NONE
                                               : UCP_ERR_HANDLING_MODE_PEER};
     assert_int_equal(ucp_ep_create(r->w, &ep, &r->ep), UCS_OK);
-    assert_int_equal(ucp_ep_rkey_unpack(r->ep, bp->rkey, &r->rkey), UCS_OK);
+    r->own_mh = NULL;
+    if (!foreign) {
+        assert_int_equal(ucp_ep_rkey_unpack(r->ep, bp->rkey, &r->rkey), UCS_OK);
+        return;
+    }
+    static uint8_t own[EM_BS] __attribute__((aligned(4096)));
+    ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
+                                             UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+                               .address = own,
+                               .length = sizeof(own)};
+    void *pk;
+    size_t pl;
+    assert_int_equal(ucp_mem_map(r->ctx, &mp, &r->own_mh), UCS_OK);
+    assert_int_equal(ucp_rkey_pack(r->ctx, r->own_mh, &pk, &pl), UCS_OK);
+    assert_int_equal(ucp_ep_rkey_unpack(r->ep, pk, &r->rkey), UCS_OK);
+    ucp_rkey_buffer_release(pk);
 }
 
 static void raw_close(raw_t *r)
@@ -179,6 +198,8 @@ static void raw_close(raw_t *r)
         ucp_worker_progress(r->w);
     if (UCS_PTR_IS_PTR(req))
         ucp_request_free(req);
+    if (r->own_mh != NULL)
+        ucp_mem_unmap(r->ctx, r->own_mh);
     ucp_worker_destroy(r->w);
     ucp_cleanup(r->ctx);
 }
