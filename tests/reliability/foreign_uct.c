@@ -10,7 +10,9 @@
  * PUT_REQ memcpy()s the payload to ADDR and answers a PUT_ACK, which is what
  * completes the flush -- so "flush completed" means the write landed.
  * Usage: foreign_uct BLOB_HEX IP PORT [SLOT|@ADDR_HEX] [WAIT_MS] [DEV]
- * (@ADDR_HEX: 4 KiB at that raw address instead, e.g. outside the region)
+ * (@ADDR_HEX: 4 KiB at that raw address instead, e.g. outside the region;
+ * amLEN: no put, one AM of LEN bytes, id 1, with our TX_SEG_SIZE raised to
+ * fit: longer than the node's RX_SEG_SIZE, which libuct only asserts)
  * Output, one line each: "iface ok <dev>" | "iface fail <why>",
  * "connect ok|fail <status>", "put <status>", "flush completed|timeout|
  * error:<status>", then "done". Exits without tearing UCX down (_exit).
@@ -44,6 +46,18 @@ static void comp_cb(uct_completion_t *c)
     comp_t *x = (comp_t *)c;
     x->done = 1;
     x->st = c->status;
+}
+
+typedef struct {
+    const uint8_t *p;
+    size_t n;
+} pk_t;
+
+static size_t pack(void *dest, void *arg)
+{
+    pk_t *k = arg;
+    memcpy(dest, k->p, k->n);
+    return k->n;
 }
 
 static uct_md_h md;
@@ -105,7 +119,11 @@ int main(int argc, char **argv)
     const char *dev = argc > 6 ? argv[6] : "lo";
     size_t len = bp.layout.block_size;
     uint64_t addr = bp.region_base + slot * len;
-    if (tgt[0] == '@') { /* raw address: no region check (the attacker's choice) */
+    size_t am_len = strncmp(tgt, "am", 2) == 0 ? strtoull(tgt + 2, NULL, 0) : 0;
+    if (am_len) {
+        addr = 0;
+        len = am_len;
+    } else if (tgt[0] == '@') { /* raw address: no region check (the attacker's choice) */
         addr = strtoull(tgt + 1, NULL, 16);
         len = 4096;
     } else if (len == 0 || len > (1u << 20) || addr + len > bp.region_base + bp.region_len) {
@@ -132,6 +150,12 @@ int main(int argc, char **argv)
         _exit(0);
     }
     uct_config_modify(ic, "PUT_ENABLE", "y");
+    if (am_len) {
+        char seg[32];
+        snprintf(seg, sizeof(seg), "%zu", am_len + 4096);
+        uct_config_modify(ic, "TX_SEG_SIZE", seg);
+        uct_config_modify(ic, "RX_SEG_SIZE", seg);
+    }
     uct_iface_params_t ip_prm = {
         .field_mask = UCT_IFACE_PARAM_FIELD_OPEN_MODE | UCT_IFACE_PARAM_FIELD_DEVICE,
         .open_mode = UCT_IFACE_OPEN_MODE_DEVICE,
@@ -180,6 +204,20 @@ int main(int argc, char **argv)
 
     uint8_t *buf = malloc(len);
     memset(buf, 0x5A, len);
+    if (am_len) {
+        pk_t pk = {buf, len};
+        ssize_t n = UCS_ERR_NO_RESOURCE;
+        uint64_t end = now_ms() + wait_ms;
+        while (now_ms() < end && (n = uct_ep_am_bcopy(ep, 1, pack, &pk, 0)) == UCS_ERR_NO_RESOURCE)
+            uct_worker_progress(worker);
+        printf("am %zd\n", n);
+        while (now_ms() < end) { /* let the frame leave */
+            uct_worker_progress(worker);
+            usleep(1000);
+        }
+        printf("done\n");
+        _exit(0);
+    }
     uct_iov_t iov = {.buffer = buf, .length = len, .memh = UCT_MEM_HANDLE_NULL, .count = 1};
     comp_t pc = {.c = {.func = comp_cb, .count = 1, .status = UCS_OK}};
     uint64_t end = now_ms() + wait_ms;

@@ -25,10 +25,12 @@ write; what the same-uid attacker achieved is reported, not asserted.
 
 Below UCP (FOREIGN_UCT, tests/reliability/foreign_uct.c): a raw UCT tcp
 endpoint to V's UCX tcp port (from `ss -ltnp`) sends tcp's internal PUT_REQ
-into slot 15 of V's region, and, on a fresh node, to address 0x10. UCX's tcp
-receiver handles PUT_REQ whatever TCP_PUT_ENABLE says (UCX 1.13 to master:
-uct_tcp_ep_handle_put_req memcpy()s to the requested address), so both land:
-the block changes and the node dies of SIGSEGV. That is a measured RESIDUAL
+into slot 15 of V's region, and, each on a fresh node, to address 0x10 and
+an AM longer than the node's RX_SEG_SIZE. UCX's tcp receiver handles
+PUT_REQ whatever TCP_PUT_ENABLE says (UCX 1.13 to master:
+uct_tcp_ep_handle_put_req memcpy()s to the requested address), so all land:
+the block changes, the node dies of SIGSEGV, and of libuct's assertion
+(Debian's UCX 1.13 keeps ucs_assert on). That is a measured RESIDUAL
 (docs/DESIGN.md, "Threat model: data plane"), printed loudly; asserted only:
 the attacker connected, V is alive after the in-region write and a good peer
 is still served. --strict-uct asserts that neither write lands (fails today).
@@ -169,23 +171,27 @@ def run_uct(e2e, foreign_uct, name, v, g, env, a_env, crash):
     g2.quit()
     if not crash:
         return
-    v3 = Node(e2e, env)
-    port = ucx_ports(v3)[0]
-    u = uct_attack(foreign_uct, v3.cmd("blob").split()[1], port, "@10", a_env)
-    try:
-        rc = v3.p.wait(timeout=scaled(5))
-    except subprocess.TimeoutExpired:
-        rc = None
-    log("  UCT tcp PUT_REQ at 0x10: %s -> node %s" % (u, "alive" if rc is None else
-                                                       "DIED rc %s" % rc))
-    if rc is not None:
-        msg = "%s: UCT tcp PUT_REQ at address 0x10 KILLED the node (rc %s)" % (name, rc)
-        RESIDUALS.append(msg)
-        log("  !!! RESIDUAL " + msg)
-    if STRICT_UCT:
-        check(rc is None, "--strict-uct: the node died of a UCT PUT_REQ at 0x10 (rc %s)" % rc)
-    if rc is None:
-        v3.quit()
+    # one frame each, on a fresh node: a PUT_REQ at 0x10 (SIGSEGV in libuct's
+    # memcpy) and an AM longer than the node's RX_SEG_SIZE (libuct's assert)
+    for target, what in (("@10", "PUT_REQ at address 0x10"),
+                         ("am100000", "AM of 100000 B (> RX_SEG_SIZE)")):
+        v3 = Node(e2e, env)
+        port = ucx_ports(v3)[0]
+        u = uct_attack(foreign_uct, v3.cmd("blob").split()[1], port, target, a_env)
+        try:
+            rc = v3.p.wait(timeout=scaled(5))
+        except subprocess.TimeoutExpired:
+            rc = None
+        log("  UCT tcp %s: %s -> node %s" % (what, u, "alive" if rc is None else
+                                             "DIED rc %s" % rc))
+        if rc is not None:
+            msg = "%s: UCT tcp %s KILLED the node (rc %s)" % (name, what, rc)
+            RESIDUALS.append(msg)
+            log("  !!! RESIDUAL " + msg)
+        if STRICT_UCT:
+            check(rc is None, "--strict-uct: the node died of a UCT tcp %s (rc %s)" % (what, rc))
+        if rc is None:
+            v3.quit()
 
 
 def run_case(e2e, foreign, psk, tls, foreign_uct=None):
