@@ -13,9 +13,10 @@
  * (@ADDR_HEX: 4 KiB at that raw address instead, e.g. outside the region;
  * amLEN: no put, one AM of LEN bytes, id 1, with our TX_SEG_SIZE raised to
  * fit: longer than the node's RX_SEG_SIZE, which libuct only asserts)
- * Output, one line each: "iface ok <dev>" | "iface fail <why>",
- * "connect ok|fail <status>", "put <status>", "flush completed|timeout|
- * error:<status>", then "done". Exits without tearing UCX down (_exit).
+ * Output, one line each: "target <addr> <len>", "iface ok <dev> ..." |
+ * "iface fail <why>", "connect ok|fail <status>", "put <status>", "flush
+ * completed|timeout|error:<status>" (amLEN: "am <bytes or status>"), then
+ * "done". Exits without tearing UCX down (_exit).
  */
 #include "transport/ucx.h"
 

@@ -33,7 +33,8 @@ the block changes, the node dies of SIGSEGV, and of libuct's assertion
 (Debian's UCX 1.13 keeps ucs_assert on). That is a measured RESIDUAL
 (docs/DESIGN.md, "Threat model: data plane"), printed loudly; asserted only:
 the attacker connected, V is alive after the in-region write and a good peer
-is still served. --strict-uct asserts that neither write lands (fails today).
+is still served. --strict-uct asserts that none of the three lands (fails
+today).
 
 Exit 0 = pass, 1 = fail.
 """
