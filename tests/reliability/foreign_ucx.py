@@ -2,7 +2,7 @@
 """foreign_ucx.py -- a foreign UCX worker against a live node's data plane
 (issue 27, "What to build" 1; the attacker is tests/reliability/foreign_ucx.c).
 
-    foreign_ucx.py E2E_NODE FOREIGN_UCX [--cases LIST]
+    foreign_ucx.py E2E_NODE FOREIGN_UCX [FOREIGN_UCT] [--strict-uct]
 
 Per case (PSK or none) x (UCX transports: default, tcp): node V (e2e_node, its
 own process) holds 16 known blocks; G, a good peer with the same key, fetches
@@ -23,6 +23,19 @@ then runs the attacker (if we are root) as another user, and as another user
 of the node's group, on both workers, and asserts that neither can read or
 write; what the same-uid attacker achieved is reported, not asserted.
 
+Below UCP (FOREIGN_UCT, tests/reliability/foreign_uct.c): a raw UCT tcp
+endpoint to V's UCX tcp port (from `ss -ltnp`) sends tcp's internal PUT_REQ
+into slot 15 of V's region, and, each on a fresh node, to address 0x10 and
+an AM longer than the node's RX_SEG_SIZE. UCX's tcp receiver handles
+PUT_REQ whatever TCP_PUT_ENABLE says (UCX 1.13 to master:
+uct_tcp_ep_handle_put_req memcpy()s to the requested address), so all land:
+the block changes, the node dies of SIGSEGV, and of libuct's assertion
+(Debian's UCX 1.13 keeps ucs_assert on). That is a measured RESIDUAL
+(docs/DESIGN.md, "Threat model: data plane"), printed loudly; asserted only:
+the attacker connected, V is alive after the in-region write and a good peer
+is still served. --strict-uct asserts that none of the three lands (fails
+today).
+
 Exit 0 = pass, 1 = fail.
 """
 import os
@@ -35,6 +48,8 @@ from relib import check, fail, log, scaled  # noqa: E402
 
 BS, NB = 65536, 64
 PROCS = []
+STRICT_UCT = False
+RESIDUALS = []
 
 
 class Node:
@@ -99,7 +114,88 @@ def attack(binary, blob, mode, env, as_ids=None):
     return out
 
 
-def run_case(e2e, foreign, psk, tls):
+def ucx_ports(node):
+    """V's listening tcp ports other than its control port: UCX's tcp iface."""
+    ctl = node.id.rsplit(":", 1)[1]
+    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True,
+                         timeout=scaled(30)).stdout
+    ports = []
+    for line in out.splitlines():
+        w = line.split()
+        if len(w) > 5 and "pid=%d," % node.p.pid in line:
+            port = w[3].rsplit(":", 1)[1]
+            if port != ctl:
+                ports.append(port)
+    return ports
+
+
+def uct_attack(foreign_uct, blob, port, target, env):
+    r = subprocess.run([foreign_uct, blob, "127.0.0.1", port, target, str(int(scaled(1500)))],
+                       env=env, capture_output=True, text=True, timeout=scaled(120))
+    out = {}
+    for line in r.stdout.splitlines():
+        w = line.split(None, 1)
+        if w:
+            out[w[0]] = w[1] if len(w) > 1 else ""
+    check("done" in out, "UCT attacker did not finish (rc %d): %s %s" % (r.returncode, r.stdout,
+                                                                         r.stderr[-2000:]))
+    return out
+
+
+def run_uct(e2e, foreign_uct, name, v, g, env, a_env, crash):
+    """UCT tcp PUT_REQ into slot 15 of V, then (crash) at 0x10 of a fresh node."""
+    ports = ucx_ports(v)
+    check(ports, "%s: no UCX tcp port of V in `ss -ltnp`" % name)
+    for port in ports:
+        u = uct_attack(foreign_uct, v.cmd("blob").split()[1], port, "15", a_env)
+        log("  UCT tcp port %s: %s" % (port, u))
+        check(u.get("connect") == "ok", "%s: the UCT attacker could not connect: %s" % (name, u))
+        check(v.alive(), "%s: V died after the UCT PUT_REQ into its region" % name)
+        pr, bad = v.verify(0, 16)
+        bad = v.verify(15, 1)[1]  # slot 15 only (the same-uid RMA residual wrote 0 and 1)
+        msg = "%s: UCT PUT_REQ port %s: flush %s, V verify 0-15 present=%d, slot 15 bad=%d" % (
+            name, port, u.get("flush"), pr, bad)
+        if bad or u.get("flush") == "completed":
+            msg = ("%s: UCT tcp PUT_REQ into slot 15 LANDED (flush %s; V verify 0-15 "
+                   "present=%d, slot 15 bad=%d)" % (name, u.get("flush"), pr, bad))
+            RESIDUALS.append(msg)
+            log("  !!! RESIDUAL " + msg)
+        if STRICT_UCT:
+            check(bad == 0 and u.get("flush") != "completed", "--strict-uct: " + msg)
+    # a fresh good peer (G holds blocks 0-15 already); blocks 2-9, which no
+    # attack here writes (the same-uid RMA residual writes 0 and 1)
+    g2 = Node(e2e, env)
+    check(g2.cmd("add %s" % v.id) == "ok", "G2 could not add V")
+    r = g2.cmd("fetch %s 2 8 3" % v.id).split()
+    check(r[:3] == ["load", "0", "8"], "%s: G2's fetch after the UCT attack: %s" % (name, r))
+    check(g2.verify(2, 8) == (8, 0), "%s: G2's blocks: %s" % (name, g2.verify(2, 8)))
+    g2.quit()
+    if not crash:
+        return
+    # one frame each, on a fresh node: a PUT_REQ at 0x10 (SIGSEGV in libuct's
+    # memcpy) and an AM longer than the node's RX_SEG_SIZE (libuct's assert)
+    for target, what in (("@10", "PUT_REQ at address 0x10"),
+                         ("am100000", "AM of 100000 B (> RX_SEG_SIZE)")):
+        v3 = Node(e2e, env)
+        port = ucx_ports(v3)[0]
+        u = uct_attack(foreign_uct, v3.cmd("blob").split()[1], port, target, a_env)
+        try:
+            rc = v3.p.wait(timeout=scaled(5))
+        except subprocess.TimeoutExpired:
+            rc = None
+        log("  UCT tcp %s: %s -> node %s" % (what, u, "alive" if rc is None else
+                                             "DIED rc %s" % rc))
+        if rc is not None:
+            msg = "%s: UCT tcp %s KILLED the node (rc %s)" % (name, what, rc)
+            RESIDUALS.append(msg)
+            log("  !!! RESIDUAL " + msg)
+        if STRICT_UCT:
+            check(rc is None, "--strict-uct: the node died of a UCT tcp %s (rc %s)" % (what, rc))
+        if rc is None:
+            v3.quit()
+
+
+def run_case(e2e, foreign, psk, tls, foreign_uct=None):
     env = dict(os.environ)
     env.pop("KVPEER_E2E_PSK", None)
     env.pop("UCX_TLS", None)
@@ -171,26 +267,34 @@ def run_case(e2e, foreign, psk, tls):
                 check(other.get("get", "x 0").split()[-1] == "0",
                       "%s: an attacker as %s read block bytes: %s" % (name, who, other.get("get")))
             v2.quit()
+    if foreign_uct:
+        run_uct(e2e, foreign_uct, name, v, g, env, a_env, crash=(tls == "tcp" and not psk))
     g.quit()
     v.quit()
     log("case %s: ok" % name)
 
 
 def main():
-    if len(sys.argv) < 3:
+    global STRICT_UCT
+    args = [a for a in sys.argv[1:] if a != "--strict-uct"]
+    STRICT_UCT = len(args) != len(sys.argv) - 1
+    if len(args) < 2:
         print(__doc__)
         return 2
-    e2e, foreign = sys.argv[1], sys.argv[2]
+    e2e, foreign = args[0], args[1]
+    foreign_uct = args[2] if len(args) > 2 else None
     cases = [("", ""), ("s3cret-key-for-the-test", ""), ("", "tcp"),
              ("s3cret-key-for-the-test", "tcp")]
     try:
         for psk, tls in cases:
-            run_case(e2e, foreign, psk, tls)
+            run_case(e2e, foreign, psk, tls, foreign_uct)
     finally:
         for p in PROCS:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+    for r in RESIDUALS:
+        log("!!! RESIDUAL (UCX tcp PUT_REQ, docs/DESIGN.md): %s" % r)
     log("foreign_ucx: all cases passed")
     return 0
 
