@@ -129,7 +129,7 @@ def ucx_ports(node):
     return ports
 
 
-def uct_attack(foreign_uct, blob, port, target, env):
+def uct_attack(foreign_uct, blob, port, target, env, must_finish=True):
     r = subprocess.run([foreign_uct, blob, "127.0.0.1", port, target, str(int(scaled(1500)))],
                        env=env, capture_output=True, text=True, timeout=scaled(120))
     out = {}
@@ -137,8 +137,15 @@ def uct_attack(foreign_uct, blob, port, target, env):
         w = line.split(None, 1)
         if w:
             out[w[0]] = w[1] if len(w) > 1 else ""
-    check("done" in out, "UCT attacker did not finish (rc %d): %s %s" % (r.returncode, r.stdout,
-                                                                         r.stderr[-2000:]))
+    if must_finish:
+        check("done" in out, "UCT attacker did not finish (rc %d): %s %s" % (r.returncode, r.stdout,
+                                                                             r.stderr[-2000:]))
+    elif "done" not in out:
+        # the attacker's own UCX would not send the frame (UCX 1.22's wheel
+        # aborts the over-long AM in the sender): the frame was never sent
+        log("  the UCT attacker could not send %s (rc %d): not measured on this UCX"
+            % (target, r.returncode))
+        out["unsent"] = str(r.returncode)
     return out
 
 
@@ -178,7 +185,8 @@ def run_uct(e2e, foreign_uct, name, v, g, env, a_env, crash):
                          ("am100000", "AM of 100000 B (> RX_SEG_SIZE)")):
         v3 = Node(e2e, env)
         port = ucx_ports(v3)[0]
-        u = uct_attack(foreign_uct, v3.cmd("blob").split()[1], port, target, a_env)
+        u = uct_attack(foreign_uct, v3.cmd("blob").split()[1], port, target, a_env,
+                       must_finish=False)
         try:
             rc = v3.p.wait(timeout=scaled(5))
         except subprocess.TimeoutExpired:
