@@ -307,14 +307,19 @@ static void on_accept(kvp_tcpd_t *t)
             return;
         }
         t->st.accepted++;
-        if (t->n_preauth >= t->cfg.max_preauth) {
-            refuse(t, fd, &ss, &t->st.refused_preauth_cap, "too many unauthenticated streams");
-            continue;
-        }
         if (preauth_from(t, &ss) >= t->cfg.max_preauth_per_addr) {
             refuse(t, fd, &ss, &t->st.refused_addr_cap,
                    "too many unauthenticated streams from this address");
             continue;
+        }
+        if (t->n_preauth >= t->cfg.max_preauth) {
+            /* Full: the OLDEST unauthenticated one goes, not the newcomer. A
+             * real source sends its preface with its first bytes (it is
+             * usually read right below, at accept), so only idle holders
+             * age; refusing newcomers would let them lock real sources out. */
+            tcpd_in_t *old = KVP_CONTAINER_OF(t->preauth.next, tcpd_in_t, link);
+            t->st.refused_preauth_cap++;
+            in_close(t, old, "evicted: too many unauthenticated streams");
         }
         tcpd_in_t *c = kvp__calloc(1, sizeof(*c));
         if (c == NULL) {
@@ -333,6 +338,7 @@ static void on_accept(kvp_tcpd_t *t)
         }
         kvp_list_insert_tail(&t->preauth, &c->link);
         t->n_preauth++;
+        in_read(t, c); /* the preface is usually here already */
     }
 }
 
