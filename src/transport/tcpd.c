@@ -704,7 +704,10 @@ static kvp_status_t listen_open(kvp_tcpd_t *t)
     unsigned sslen = sizeof(ss);
     const char *la = t->cfg.listen_addr ? t->cfg.listen_addr : "127.0.0.1:0";
     if (kvp_tcp_parse_addr(la, &ss, &sslen) != KVP_OK) {
-        KVP_ERROR(t->prefix, "data listener: cannot parse listen address");
+        char e[160];
+        kvp_escape(e, sizeof(e), la, strlen(la), 0);
+        KVP_ERROR(t->prefix, "data listener: listen address %s: not host:port, or the host "
+                  "does not resolve", e);
         return KVP_ERR_INVALID;
     }
     if (ss.ss_family == AF_INET)
@@ -779,9 +782,9 @@ kvp_status_t kvp__tcpd_open(const kvp_tcpd_config_t *cfg, const kvp_tcpd_cbs_t *
 
 void kvp__tcpd_close(kvp_tcpd_t *t)
 {
-    kvp_list_t *lists[2] = {&t->preauth, &t->open}, *pos, *tmp;
     if (t == NULL)
         return;
+    kvp_list_t *lists[2] = {&t->preauth, &t->open}, *pos, *tmp;
     for (int k = 0; k < 2; k++)
         kvp_list_foreach_safe(pos, tmp, lists[k])
         {
