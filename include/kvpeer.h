@@ -200,6 +200,11 @@ typedef struct kvp_config {
     uint8_t insecure;
     uint8_t reserved1[3];
     uint32_t max_preauth, max_preauth_per_addr, preauth_timeout_ms;
+    /* Issue 27: the port of kvpeer's own tcp data stream (the data port
+     * between hosts; UCX carries no tcp), on the listen address's host.
+     * 0 (default) = ephemeral (it travels in the blob); set it to write
+     * firewall rules. At most 65535. */
+    uint32_t data_port;
 } kvp_config_t;
 
 KVP_EXPORT void kvp_config_init(kvp_config_t *cfg);

@@ -134,6 +134,8 @@ static const opt_t opts[] = {
     {"max_preauth_per_addr", OPT_U32, F_RUNTIME, C(max_preauth_per_addr), 1, 4096, NULL,
      "connections not yet authenticated, from one source address"},
     MS(preauth_timeout_ms, 1, "a connection must authenticate within this (<= handshake_timeout_ms)"),
+    {"data_port", OPT_U32, 0, C(data_port), 0, 65535, NULL,
+     "port of the tcp data stream on the listen host (0 = ephemeral; fix it for firewall rules)"},
 };
 #define N_OPTS (sizeof(opts) / sizeof(opts[0]))
 

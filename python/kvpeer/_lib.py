@@ -148,6 +148,7 @@ class kvp_config_t(Structure):
         ("max_preauth", c_uint32),
         ("max_preauth_per_addr", c_uint32),
         ("preauth_timeout_ms", c_uint32),
+        ("data_port", c_uint32),  # issue 27: kvpeer's own tcp data stream
     ]
 
 

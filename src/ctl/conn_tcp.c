@@ -447,7 +447,8 @@ kvp_status_t kvp_tcp_dial_ss(kvp_loop_t *loop, const void *sa, unsigned sslen, c
     t->state = TCP_CONNECTING;
     t->base.h = h;
     t->base.owner = owner;
-    snprintf(t->base.remote, sizeof(t->base.remote), "%s", addr);
+    (void)addr; /* numeric, as for accepted connections (kvp_link_remote_host) */
+    tcp_format_addr(&ss, t->base.remote, sizeof(t->base.remote));
     st = kvp_io_start(loop, &t->io, fd, EPOLLOUT, tcp_on_io, t);
     if (st != KVP_OK)
         goto err_conn;

@@ -267,6 +267,9 @@ bool kvp_link_outbound(const kvp_link_t *link);
 /* Issue 27: a hash of the connection's two endpoints, equal at both ends; 0
  * if unknown (the same-host proof is bound to it, transport bind_next_peer). */
 uint64_t kvp_link_binding(const kvp_link_t *link);
+/* The numeric host of the connection's remote end ("" if unknown): where a
+ * peer whose data stream listens on a wildcard address is reached. */
+void kvp_link_remote_host(const kvp_link_t *link, char *buf, size_t cap);
 /* A link still in its handshake whose peer id (or, for our dial, the address
  * dialed) is `peer_id`, or NULL. Lets a caller queue frames before ready
  * (kvp_link_send queues them). Borrowed: valid only until the loop runs

@@ -612,6 +612,23 @@ bool kvp_link_outbound(const kvp_link_t *l)
     return l->outbound;
 }
 
+void kvp_link_remote_host(const kvp_link_t *l, char *buf, size_t cap)
+{
+    /* conn->remote is "host:port" or "[v6]:port" as the tcp conn formats it */
+    const char *r = l->conn != NULL ? l->conn->remote : "";
+    const char *colon = strrchr(r, ':');
+    size_t n = colon ? (size_t)(colon - r) : 0;
+    if (n >= 2 && r[0] == '[' && r[n - 1] == ']') {
+        r++;
+        n -= 2;
+    }
+    if (cap == 0)
+        return;
+    n = KVP_MIN(n, cap - 1);
+    memcpy(buf, r, n);
+    buf[n] = '\0';
+}
+
 uint64_t kvp_link_binding(const kvp_link_t *l)
 {
     const kvp_conn_t *c = l->conn;

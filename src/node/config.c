@@ -180,6 +180,8 @@ kvp_status_t kvp__config_check_runtime(const kvp_config_t *c)
         BAD("hold_cap_ms: must be > 0");
     if (c->load_timeout_ms == 0)
         BAD("load_timeout_ms: must be > 0");
+    if (c->data_port > 65535)
+        BAD("data_port: at most 65535 (0 = ephemeral)");
     if (c->max_preauth > 4096 || c->max_preauth_per_addr > 4096)
         BAD("max_preauth / max_preauth_per_addr: at most 4096 (0 = default)");
     if (c->wait_spin_us > KVP_WAIT_SPIN_MAX_US)

@@ -900,7 +900,8 @@ static kvp_status_t node_make_ucx(kvp_node_t *n)
     uc.clock = n->clock;
     uc.max_transfers = n->cfg.max_retained + 1024;
     uc.connect_timeout_ms = n->cfg.dead_after_ms; /* a data path must come up as fast */
-    uc.listen_addr = n->cfg.listen_addr; /* issue 27: UCX tcp only on that interface */
+    uc.listen_addr = n->cfg.listen_addr; /* issue 27: the data stream on that host */
+    uc.data_port = (uint16_t)n->cfg.data_port;
     kvp_status_t st = kvp_ucx_xport_create(&uc, &n->xport);
     if (st != KVP_OK)
         return st;

@@ -36,6 +36,11 @@ kvp_status_t kvp__session_create(kvp_session_env_t *n, kvp_link_t *link,
     kvp_layout_t layout = {hello->num_blocks, hello->block_size};
     if (n->xport->ops->bind_next_peer != NULL) /* issue 27: the proof is per connection */
         n->xport->ops->bind_next_peer(n->xport, kvp_link_binding(link));
+    if (n->xport->ops->next_peer_host != NULL) { /* issue 27: a wildcard data stream address */
+        char host[64];
+        kvp_link_remote_host(link, host, sizeof(host));
+        n->xport->ops->next_peer_host(n->xport, host);
+    }
     kvp_status_t st = n->xport->ops->add_peer(n->xport, blob, blob_len, &layout, &s->xpeer);
     if (st != KVP_OK) {
         KVP_LOG_RL(n->rl_proto, kvp__env_now(n), KVP_LOG_ERROR, n->name,

@@ -102,6 +102,10 @@ typedef struct kvp_xport_stats {
     /* issue 27: AM data without the consumer's secret (foreign worker, or a
      * peer that never had our blob): dropped, counted also here (bytes) */
     uint64_t am_unauth_dropped;
+    /* issue 27: kvpeer's own tcp data stream (UCX backend, tcpd.h) */
+    uint64_t tcpd_open;    /* authenticated inbound streams now */
+    uint64_t tcpd_refused; /* connections refused or closed: caps, bad preface, deadline, framing */
+    uint64_t tcpd_emfile;  /* accept() out of file descriptors */
 } kvp_xport_stats_t;
 
 typedef struct kvp_xport_ops {
@@ -168,6 +172,10 @@ typedef struct kvp_xport_ops {
      * expected for that peer is bound to it, so a proof a node wrote for one
      * connection proves nothing on another (a relay). NULL: not used. */
     void (*bind_next_peer)(kvp_xport_t *x, uint64_t binding);
+    /* Issue 27: the numeric address the NEXT add_peer's blob came from (its
+     * control connection's remote host): where to reach a peer whose data
+     * stream listens on a wildcard address. NULL: not used. */
+    void (*next_peer_host)(kvp_xport_t *x, const char *host);
     /* Accept blocks from `peer` into these slots at these generations (peer 0:
      * from any source -- transport tests only). Clears their landed flag. */
     kvp_status_t (*expect)(kvp_xport_t *x, kvp_xpeer_id_t peer, const kvp_xslot_t *slots,

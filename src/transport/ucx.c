@@ -158,11 +158,16 @@ static void ucx_xfer_count(ucx_xport_t *x, kvp_status_t s)
  * ucp_worker_progress (or ucp_ep_close_nbx FORCE) on the owner thread. */
 static void ucx_req_cb(void *req, ucs_status_t status, void *user_data)
 {
-    ucx_xfer_t *r = user_data;
+    ucp_request_free(req);
+    kvp__ucx_xfer_step(user_data, status);
+}
 
+/* One request of r completed (a UCX request, or a piece of kvpeer's own tcp
+ * stream: tcpd.h). */
+void kvp__ucx_xfer_step(ucx_xfer_t *r, ucs_status_t status)
+{
     if (status != UCS_OK && r->first_err == UCS_OK)
         r->first_err = status;
-    ucp_request_free(req);
     KVP_ASSERT(r->pending > 0);
     if (r->x->destroying) { /* ucp_worker_destroy cancelling leftovers: peers are gone */
         r->pending--;
@@ -193,6 +198,17 @@ static void ucx_xfer_detach(ucx_xport_t *x, ucx_xfer_t *r)
 
 /* ------------------------------------------------------------------ peers */
 
+/* Close p's tcp data stream (tcpd.h): its queued pieces are reported not
+ * sent (the transfers fail; nothing reads their source memory any more). */
+static void ucx_peer_close_out(ucx_peer_t *p)
+{
+    if (p->out != NULL) {
+        kvp_tcpd_out_t *o = p->out;
+        p->out = NULL;
+        kvp__tcpd_out_close(o);
+    }
+}
+
 static void ucx_ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
 {
     ucx_peer_t *p = arg;
@@ -222,6 +238,7 @@ static void ucx_ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
  * or was cancelled by a FORCE close the caller already did. */
 static void ucx_peer_start_close(ucx_xport_t *x, ucx_peer_t *p, bool force)
 {
+    ucx_peer_close_out(p);
     kvp__ucx_probe_unmark(p);
     if (p->rkey) {
         ucp_rkey_destroy(p->rkey);
@@ -353,6 +370,7 @@ static void ucx_peer_force_ep(ucx_xport_t *x, ucx_peer_t *p);
  * a live tcp link, once it drained (above). */
 static void ucx_peer_end_ep(ucx_xport_t *x, ucx_peer_t *p)
 {
+    ucx_peer_close_out(p);
     if (p->ep == NULL)
         return;
     if (ucx_peer_must_drain(p)) {
@@ -508,11 +526,21 @@ static kvp_status_t ucx_peer_connect(ucx_xport_t *x, ucx_peer_t *p, const ucx_bl
         .err_mode = UCP_ERR_HANDLING_MODE_PEER,
         .err_handler = {.cb = ucx_ep_err_cb, .arg = p},
     };
-    s = ucp_ep_create(x->worker_am, &ep, &p->ep);
-    if (s != UCS_OK) {
-        KVP_ERROR(PFX(x), "peer blob: ucp_ep_create: %s", ucs_status_string(s));
-        kvp__free(tmp);
-        return KVP_ERR_TRANSPORT;
+    /* AM over UCX only where UCX's shared memory reaches the peer; every
+     * other peer gets kvpeer's own tcp stream (issue 27: UCX's tcp is never
+     * used, see tcpd.h). */
+    s = p->same_host && x->shm_enabled ? ucp_ep_create(x->worker_am, &ep, &p->ep)
+                                       : UCS_ERR_UNREACHABLE;
+    if (s != UCS_OK) { /* another host, or its transports leave out shm: the stream */
+        if (p->same_host && x->shm_enabled)
+            KVP_DEBUG(PFX(x), "peer blob: AM endpoint over shm: %s (tcp stream instead)",
+                      ucs_status_string(s));
+        p->ep = NULL;
+        p->out = kvp__tcpd_connect(x->tcpd, &v->tcpd, x->next_host, p->dst_token, p);
+        if (p->out == NULL) {
+            kvp__free(tmp);
+            return KVP_ERR_TRANSPORT;
+        }
     }
     /* The RMA context reaches only this host's memory (RDMA is not detected
      * yet): tried only for a peer claiming our host (its claim is then
@@ -529,7 +557,9 @@ static kvp_status_t ucx_peer_connect(ucx_xport_t *x, ucx_peer_t *p, const ucx_bl
             KVP_ERROR(PFX(x), "peer blob: ucp_ep_rkey_unpack: %s", ucs_status_string(s));
             kvp__free(tmp);
             ucx_ep_abort(x, p->ep_rma);
-            ucx_ep_abort(x, p->ep);
+            if (p->ep)
+                ucx_ep_abort(x, p->ep);
+            ucx_peer_close_out(p);
             p->ep = p->ep_rma = NULL;
             return KVP_ERR_PROTO;
         }
@@ -547,6 +577,9 @@ static kvp_status_t ucx_add_peer(kvp_xport_t *xp, const void *blob, size_t len,
     uint64_t binding = x->bind_next; /* bind_next_peer: this add_peer only */
 
     x->bind_next = 0;
+    char host[sizeof(x->next_host)];
+    memcpy(host, x->next_host, sizeof(host));
+    x->next_host[0] = '\0';
     if (!expect || !out)
         return KVP_ERR_INVALID;
     st = kvp__ucx_blob_view(blob, len, &v);
@@ -576,7 +609,9 @@ static kvp_status_t ucx_add_peer(kvp_xport_t *xp, const void *blob, size_t len,
     p->token = p->dst_token = v.secret; /* checked non-zero by blob_view */
     p->mark_ours = kvp__ucx_proof_mark_value(x->token, binding);
     p->mark_theirs = kvp__ucx_proof_mark_value(p->token, binding);
+    memcpy(x->next_host, host, sizeof(host)); /* for a wildcard stream address */
     st = ucx_peer_connect(x, p, &v);
+    x->next_host[0] = '\0';
     if (st != KVP_OK) {
         kvp__free(p);
         return st;
@@ -589,7 +624,8 @@ static kvp_status_t ucx_add_peer(kvp_xport_t *xp, const void *blob, size_t len,
         KVP_DEBUG(PFX(x), "peer %llu: proof written into its shared segment",
                   (unsigned long long)p->id);
     kvp__ucx_peer_classify(x, p);
-    ucx_probe_start(x, p);
+    if (p->ep)
+        ucx_probe_start(x, p); /* the tcp stream has its own connect deadline */
     *out = p->id;
     return KVP_OK;
 }
@@ -601,7 +637,7 @@ static kvp_status_t ucx_write_check(ucx_xport_t *x, const ucx_peer_t *p,
 {
     if (x->region_kind == REGION_NONE)
         return KVP_ERR_STATE;
-    if (p->status != KVP_OK || !p->ep)
+    if (p->status != KVP_OK || (!p->ep && !p->out))
         return p->status != KVP_OK ? p->status : KVP_ERR_CLOSED;
     if (p->layout.block_size != x->layout.block_size)
         return KVP_ERR_INCOMPATIBLE;
@@ -823,6 +859,7 @@ static void ucx_retire_list(ucx_xport_t *x, kvp_list_t *l)
  * at shutdown. A live tcp endpoint goes through ucx_peer_end_ep (drain). */
 static void ucx_peer_force_ep(ucx_xport_t *x, ucx_peer_t *p)
 {
+    ucx_peer_close_out(p);
     if (p->ep) {
         p->close_req = ucx_ep_close(x, p->ep, UCP_EP_CLOSE_FLAG_FORCE, p->id);
         p->ep = NULL;
@@ -864,6 +901,9 @@ static kvp_status_t ucx_remove_peer(kvp_xport_t *xp, kvp_xpeer_id_t peer)
         return KVP_ERR_NOT_FOUND;
     ucx_retire_list(x, &p->running);
     ucx_retire_list(x, &p->done);
+    /* Our tcp stream to it closes now: what it has not written never will
+     * be (those transfers fail at once, their pins can go). */
+    ucx_peer_close_out(p);
     p->removed = true;
     kvp_list_remove(&p->link);
     kvp_list_insert_tail(&x->zombies, &p->link);
@@ -999,6 +1039,8 @@ static bool ucx_progress(kvp_xport_t *xp)
         if (x->drained)
             ucx_close_drained(x);
     }
+    if (x->tcpd)
+        any |= kvp__tcpd_progress(x->tcpd);
     ucx_probe_check(x);
     if (x->errored)
         ucx_force_errored(x);
@@ -1049,6 +1091,14 @@ static void ucx_get_stats(kvp_xport_t *xp, kvp_xport_stats_t *st)
         st->inflight += ucx_list_len(&p->running) + ucx_list_len(&p->done);
     }
     st->retired = ucx_list_len(&x->retired);
+    if (x->tcpd) {
+        kvp_tcpd_stats_t ts;
+        kvp__tcpd_stats(x->tcpd, &ts);
+        st->tcpd_open = ts.open;
+        st->tcpd_refused = ts.refused_preauth_cap + ts.refused_addr_cap + ts.refused_open_cap +
+                           ts.closed_bad_preface + ts.closed_timeout + ts.closed_proto;
+        st->tcpd_emfile = ts.accept_emfile;
+    }
     st->zombie_peers = ucx_list_len(&x->zombies) + ucx_list_len(&x->closing);
 }
 
@@ -1125,6 +1175,7 @@ static void ucx_destroy(ucx_xport_t *x)
         ucx_peer_t *p = KVP_CONTAINER_OF(pos, ucx_peer_t, link);
         KVP_ERROR(PFX(x), "peer %llu: endpoint still referenced at close; leaking it to UCX",
                   (unsigned long long)p->id);
+        ucx_peer_close_out(p);
         kvp__ucx_probe_unmark(p);
         if (p->rkey)
             ucp_rkey_destroy(p->rkey);
@@ -1136,6 +1187,8 @@ static void ucx_destroy(ucx_xport_t *x)
     kvp__ucx_region_release(x);
     kvp__ucx_probe_release(x);
     x->destroying = true;
+    kvp__tcpd_close(x->tcpd); /* streams left (none normally): pieces only counted down */
+    x->tcpd = NULL;
     if (x->worker_am)
         ucp_worker_destroy(x->worker_am);
     if (x->worker)
@@ -1285,6 +1338,7 @@ const kvp_xport_ops_t kvp_ucx_xport_ops = {
     .inbound_refusable = kvp__ucx_inbound_refusable,
     .landing_required = kvp__ucx_landing_required,
     .bind_next_peer = kvp__ucx_bind_next_peer,
+    .next_peer_host = kvp__ucx_next_peer_host,
     .expect = kvp__ucx_expect,
     .refuse = kvp__ucx_refuse,
     .is_landed = kvp__ucx_is_landed,

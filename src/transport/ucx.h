@@ -84,6 +84,9 @@ typedef struct kvp_ucx_config {
      * the environment; a wildcard keeps every interface (WARN). NULL: UCX's
      * default (every interface). Borrowed during create only. */
     const char *listen_addr;
+    /* Issue 27: the port of kvpeer's own tcp data stream (tcpd.h), on the
+     * listen address's host; 0: an ephemeral port (in the blob). */
+    uint16_t data_port;
 } kvp_ucx_config_t;
 
 /* Fill `cfg` with the defaults (all zero/NULL). */

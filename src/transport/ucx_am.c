@@ -44,6 +44,45 @@
 
 /* ------------------------------------------------------------- consumer */
 
+/* The landing rule, for a piece from UCX's AM handler or from kvpeer's own
+ * tcp stream (ucx_tcpd.c): it lands only into a slot expected at that
+ * generation from that source, in order; everything else is dropped and
+ * counted. */
+void kvp__ucx_land(ucx_xport_t *x, const ucx_am_hdr_t *hp, const void *data, size_t length)
+{
+    ucx_am_hdr_t h = *hp;
+    const size_t bs = x->layout.block_size;
+
+    if (x->acc == NULL) {
+        x->st.late_bytes_dropped += length;
+        return;
+    }
+    if (h.dst_token != x->token) {
+        /* Not from a holder of our blob (issue 27): a foreign worker. */
+        x->st.am_unauth_dropped += length;
+        x->st.late_bytes_dropped += length;
+        return;
+    }
+    if (h.magic != UCX_AM_MAGIC || h.slot >= x->layout.num_blocks ||
+        h.zero != 0 || h.len == 0 || h.len != length || h.off >= bs || h.len > bs - h.off) {
+        x->st.late_bytes_dropped += length;
+        return;
+    }
+    ucx_acc_t *e = &x->acc[h.slot];
+    if (e->state != ACC_EXPECT || e->gen != h.gen || (e->token != 0 && e->token != h.src_token) ||
+        (h.off != e->next && h.off != 0)) {
+        x->st.late_bytes_dropped += length; /* refused, stale, foreign or out of order */
+        return;
+    }
+    if (h.off == 0)
+        e->next = 0; /* the block (again, if it was sent twice while expected) */
+    memcpy((uint8_t *)x->region + (size_t)h.slot * bs + h.off, data, h.len);
+    e->next += h.len;
+    if (e->next == bs)
+        x->st.am_blocks_landed++;
+    x->st.am_bytes_landed += h.len;
+}
+
 static ucs_status_t ucx_am_data_cb(void *arg, const void *header, size_t header_length,
                                    void *data, size_t length, const ucp_am_recv_param_t *param)
 {
@@ -56,36 +95,12 @@ static ucs_status_t ucx_am_data_cb(void *arg, const void *header, size_t header_
         x->st.late_bytes_dropped += length;
         return UCS_OK;
     }
-    if (header_length != sizeof(h) || x->acc == NULL) {
+    if (header_length != sizeof(h)) {
         x->st.late_bytes_dropped += length;
         return UCS_OK;
     }
     memcpy(&h, header, sizeof(h));
-    const size_t bs = x->layout.block_size;
-    if (h.dst_token != x->token) {
-        /* Not from a holder of our blob (issue 27): a foreign worker. */
-        x->st.am_unauth_dropped += length;
-        x->st.late_bytes_dropped += length;
-        return UCS_OK;
-    }
-    if (h.magic != UCX_AM_MAGIC || h.slot >= x->layout.num_blocks ||
-        h.zero != 0 || h.len == 0 || h.len != length || h.off >= bs || h.len > bs - h.off) {
-        x->st.late_bytes_dropped += length;
-        return UCS_OK;
-    }
-    ucx_acc_t *e = &x->acc[h.slot];
-    if (e->state != ACC_EXPECT || e->gen != h.gen || (e->token != 0 && e->token != h.src_token) ||
-        (h.off != e->next && h.off != 0)) {
-        x->st.late_bytes_dropped += length; /* refused, stale, foreign or out of order */
-        return UCS_OK;
-    }
-    if (h.off == 0)
-        e->next = 0; /* the block (again, if it was sent twice while expected) */
-    memcpy((uint8_t *)x->region + (size_t)h.slot * bs + h.off, data, h.len);
-    e->next += h.len;
-    if (e->next == bs)
-        x->st.am_blocks_landed++;
-    x->st.am_bytes_landed += h.len;
+    kvp__ucx_land(x, &h, data, length);
     return UCS_OK; /* UCX releases its buffer */
 }
 
@@ -246,6 +261,8 @@ size_t kvp__ucx_am_post(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r,
 
     ap.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
     ap.flags = UCP_AM_SEND_FLAG_EAGER; /* never rendezvous; never REPLY */
+    if (p->out != NULL) /* kvpeer's own tcp stream (ucx_tcpd.c) */
+        return kvp__ucx_tcpd_post(x, p, r, blocks, n);
     ucx_am_hdr_t *h = r->hdrs;
     for (size_t i = 0; i < n; i++) {
         const uint8_t *src = (const uint8_t *)x->region + (size_t)blocks[i].src_slot * bs;

@@ -7,15 +7,17 @@
 #ifndef KVP_TRANSPORT_UCX_INT_H
 #define KVP_TRANSPORT_UCX_INT_H
 
+#include "transport/tcpd.h"
 #include "transport/ucx.h"
 
 #include <ucp/api/ucp.h>
 
 #define UCX_BLOB_MAGIC 0x5550564Bu /* "KVPU" little-endian */
-#define UCX_BLOB_VERSION 5u /* 2: digest trailer; 3: AM data path (older peers would put: refused);
+#define UCX_BLOB_VERSION 6u /* 2: digest trailer; 3: AM data path (older peers would put: refused);
                             * 4: AM blocks in pieces (a v3 consumer drops them: refused);
-                            * 5: two workers (AM without RMA, RMA without tcp), secret, probe */
-#define UCX_BLOB_HDR 64u
+                            * 5: two workers (AM without RMA, RMA without tcp), secret, probe;
+                            * 6: kvpeer's own tcp data stream (tcpd.h) instead of UCX's tcp */
+#define UCX_BLOB_HDR 84u
 #define UCX_BLOB_DIGEST 8u /* trailer: xxh3-64 of every byte before it */
 #define UCX_HOST_MAX 256u
 #define UCX_ADDR_MAX 8192u
@@ -125,6 +127,9 @@ struct ucx_peer {
     uint64_t *mark_cell;   /* where ours is in its segment (cleared at close), or NULL */
     ucp_rkey_h probe_rk;   /* keeps that mapping while mark_cell is set */
     bool use_am;           /* our writes to it go as AM (path != direct shm) */
+    /* am-tcp (issue 27): our writes to it go over kvpeer's own stream
+     * (tcpd.h), never UCX's tcp; p->ep is then NULL. */
+    kvp_tcpd_out_t *out;
     uint64_t token;        /* its secret (from its blob): expected in its AM headers */
     uint64_t dst_token;    /* = token: the consumer secret we put in our headers */
     char lanes[192];
@@ -193,6 +198,8 @@ typedef struct ucx_xport {
     bool legacy_put;   /* bench only: ucp_put_nbx on every path (the old emulated put) */
     uint64_t token;    /* ours: random per incarnation (libsodium), sent only in the blob */
     uint64_t bind_next; /* issue 27: the next add_peer's connection binding (0: none) */
+    char next_host[64]; /* the numeric address the next add_peer's blob came from ("" unknown) */
+    kvp_tcpd_t *tcpd;   /* kvpeer's own tcp data stream: listener and streams */
     ucx_acc_t *acc;    /* consumer side: layout.num_blocks entries, from register_region */
 } ucx_xport_t;
 
@@ -209,6 +216,7 @@ typedef struct ucx_blob_view {
     kvp_layout_t layout;
     uint64_t base, len;
     uint64_t secret, probe_base;
+    kvp_tcpd_addr_t tcpd; /* where its data stream listens */
     const uint8_t *host, *addr, *rkey, *rma_addr, *probe_rkey;
     size_t host_len, addr_len, rkey_len, rma_addr_len, probe_rkey_len;
 } ucx_blob_view_t;
@@ -240,7 +248,17 @@ kvp_status_t kvp__ucx_net_devices(const char *listen_host, char *buf, size_t cap
  * p->inbound, p->use_am, p->lanes and logs once. */
 void kvp__ucx_peer_classify(ucx_xport_t *x, ucx_peer_t *p);
 
+/* ucx.c: one UCX request (or tcpd piece) of r completed with status. */
+void kvp__ucx_xfer_step(ucx_xfer_t *r, ucs_status_t status);
+
 /* ucx_am.c */
+void kvp__ucx_land(ucx_xport_t *x, const ucx_am_hdr_t *h, const void *data, size_t length);
+
+/* ucx_tcpd.c: kvpeer's own tcp data stream under the UCX backend. */
+kvp_status_t kvp__ucx_tcpd_open(ucx_xport_t *x, const kvp_ucx_config_t *cfg);
+size_t kvp__ucx_tcpd_post(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r,
+                          const kvp_xfer_block_t *blocks, size_t n);
+void kvp__ucx_next_peer_host(kvp_xport_t *xp, const char *host);
 kvp_status_t kvp__ucx_am_init(ucx_xport_t *x);
 kvp_status_t kvp__ucx_acc_alloc(ucx_xport_t *x);
 void kvp__ucx_acc_refuse_peer(ucx_xport_t *x, kvp_xpeer_id_t peer);

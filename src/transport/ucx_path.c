@@ -37,7 +37,8 @@ void kvp__ucx_peer_classify(ucx_xport_t *x, ucx_peer_t *p)
      * no rkey, AM only. */
     p->rkey_ptr_ok = p->rkey != NULL && ucp_rkey_ptr(p->rkey, p->rbase, &ptr) == UCS_OK;
     bool direct = p->rkey_ptr_ok && x->shm_enabled;
-    kvp_data_path_t am = p->same_host && x->shm_enabled ? KVP_PATH_AM_SHM : KVP_PATH_AM_TCP;
+    /* AM over UCX shm where that endpoint exists, else kvpeer's tcp stream */
+    kvp_data_path_t am = p->out == NULL ? KVP_PATH_AM_SHM : KVP_PATH_AM_TCP;
     p->path = direct ? KVP_PATH_DIRECT_SHM : am;
     p->use_am = !direct;
     p->inbound = x->region_kind == REGION_UCX && p->same_host ? KVP_PATH_DIRECT_SHM : am;

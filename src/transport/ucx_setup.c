@@ -9,10 +9,12 @@
  *   8 num_blocks u32 | 12 block_size u32 | 16 region base u64 | 24 region len u64
  *   32 pid u32 | 36 host_len u16 | 38 addr_len u16 | 40 rkey_len u16
  *   42 rma_addr_len u16 | 44 secret u64 | 52 probe base u64 | 60 probe_rkey_len u16
- *   62 zero u16
+ *   62 zero u16 | 64 stream family u8 (4|6) | 65 zero u8 | 66 stream port u16
+ *   68 stream address (16 B; v4 in the first 4; all zero: the address the
+ *      control connection reached, tcpd.h)
  *   64 host id | AM worker address | packed rkey | RMA worker address |
  *      packed probe rkey | digest u64
- * The AM worker address is the AM context's (tcp, shm; no RMA); the RMA
+ * The AM worker address is the AM context's (shm; no RMA, no tcp); the RMA
  * worker address and both rkeys belong to the RMA context (shm/RDMA only).
  * secret: the node incarnation's random AM authenticator (issue 27); the
  * blob travels only after authentication (SPEC §4), so nobody else has it.
@@ -94,11 +96,15 @@ kvp_status_t kvp__ucx_blob_view(const uint8_t *b, size_t len, ucx_blob_view_t *v
     v->secret = le_get(b + 44, 8);
     v->probe_base = le_get(b + 52, 8);
     v->probe_rkey_len = le_get(b + 60, 2);
+    v->tcpd.family = b[64];
+    v->tcpd.port = (uint16_t)le_get(b + 66, 2);
+    memcpy(v->tcpd.ip, b + 68, 16);
     if (v->host_len > UCX_HOST_MAX || v->addr_len == 0 || v->addr_len > UCX_ADDR_MAX ||
         v->rkey_len == 0 || v->rkey_len > UCX_RKEY_MAX || v->rma_addr_len == 0 ||
         v->rma_addr_len > UCX_ADDR_MAX || v->probe_rkey_len > UCX_RKEY_MAX ||
         (v->probe_rkey_len != 0) != (v->probe_base != 0) || v->secret == 0 ||
-        le_get(b + 62, 2) != 0)
+        le_get(b + 62, 2) != 0 || (v->tcpd.family != 4 && v->tcpd.family != 6) || b[65] != 0 ||
+        v->tcpd.port == 0)
         return KVP_ERR_PROTO;
     size_t need = UCX_BLOB_HDR + v->host_len + v->addr_len + v->rkey_len + v->rma_addr_len +
                   v->probe_rkey_len + UCX_BLOB_DIGEST;
@@ -157,6 +163,11 @@ static kvp_status_t ucx_blob_build(ucx_xport_t *x, const ucx_blob_in_t *in)
     le_put(b + 44, x->token, 8);
     le_put(b + 52, in->probe_rkey_len ? (uintptr_t)x->probe_cells : 0, 8);
     le_put(b + 60, in->probe_rkey_len, 2);
+    kvp_tcpd_addr_t ta;
+    kvp__tcpd_local_addr(x->tcpd, &ta);
+    b[64] = ta.family;
+    le_put(b + 66, ta.port, 2);
+    memcpy(b + 68, ta.ip, 16);
     uint8_t *q = b + UCX_BLOB_HDR;
     memcpy(q, x->host_id, host_len);
     q += host_len;
@@ -447,7 +458,7 @@ static const char *ucx_config_keys(const kvp_ucx_config_t *cfg, ucx_kv_t kv[UCX_
     return tls;
 }
 
-static void ucx_rma_tls(const char *tls, char *buf, size_t cap);
+static void ucx_rma_tls(const char *tls, bool keep_sysv, char *buf, size_t cap);
 
 void kvp_ucx_config_each(const kvp_ucx_config_t *cfg,
                          void (*set)(const char *key, const char *value, void *arg), void *arg)
@@ -460,7 +471,7 @@ void kvp_ucx_config_each(const kvp_ucx_config_t *cfg,
         cfg = &def;
     }
     char rtls[256];
-    ucx_rma_tls(ucx_config_keys(cfg, kv), rtls, sizeof(rtls));
+    ucx_rma_tls(ucx_config_keys(cfg, kv), false, rtls, sizeof(rtls));
     kv[0].v = rtls; /* the RMA context's: never tcp (issue 27) */
     for (size_t i = 0; i < KVP_ARRAY_SIZE(kv); i++)
         if (kv[i].v)
@@ -475,16 +486,19 @@ void kvp_ucx_config_each(const kvp_ucx_config_t *cfg,
  * /proc/<pid>/fd, i.e. only by processes allowed to ptrace the node; cma
  * needs the same). NULL/"all" -> "^tcp,sysv"; "^x" -> "^x,tcp,sysv"; a list
  * -> the list minus tcp and sysv, "sm"/"shm" -> "posix,cma" (nothing left:
- * "self"). The AM context keeps sysv: it has no RMA handlers, and kvpeer's
- * data AM needs the node's secret. */
-static void ucx_rma_tls(const char *tls, char *buf, size_t cap)
+ * "self"). The AM context keeps sysv (keep_sysv): it has no RMA handlers,
+ * and kvpeer's data AM needs the node's secret; it has no tcp either: across
+ * hosts kvpeer's own stream carries the data (tcpd.h; libuct's tcp receiver
+ * executes PUT_REQ frames from anyone). */
+static void ucx_rma_tls(const char *tls, bool keep_sysv, char *buf, size_t cap)
 {
+    const char *drop = keep_sysv ? "tcp" : "tcp,sysv";
     if (tls == NULL || strcmp(tls, "all") == 0) {
-        snprintf(buf, cap, "^tcp,sysv");
+        snprintf(buf, cap, "^%s", drop);
         return;
     }
     if (tls[0] == '^') {
-        snprintf(buf, cap, "%s,tcp,sysv", tls);
+        snprintf(buf, cap, "%s,%s", tls, drop);
         return;
     }
     char tmp[256];
@@ -492,9 +506,12 @@ static void ucx_rma_tls(const char *tls, char *buf, size_t cap)
     snprintf(tmp, sizeof(tmp), "%s", tls);
     buf[0] = '\0';
     for (char *save = NULL, *t = strtok_r(tmp, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        if (strcmp(t, "tcp") == 0 || strcmp(t, "all") == 0 || strcmp(t, "sysv") == 0)
+        if (strcmp(t, "tcp") == 0 || strcmp(t, "all") == 0 ||
+            (!keep_sysv && strcmp(t, "sysv") == 0))
             continue;
-        const char *w_t = strcmp(t, "sm") == 0 || strcmp(t, "shm") == 0 ? "posix,cma" : t;
+        const char *w_t = strcmp(t, "sm") == 0 || strcmp(t, "shm") == 0
+                              ? (keep_sysv ? "posix,sysv,cma" : "posix,cma")
+                              : t;
         int w = snprintf(buf + n, cap - n, "%s%s", n ? "," : "", w_t);
         if (w < 0 || (size_t)w >= cap - n)
             break;
@@ -513,12 +530,11 @@ static kvp_status_t ucx_config_apply(ucx_xport_t *x, ucp_config_t *c, const kvp_
 
     x->shm_enabled = kv[1].v != NULL;
     snprintf(x->tls, sizeof(x->tls), "%s", tls ? tls : "");
-    if (rma) {
-        ucx_rma_tls(tls, rtls, sizeof(rtls));
-        kv[0].v = rtls;
-        kv[5].v = NULL; /* tcp's keys: refused (WARN) by a context without tcp */
-        kv[7].v = NULL;
-    }
+    /* Neither context has tcp (issue 27): kvpeer's own stream, tcpd.h. */
+    ucx_rma_tls(tls, !rma, rtls, sizeof(rtls));
+    kv[0].v = rtls;
+    kv[5].v = NULL; /* tcp's keys: refused (WARN) by a context without tcp */
+    kv[7].v = NULL;
     for (size_t i = 0; i < KVP_ARRAY_SIZE(kv); i++) {
         if (!kv[i].v)
             continue;
@@ -537,7 +553,7 @@ static kvp_status_t ucx_config_apply(ucx_xport_t *x, ucp_config_t *c, const kvp_
              "UCX %s %s context: TLS=%s NET_DEVICES=%s MM_ERROR_HANDLING=%s KEEPALIVE_INTERVAL=%s "
              "ALLOC_PRIO=%s ZCOPY_THRESH=%s TCP_TX_SEG_SIZE=%s PROTO_EMULATION_ENABLE=%s "
              "TCP_PUT_ENABLE=%s",
-             ucp_get_version_string(), rma ? "RMA (shm/RDMA, no tcp)" : "AM (no RMA)",
+             ucp_get_version_string(), rma ? "RMA (shm/RDMA, no tcp)" : "AM (shm; no RMA, no tcp)",
              kv[0].v ? kv[0].v : "(default)",
              rma ? "-" : x->net_devices[0] ? x->net_devices : "(default)",
              kv[1].v ? "y" : "(no shm)", kv[2].v ? kv[2].v : "(env)",
@@ -564,7 +580,7 @@ static void ucx_pick_net_devices(ucx_xport_t *x, const kvp_ucx_config_t *cfg)
     kvp_status_t st =
         kvp__ucx_net_devices(cfg->listen_addr, x->net_devices, sizeof(x->net_devices), &all);
     if (st == KVP_OK && all)
-        KVP_WARN(PFX(x), "listen %s is a wildcard: UCX's tcp data port listens on every "
+        KVP_WARN(PFX(x), "listen %s is a wildcard: the data stream listens on every "
                          "interface too", cfg->listen_addr);
     else if (st != KVP_OK)
         KVP_WARN(PFX(x), "listen %s: no local interface carries it (%s): UCX's tcp data port "
@@ -637,7 +653,8 @@ kvp_status_t kvp__ucx_ucp_open(ucx_xport_t *x, const kvp_ucx_config_t *cfg)
         randombytes_buf(&x->token, sizeof(x->token));
     while (x->token == 0);
     (void)kvp__ucx_probe_alloc(x); /* without it: no same-host proof (logged) */
-    return kvp__ucx_am_init(x);
+    st = kvp__ucx_tcpd_open(x, cfg);
+    return st == KVP_OK ? kvp__ucx_am_init(x) : st;
 }
 
 void kvp_ucx_config_default(kvp_ucx_config_t *cfg)

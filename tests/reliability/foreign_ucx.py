@@ -24,17 +24,15 @@ of the node's group, on both workers, and asserts that neither can read or
 write; what the same-uid attacker achieved is reported, not asserted.
 
 Below UCP (FOREIGN_UCT, tests/reliability/foreign_uct.c): a raw UCT tcp
-endpoint to V's UCX tcp port (from `ss -ltnp`) sends tcp's internal PUT_REQ
-into slot 15 of V's region, and, each on a fresh node, to address 0x10 and
-an AM longer than the node's RX_SEG_SIZE. UCX's tcp receiver handles
-PUT_REQ whatever TCP_PUT_ENABLE says (UCX 1.13 to master:
-uct_tcp_ep_handle_put_req memcpy()s to the requested address), so all land:
-the block changes, the node dies of SIGSEGV, and of libuct's assertion
-(Debian's UCX 1.13 keeps ucs_assert on). That is a measured RESIDUAL
-(docs/DESIGN.md, "Threat model: data plane"), printed loudly; asserted only:
-the attacker connected, V is alive after the in-region write and a good peer
-is still served. --strict-uct asserts that none of the three lands (fails
-today).
+endpoint to every other tcp port V listens on (from `ss -ltnp`) sends tcp's
+internal PUT_REQ into slot 15 of V's region, and, each on a fresh node, to
+address 0x10 and an AM longer than UCX's RX_SEG_SIZE. UCX's tcp receiver
+executes PUT_REQ from anyone (uct_tcp_ep_handle_put_req memcpy()s to the
+requested address; measured on 1.13 and 1.22 before issue 27's fix: the
+block changed, the node died of SIGSEGV and of libuct's assertion). kvpeer
+no longer gives UCX any tcp (its own stream, src/transport/tcpd.h, is the
+only other port): asserted that none of the three lands and V stays alive
+(--strict-uct, now the default, is accepted and changes nothing).
 
 Exit 0 = pass, 1 = fail.
 """
@@ -48,7 +46,7 @@ from relib import check, fail, log, scaled  # noqa: E402
 
 BS, NB = 65536, 64
 PROCS = []
-STRICT_UCT = False
+STRICT_UCT = True  # issue 27: kvpeer's own tcp stream; UCX has no tcp
 RESIDUALS = []
 
 
@@ -283,9 +281,7 @@ def run_case(e2e, foreign, psk, tls, foreign_uct=None):
 
 
 def main():
-    global STRICT_UCT
     args = [a for a in sys.argv[1:] if a != "--strict-uct"]
-    STRICT_UCT = len(args) != len(sys.argv) - 1
     if len(args) < 2:
         print(__doc__)
         return 2
