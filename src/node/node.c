@@ -919,6 +919,7 @@ static kvp_status_t node_make_ucx(kvp_node_t *n)
     return kvp_store_create(&sc, &n->store);
 }
 
+#ifdef KVP_TESTING /* test builds only (issue 31): never in the shipped library */
 kvp_xport_t *kvp__node_xport(kvp_node_t *n)
 {
     return n->xport;
@@ -928,6 +929,7 @@ kvp_store_t *kvp__node_store(kvp_node_t *n)
 {
     return n->store;
 }
+#endif /* KVP_TESTING */
 
 /* Issue 27 defaults, chosen so that peers together never hold more than
  * half the slots pinned, one peer a quarter (at least 64 slots, so that a

@@ -42,9 +42,12 @@ typedef struct kvp_node_seams {
     uint32_t wait_exit_delay_ms;
 } kvp_node_seams_t;
 
-/* The node's data transport (tests: scripts, call log). */
+#ifdef KVP_TESTING
+/* The node's data transport and store (test builds only, issue 31: scripts,
+ * call log, store checks). */
 kvp_xport_t *kvp__node_xport(kvp_node_t *n);
 kvp_store_t *kvp__node_store(kvp_node_t *n);
+#endif
 
 kvp_status_t kvp__node_create_ex(const kvp_config_t *cfg, const kvp_node_seams_t *seams,
                                  kvp_node_t **out);
