@@ -354,7 +354,8 @@ kvp_status_t kvp__node_create_ex(const kvp_config_t *cfg, const kvp_node_seams_t
     if ((st = node_make_kvevents(n, cfg)) != KVP_OK)
         goto fail;
     int xfd = n->xport->ops->event_fd(n->xport);
-    if (xfd >= 0 && (st = kvp_io_start(n->loop, &n->xport_io, xfd, EPOLLIN, kvp__node_xport_io_cb, n)) != KVP_OK)
+    if (xfd >= 0 &&
+        (st = kvp_io_start(n->loop, &n->xport_io, xfd, EPOLLIN, kvp__node_xport_io_cb, n)) != KVP_OK)
         goto fail;
     kvp__node_hold_start(n);
     if (cfg->thread_mode == KVP_THREAD_CALLER && n->evfd >= 0 &&
@@ -427,8 +428,8 @@ static void node_drain(kvp_node_t *n)
         kvp__node_force_release_retired(n, KVP_CONTAINER_OF(n->env.retained.next, kvp_xfer_t, link),
                                    "shutdown drain over");
     while (!kvp_list_empty(&n->env.quarantined))
-        kvp__node_force_release_quarantine(n, KVP_CONTAINER_OF(n->env.quarantined.next, kvp_load_t, link),
-                                      "shutdown drain over");
+        kvp__node_force_release_quarantine(
+            n, KVP_CONTAINER_OF(n->env.quarantined.next, kvp_load_t, link), "shutdown drain over");
     for (int i = 0; i < 10; i++) /* let the BYEs go out */
         kvp_loop_run_once(n->loop, 0);
 }
