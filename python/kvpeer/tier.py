@@ -444,6 +444,22 @@ class KVPeerTier:
         """Load jobs without an outcome yet."""
         return list(self._loads)
 
+    def load_in_flight(self, key: bytes) -> bool:
+        """A load job of this tier is fetching ``key`` now (its outcome is not
+        in yet)."""
+        return bool(self._inflight_keys.get(key))
+
+    def cancel_load(self, job_id: Hashable, detail: str = "canceled") -> bool:
+        """Fail the pending load job ``job_id`` with KVP_ERR_CANCELED now (its
+        one outcome; the parts still running are cancelled, and a job whose
+        copy into dst runs is failed when the copy is done). False if the job
+        has no pending outcome (unknown, or finished)."""
+        ld = self._loads.get(job_id)
+        if ld is None:
+            return False
+        self._fail_load(ld, L.KVP_ERR_CANCELED, detail)
+        return True
+
     def wait_jobs(self, timeout: float) -> List[FinishedJob]:
         """get_finished_jobs(), waiting up to ``timeout`` seconds while load
         jobs are pending and none has finished (a helper for tests/tools)."""

@@ -239,7 +239,7 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         if r is HIT_PENDING and req.supplier is not None and not self._tier.node.contains(bytes(key)):
             # Nobody holds it yet and the supplier will: load with
             # wait-for-supply (fetch before supply).
-            if not self._tier._inflight_keys.get(bytes(key)):
+            if not self._tier.load_in_flight(bytes(key)):
                 return LookupResult.HIT
         return LookupResult.RETRY  # asked a peer, or a load of it is in flight
 
@@ -331,9 +331,7 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         while self._tier.pending_jobs() and time.monotonic() < deadline:
             self._collect(self._tier.wait_jobs(0.05))
         for job_id in self._tier.pending_jobs():
-            ld = self._tier._loads.get(job_id)
-            if ld is not None:
-                self._tier._fail_load(ld, L.KVP_ERR_CANCELED, "drained (vLLM cache reset)")
+            self._tier.cancel_load(job_id, "drained (vLLM cache reset)")
         self._tier.wait_copies()  # a running copy into vLLM's chunks ends first
         self._collect(self._tier.get_finished_jobs())
 

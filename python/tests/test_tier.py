@@ -208,7 +208,7 @@ def _copy_gated(tier: KVPeerTier, src, gate) -> None:
     assert until(lambda: (tier.get_finished_jobs() == [] and
                           tier._loads.get("c-2") is not None and
                           tier._loads["c-2"].copy is not None), scaled(10), 0.01)
-    tier._fail_load(tier._loads["c-2"], kvpeer.KVP_ERR_CANCELED, "cancelled while copying")
+    assert tier.cancel_load("c-2", "cancelled while copying")  # the public call (issue 31)
     time.sleep(0.2)
     assert tier.get_finished_jobs() == []  # the copy has not run: no outcome yet
     assert tier.pending_jobs() == ["c-2"]
@@ -374,4 +374,32 @@ def test_tier_redials_a_static_peer_closed_as_idle(tier_factory, peer_factory):
         tier.flush_lookups()
         time.sleep(0.01)
     assert tier.lookup_many(keys, req, defer=True) == [HIT] * 2
+    tier.on_request_finished(req)
+
+
+def test_tier_load_in_flight_and_cancel_load(tier_factory, peer_factory):
+    """The public surface kvpeer.vllm uses instead of the tier's private
+    members (issue 31): load_in_flight(key) is True from submit_load until the
+    load's outcome is taken in; cancel_load(job) gives a pending job its one
+    outcome (failed, KVP_ERR_CANCELED) and is False for a job without a
+    pending outcome. Mutations: load_in_flight always False; cancel_load
+    returning True without failing the job."""
+    src = peer_factory()
+    keys = [b"F-%d" % i for i in range(3)]
+    src.call("put_pattern", keys, BS, 0)
+    tier = tier_factory(peers=[src.peer_id])
+    tier.node.wait_peer(src.peer_id, 10)
+    req = Request(51)
+    assert settle(tier, keys, req) == [HIT] * 3
+    assert not tier.load_in_flight(keys[0])
+    tier.submit_load(LoadJob("f-1", req, keys[:2], dst=[bytearray(BS), bytearray(BS)]))
+    assert tier.load_in_flight(keys[0]) and tier.load_in_flight(keys[1])
+    assert not tier.load_in_flight(keys[2])
+    assert tier.cancel_load("f-1", "test cancel")
+    done = tier.get_finished_jobs()
+    assert [(d.job_id, d.ok, d.status) for d in done] == [("f-1", False, kvpeer.KVP_ERR_CANCELED)]
+    assert tier.pending_jobs() == []
+    assert not tier.cancel_load("f-1") and not tier.cancel_load("never-submitted")
+    assert until(lambda: not tier.wait_jobs(0.05) and not tier.load_in_flight(keys[0]), scaled(10))
+    assert tier.get_finished_jobs() == []  # exactly one outcome
     tier.on_request_finished(req)

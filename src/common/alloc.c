@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef KVP_TESTING /* the fault injection and the counters: test builds only (issue 31) */
 static _Atomic uint64_t alloc_seq;     /* allocations since the last arm */
 static _Atomic uint64_t alloc_fail_n;  /* 0 = off */
 static _Atomic bool alloc_fail_sticky;
@@ -36,6 +37,14 @@ static bool alloc_should_fail(void)
         return false;
     return seq == n || (seq > n && atomic_load(&alloc_fail_sticky));
 }
+#define ALLOC_LIVE_ADD(d) atomic_fetch_add(&alloc_live, (d))
+#else /* the shipped library: a plain allocator, no atomics per call */
+static inline bool alloc_should_fail(void)
+{
+    return false;
+}
+#define ALLOC_LIVE_ADD(d) ((void)0)
+#endif
 
 void *kvp__malloc(size_t size)
 {
@@ -43,7 +52,7 @@ void *kvp__malloc(size_t size)
         return NULL;
     void *p = malloc(size ? size : 1);
     if (p)
-        atomic_fetch_add(&alloc_live, 1);
+        ALLOC_LIVE_ADD(1);
     return p;
 }
 
@@ -53,7 +62,7 @@ void *kvp__calloc(size_t n, size_t size)
         return NULL;
     void *p = calloc(n ? n : 1, size ? size : 1);
     if (p)
-        atomic_fetch_add(&alloc_live, 1);
+        ALLOC_LIVE_ADD(1);
     return p;
 }
 
@@ -63,7 +72,7 @@ void *kvp__realloc(void *p, size_t size)
         return NULL;
     void *q = realloc(p, size ? size : 1);
     if (q && p == NULL)
-        atomic_fetch_add(&alloc_live, 1);
+        ALLOC_LIVE_ADD(1);
     return q;
 }
 
@@ -71,7 +80,7 @@ void kvp__free(void *p)
 {
     if (p == NULL)
         return;
-    atomic_fetch_sub(&alloc_live, 1);
+    ALLOC_LIVE_ADD(-1);
     free(p);
 }
 

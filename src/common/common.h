@@ -137,6 +137,7 @@ void *kvp__realloc(void *p, size_t size);
 void kvp__free(void *p);
 char *kvp__strdup(const char *s);
 
+#ifdef KVP_TESTING /* test builds only (issue 31) */
 /* Test hook: make the allocation with 1-based index `n` (counted from this
  * call) and every later one fail (`sticky`) or only that one. n == 0 turns
  * the injection off. */
@@ -145,6 +146,7 @@ void kvp_alloc_fail_at(uint64_t n, bool sticky);
 uint64_t kvp_alloc_count(void);
 /* Live allocations (allocated and not yet freed) through the seam. */
 int64_t kvp_alloc_live(void);
+#endif
 
 /* ------------------------------------------------------------------- copy */
 

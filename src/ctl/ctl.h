@@ -275,10 +275,13 @@ void kvp_link_remote_host(const kvp_link_t *link, char *buf, size_t cap);
  * (kvp_link_send queues them). Borrowed: valid only until the loop runs
  * again unless it becomes ready (then until its on_down returns). */
 kvp_link_t *kvp_ctl_link_pending(const kvp_ctl_t *ctl, const char *peer_id);
-/* Test hook: send `msg` on a READY link with the given epochs instead of the
- * live pair (to inject stale frames). KVP_ERR_STATE if not ready. */
+#ifdef KVP_TESTING
+/* Test hook (test builds only, issue 31): send `msg` on a READY link with the
+ * given epochs instead of the live pair (to inject stale frames).
+ * KVP_ERR_STATE if not ready. */
 kvp_status_t kvp_link_send_epochs(kvp_link_t *link, const kvp_msg_t *msg, const kvp_epoch_t *src,
                                   const kvp_epoch_t *dst);
+#endif
 
 /* ============================================================ fake network */
 

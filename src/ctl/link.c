@@ -163,6 +163,7 @@ kvp_status_t kvp_link_send(kvp_link_t *l, const kvp_msg_t *msg)
     return st;
 }
 
+#ifdef KVP_TESTING /* test builds only (issue 31): never in the shipped library */
 kvp_status_t kvp_link_send_epochs(kvp_link_t *l, const kvp_msg_t *msg, const kvp_epoch_t *src,
                                   const kvp_epoch_t *dst)
 {
@@ -177,6 +178,7 @@ kvp_status_t kvp_link_send_epochs(kvp_link_t *l, const kvp_msg_t *msg, const kvp
         st = l->conn->ops->write(l->conn, l->ctl->ebuf, len);
     return st;
 }
+#endif /* KVP_TESTING */
 
 void kvp_link_ping(kvp_link_t *l)
 {

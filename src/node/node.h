@@ -42,9 +42,12 @@ typedef struct kvp_node_seams {
     uint32_t wait_exit_delay_ms;
 } kvp_node_seams_t;
 
-/* The node's data transport (tests: scripts, call log). */
+#ifdef KVP_TESTING
+/* The node's data transport and store (test builds only, issue 31: scripts,
+ * call log, store checks). */
 kvp_xport_t *kvp__node_xport(kvp_node_t *n);
 kvp_store_t *kvp__node_store(kvp_node_t *n);
+#endif
 
 kvp_status_t kvp__node_create_ex(const kvp_config_t *cfg, const kvp_node_seams_t *seams,
                                  kvp_node_t **out);
@@ -115,7 +118,7 @@ struct kvp_node {
     kvp_ratelimit_t rl_proto, rl_cap, rl_local; /* rl_local: refusals of local readers */
 };
 
-/* node.c */
+/* thread.c (exec, progress, wait), ring.c (events), sessions.c (lookups) */
 kvp_status_t kvp__node_exec(kvp_node_t *n, kvp_status_t (*fn)(kvp_node_t *, void *), void *arg);
 /* kvp__node_exec for a command that only queues frames and bookkeeping
  * (lookups, a consumer's fetch): run on the fast path, it does not wake the
@@ -152,7 +155,33 @@ void kvp__clear_last_error(void);
 /* kvp_node_create failed after validation: keep a last error if none is set. */
 void kvp__note_create_failure(kvp_status_t st);
 uint64_t kvp__mem_available(void);
-/* api.c: the caller-driven mode's node fd (events + loop fds + timers). */
+
+/* Between the node's own files (issue 31: node.c split along its seams);
+ * nothing outside src/node/ calls these. */
+/* thread.c: the caller-driven mode's node fd (events + loop fds + timers). */
 kvp_status_t kvp__node_open_pollfd(kvp_node_t *n);
+/* thread.c: one poll round (commands, progress, completions, sleep). */
+void kvp__node_round(kvp_node_t *n, int timeout_ms);
+/* thread.c: the progress thread of KVP_THREAD_OWN, started and stopped. */
+kvp_status_t kvp__node_thread_start(kvp_node_t *n);
+void kvp__node_thread_stop(kvp_node_t *n);
+/* thread.c: the loop's wakeup and the transport fd's callbacks. */
+void kvp__node_wakeup_cb(void *arg);
+void kvp__node_xport_io_cb(kvp_io_t *io, uint32_t events);
+/* ring.c: write the event fd if events wait and nobody leads (under lock). */
+void kvp__node_ev_signal_locked(kvp_node_t *n);
+/* sessions.c: the upcalls of every session, the ctl's callbacks, and the end
+ * of a session whose link is down (teardown; frees s). */
+extern const kvp_session_up_t kvp__node_session_up;
+void kvp__node_ctl_callbacks(kvp_node_t *n, kvp_ctl_callbacks_t *cb);
+void kvp__node_session_down(kvp_node_t *n, kvp_session_t *s, bool fault, const char *why);
+/* hold.c: the hold timer, retired transfers handed back, endpoint checks,
+ * and the force releases of the hold cap and the shutdown drain. */
+void kvp__node_hold_init(kvp_node_t *n);
+void kvp__node_hold_start(kvp_node_t *n);
+void kvp__node_poll_retired(kvp_node_t *n);
+void kvp__node_check_endpoints(kvp_node_t *n);
+void kvp__node_force_release_retired(kvp_node_t *n, kvp_xfer_t *x, const char *why);
+void kvp__node_force_release_quarantine(kvp_node_t *n, kvp_load_t *l, const char *why);
 
 #endif /* KVP_NODE_H */

@@ -220,8 +220,10 @@ bool kvp_store_is_huge(const kvp_store_t *s);
  * KVP_OK or KVP_ERR_STATE with a description in `why` (may be NULL). */
 kvp_status_t kvp_store_check(const kvp_store_t *s, char *why, size_t why_len);
 
+#ifdef KVP_TESTING
 /* Test-only hooks that break one invariant on purpose, so tests can prove
- * kvp_store_check() can fail. */
+ * kvp_store_check() can fail (test builds only, issue 31). */
 void kvp__store_test_break_lru(kvp_store_t *s, uint32_t slot);
+#endif
 
 #endif /* KVP_STORE_H */

@@ -190,6 +190,7 @@ kvp_status_t kvp_store_check(const kvp_store_t *s, char *why, size_t why_len)
     return KVP_OK;
 }
 
+#ifdef KVP_TESTING /* test builds only (issue 31): never in the shipped library */
 void kvp__store_test_break_lru(kvp_store_t *s, uint32_t slot)
 {
     /* Unlink a listed slot without changing its state, or link an unlisted
@@ -209,3 +210,4 @@ void kvp__store_test_break_lru(kvp_store_t *s, uint32_t slot)
         l[head].prev = slot;
     }
 }
+#endif /* KVP_TESTING */
