@@ -142,7 +142,7 @@ partition-loop-asan: all
 # end-to-end tests, the hostile data-plane tests, a short death loop (tcp and
 # shm, both kill directions, UCX122_DEATH_RUNS runs each) and the short demo.
 UCX122_DIR ?= build/ucx122
-UCX122_TESTS ?= ^(test_ucx.*|test_node_e2e|test_node_ops|test_kvpeerd_two_nodes|reliability_hostile|reliability_hostile_fetchdone|reliability_foreign_ucx|reliability_ucx_listen_netns|test_cli_demo)$$
+UCX122_TESTS ?= ^(test_ucx.*|test_node_e2e|test_node_ops|test_kvpeerd_two_nodes|reliability_hostile|reliability_hostile_fetchdone|reliability_hostile_tcpd|reliability_foreign_ucx|reliability_ucx_listen_netns|test_cli_demo)$$
 UCX122_DEATH_RUNS ?= 5
 # Only what those tests run is built (CI time): a test added to UCX122_TESTS
 # whose program is not listed here fails as "Not Run" (UCX122_TARGETS= builds all).

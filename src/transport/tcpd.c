@@ -479,49 +479,46 @@ static void out_connected(kvp_tcpd_out_t *o)
     out_write(o);
 }
 
+static socklen_t sa_fill(struct sockaddr_storage *ss, uint8_t family, const uint8_t *ip,
+                         uint16_t port)
+{
+    memset(ss, 0, sizeof(*ss));
+    if (family == 4) {
+        struct sockaddr_in *v4 = (struct sockaddr_in *)ss;
+        v4->sin_family = AF_INET;
+        v4->sin_port = htons(port);
+        memcpy(&v4->sin_addr, ip, 4);
+        return sizeof(*v4);
+    }
+    struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)ss;
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons(port);
+    memcpy(&v6->sin6_addr, ip, 16);
+    return sizeof(*v6);
+}
+
+/* Where a's stream is; a wildcard address is replaced by `fallback` (the
+ * numeric host its control connection came from). */
 static bool out_addr(const kvp_tcpd_addr_t *a, const char *fallback, struct sockaddr_storage *ss,
                      socklen_t *len)
 {
     static const uint8_t zero[16];
-    memset(ss, 0, sizeof(*ss));
-    bool wild = memcmp(a->ip, zero, a->family == 4 ? 4 : 16) == 0;
-    if (a->family == 4 || a->family == 6) {
-        if (wild && (fallback == NULL || fallback[0] == '\0'))
-            return false;
-        if (wild) { /* the consumer listens on every address: the one we reached it at */
-            struct sockaddr_in *v4 = (struct sockaddr_in *)ss;
-            struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)ss;
-            if (inet_pton(AF_INET, fallback, &v4->sin_addr) == 1) {
-                v4->sin_family = AF_INET;
-                v4->sin_port = htons(a->port);
-                *len = sizeof(*v4);
-                return true;
-            }
-            if (inet_pton(AF_INET6, fallback, &v6->sin6_addr) != 1)
-                return false;
-            v6->sin6_family = AF_INET6;
-            v6->sin6_port = htons(a->port);
-            *len = sizeof(*v6);
-            return true;
-        }
+    uint8_t ip[16];
+    if ((a->family != 4 && a->family != 6) || a->port == 0)
+        return false;
+    if (memcmp(a->ip, zero, a->family == 4 ? 4 : 16) != 0) {
+        *len = sa_fill(ss, a->family, a->ip, a->port);
+        return true;
     }
-    if (a->family == 4) {
-        struct sockaddr_in *v4 = (struct sockaddr_in *)ss;
-        v4->sin_family = AF_INET;
-        v4->sin_port = htons(a->port);
-        memcpy(&v4->sin_addr, a->ip, 4);
-        *len = sizeof(*v4);
-        return a->port != 0;
-    }
-    if (a->family == 6) {
-        struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)ss;
-        v6->sin6_family = AF_INET6;
-        v6->sin6_port = htons(a->port);
-        memcpy(&v6->sin6_addr, a->ip, 16);
-        *len = sizeof(*v6);
-        return a->port != 0;
-    }
-    return false;
+    if (fallback == NULL || fallback[0] == '\0')
+        return false;
+    if (inet_pton(AF_INET, fallback, ip) == 1)
+        *len = sa_fill(ss, 4, ip, a->port);
+    else if (inet_pton(AF_INET6, fallback, ip) == 1)
+        *len = sa_fill(ss, 6, ip, a->port);
+    else
+        return false;
+    return true;
 }
 
 kvp_tcpd_out_t *kvp__tcpd_connect(kvp_tcpd_t *t, const kvp_tcpd_addr_t *a,
