@@ -174,7 +174,8 @@ def test_lookup_key_rate_refusal_keeps_the_keys_granted_first():
     says KVP_ERR_LIMIT and keeps the hits among the keys granted (they are
     fetchable); the source counts the keys it refused (about 50: the bucket
     refills meanwhile).
-    Mutation: the bucket never charged -> the event is ok."""
+    Mutation: no limit flag for the keys past the rate (server_lookup.c
+    r->limited) -> the event is ok."""
     cfg = dict(num_blocks=16, block_size=65536)
     with kvpeer.Node(max_lookup_keys_per_sec=100, **cfg) as src, kvpeer.Node(**cfg) as dst:
         keys = [b"rate-%d" % i for i in range(150)]

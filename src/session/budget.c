@@ -146,6 +146,22 @@ static void key_bucket_refill(kvp_session_t *s, uint64_t rate, uint64_t now)
     s->key_refill_ns = now;
 }
 
+/* A refusal costs the peer little and us still the frame's decode (a
+ * LOOKUP of 65 536 keys is ~0.85 MB): a peer past its key rate has its
+ * frames wait -- its link takes nothing more -- for as long as its rate
+ * needs to earn the keys refused, at most a quarter of dead_after (its
+ * liveness is not judged meanwhile). Its sends then back up into its own
+ * socket, so its frames cost us at most about its rate. */
+static uint64_t key_rate_pause(kvp_session_t *s, uint32_t refused, uint64_t rate)
+{
+    kvp_session_env_t *e = s->env;
+    uint64_t ns = (uint64_t)refused * KVP_NSEC_PER_SEC / rate;
+    ns = KVP_MIN(ns, (uint64_t)e->cfg->dead_after_ms * KVP_NSEC_PER_MSEC / 4);
+    if (s->link != NULL && ns > 0)
+        kvp_link_pause_read(s->link, kvp__env_now(e) + ns);
+    return ns;
+}
+
 uint32_t kvp__budget_lookup_keys(kvp_session_t *s, uint32_t n)
 {
     kvp_session_env_t *e = s->env;
@@ -156,11 +172,13 @@ uint32_t kvp__budget_lookup_keys(kvp_session_t *s, uint32_t n)
     uint32_t granted = (uint32_t)KVP_MIN((uint64_t)n, s->key_tokens / KEY_NANO);
     s->key_tokens -= (uint64_t)granted * KEY_NANO;
     if (granted < n) {
+        uint64_t pause = key_rate_pause(s, n - granted, rate);
         e->st->lookup_keys_refused += n - granted;
         KVP_LOG_RL(&s->rl_limit, now, KVP_LOG_WARN, e->name,
                    "peer %s: LOOKUP of %u keys: %u past max_lookup_keys_per_sec (%llu) not "
-                   "looked up: answered limit",
-                   s->peer_id, n, n - granted, (unsigned long long)rate);
+                   "looked up: answered limit, its frames wait %llu ms",
+                   s->peer_id, n, n - granted, (unsigned long long)rate,
+                   (unsigned long long)(pause / KVP_NSEC_PER_MSEC));
     }
     return granted;
 }

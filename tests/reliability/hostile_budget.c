@@ -452,9 +452,13 @@ static const kvp_event_t *lookup_n(world_t *w, uint64_t req, const nkeys_t *k, u
  * own bucket; a second later the abuser is served whole again. A prefix
  * LOOKUP pays only for the keys it looked up (up to the first miss), so a
  * LOOKUP of 900 keys right after one of 600 in prefix mode is served whole.
+ * A LOOKUP past the rate also pauses the abuser's link (its next frame is
+ * taken only after the refused keys' worth of time, capped at dead_after /
+ * 4), so its floods cost no more decoding than its rate.
  * Mutations: the bucket never charged (kvp__budget_lookup_keys) -> the
  * second LOOKUP answers OK; no refund for prefix mode -> the 900 keys
- * answer KVP_ERR_LIMIT. */
+ * answer KVP_ERR_LIMIT; no pause (key_rate_pause) -> the third LOOKUP is
+ * answered within a few ms. */
 static void test_lookup_key_rate(void **state)
 {
     world_t *w = *state = malloc(sizeof(world_t));
@@ -482,8 +486,19 @@ static void test_lookup_key_rate(void **state)
     assert_int_equal(st.lookups_refused_limit, 1);
     assert_true(warns_with("max_lookup_keys_per_sec", w->addr[1]) >= 1);
     warns_stop();
-    e = lookup_n(w, 3, k, 600, false); /* the bucket is (nearly) empty: refused, never "ok" */
+    /* The bucket is (nearly) empty: refused, never "ok"; and the abuser's
+     * frames waited -- the link took nothing -- for as long as the refused
+     * keys take to earn, capped at dead_after / 4. */
+    uint64_t t2 = kvp_clock_now(&w->mc.clock);
+    uint64_t pause = KVP_MIN(200ull * KVP_NSEC_PER_SEC / KEY_RATE,
+                             w->cfg[0].dead_after_ms * MS / 4) -
+                     5 * MS; /* it began before the answer's trip back to us */
+    e = lookup_n(w, 3, k, 600, false);
     assert_int_equal(e->status, KVP_ERR_LIMIT);
+    print_message("  third LOOKUP answered %llu ms after the second (pause >= %llu ms)\n",
+                  (unsigned long long)((kvp_clock_now(&w->mc.clock) - t2) / MS),
+                  (unsigned long long)(pause / MS));
+    assert_true(kvp_clock_now(&w->mc.clock) - t2 >= pause);
     good_peer_fetches(w, 9, 8, 8); /* another peer's bucket is its own */
     world_run(w, 1000 * MS);
     e = lookup_n(w, 4, k, 600, false);
