@@ -273,8 +273,12 @@ static void link_on_dead(kvp_timer_t *t)
         kvp_timer_start(ctl->loop, &l->t_dead, l->last_rx_ns + dead);
         return;
     }
-    if (l->read_paused) { /* our pause, not the peer's silence: judge after it */
-        kvp_timer_start(ctl->loop, &l->t_dead, l->t_resume.deadline_ns + KVP_NSEC_PER_MSEC);
+    if (l->read_paused || l->resumed_ns >= kvp_loop_polled(ctl->loop)) {
+        /* our pause, not the peer's silence: judge after it and after a
+         * poll that read what waited meanwhile */
+        ctl->st.dead_deferred++;
+        kvp_timer_start(ctl->loop, &l->t_dead,
+                        l->read_paused ? l->t_resume.deadline_ns + KVP_NSEC_PER_MSEC : now);
         return;
     }
     if (l->last_rx_ns + dead > kvp_loop_polled(ctl->loop)) {
@@ -501,6 +505,7 @@ static void link_on_resume(kvp_timer_t *t)
 {
     kvp_link_t *l = t->data;
     l->read_paused = false;
+    l->resumed_ns = ctl_link_now(l);
     if (l->state == LINK_CLOSING || l->conn == NULL)
         return;
     if (l->conn->ops->set_read)
