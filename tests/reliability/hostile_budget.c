@@ -93,6 +93,21 @@ static void warns_stop(void)
     kvp_log_set_level(KVP_LOG_ERROR);
 }
 
+/* The fake world of one case: the victim (node 0, holding keys
+ * 0..held-1), the abuser (node 1) and a good peer (node 2) connected to it. */
+static world_t *victim_world(void **state, int gcase, world_tweak_fn tweak, uint32_t held)
+{
+    world_t *w = malloc(sizeof(world_t));
+    *state = w;
+    g_case = gcase;
+    world_init(w, 3, tweak);
+    world_connect(w, 1, 0);
+    world_connect(w, 2, 0);
+    for (uint32_t k = 0; k < held; k++)
+        world_put(w, 0, k, 0);
+    return w;
+}
+
 static const kvp_event_t *lookup(world_t *w, int i, int j, uint64_t req, const wkeys_t *ks,
                                  uint8_t *res)
 {
@@ -146,13 +161,7 @@ static uint32_t victim_reads(world_t *w, uint32_t n)
  * max_lease_ms of renewals. */
 static void test_pin_and_lease_abuse(void **state)
 {
-    world_t *w = *state = malloc(sizeof(world_t));
-    g_case = 1;
-    world_init(w, 3, tweak_victim);
-    world_connect(w, 1, 0);
-    world_connect(w, 2, 0);
-    for (uint32_t k = 0; k < NB; k++)
-        world_put(w, 0, k, 0);
+    world_t *w = victim_world(state, 1, tweak_victim, NB);
     warns_start();
     uint8_t res[64];
     uint32_t held = 0, limited = 0;
@@ -250,13 +259,7 @@ static void test_total_supply_pins(void **state)
 static void test_lookup_memory_abuse(void **state)
 {
     enum { NK = 65536, NL = 80 };
-    world_t *w = *state = malloc(sizeof(world_t));
-    g_case = 3 + 10; /* defaults only */
-    world_init(w, 3, tweak_victim);
-    world_connect(w, 1, 0);
-    world_connect(w, 2, 0);
-    for (uint32_t k = 0; k < 16; k++)
-        world_put(w, 0, k, 0);
+    world_t *w = victim_world(state, 3 + 10, tweak_victim, 16);
     uint8_t *kb = malloc((size_t)NK * 16);
     uint32_t *lens = malloc(NK * sizeof(*lens));
     uint8_t *res = malloc((size_t)NL * NK);
@@ -300,13 +303,7 @@ static void test_lookup_memory_abuse(void **state)
  * Mutation: the round count not checked (kvp__budget_round_fits) -> 10 OK. */
 static void test_round_count_abuse(void **state)
 {
-    world_t *w = *state = malloc(sizeof(world_t));
-    g_case = 3;
-    world_init(w, 3, tweak_victim);
-    world_connect(w, 1, 0);
-    world_connect(w, 2, 0);
-    for (uint32_t k = 0; k < 16; k++)
-        world_put(w, 0, k, 0);
+    world_t *w = victim_world(state, 3, tweak_victim, 16);
     uint8_t res[1];
     uint32_t ok = 0, limited = 0;
     for (uint32_t r = 0; r < 10; r++) {
@@ -360,13 +357,7 @@ static void test_peer_add_cap(void **state)
  * the second flood's records pass the budget. */
 static void test_failed_fetch_flood(void **state)
 {
-    world_t *w = *state = malloc(sizeof(world_t));
-    g_case = 5;
-    world_init(w, 3, tweak_flood);
-    world_connect(w, 1, 0);
-    world_connect(w, 2, 0);
-    for (uint32_t k = 0; k < 16; k++)
-        world_put(w, 0, k, 0);
+    world_t *w = victim_world(state, 5, tweak_flood, 16);
     uint64_t budget = w->node[0]->cfg.max_lookup_bytes_per_peer, peak = 0;
     uint32_t sent = 0;
     for (uint32_t i = 0; i < 400; i++) {
@@ -461,13 +452,7 @@ static const kvp_event_t *lookup_n(world_t *w, uint64_t req, const nkeys_t *k, u
  * answered within a few ms. */
 static void test_lookup_key_rate(void **state)
 {
-    world_t *w = *state = malloc(sizeof(world_t));
-    g_case = 6;
-    world_init(w, 3, tweak_victim);
-    world_connect(w, 1, 0);
-    world_connect(w, 2, 0);
-    for (uint32_t k = 0; k < 16; k++)
-        world_put(w, 0, k, 0);
+    world_t *w = victim_world(state, 6, tweak_victim, 16);
     nkeys_t *k = malloc(sizeof(*k));
     nkeys_make(k, 1000);
     warns_start();
