@@ -224,22 +224,18 @@ def main():
         return attacker(a)
     kvpeerd = os.path.abspath(a.kvpeerd)
     fp = H.fingerprint()
-    common = ["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--admin",
-              "--block_size", "64K", "--compat", H.COMPAT, "--num_blocks", str(NB),
-              "--shutdown_drain_ms", "500"]
+    common = relib.hostile_args(H.COMPAT, NB)
     rate = [] if a.rate is None else ["--max_lookup_keys_per_sec", str(a.rate)]
-    D = relib.Daemon(kvpeerd, "D", common + rate).start()
+    D, G = relib.serving_pair(kvpeerd, common, rate)
     X = relib.Daemon(kvpeerd, "X", common).start()
     xblob = H.capture_blob(X.peer, fp, NB)
     D.put(0, 200)
-    if a.capacity:
+    if a.capacity:  # G idle
         capacity(D, fp, xblob, a.window)
-        for d in (X, D):
+        for d in (G, X, D):
             d.check_clean_exit(d.stop())
         log("PASS")
         return
-    G = relib.Daemon(kvpeerd, "G", common + ["--peers", D.peer]).start()
-    wait_for(lambda: G.peer_ready(D.peer), "G's session to D", 20)
     good = H.GoodPeer(G, D)
     good.start()
     wait_for(lambda: good.ok >= 24, "the good peer's warm-up fetches", 60)
