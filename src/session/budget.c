@@ -16,7 +16,8 @@
  *                 born_ns + max_lease_ms.
  *   key rate      keys a peer's LOOKUPs have looked up per second
  *                 (max_lookup_keys_per_sec), charged before any is hashed:
- *                 the keys past it answer MISS with the limit flag.
+ *                 the keys past it answer MISS with the limit flag, and
+ *                 the peer's link takes no frame for a while (ctl pause).
  *
  * The counters live in the session (its share) and the env (the total);
  * nothing here allocates or frees.
