@@ -205,6 +205,13 @@ typedef struct kvp_config {
      * 0 (default) = ephemeral (it travels in the blob); set it to write
      * firewall rules. At most 65535. */
     uint32_t data_port;
+    /* Issue 27, the LOOKUP key rate: keys one peer's LOOKUPs may have looked
+     * up here per second (a token bucket one second deep, per session),
+     * charged before any key is hashed. Keys past it answer MISS and the
+     * answer carries the limit flag (KVP_ERR_LIMIT at the peer, the keys
+     * granted first kept); counted in kvp_stats_t.lookup_keys_refused.
+     * Default 2000000 (docs/DESIGN.md "LOOKUP key rate"); 0 = no limit. */
+    uint32_t max_lookup_keys_per_sec;
 } kvp_config_t;
 
 KVP_EXPORT void kvp_config_init(kvp_config_t *cfg);
@@ -429,6 +436,9 @@ typedef struct kvp_stats {
     /* Issue 27: 1 if the node listens beyond loopback without a pre-shared
      * key (config insecure = 1). */
     uint64_t insecure;
+    /* Issue 27: keys of peers' LOOKUPs answered MISS unlooked-up, over
+     * max_lookup_keys_per_sec (source side). */
+    uint64_t lookup_keys_refused;
 } kvp_stats_t;
 
 KVP_EXPORT kvp_status_t kvp_node_stats(kvp_node_t *node, kvp_stats_t *out);

@@ -179,7 +179,7 @@ static const char *const fetch_results[] = {"ok", "failed", "aborted"};
 static const char *const session_states[] = {"ready", "handshaking"};
 static const char *const proofs[] = {"terminal",  "fetch-done", "abort-ack", "fence",
                                      "am-refuse", "hold-cap",   "not-sent"};
-static const char *const budgets[] = {"supply_pins", "rounds", "peers_add"};
+static const char *const budgets[] = {"supply_pins", "rounds", "peers_add", "lookup_keys"};
 static const char *const limits[] = {"sessions", "pins", "inflight_bytes", "quarantine",
                                      "retained"};
 
@@ -225,7 +225,8 @@ static const stat_family_t safety_families[] = {
     ONE("supply_pins", "gauge", supply_pins, "Slots pinned by lookups not fetched yet."),
     ONE("lookup_round_bytes", "gauge", lookup_bytes, "Memory of peers' live lookup rounds."),
     {"budget_refusals_total", "counter", "Work refused at a per-peer budget (issue 27).", "budget",
-     budgets, {F(supply_pins_refused), F(rounds_refused), F(peers_add_refused)}, 3},
+     budgets, {F(supply_pins_refused), F(rounds_refused), F(peers_add_refused),
+               F(lookup_keys_refused)}, 4},
     ONE("lookups_refused_limit_total", "counter", lookups_refused_limit,
         "LOOKUP answers sent with the limit flag."),
     ONE("leases_capped_total", "counter", leases_capped,

@@ -125,6 +125,8 @@ static const opt_t opts[] = {
      "(0 = num_blocks/8)"},
     {"max_wanted_peers", OPT_U32, F_RUNTIME, C(max_wanted_peers), 0, UINT32_MAX, NULL,
      "peers added by config or /admin/peer (0 = max_sessions)"},
+    {"max_lookup_keys_per_sec", OPT_U32, F_RUNTIME, C(max_lookup_keys_per_sec), 0, UINT32_MAX,
+     NULL, "keys one peer's LOOKUPs may have looked up per second (0 = no limit)"},
     /* issue 27: the control plane's gate */
     {"insecure", OPT_BOOL8, 0, C(insecure), 0, 1, NULL,
      "allow a listen address beyond loopback without a psk (anyone reaching the port can "

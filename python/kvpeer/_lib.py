@@ -149,6 +149,8 @@ class kvp_config_t(Structure):
         ("max_preauth_per_addr", c_uint32),
         ("preauth_timeout_ms", c_uint32),
         ("data_port", c_uint32),  # issue 27: kvpeer's own tcp data stream
+        # issue 27: the LOOKUP key rate (0 = no limit)
+        ("max_lookup_keys_per_sec", c_uint32),
     ]
 
 
@@ -194,7 +196,8 @@ STATS_FIELDS = (
     "released_am_refuse released_hold_cap released_not_sent "
     "waits_led "
     "supply_pins supply_pins_refused lookups_refused_limit rounds_refused lookup_bytes "
-    "leases_capped lookups_limited peers_add_refused insecure"
+    "leases_capped lookups_limited peers_add_refused insecure "
+    "lookup_keys_refused"
 ).split()
 
 

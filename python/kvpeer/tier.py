@@ -578,10 +578,14 @@ class KVPeerTier:
         if rnd is not None and rnd.op == ev.op_id:
             rnd.done = True
         res = ev.results if ev.results is not None else [False] * len(ev.keys)
+        # A LOOKUP a source answered at one of its budgets (KVP_ERR_LIMIT,
+        # issue 27: supply pins, rounds, the key rate) still holds the hits
+        # it granted, pinned for the request (Node keeps exactly those).
+        granted = ev.ok or ev.status == L.KVP_ERR_LIMIT
         for k, hit in zip(ev.keys, res):
             ans = self._answers.get((rid, k))
             if ans is not None and peer in ans:
-                ans[peer] = bool(hit) and ev.ok
+                ans[peer] = bool(hit) and granted
 
     def _forget_peer(self, peer: str) -> None:
         """A source went down: its HITs are gone (its pins died with it)."""

@@ -165,3 +165,28 @@ def test_lookup_at_a_budget_keeps_its_granted_hits():
         with dst.get(granted[0]) as b:
             assert bytes(b.view[:len(granted[0]) * 8]) == granted[0] * 8
         dst.finish_request(7)
+
+
+def test_lookup_key_rate_refusal_keeps_the_keys_granted_first():
+    """Issue 27, the LOOKUP key rate: a source with max_lookup_keys_per_sec
+    = 100 (a bucket one second deep) looks up only the first 100 keys of a
+    LOOKUP of 150 and answers the rest MISS with the limit flag: the event
+    says KVP_ERR_LIMIT and keeps the hits among the keys granted (they are
+    fetchable); the source counts the keys it refused (about 50: the bucket
+    refills meanwhile).
+    Mutation: no limit flag for the keys past the rate (server_lookup.c
+    r->limited) -> the event is ok."""
+    cfg = dict(num_blocks=16, block_size=65536)
+    with kvpeer.Node(max_lookup_keys_per_sec=100, **cfg) as src, kvpeer.Node(**cfg) as dst:
+        keys = [b"rate-%d" % i for i in range(150)]
+        for k in keys[:4]:
+            src.put(k, k * 8)
+        dst.wait_peer(src.peer_id)
+        ev = dst.wait(dst.lookup(src.peer_id, keys, request_id=9))
+        assert ev.status == L.KVP_ERR_LIMIT, L.STATUS_NAMES.get(ev.status)
+        assert ev.results[:4] == [True] * 4 and sum(ev.results) == 4, ev.results
+        refused = src.stats()["lookup_keys_refused"]
+        assert 0 < refused <= 50, refused
+        load = dst.wait(dst.fetch(src.peer_id, keys[:4], request_id=9))
+        assert load.ok, L.STATUS_NAMES.get(load.status)
+        dst.finish_request(9)

@@ -402,4 +402,23 @@ def test_tier_load_in_flight_and_cancel_load(tier_factory, peer_factory):
     assert not tier.cancel_load("f-1") and not tier.cancel_load("never-submitted")
     assert until(lambda: not tier.wait_jobs(0.05) and not tier.load_in_flight(keys[0]), scaled(10))
     assert tier.get_finished_jobs() == []  # exactly one outcome
+
+
+def test_tier_keeps_the_hits_a_key_rate_granted(tier_factory, peer_factory):
+    """Issue 27: a source whose LOOKUP key rate (max_lookup_keys_per_sec =
+    64) cuts a LOOKUP of 96 keys answers KVP_ERR_LIMIT with the hits among
+    the first 64 keys; the tier takes those as HIT (loadable: the source
+    pinned them for the request) and the rest as MISS, like any answer at a
+    source's budget. Mutation: the tier's `granted` only ev.ok -> all MISS."""
+    src = peer_factory(max_lookup_keys_per_sec=64)
+    keys = [b"R-%d" % i for i in range(96)]
+    src.call("put_pattern", keys[:8], BS, 0)
+    tier = tier_factory(peers=[src.peer_id])
+    tier.node.wait_peer(src.peer_id, 10)
+    req = Request(31)
+    res = settle(tier, keys, req)
+    assert res == [HIT] * 8 + [MISS] * 88, res
+    tier.submit_load(LoadJob("rate-1", req, keys[:8]))
+    done = collect(tier, 1, 10)
+    assert [(d.job_id, d.ok, d.n_ok) for d in done] == [("rate-1", True, 8)]
     tier.on_request_finished(req)

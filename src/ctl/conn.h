@@ -45,6 +45,11 @@ typedef struct kvp_conn_ops {
     /* Issue 27: a hash of this connection's two endpoints, the same at both
      * ends (sorted), 0 if unknown. NULL: unknown (fake connections). */
     uint64_t (*binding)(const kvp_conn_t *c);
+    /* Issue 27: stop (false) or resume (true) taking bytes from the peer
+     * (c->read_paused). Paused, nothing is added to rbuf and readable() is
+     * not called, so the peer's sends back up into its own socket; a broken
+     * connection is still reported through closed(). */
+    void (*set_read)(kvp_conn_t *c, bool on);
 } kvp_conn_ops_t;
 
 struct kvp_conn {
@@ -59,6 +64,7 @@ struct kvp_conn {
     kvp_list_t lingering; /* on *linger_head from close() until the backend frees it */
     kvp_list_t *linger_head; /* the ctl's list of closed connections (set by the owner) */
     char remote[KVP_WIRE_STR_MAX + 1]; /* "host:port" or fake address */
+    bool read_paused; /* ops->set_read(c, false) */
 };
 
 /* Common helpers (conn.c). */

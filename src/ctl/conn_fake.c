@@ -200,7 +200,7 @@ static int fake_deliver_end(fake_end_t *e)
     kvp_conn_t *c = &e->base;
     uint64_t now = kvp_loop_now(c->loop);
     int frames = 0;
-    while (!kvp_list_empty(&e->inq) && c->h && e->state != FAKE_DEAD) {
+    while (!kvp_list_empty(&e->inq) && c->h && e->state != FAKE_DEAD && !c->read_paused) {
         fake_chunk_t *ch = KVP_CONTAINER_OF(e->inq.next, fake_chunk_t, node);
         if (ch->at > now || fake_end_cut(e))
             break;
@@ -236,8 +236,8 @@ static void fake_on_ev(kvp_timer_t *tm)
         return;
     }
     e->net->delivered += (uint64_t)fake_deliver_end(e);
-    if (e->state == FAKE_DEAD || !e->base.h)
-        return;
+    if (e->state == FAKE_DEAD || !e->base.h || e->base.read_paused)
+        return; /* paused: fake_set_read re-arms */
     if (!kvp_list_empty(&e->inq)) {
         fake_chunk_t *ch = KVP_CONTAINER_OF(e->inq.next, fake_chunk_t, node);
         uint64_t now = kvp_loop_now(e->base.loop);
@@ -346,6 +346,14 @@ static void fake_close(kvp_conn_t *c, bool graceful)
     kvp_timer_start(c->loop, &e->ev, kvp_loop_now(c->loop));
 }
 
+static void fake_set_read(kvp_conn_t *c, bool on)
+{
+    fake_end_t *e = (fake_end_t *)c;
+    c->read_paused = !on;
+    if (on && e->state != FAKE_DEAD)
+        fake_arm(e, kvp_loop_now(c->loop));
+}
+
 static void fake_destroy(kvp_conn_t *c)
 {
     fake_free((fake_end_t *)c);
@@ -353,6 +361,7 @@ static void fake_destroy(kvp_conn_t *c)
 
 static const kvp_conn_ops_t fake_ops = {
     .name = "fake",
+    .set_read = fake_set_read,
     .write = fake_write,
     .queued = fake_queued,
     .close = fake_close,

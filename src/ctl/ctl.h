@@ -275,6 +275,12 @@ void kvp_link_remote_host(const kvp_link_t *link, char *buf, size_t cap);
  * (kvp_link_send queues them). Borrowed: valid only until the loop runs
  * again unless it becomes ready (then until its on_down returns). */
 kvp_link_t *kvp_ctl_link_pending(const kvp_ctl_t *ctl, const char *peer_id);
+/* Issue 27: take no frame from this peer until `until_ns` (extends a pause
+ * in progress, never shortens it): frames already buffered wait, nothing
+ * more is read, so the peer's sends back up into its own socket. Liveness
+ * does not count the pause against the peer. For a peer past a rate
+ * (session/budget.c); no effect on a link that is not READY. */
+void kvp_link_pause_read(kvp_link_t *link, uint64_t until_ns);
 #ifdef KVP_TESTING
 /* Test hook (test builds only, issue 31): send `msg` on a READY link with the
  * given epochs instead of the live pair (to inject stale frames).

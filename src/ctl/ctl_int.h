@@ -87,6 +87,9 @@ struct kvp_link {
     uint64_t src_hash;
     uint8_t blob_hash[32];
     bool claim_logged;
+    bool read_paused;  /* kvp_link_pause_read: no frame taken until t_resume */
+    kvp_timer_t t_resume;
+    uint64_t resumed_ns; /* the last resume: liveness waits for a poll after it */
 };
 
 /* kvp_ctl_want(): dial, redial with backoff while not ready. Owned by ctl. */

@@ -218,6 +218,7 @@ void ctl_link_down(kvp_link_t *l, kvp_down_reason_t reason, int bye, bool fault)
     kvp_timer_stop(ctl->loop, &l->t_heartbeat);
     kvp_timer_stop(ctl->loop, &l->t_dead);
     kvp_timer_stop(ctl->loop, &l->t_check);
+    kvp_timer_stop(ctl->loop, &l->t_resume);
     link_free_pending(l);
     ctl_link_set_state(l, LINK_CLOSING);
     kvp_list_remove(&l->node);
@@ -272,6 +273,14 @@ static void link_on_dead(kvp_timer_t *t)
     uint64_t now = ctl_link_now(l), dead = ctl->cfg.dead_after_ns;
     if (now - l->last_rx_ns < dead) {
         kvp_timer_start(ctl->loop, &l->t_dead, l->last_rx_ns + dead);
+        return;
+    }
+    if (l->read_paused || l->resumed_ns >= kvp_loop_polled(ctl->loop)) {
+        /* our pause, not the peer's silence: judge after it and after a
+         * poll that read what waited meanwhile */
+        ctl->st.dead_deferred++;
+        kvp_timer_start(ctl->loop, &l->t_dead,
+                        l->read_paused ? l->t_resume.deadline_ns + KVP_NSEC_PER_MSEC : now);
         return;
     }
     if (l->last_rx_ns + dead > kvp_loop_polled(ctl->loop)) {
@@ -455,7 +464,7 @@ static void link_on_readable(kvp_conn_t *c)
 {
     kvp_link_t *l = c->owner;
     size_t off = 0;
-    while (l->state != LINK_CLOSING) {
+    while (l->state != LINK_CLOSING && !l->read_paused) { /* a frame may pause the link */
         kvp_frame_hdr_t hdr;
         char why[128] = "bad frame header";
         kvp_status_t st = kvp_wire_parse_hdr_why(&l->wctx, c->rbuf + off, c->rlen - off, &hdr,
@@ -479,6 +488,31 @@ static void link_on_readable(kvp_conn_t *c)
     }
     if (l->state != LINK_CLOSING)
         kvp_conn_rbuf_consume(c, off);
+}
+
+void kvp_link_pause_read(kvp_link_t *l, uint64_t until_ns)
+{
+    if (l->state != LINK_READY || l->conn == NULL)
+        return;
+    if (!l->read_paused || l->t_resume.deadline_ns < until_ns)
+        kvp_timer_start(l->ctl->loop, &l->t_resume, until_ns);
+    if (!l->read_paused && l->conn->ops->set_read)
+        l->conn->ops->set_read(l->conn, false);
+    l->read_paused = true;
+}
+
+/* The pause is over: read again, and take the frames that waited in rbuf
+ * (no new bytes may come to announce them). */
+static void link_on_resume(kvp_timer_t *t)
+{
+    kvp_link_t *l = t->data;
+    l->read_paused = false;
+    l->resumed_ns = ctl_link_now(l);
+    if (l->state == LINK_CLOSING || l->conn == NULL)
+        return;
+    if (l->conn->ops->set_read)
+        l->conn->ops->set_read(l->conn, true);
+    link_on_readable(l->conn);
 }
 
 static void link_on_closed(kvp_conn_t *c, kvp_status_t why)
@@ -538,6 +572,7 @@ kvp_status_t ctl_link_new(kvp_ctl_t *ctl, kvp_conn_t *conn, bool outbound, const
     kvp_timer_init(&l->t_heartbeat, "heartbeat", link_on_heartbeat, l);
     kvp_timer_init(&l->t_dead, "dead-after", link_on_dead, l);
     kvp_timer_init(&l->t_check, "identity-check", ctl_on_check, l);
+    kvp_timer_init(&l->t_resume, "read-resume", link_on_resume, l);
     /* An inbound connection has preauth_timeout to authenticate (gate.c);
      * hs_authenticated() then extends it to the handshake timeout. */
     kvp_timer_start(ctl->loop, &l->t_handshake,

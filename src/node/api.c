@@ -107,6 +107,7 @@ static kvp_status_t do_reconfigure(kvp_node_t *n, void *arg)
     k->max_lease_ms = c->max_lease_ms;
     k->max_quarantined_per_peer = c->max_quarantined_per_peer;
     k->max_wanted_peers = c->max_wanted_peers;
+    k->max_lookup_keys_per_sec = c->max_lookup_keys_per_sec; /* issue 27: 0 = no limit */
     kvp__node_budget_defaults(k);
     k->max_inflight_bytes_per_peer = c->max_inflight_bytes_per_peer;
     if (n->psk_copy)

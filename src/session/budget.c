@@ -14,6 +14,10 @@
  *                 hit or pending key (never per key asked) plus its demand.
  *   lease         a round's pin lease is renewable, but never past
  *                 born_ns + max_lease_ms.
+ *   key rate      keys a peer's LOOKUPs have looked up per second
+ *                 (max_lookup_keys_per_sec), charged before any is hashed:
+ *                 the keys past it answer MISS with the limit flag, and
+ *                 the peer's link takes no frame for a while (ctl pause).
  *
  * The counters live in the session (its share) and the env (the total);
  * nothing here allocates or frees.
@@ -120,4 +124,70 @@ uint64_t kvp__budget_lease_deadline(kvp_sround_t *r)
                    r->sess->peer_id, (unsigned long long)r->request_id, n->cfg->max_lease_ms);
     }
     return cap;
+}
+
+/* The LOOKUP key rate (issue 27: a LOOKUP flood of all-miss keys from one
+ * peer made the owner thread hash keys instead of serving the others). A
+ * token bucket per session, one second deep, in nano-keys so that a refill
+ * of a few nanoseconds still counts; elapsed time is capped at the depth
+ * first, so nothing here overflows (1e9 ns x 2^32 keys/s < 2^63). */
+#define KEY_NANO 1000000000ull
+
+static void key_bucket_refill(kvp_session_t *s, uint64_t rate, uint64_t now)
+{
+    uint64_t depth = rate * KEY_NANO;
+    if (!s->key_bucket_set) {
+        s->key_bucket_set = true;
+        s->key_tokens = depth;
+    } else if (now > s->key_refill_ns) {
+        uint64_t dt = KVP_MIN(now - s->key_refill_ns, KVP_NSEC_PER_SEC);
+        s->key_tokens = KVP_MIN(s->key_tokens + dt * rate, depth);
+    }
+    s->key_tokens = KVP_MIN(s->key_tokens, depth); /* the rate may have been lowered */
+    s->key_refill_ns = now;
+}
+
+/* A refusal costs the peer little and us still the frame's decode (a
+ * LOOKUP of 65 536 keys is ~0.85 MB): a peer past its key rate has its
+ * frames wait -- its link takes nothing more -- for as long as its rate
+ * needs to earn the keys refused, at most a quarter of dead_after (its
+ * liveness is not judged meanwhile). Its sends then back up into its own
+ * socket, so its frames cost us at most about its rate. */
+static uint64_t key_rate_pause(kvp_session_t *s, uint32_t refused, uint64_t rate)
+{
+    kvp_session_env_t *e = s->env;
+    uint64_t ns = (uint64_t)refused * KVP_NSEC_PER_SEC / rate;
+    ns = KVP_MIN(ns, (uint64_t)e->cfg->dead_after_ms * KVP_NSEC_PER_MSEC / 4);
+    if (s->link != NULL && ns > 0)
+        kvp_link_pause_read(s->link, kvp__env_now(e) + ns);
+    return ns;
+}
+
+uint32_t kvp__budget_lookup_keys(kvp_session_t *s, uint32_t n)
+{
+    kvp_session_env_t *e = s->env;
+    uint64_t rate = e->cfg->max_lookup_keys_per_sec, now = kvp__env_now(e);
+    if (rate == 0 || n == 0)
+        return n;
+    key_bucket_refill(s, rate, now);
+    uint32_t granted = (uint32_t)KVP_MIN((uint64_t)n, s->key_tokens / KEY_NANO);
+    s->key_tokens -= (uint64_t)granted * KEY_NANO;
+    if (granted < n) {
+        uint64_t pause = key_rate_pause(s, n - granted, rate);
+        e->st->lookup_keys_refused += n - granted;
+        KVP_LOG_RL(&s->rl_limit, now, KVP_LOG_WARN, e->name,
+                   "peer %s: LOOKUP of %u keys: %u past max_lookup_keys_per_sec (%llu) not "
+                   "looked up: answered limit, its frames wait %llu ms",
+                   s->peer_id, n, n - granted, (unsigned long long)rate,
+                   (unsigned long long)(pause / KVP_NSEC_PER_MSEC));
+    }
+    return granted;
+}
+
+void kvp__budget_lookup_refund(kvp_session_t *s, uint32_t n)
+{
+    uint64_t rate = s->env->cfg->max_lookup_keys_per_sec;
+    if (rate == 0 || n == 0 || !s->key_bucket_set)
+        return;
+    s->key_tokens = KVP_MIN(s->key_tokens + (uint64_t)n * KEY_NANO, rate * KEY_NANO);
 }

@@ -182,15 +182,50 @@ static bool lookup_take(kvp_sround_t *r, uint32_t idx, const kvp_key_t *k, kvp_s
     return false;
 }
 
-/* Answer a LOOKUP the peer's round budget has no room for: every key MISS,
- * with the limit flag; nothing is kept. */
+/* Answer a LOOKUP a budget refused whole (the peer's rounds, or its key
+ * rate; the caller counted and logged it): every key MISS, with the limit
+ * flag; nothing is kept. */
 static void lookup_refuse(kvp_session_t *s, const kvp_msg_lookup_t *m, uint16_t flags)
 {
     kvp_sround_t r = {.sess = s, .request_id = m->request_id, .round = m->round,
                       .n_keys = m->n, .limited = true};
     r.lookup_flags = flags & (KVP_LOOKUP_F_PREFIX | KVP_LOOKUP_F_RENEW);
-    kvp__budget_round_refused(s, "LOOKUP");
     send_lookup_resp(&r);
+}
+
+/* Look up the first `granted` keys of the LOOKUP into round r (batched
+ * chunks; prefix mode one by one, stopping after the first key neither held
+ * nor pending). Counts pending keys and keys the store's max_pins refused;
+ * returns how many keys were looked up. */
+static uint32_t lookup_keys(kvp_sround_t *r, const kvp_msg_lookup_t *m, uint32_t granted,
+                            uint32_t *pending, uint32_t *refused)
+{
+    kvp_store_t *store = r->sess->env->store;
+    bool prefix = (r->lookup_flags & KVP_LOOKUP_F_PREFIX) != 0, open = kvp__session_open(r->sess);
+    for (uint32_t base = 0; base < granted; base += LOOKUP_CHUNK) {
+        uint32_t k = KVP_MIN(LOOKUP_CHUNK, granted - base);
+        kvp_status_t st[LOOKUP_CHUNK];
+        kvp_slot_ref_t refs[LOOKUP_CHUNK];
+        if (!prefix) { /* batched: the store prefetches a group's buckets and slots */
+            lookup_chunk(store, &m->keys[base], k, refs, st);
+            uint32_t kept = 0; /* the chunk's hits and pending keys: one allocation */
+            for (uint32_t i = 0; i < k; i++)
+                kept += st[i] == KVP_OK || st[i] == KVP_ERR_PENDING;
+            if (kept > 0 && open)
+                supply_reserve(r, r->n_supply + kept);
+        }
+        for (uint32_t i = 0; i < k; i++) {
+            const kvp_key_t *key = &m->keys[base + i];
+            if (prefix)
+                st[i] = kvp_store_lookup(store, key->data, key->len, &refs[i], NULL, NULL);
+            bool kept = lookup_take(r, base + i, key, st[i], refs[i], open);
+            *pending += kept && st[i] == KVP_ERR_PENDING;
+            *refused += st[i] == KVP_ERR_LIMIT; /* the store's max_pins (counted there) */
+            if (prefix && !kept) /* past the first miss: not looked up */
+                return base + i + 1;
+        }
+    }
+    return granted;
 }
 
 void kvp__server_on_lookup(kvp_session_t *s, const kvp_msg_lookup_t *m, uint16_t flags)
@@ -202,42 +237,28 @@ void kvp__server_on_lookup(kvp_session_t *s, const kvp_msg_lookup_t *m, uint16_t
     }
     kvp__server_lease_renew(s, m->request_id); /* any lookup of the request is a heartbeat for it */
     if (!kvp__server_round_admit(s, 0)) {
+        kvp__budget_round_refused(s, "LOOKUP");
+        lookup_refuse(s, m, flags);
+        return;
+    }
+    /* The key rate, before a key is hashed: only the first `granted` keys
+     * are looked up; the rest answer MISS with the limit flag. */
+    uint32_t granted = kvp__budget_lookup_keys(s, m->n);
+    if (granted == 0 && m->n > 0) {
         lookup_refuse(s, m, flags);
         return;
     }
     kvp_sround_t *r = kvp__sround_new(s, m->request_id, m->round, 0);
     if (r == NULL) {
+        kvp__budget_lookup_refund(s, granted);
         kvp__session_fault(s, KVP_BYE_PROTOCOL, "out of memory on LOOKUP");
         return;
     }
     r->n_keys = m->n;
     r->lookup_flags = flags & (KVP_LOOKUP_F_PREFIX | KVP_LOOKUP_F_RENEW);
-    bool prefix = (flags & KVP_LOOKUP_F_PREFIX) != 0, open = kvp__session_open(s);
     uint32_t pending = 0, refused = 0;
-    for (uint32_t base = 0; base < m->n; base += LOOKUP_CHUNK) {
-        uint32_t k = KVP_MIN(LOOKUP_CHUNK, m->n - base);
-        kvp_status_t st[LOOKUP_CHUNK];
-        kvp_slot_ref_t refs[LOOKUP_CHUNK];
-        if (!prefix) { /* batched: the store prefetches a group's buckets and slots */
-            lookup_chunk(n->store, &m->keys[base], k, refs, st);
-            uint32_t kept = 0; /* the chunk's hits and pending keys: one allocation */
-            for (uint32_t i = 0; i < k; i++)
-                kept += st[i] == KVP_OK || st[i] == KVP_ERR_PENDING;
-            if (kept > 0 && open)
-                supply_reserve(r, r->n_supply + kept);
-        }
-        for (uint32_t i = 0; i < k; i++) {
-            const kvp_key_t *key = &m->keys[base + i];
-            if (prefix)
-                st[i] = kvp_store_lookup(n->store, key->data, key->len, &refs[i], NULL, NULL);
-            bool kept = lookup_take(r, base + i, key, st[i], refs[i], open);
-            pending += kept && st[i] == KVP_ERR_PENDING;
-            refused += st[i] == KVP_ERR_LIMIT; /* the store's max_pins (counted there) */
-            if (prefix && !kept) /* past the first miss: not looked up */
-                goto looked_up;
-        }
-    }
-looked_up:
+    /* prefix mode stops at the first miss: the keys after it cost nothing */
+    kvp__budget_lookup_refund(s, granted - lookup_keys(r, m, granted, &pending, &refused));
     if (refused > 0)
         KVP_LOG_RL(&s->rl_limit, kvp__env_now(n), KVP_LOG_WARN, n->name,
                    "peer %s: %u keys of LOOKUP answered MISS: max_pins reached", s->peer_id,
@@ -246,6 +267,7 @@ looked_up:
         KVP_LOG_RL(&s->rl_limit, kvp__env_now(n), KVP_LOG_WARN, n->name,
                    "peer %s: LOOKUP of %u keys answered limit (%u held)", s->peer_id, m->n,
                    r->n_supply - pending);
+    r->limited |= granted < m->n; /* the key rate (counted and logged by the budget) */
     if (pending > 0) {
         kvp__sround_set_phase(r, KVP_SR_LOOKUP_PENDING);
         kvp_list_insert_tail(&n->waiting, &r->wait_link);

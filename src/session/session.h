@@ -313,6 +313,10 @@ struct kvp_session {
     uint32_t supply_pins; /* slots its rounds hold pinned (not yet fetched) */
     uint32_t n_rounds;    /* its live rounds (not FINISHED) */
     uint64_t round_bytes; /* memory of its rounds, FINISHED ones included */
+    /* its LOOKUP key rate (max_lookup_keys_per_sec): a token bucket in
+     * nano-keys (1e9 per key), full when the session starts */
+    uint64_t key_tokens, key_refill_ns;
+    bool key_bucket_set;
     uint64_t last_work_ns;
     kvp_ratelimit_t rl;       /* repeated log lines of this peer */
     kvp_ratelimit_t rl_limit; /* this peer's refusals at a limit of SPEC §8 */
@@ -463,6 +467,13 @@ void kvp__budget_round_refused(kvp_session_t *s, const char *what);
 /* The pin lease's next deadline: pin_lease_ms from now, never past
  * born_ns + max_lease_ms (then counted once in leases_capped). */
 uint64_t kvp__budget_lease_deadline(kvp_sround_t *r);
+/* How many of a LOOKUP's n keys the peer's key rate lets us look up now
+ * (the first ones; max_lookup_keys_per_sec, 0 = all): charged; the rest are
+ * counted (lookup_keys_refused) and logged, rate-limited. */
+uint32_t kvp__budget_lookup_keys(kvp_session_t *s, uint32_t n);
+/* Give back n keys charged by kvp__budget_lookup_keys but not looked up
+ * (prefix mode stopped at a miss). */
+void kvp__budget_lookup_refund(kvp_session_t *s, uint32_t n);
 
 /* release.c: the one place memory a WRITE may touch is released. Each call
  * names its proof, counts it (n->releases) and logs it at DEBUG. */

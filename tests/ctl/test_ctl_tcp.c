@@ -447,6 +447,71 @@ static void test_tcp_slow_reader(void **state)
     env_free(e);
 }
 
+/* LOOKUPs of request 1 and 6 pause the link that took them for g_pause_ns
+ * (as the session does for a peer past its key rate). */
+static uint64_t g_pause_ns;
+
+static void pause_on_frame(void *arg, kvp_link_t *link, const kvp_msg_t *msg)
+{
+    tnode_t *n = arg;
+    tn_on_frame(arg, link, msg);
+    if (msg->type == KVP_MSG_LOOKUP && msg->u.lookup.request_id % 5 == 1)
+        kvp_link_pause_read(link, kvp_loop_now(n->loop) + g_pause_ns);
+}
+
+static void send_lookups(env_t *e, uint64_t q0, uint64_t q1)
+{
+    kvp_msg_t m;
+    static kvp_key_t keys[1024];
+    for (uint64_t q = q0; q <= q1; q++) {
+        tn_lookup(&m, q, 1024, keys);
+        assert_int_equal(kvp_link_send(e->b.link, &m), KVP_OK);
+    }
+}
+
+/* Issue 27, kvp_link_pause_read. (1) Frames 1-5 sent at once; frame 1
+ * pauses the link: 2-5 (in our buffer or the sockets) are taken only after
+ * the deadline, in order. (2) Frame 6 pauses it again; 7-10, sent after it,
+ * wait in the sockets; we stall across the pause's end (the resume and the
+ * dead-after verdict then fall due in one round, before a poll read what
+ * waited): a pause longer than dead_after is ours, not the peer's silence,
+ * the link stays up. Mutations: the link keeps dispatching what it buffered
+ * (link_on_readable ignores read_paused) -> frame 2 before the deadline; no
+ * wait for a poll after the resume (link_on_dead) -> down as DEAD. */
+static void test_tcp_pause_read(void **state)
+{
+    env_t *e = env_new();
+    e->a.cfg.heartbeat_ns = 50 * MS;
+    e->a.cfg.dead_after_ns = 250 * MS;
+    e->a.cfg.cb.on_frame = pause_on_frame;
+    g_pause_ns = kvp_test_scaled_ns(600 * MS);
+    connect_ab(e);
+    uint64_t t0 = now_ns();
+    send_lookups(e, 1, 5);
+    assert_true(RUN_UNTIL(e->loop, e->a.nframes == 1, 1000 * MS));
+    run_for(e->loop, g_pause_ns / 2);
+    assert_int_equal(e->a.nframes, 1);
+    assert_true(RUN_UNTIL(e->loop, e->a.nframes == 5, 2000 * MS));
+    assert_true(now_ns() - t0 >= g_pause_ns);
+    send_lookups(e, 6, 6);
+    assert_true(RUN_UNTIL(e->loop, e->a.nframes == 6, 1000 * MS));
+    t0 = now_ns();
+    send_lookups(e, 7, 10);
+    run_for(e->loop, g_pause_ns / 2);
+    assert_int_equal(e->a.nframes, 6);
+    uint64_t until = t0 + g_pause_ns + 300 * MS, now = now_ns(); /* our stall past the end */
+    uint64_t left = until > now ? until - now : 0;
+    struct timespec ts = {(time_t)(left / KVP_NSEC_PER_SEC), (long)(left % KVP_NSEC_PER_SEC)};
+    nanosleep(&ts, NULL);
+    assert_true(RUN_UNTIL(e->loop, e->a.nframes == 10, 2000 * MS));
+    for (int i = 0; i < 10; i++)
+        assert_int_equal(e->a.frames[i], (uint64_t)i + 1);
+    run_for(e->loop, 100 * MS);
+    assert_int_equal(e->a.down, 0);
+    assert_int_equal(e->b.down, 0);
+    env_free(e);
+}
+
 /* A client that connects and never says HELLO is closed at the handshake
  * deadline, counted, without any callback. */
 static void test_tcp_handshake_timeout(void **state)
@@ -504,6 +569,7 @@ int main(void)
         cmocka_unit_test(test_tcp_session_cap),
         cmocka_unit_test(test_tcp_garbage),
         cmocka_unit_test(test_tcp_slow_reader),
+        cmocka_unit_test(test_tcp_pause_read),
         cmocka_unit_test(test_tcp_handshake_timeout),
         cmocka_unit_test(test_tcp_ipv6),
     };

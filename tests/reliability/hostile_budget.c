@@ -15,6 +15,7 @@
 #define NB 256u /* the victim's slots: its default share per peer is NB / 4 */
 
 static int g_case;
+#define KEY_RATE 1000u /* case 6: the victim's max_lookup_keys_per_sec */
 
 /* VmRSS of this process in kB, from /proc (0 if unknown). */
 static long kvp_test_rss_kb(void)
@@ -46,6 +47,10 @@ static void tweak_victim(kvp_config_t *c, kvp_node_seams_t *s, int i)
         c->max_wanted_peers = 2;
     if (g_case == 5)
         c->max_lookup_bytes_per_peer = 32 * 1024;
+    if (g_case == 3 + 10) /* 80 x 65 536 keys in a few virtual ms: memory, not the key rate */
+        c->max_lookup_keys_per_sec = 0;
+    if (g_case == 6)
+        c->max_lookup_keys_per_sec = KEY_RATE;
 }
 
 /* The abuser of case 5 needs destination slots for its flood. */
@@ -86,6 +91,21 @@ static void warns_stop(void)
 {
     kvp_log_set_sink(NULL, NULL);
     kvp_log_set_level(KVP_LOG_ERROR);
+}
+
+/* The fake world of one case: the victim (node 0, holding keys
+ * 0..held-1), the abuser (node 1) and a good peer (node 2) connected to it. */
+static world_t *victim_world(void **state, int gcase, world_tweak_fn tweak, uint32_t held)
+{
+    world_t *w = malloc(sizeof(world_t));
+    *state = w;
+    g_case = gcase;
+    world_init(w, 3, tweak);
+    world_connect(w, 1, 0);
+    world_connect(w, 2, 0);
+    for (uint32_t k = 0; k < held; k++)
+        world_put(w, 0, k, 0);
+    return w;
 }
 
 static const kvp_event_t *lookup(world_t *w, int i, int j, uint64_t req, const wkeys_t *ks,
@@ -141,13 +161,7 @@ static uint32_t victim_reads(world_t *w, uint32_t n)
  * max_lease_ms of renewals. */
 static void test_pin_and_lease_abuse(void **state)
 {
-    world_t *w = *state = malloc(sizeof(world_t));
-    g_case = 1;
-    world_init(w, 3, tweak_victim);
-    world_connect(w, 1, 0);
-    world_connect(w, 2, 0);
-    for (uint32_t k = 0; k < NB; k++)
-        world_put(w, 0, k, 0);
+    world_t *w = victim_world(state, 1, tweak_victim, NB);
     warns_start();
     uint8_t res[64];
     uint32_t held = 0, limited = 0;
@@ -245,13 +259,7 @@ static void test_total_supply_pins(void **state)
 static void test_lookup_memory_abuse(void **state)
 {
     enum { NK = 65536, NL = 80 };
-    world_t *w = *state = malloc(sizeof(world_t));
-    g_case = 3 + 10; /* defaults only */
-    world_init(w, 3, tweak_victim);
-    world_connect(w, 1, 0);
-    world_connect(w, 2, 0);
-    for (uint32_t k = 0; k < 16; k++)
-        world_put(w, 0, k, 0);
+    world_t *w = victim_world(state, 3 + 10, tweak_victim, 16);
     uint8_t *kb = malloc((size_t)NK * 16);
     uint32_t *lens = malloc(NK * sizeof(*lens));
     uint8_t *res = malloc((size_t)NL * NK);
@@ -295,13 +303,7 @@ static void test_lookup_memory_abuse(void **state)
  * Mutation: the round count not checked (kvp__budget_round_fits) -> 10 OK. */
 static void test_round_count_abuse(void **state)
 {
-    world_t *w = *state = malloc(sizeof(world_t));
-    g_case = 3;
-    world_init(w, 3, tweak_victim);
-    world_connect(w, 1, 0);
-    world_connect(w, 2, 0);
-    for (uint32_t k = 0; k < 16; k++)
-        world_put(w, 0, k, 0);
+    world_t *w = victim_world(state, 3, tweak_victim, 16);
     uint8_t res[1];
     uint32_t ok = 0, limited = 0;
     for (uint32_t r = 0; r < 10; r++) {
@@ -355,13 +357,7 @@ static void test_peer_add_cap(void **state)
  * the second flood's records pass the budget. */
 static void test_failed_fetch_flood(void **state)
 {
-    world_t *w = *state = malloc(sizeof(world_t));
-    g_case = 5;
-    world_init(w, 3, tweak_flood);
-    world_connect(w, 1, 0);
-    world_connect(w, 2, 0);
-    for (uint32_t k = 0; k < 16; k++)
-        world_put(w, 0, k, 0);
+    world_t *w = victim_world(state, 5, tweak_flood, 16);
     uint64_t budget = w->node[0]->cfg.max_lookup_bytes_per_peer, peak = 0;
     uint32_t sent = 0;
     for (uint32_t i = 0; i < 400; i++) {
@@ -407,6 +403,104 @@ static void test_failed_fetch_flood(void **state)
     free(w);
 }
 
+/* Keys of the key-rate case: 0..7 held by the victim, then misses. */
+typedef struct nkeys {
+    uint8_t buf[1000 * 16];
+    uint32_t len[1000];
+} nkeys_t;
+
+static void nkeys_make(nkeys_t *k, uint32_t n)
+{
+    size_t off = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        k->len[i] = world_key(i < 8 ? i : 100000 + i, k->buf + off);
+        off += k->len[i];
+    }
+}
+
+static const kvp_event_t *lookup_n(world_t *w, uint64_t req, const nkeys_t *k, uint32_t n,
+                                   bool prefix)
+{
+    static uint8_t res[1000];
+    uint64_t op = 0;
+    kvp_status_t st = prefix ? kvp_lookup_prefix(w->node[1], w->addr[0], req, k->buf, k->len, n,
+                                                 res, &op)
+                             : kvp_lookup(w->node[1], w->addr[0], req, k->buf, k->len, n, res,
+                                          &op);
+    assert_int_equal(st, KVP_OK);
+    const kvp_event_t *e = world_wait(w, 1, KVP_EV_LOOKUP, op, 200 * MS);
+    assert_non_null(e);
+    assert_false(e->status == KVP_OK && e->n_ok < 8 && !prefix); /* a refusal is never "ok" */
+    return e;
+}
+
+/* Issue 27, the LOOKUP key rate: with max_lookup_keys_per_sec = 1000 (a
+ * bucket one second deep) the abuser's first LOOKUP of 600 keys is served
+ * whole; the second, right after, has ~400 keys looked up (its 8 hits come
+ * first and are kept) and the rest refused: KVP_ERR_LIMIT, counted in
+ * lookup_keys_refused (200 minus what the bucket refilled meanwhile), a
+ * WARN naming the budget and the abuser; the good peer is served from its
+ * own bucket; a second later the abuser is served whole again. A prefix
+ * LOOKUP pays only for the keys it looked up (up to the first miss), so a
+ * LOOKUP of 900 keys right after one of 600 in prefix mode is served whole.
+ * A LOOKUP past the rate also pauses the abuser's link (its next frame is
+ * taken only after the refused keys' worth of time, capped at dead_after /
+ * 4), so its floods cost no more decoding than its rate.
+ * Mutations: the bucket never charged (kvp__budget_lookup_keys) -> the
+ * second LOOKUP answers OK; no refund for prefix mode -> the 900 keys
+ * answer KVP_ERR_LIMIT; no pause (key_rate_pause) -> the third LOOKUP is
+ * answered within a few ms. */
+static void test_lookup_key_rate(void **state)
+{
+    world_t *w = victim_world(state, 6, tweak_victim, 16);
+    nkeys_t *k = malloc(sizeof(*k));
+    nkeys_make(k, 1000);
+    warns_start();
+    uint64_t t0 = kvp_clock_now(&w->mc.clock);
+    const kvp_event_t *e = lookup_n(w, 1, k, 600, false);
+    assert_int_equal(e->status, KVP_OK);
+    assert_int_equal(e->n_ok, 8);
+    e = lookup_n(w, 2, k, 600, false);
+    uint64_t refill = (kvp_clock_now(&w->mc.clock) - t0) * KEY_RATE / KVP_NSEC_PER_SEC + 1;
+    assert_int_equal(e->status, KVP_ERR_LIMIT);
+    assert_int_equal(e->n_ok, 8); /* the keys granted first: the hits, kept */
+    kvp_stats_t st = world_stats(w, 0);
+    print_message("  second LOOKUP of 600 keys: %llu refused (bucket refilled <= %llu)\n",
+                  (unsigned long long)st.lookup_keys_refused, (unsigned long long)refill);
+    assert_true(st.lookup_keys_refused <= 200 && st.lookup_keys_refused + refill >= 200);
+    assert_int_equal(st.lookups_refused_limit, 1);
+    assert_true(warns_with("max_lookup_keys_per_sec", w->addr[1]) >= 1);
+    warns_stop();
+    /* The bucket is (nearly) empty: refused, never "ok"; and the abuser's
+     * frames waited -- the link took nothing -- for as long as the refused
+     * keys take to earn, capped at dead_after / 4. */
+    uint64_t t2 = kvp_clock_now(&w->mc.clock);
+    uint64_t pause = KVP_MIN(200ull * KVP_NSEC_PER_SEC / KEY_RATE,
+                             w->cfg[0].dead_after_ms * MS / 4) -
+                     5 * MS; /* it began before the answer's trip back to us */
+    e = lookup_n(w, 3, k, 600, false);
+    assert_int_equal(e->status, KVP_ERR_LIMIT);
+    print_message("  third LOOKUP answered %llu ms after the second (pause >= %llu ms)\n",
+                  (unsigned long long)((kvp_clock_now(&w->mc.clock) - t2) / MS),
+                  (unsigned long long)(pause / MS));
+    assert_true(kvp_clock_now(&w->mc.clock) - t2 >= pause);
+    good_peer_fetches(w, 9, 8, 8); /* another peer's bucket is its own */
+    world_run(w, 1000 * MS);
+    e = lookup_n(w, 4, k, 600, false);
+    assert_int_equal(e->status, KVP_OK);
+    assert_int_equal(e->n_ok, 8);
+    world_run(w, 1000 * MS);
+    e = lookup_n(w, 5, k, 600, true); /* prefix: 9 keys looked up (8 held, one miss) */
+    assert_int_equal(e->status, KVP_OK);
+    assert_int_equal(e->n_ok, 8);
+    e = lookup_n(w, 6, k, 900, false);
+    assert_int_equal(e->status, KVP_OK);
+    assert_int_equal(world_stats(w, 1).lookups_limited, 2);
+    free(k);
+    world_fini(w, false);
+    free(w);
+}
+
 int main(void)
 {
     kvp_log_set_level(KVP_LOG_ERROR);
@@ -417,6 +511,7 @@ int main(void)
         cmocka_unit_test(test_round_count_abuse),
         cmocka_unit_test(test_peer_add_cap),
         cmocka_unit_test(test_failed_fetch_flood),
+        cmocka_unit_test(test_lookup_key_rate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

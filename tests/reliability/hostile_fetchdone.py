@@ -228,13 +228,9 @@ def main():
     a = ap.parse_args()
     kvpeerd = os.path.abspath(a.kvpeerd)
     fp = H.fingerprint()
-    common = ["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--admin",
-              "--block_size", "64K", "--compat", H.COMPAT, "--num_blocks", str(NB),
-              "--shutdown_drain_ms", "500"]
-    D = relib.Daemon(kvpeerd, "D", common).start()
-    G = relib.Daemon(kvpeerd, "G", common + ["--peers", D.peer]).start()
+    common = relib.hostile_args(H.COMPAT, NB)
+    D, G = relib.serving_pair(kvpeerd, common)
     X = relib.Daemon(kvpeerd, "X", common).start()
-    wait_for(lambda: G.peer_ready(D.peer), "G's session to D", 20)
     xblob = H.capture_blob(X.peer, fp, NB)
     D.put(0, NB // 2)  # slots 0..31 hold blocks 0..31; 32..63 never written
     region = region_file(D.proc.pid)

@@ -80,9 +80,7 @@ def limited(daemon):
 
 
 def start_pair(kvpeerd, tag, psk_file, extra_d=(), dead_ms=None):
-    common = ["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--admin",
-              "--block_size", "64K", "--compat", H.COMPAT, "--num_blocks", str(H.NUM_BLOCKS),
-              "--shutdown_drain_ms", "500"]
+    common = relib.hostile_args(H.COMPAT, H.NUM_BLOCKS)
     if psk_file:
         common += ["--psk_file", psk_file]
     if dead_ms:

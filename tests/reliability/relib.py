@@ -348,6 +348,23 @@ class Daemon:
             self.proc.wait()
 
 
+def hostile_args(compat, num_blocks, *extra):
+    """kvpeerd flags of the hostile scripts' daemons: loopback, ephemeral
+    control and HTTP ports, the admin API, 64 KiB blocks, a short drain."""
+    return ["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--admin",
+            "--block_size", "64K", "--compat", compat, "--num_blocks", str(num_blocks),
+            "--shutdown_drain_ms", "500"] + list(extra)
+
+
+def serving_pair(kvpeerd, common, d_extra=()):
+    """D, a daemon that serves (common + d_extra), and G, a good peer of D
+    whose session to D is ready."""
+    D = Daemon(kvpeerd, "D", common + list(d_extra)).start()
+    G = Daemon(kvpeerd, "G", common + ["--peers", D.peer]).start()
+    wait_for(lambda: G.peer_ready(D.peer), "G's session to D", 20)
+    return D, G
+
+
 def median(xs):
     """Median of a list of numbers (0.0 for an empty one)."""
     s = sorted(xs)
