@@ -214,7 +214,6 @@ static void ucx_ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
     ucx_peer_t *p = arg;
 
     p->err_seq++;
-    p->ucx_failed = true;
     if (p->ep_err == UCS_OK) {
         p->ep_err = status;
         KVP_WARN(PFX(p->x), "peer %llu: endpoint error: %s (outcome of its transfers unknown)",
@@ -286,115 +285,22 @@ static bool ucx_closing_reap(ucx_xport_t *x)
     return any;
 }
 
-/* ---------------------------------------------- draining a live tcp link
+/* ------------------------------------------------------- ending a peer
  *
- * UCX 1.13 (and master as of 2026) tears a tcp endpoint down in a way that
- * can crash the process later: uct_tcp_ep_destroy() on a connected,
- * full-duplex endpoint keeps it as an RX-only "lingering" endpoint and
- * sends CONN_FIN. When the socket cannot take the FIN at once (the link is
- * cut or slow: its send buffer is full, or UCX's own tx buffer still holds
- * an AM fragment), the FIN waits in the endpoint's tx buffer (write events
- * armed) or in its pending queue. When the peer's own CONN_FIN then arrives
- * on that endpoint, uct_tcp_cm_handle_conn_fin() destroys it synchronously
- * inside rx_progress, and uct_tcp_iface_handle_events() calls tx_progress
- * through the freed endpoint for the write event of the same epoll event
- * (SIGSEGV at a pc outside libuct: conn_state read from freed memory); a
- * FIN still pending at destroy aborts in ucs_empty_function_do_assert_void
- * (stubs.c:96). A FORCE close of a live endpoint with data wedged in the
- * link is exactly that case (partitions: the session dies by heartbeat
- * while the transfer's bytes sit in the socket).
- *
- * So a tcp endpoint UCX has not failed is never closed while data may be
- * wedged: it is drained first (ucp_ep_flush_nbx: on tcp AM it completes
- * once UCX's tx buffer emptied, i.e. the link moves again) and closed only
- * then, or at once when UCX fails it (err_cb: the uct endpoint is CLOSED
- * and destroyed directly, no lingering). Sends still in flight complete
- * normally meanwhile; the node keeps their transfers retained (hold cap).
- * On an AM path the fence does not need the close (refusal is the proof). */
-static bool ucx_peer_must_drain(const ucx_peer_t *p)
-{
-    return !p->ucx_failed && !p->drained &&
-           (p->path == KVP_PATH_AM_TCP || p->inbound == KVP_PATH_AM_TCP);
-}
-
-static void ucx_drain_cb(void *req, ucs_status_t status, void *user_data)
-{
-    ucx_probe_t *d = user_data;
-    ucx_xport_t *x = d->x;
-
-    ucp_request_free(req);
-    KVP_ASSERT(x->drains > 0);
-    x->drains--;
-    ucx_peer_t *p = x->destroying ? NULL : ucx_peer_find_any(x, d->peer);
-    if (p != NULL && p->drain == d) {
-        p->drain = NULL;
-        p->drained = true;
-        x->drained++; /* closed after this ucp_worker_progress() returned */
-        KVP_DEBUG(PFX(x), "peer %llu: endpoint drained (%s)", (unsigned long long)p->id,
-                  ucs_status_string(status));
-    }
-    kvp__free(d);
-}
-
-/* Post the drain flush of p's endpoint (once). p->drained when it is done. */
-static void ucx_drain_start(ucx_xport_t *x, ucx_peer_t *p)
-{
-    if (p->drain != NULL || p->drained || p->ep == NULL)
-        return;
-    ucx_probe_t *d = kvp__malloc(sizeof(*d));
-    if (d == NULL) { /* no memory: close as before (FORCE) */
-        p->drained = true;
-        return;
-    }
-    *d = (ucx_probe_t){x, p->id};
-    ucp_request_param_t prm = {.op_attr_mask =
-                                   UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
-                               .cb.send = ucx_drain_cb,
-                               .user_data = d};
-    ucs_status_ptr_t sp = ucp_ep_flush_nbx(p->ep, &prm);
-    if (!UCS_PTR_IS_PTR(sp)) { /* nothing in flight (or failed): close now */
-        kvp__free(d);
-        p->drained = true;
-        return;
-    }
-    x->drains++;
-    p->drain = d;
-    KVP_DEBUG(PFX(x), "peer %llu: draining the endpoint before closing it",
-              (unsigned long long)p->id);
-}
-
+ * (Until issue 27's last door, a live UCX tcp endpoint was drained before it
+ * was closed: UCX 1.13's lingering-endpoint teardown crashed under
+ * partitions. UCX carries no tcp any more -- kvpeer's own stream does,
+ * tcpd.h -- so every UCX endpoint is shm or RDMA and is closed at once.) */
 static void ucx_peer_force_ep(ucx_xport_t *x, ucx_peer_t *p);
 
-/* The node is done with p's endpoint (fence, removal after an error): close
- * it now (FORCE: UCX completes, i.e. cancels, what it still owns), or, for
- * a live tcp link, once it drained (above). */
+/* The node is done with p's endpoints (fence, removal after an error):
+ * close them now (FORCE: UCX completes, i.e. cancels, what it still owns;
+ * the stream's unsent pieces fail). */
 static void ucx_peer_end_ep(ucx_xport_t *x, ucx_peer_t *p)
 {
     ucx_peer_close_out(p);
-    if (p->ep == NULL)
-        return;
-    if (ucx_peer_must_drain(p)) {
-        ucx_drain_start(x, p);
-        if (!p->drained)
-            return;
-    }
-    ucx_peer_force_ep(x, p);
-}
-
-/* Close the endpoints whose drain completed (outside UCX callbacks). */
-static void ucx_close_drained(ucx_xport_t *x)
-{
-    kvp_list_t *lists[2] = {&x->peers, &x->zombies}, *pos, *tmp;
-
-    x->drained = 0;
-    for (int k = 0; k < 2; k++) {
-        kvp_list_foreach_safe(pos, tmp, lists[k])
-        {
-            ucx_peer_t *p = KVP_CONTAINER_OF(pos, ucx_peer_t, link);
-            if (p->drained && p->ep != NULL && p->status != KVP_OK)
-                ucx_peer_force_ep(x, p);
-        }
-    }
+    if (p->ep != NULL)
+        ucx_peer_force_ep(x, p);
 }
 
 /* Removed peers with no record left: release rkey, close endpoint. */
@@ -407,10 +313,6 @@ static bool ucx_zombies_reap(ucx_xport_t *x)
     {
         ucx_peer_t *p = KVP_CONTAINER_OF(pos, ucx_peer_t, link);
         if (p->refs == 0) {
-            if (p->status != KVP_OK && p->ep != NULL && ucx_peer_must_drain(p))
-                ucx_drain_start(x, p); /* a FORCE close would tear a live tcp link */
-            if (p->drain != NULL)
-                continue; /* closed once the drain completes */
             ucx_peer_start_close(x, p, false);
             any = true;
         }
@@ -855,8 +757,7 @@ static void ucx_retire_list(ucx_xport_t *x, kvp_list_t *l)
 }
 
 /* FORCE-close p's endpoint so UCX completes (cancels) what it still owns:
- * for an endpoint UCX failed, one that drained, one without a tcp path, or
- * at shutdown. A live tcp endpoint goes through ucx_peer_end_ep (drain). */
+ * (fence, an error, removal, shutdown). */
 static void ucx_peer_force_ep(ucx_xport_t *x, ucx_peer_t *p)
 {
     ucx_peer_close_out(p);
@@ -908,7 +809,7 @@ static kvp_status_t ucx_remove_peer(kvp_xport_t *xp, kvp_xpeer_id_t peer)
     kvp_list_remove(&p->link);
     kvp_list_insert_tail(&x->zombies, &p->link);
     if (p->status != KVP_OK)
-        ucx_peer_end_ep(x, p); /* errored: have UCX finish its requests (tcp: drained) */
+        ucx_peer_end_ep(x, p); /* errored: have UCX finish its requests */
     ucx_zombies_reap(x);
     ucx_closing_reap(x);
     return KVP_OK;
@@ -1036,16 +937,12 @@ static bool ucx_progress(kvp_xport_t *xp)
         any = true;
         if (x->errored)
             ucx_force_errored(x);
-        if (x->drained)
-            ucx_close_drained(x);
     }
     if (x->tcpd)
         any |= kvp__tcpd_progress(x->tcpd);
     ucx_probe_check(x);
     if (x->errored)
         ucx_force_errored(x);
-    if (x->drained)
-        ucx_close_drained(x);
     any |= ucx_zombies_reap(x);
     any |= ucx_closing_reap(x);
     return any;

@@ -135,11 +135,6 @@ struct ucx_peer {
     char lanes[192];
     struct ucx_probe *probe;    /* data-path probe still owned by UCX, or NULL */
     uint64_t probe_deadline_ns; /* real clock */
-    /* Closing a tcp endpoint UCX has not failed: drain first (see
-     * ucx_peer_end_ep in ucx.c: UCX 1.13's tcp endpoint teardown). */
-    bool ucx_failed;            /* UCX itself reported the endpoint failed */
-    bool drained;               /* the drain flush completed (or failed) */
-    struct ucx_probe *drain;    /* drain flush still owned by UCX, or NULL */
 };
 
 /* The flush posted on a new endpoint (see connect_timeout_ms). Owned by UCX
@@ -190,8 +185,6 @@ typedef struct ucx_xport {
     uint64_t connect_timeout_ns;
     kvp_ratelimit_t rl_blob; /* refused blobs (50 lines/s): a hostile peer can send one per connection */
     uint32_t probes; /* probes still owned by UCX (teardown waits for them) */
-    uint32_t drains;  /* drain flushes still owned by UCX */
-    uint32_t drained; /* drains completed and not yet answered by a close */
     /* AM path */
     bool shm_enabled;  /* our config keeps UCX shm transports (with error handling) */
     char tls[64];      /* the effective UCX_TLS ("" = UCX's default), for logs */
