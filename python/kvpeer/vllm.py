@@ -94,6 +94,7 @@ from .tier import HIT, HIT_PENDING, MISS, RETRY, KVPeerTier, LoadJob, Request, S
 log = logging.getLogger("kvpeer.vllm")
 
 DEFAULT_NUM_BLOCKS = 1024
+_PAGE = os.sysconf("SC_PAGE_SIZE")
 class _ReqParams:
     """The kvpeer part of a request's kv_transfer_params, parsed once."""
 
@@ -118,6 +119,12 @@ class KVPeerSecondaryTier(SecondaryTierManager):
     medium = Medium.CPU
     cache_hit_source = CacheHitSource.P2P
     tolerates_off_thread_polling = False
+    # A primary chunk that is not a whole number of pages is stored in a
+    # zero-padded kvpeer block (kvpeer's blocks are page multiples). Off by
+    # default: every engine of a fleet must agree on it (the block size is
+    # part of the session's compatibility check); vLLM's own tests (16-byte
+    # chunks) run with it on (python/tests/vllm_suite).
+    _pad_blocks = False
 
     def __init__(self, offloading_spec: Any, primary_kv_view: memoryview, tier_type: str,
                  backpressure_detector: Any = None, *, peers: Sequence[str] = (),
@@ -136,6 +143,8 @@ class KVPeerSecondaryTier(SecondaryTierManager):
             raise ValueError("kvpeer: primary_kv_view must be a C-contiguous "
                              "(num_chunks, chunk_bytes) view")
         chunk = self.block_size_bytes
+        if self._pad_blocks:  # kvpeer blocks are whole pages; a chunk zero-padded
+            chunk = -(-chunk // _PAGE) * _PAGE
         if block_size is None:
             block_size = chunk
         if not isinstance(block_size, int) or block_size != chunk:
