@@ -19,7 +19,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import pytest
 
@@ -63,11 +63,29 @@ class SchedChild(Child):
         hello = self._read(scaled(120))
         self.peer_id, self.compat = hello["peer_id"], hello["compat"]
 
-    def run(self, prompt: List[int], req_id: str) -> Dict[str, Any]:
+    def run(self, prompt: List[int], req_id: str,
+            params: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+        self.start_run(prompt, req_id, params)
+        return self.result()
+
+    def start_run(self, prompt: List[int], req_id: str,
+                  params: Optional[Dict[str, Any]] = None) -> None:
         self.p.stdin.write(json.dumps({"op": "run", "prompt": prompt, "req_id": req_id,
-                                       "timeout": scaled(30)}) + "\n")
+                                       "params": params, "timeout": scaled(30)}) + "\n")
         self.p.stdin.flush()
+
+    def result(self) -> Dict[str, Any]:
         return self._read(scaled(60))
+
+    def stats(self) -> Dict[str, int]:
+        self.p.stdin.write(json.dumps({"op": "stats"}) + "\n")
+        self.p.stdin.flush()
+        return self._read(scaled(10))
+
+
+def sched_env(extra_path: str) -> Dict[str, str]:
+    return {"PYTHONHASHSEED": "0", "PYTHONPATH": os.pathsep.join(
+        [extra_path] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
 
 
 @pytest.fixture
@@ -97,9 +115,7 @@ def test_two_engines_share_kv_through_the_scheduler(two_hosts, engines, extra_pa
                                                     tmp_path):
     model = str(tiny_model(tmp_path / "model-a"))
     cfg = readme_config(write_psk(tmp_path / "psk"))
-    env = {"UCX_NET_DEVICES": "all", "PYTHONHASHSEED": "0",
-           "PYTHONPATH": os.pathsep.join([extra_path] + [p for p in [
-               os.environ.get("PYTHONPATH")] if p])}
+    env = {"UCX_NET_DEVICES": "all", **sched_env(extra_path)}
 
     def start(ns: str, model_dir: str, ktc: Dict[str, Any]) -> SchedChild:
         e = SchedChild(model_dir, ktc, ["ip", "netns", "exec", two_hosts[ns]],
@@ -136,3 +152,60 @@ def test_two_engines_share_kv_through_the_scheduler(two_hosts, engines, extra_pa
           f"B computed {shared['computed']}/{len(prompt)} with A's {full} blocks "
           f"({alone['computed']}/{len(other)} for a prompt A never ran), other model "
           f"{got_d['computed']}/{len(prompt)}")
+
+
+def loopback_config(peers: List[str], **tier: Any) -> Dict[str, Any]:
+    return {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+            "kv_connector_extra_config": {
+                "spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": 64 * 32768,
+                "secondary_tiers": [{"type": "KVPeerSecondaryTier", "module_path": "kvpeer.vllm",
+                                     "peers": peers, "num_blocks": 64, **tier}]}}
+
+
+def test_router_hint_and_pd_through_the_scheduler(engines, extra_path, tmp_path):
+    """Must-show line 2 under vLLM's Scheduler, driven by exactly the
+    kv_transfer_params vLLM's p2p tier takes. Router hint: B's static peers
+    are X and A; the request names A in remote_kv_source: B computes 7 of
+    199 tokens, and X is never asked (its node answered no LOOKUP). P/D: the
+    decoder D's request names the prefiller P in remote_prefiller before P
+    has run it; D waits (fetch before supply); P runs the prompt with
+    remote_decoder and the same kv_request_id; D then computes 7 of 199."""
+    model = str(tiny_model(tmp_path / "model"))
+    env = sched_env(extra_path)
+
+    def start(ktc: Dict[str, Any]) -> SchedChild:
+        e = SchedChild(model, ktc, [], env)
+        engines.append(e)
+        return e
+
+    prompt = [300 + i for i in range(199)]
+    full = len(prompt) // BLOCK_TOKENS
+    a = start(loopback_config([]))
+    x = start(loopback_config([]))
+    b = start(loopback_config([x.peer_id, a.peer_id]))
+    assert a.run(prompt, "r-a")["computed"] == len(prompt)
+    host, port = a.peer_id.rsplit(":", 1)
+    got = b.run(prompt, "r-b", {"remote_kv_source": {
+        "remote_host": host, "remote_port": int(port), "kv_request_id": "router-1"}})
+    assert got["finished"] and got["loaded_blocks"] == full and got["bad_blocks"] == 0, got
+    assert got["computed"] == len(prompt) - full * BLOCK_TOKENS, got
+    xs, as_ = x.stats(), a.stats()
+    assert xs["lookups_hit"] + xs["lookups_miss"] == 0, xs  # X was not asked
+    assert as_["lookups_hit"] >= full, as_
+
+    # P/D: the decoder asks before the prefiller has the blocks.
+    pd_prompt = [700 + i for i in range(199)]
+    p = start(loopback_config([]))
+    d = start(loopback_config([], node_options={"parked_demand_ms": 30000}))
+    host, port = p.peer_id.rsplit(":", 1)
+    d.start_run(pd_prompt, "decode-side", {"remote_prefiller": {
+        "remote_host": host, "remote_port": int(port), "kv_request_id": "pd-1"}})
+    got_p = p.run(pd_prompt, "prefill-side", {"remote_decoder": {"kv_request_id": "pd-1"}})
+    assert got_p["computed"] == len(pd_prompt) and got_p["stored_blocks"] == full, got_p
+    got_d = d.result()
+    assert got_d["finished"] and got_d["loaded_blocks"] == full, got_d
+    assert got_d["bad_blocks"] == 0, got_d
+    assert got_d["computed"] == len(pd_prompt) - full * BLOCK_TOKENS, got_d
+    print(f"\nscheduler-level: router hint B computed {got['computed']}/{len(prompt)} "
+          f"(X asked {xs['lookups_hit'] + xs['lookups_miss']} times); P/D decoder computed "
+          f"{got_d['computed']}/{len(pd_prompt)}")

@@ -20,6 +20,7 @@ prints {"peer_id": ...}, then one JSON line per command:
   {"op": "run", "prompt": [ints], "req_id": s, "params": {...}}
       -> {"prompt_len", "computed", "loaded_blocks", "stored_blocks",
           "bad_blocks", "steps"}   (computed: prompt tokens this engine ran)
+  {"op": "stats"}  -> the kvpeer node's counters (kvp_node_stats)
   {"op": "quit"}
 """
 from __future__ import annotations
@@ -247,6 +248,8 @@ def main() -> None:
         if cmd["op"] == "run":
             print(json.dumps(eng.run(cmd["prompt"], cmd["req_id"], cmd.get("params"),
                                      cmd.get("timeout", 30.0))), flush=True)
+        elif cmd["op"] == "stats":  # this engine's kvpeer node counters
+            print(json.dumps(eng.tier._tier.node.stats()), flush=True)
         elif cmd["op"] == "quit":
             break
     eng.close()
