@@ -96,9 +96,12 @@ def extract(tgz: Path, dest: Path, version: str) -> Path:
         return root
     prefix = f"vllm-{version}/"
     with tarfile.open(tgz) as t:
-        members = [m for m in t.getmembers()
-                   if m.isfile() and m.name.startswith(prefix) and ".." not in m.name.split("/")
-                   and (m.name[len(prefix):].startswith(SUBTREE) or m.name[len(prefix):] in HELPERS)]
+        def wanted(m: tarfile.TarInfo) -> bool:
+            rel = m.name[len(prefix):]
+            return (m.isfile() and m.name.startswith(prefix) and ".." not in m.name.split("/")
+                    and (rel.startswith(SUBTREE) or rel in HELPERS))
+
+        members = [m for m in t.getmembers() if wanted(m)]
         if not any(m.name[len(prefix):].startswith(SUBTREE) for m in members):
             raise RuntimeError(f"{tgz.name} holds no {SUBTREE}")
         # Regular files under one prefix, no "..": safe without tarfile's
