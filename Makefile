@@ -91,6 +91,14 @@ bench-vllm-tiers: release
 	    nixl==$(NIXL_VERSION) nixl-cu12==$(NIXL_VERSION) nixl-cu13==$(NIXL_VERSION); }
 	KVPEER_LIB=build/release/libkvpeer.so $(NIXL_VENV)/bin/python python/bench/vllm_tiers.py $(VLLM_TIERS_ARGS)
 
+# issue 28: a request's lookup cost (LOOKUP frames, control bytes, scheduler
+# time) against 1, 4, 16, 64 peers, with and without a router hint, through
+# vLLM's TieringOffloadingManager (python/bench/lookup_cost.py; prints a table).
+.PHONY: bench-lookup-cost
+bench-lookup-cost: release
+	@sh scripts/install-py.sh
+	KVPEER_LIB=build/release/libkvpeer.so UCX_NET_DEVICES=lo .venv/bin/python python/bench/lookup_cost.py $(LOOKUP_COST_ARGS)
+
 # make install PREFIX=/usr/local
 PREFIX ?= /usr/local
 install: deps-c

@@ -25,6 +25,11 @@ Semantics (SPEC §5, §7):
   copies each block into ``job.dst[i]`` if given. Every job gets exactly one
   outcome in get_finished_jobs(): a key with no source, or a fetch the node
   refuses, fails the job at once (and cancels the parts already sent).
+* ``partial_loads=True``: a load whose keys fail in part (no source, a
+  source that died or refused) waits for its other parts and copies the keys
+  that did arrive; its outcome names them (``FinishedJob.ok_keys``, vLLM's
+  ``JobResult.successful_keys``). A key counts as arrived only if its block
+  is READY (verified) in the local store when the copy pins it.
 * When a source dies, its loads fail (once) and its HIT answers are
   forgotten, so lookups answer MISS. Slots a dead source might still write
   are quarantined and released by the node on proof or at the hold cap; the
@@ -108,6 +113,9 @@ class FinishedJob:
     n_ok: int = 0
     block_status: List[int] = field(default_factory=list)
     detail: str = ""
+    # Loads: the keys whose bytes are in dst (all of them when ok; with
+    # partial_loads, the ones that arrived when others failed).
+    ok_keys: List[bytes] = field(default_factory=list)
 
 
 @dataclass
@@ -133,6 +141,7 @@ class _Copy:
     exports: List[Any]  # ctypes arrays over the dst buffers
     views: List[memoryview]
     fail: Optional[Tuple[int, str]] = None  # _fail_load while copying: published after
+    keys: List[bytes] = field(default_factory=list)  # the keys copied
 
 
 @dataclass
@@ -143,6 +152,7 @@ class _Load:
     n_ok: int = 0
     status: Dict[bytes, int] = field(default_factory=dict)
     copy: Optional[_Copy] = None
+    fail: Optional[Tuple[int, str]] = None  # partial_loads: the first part that failed
 
 
 def _check_writable(buf: Any) -> None:
@@ -176,7 +186,7 @@ class KVPeerTier:
     def __init__(self, node: Optional[Node] = None, peers: Sequence[str] = (),
                  copy_thread: bool = False, owns_node: bool = False,
                  max_hinted_peers: int = DEFAULT_MAX_HINTED, dial_wait_s: float = 2.0,
-                 **node_config: Any) -> None:
+                 partial_loads: bool = False, **node_config: Any) -> None:
         if node is not None and node_config:
             raise TypeError("give either node= or node config options, not both")
         self._owns = node is None or owns_node
@@ -212,6 +222,7 @@ class KVPeerTier:
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvpeer-copy")
             if copy_thread else None)
         self._copying: List[_Load] = []
+        self._partial = bool(partial_loads)
         self._closed = False
 
     # ---------------------------------------------------------- lookup
@@ -397,12 +408,17 @@ class KVPeerTier:
                 by_peer.setdefault((src, not latest), []).append(k)
             elif sup is not None:
                 by_peer.setdefault((sup, True), []).append(k)
+            elif self._partial:
+                self._part_failed(ld, [k], L.KVP_ERR_NOT_FOUND, "no source")
             else:
                 return self._fail_load(ld, L.KVP_ERR_NOT_FOUND, f"no source for key {k!r}")
         for (peer, wait), ks in by_peer.items():
             try:
                 op = self.node.fetch(peer, ks, rid, wait_for_supply=wait)
             except Error as e:
+                if self._partial:
+                    self._part_failed(ld, ks, e.status, f"fetch from {peer}: {e}")
+                    continue
                 return self._fail_load(ld, e.status, f"fetch from {peer}: {e}")
             ld.ops.add(op)
             self._load_ops[op] = job.job_id
@@ -558,8 +574,8 @@ class KVPeerTier:
                 self._publish(ld, *cp.fail)
             elif exc is not None:
                 self._publish(ld, L.KVP_ERR_IO, f"copy into dst: {exc!r}")
-            else:
-                self._publish(ld, L.KVP_OK, "")
+            else:  # ld.fail: partial_loads, some keys did not arrive
+                self._publish(ld, *(ld.fail or (L.KVP_OK, "")), ok_keys=cp.keys)
         self._copying = still
 
     def _on_event(self, ev: Event) -> None:
@@ -610,25 +626,46 @@ class KVPeerTier:
         bst = ev.block_status or [ev.status] * len(ev.keys)
         for k, s in zip(ev.keys, bst):
             ld.status[k] = s if ev.ok or s != L.KVP_OK else ev.status
+        if not ev.ok and self._partial:
+            self._part_failed(ld, [], ev.status, f"load from {ev.peer}")
+            if not ld.ops:
+                self._finish_load(ld)
+            return
         if not ev.ok:
             return self._fail_load(ld, ev.status, f"load from {ev.peer}")
         ld.n_ok += ev.n_ok
         if not ld.ops:
             self._finish_load(ld)
 
+    def _part_failed(self, ld: _Load, keys: Sequence[bytes], status: int, detail: str) -> None:
+        """partial_loads: some keys of the job failed; the first failure is
+        the job's status and detail. The other parts go on."""
+        for k in keys:
+            ld.status[k] = status
+        if ld.fail is None:
+            ld.fail = (status, detail)
+
     def _finish_load(self, ld: _Load) -> None:
-        """Every part succeeded: copy into dst (if any) and publish."""
+        """Every part is decided (all succeeded, or partial_loads): copy into
+        dst (if any) and publish."""
         if ld.job.dst is not None and self._copier is not None:
             return self._start_copy(ld)
-        if ld.job.dst is not None:
-            for k, dst in zip(ld.job.keys, ld.job.dst):
-                try:
-                    with self.node.get(k) as b, memoryview(dst) as m, m.cast("B") as out:
-                        n = min(len(b.view), out.nbytes)
-                        out[:n] = b.view[:n]
-                except Error as e:  # evicted (or being refilled) between commit and copy
+        done: List[bytes] = []
+        for i, k in enumerate(ld.job.keys):
+            if ld.job.dst is None:
+                if ld.fail is None or self.node.contains(k):
+                    done.append(k)
+                continue
+            try:
+                with self.node.get(k) as b, memoryview(ld.job.dst[i]) as m, m.cast("B") as out:
+                    n = min(len(b.view), out.nbytes)
+                    out[:n] = b.view[:n]
+                done.append(k)
+            except Error as e:  # evicted (or being refilled) between commit and copy
+                if not self._partial:
                     return self._fail_load(ld, e.status, f"copy of {k!r}")
-        self._publish(ld, L.KVP_OK, "")
+                self._part_failed(ld, [k], e.status, f"copy of {k!r}")
+        self._publish(ld, *(ld.fail or (L.KVP_OK, "")), ok_keys=done)
 
     def _start_copy(self, ld: _Load) -> None:
         """Pin the job's blocks here, copy them on the copy thread; the job
@@ -637,9 +674,17 @@ class KVPeerTier:
         views: List[memoryview] = []
         exports: List[Any] = []
         moves: List[Tuple[int, int, int]] = []
+        keys: List[bytes] = []
         try:
             for k, dst in zip(ld.job.keys, ld.job.dst):
-                b = self.node.get(k)
+                if self._partial:  # a key that did not arrive is skipped
+                    st, b = self.node.try_get(k)
+                    if b is None:
+                        self._part_failed(ld, [k], st, f"copy of {k!r}")
+                        continue
+                else:
+                    b = self.node.get(k)
+                keys.append(k)
                 blocks.append(b)
                 v = memoryview(dst).cast("B")
                 views.append(v)
@@ -655,11 +700,14 @@ class KVPeerTier:
                 b.release()
             return self._fail_load(ld, e.status, "pin for the copy")
 
+        if not keys:  # partial_loads and nothing arrived
+            return self._publish(ld, *(ld.fail or (L.KVP_ERR_NOT_FOUND, "nothing arrived")))
+
         def copy() -> None:
             for d, src, n in moves:
                 ctypes.memmove(d, src, n)
 
-        ld.copy = _Copy(self._copier.submit(copy), blocks, exports, views)
+        ld.copy = _Copy(self._copier.submit(copy), blocks, exports, views, keys=keys)
         self._copying.append(ld)
 
     def _fail_load(self, ld: _Load, status: int, detail: str) -> None:
@@ -677,11 +725,22 @@ class KVPeerTier:
                 pass
         self._publish(ld, status, detail)
 
-    def _publish(self, ld: _Load, status: int, detail: str) -> None:
+    def _publish(self, ld: _Load, status: int, detail: str,
+                 ok_keys: Optional[List[bytes]] = None) -> None:
+        """The job's one outcome. ``ok_keys`` (partial_loads, every part
+        decided): the keys whose bytes are in dst although the job failed."""
         if self._loads.pop(ld.job.job_id, None) is None:
             return
+        ok = status == L.KVP_OK
         bst = [ld.status.get(k, status if status != L.KVP_OK else L.KVP_OK)
                for k in ld.job.keys]
-        self._done.append(FinishedJob(ld.job.job_id, "load", status == L.KVP_OK, status,
-                                      sum(s == L.KVP_OK for s in bst) if status == L.KVP_OK
-                                      else ld.n_ok, bst, detail))
+        n_ok = sum(s == L.KVP_OK for s in bst) if ok else ld.n_ok
+        good = list(ld.job.keys) if ok else []
+        if not ok and ok_keys:
+            gset = set(ok_keys)
+            good = [k for k in ld.job.keys if k in gset]
+            bst = [L.KVP_OK if k in gset else s if s != L.KVP_OK else status
+                   for k, s in zip(ld.job.keys, bst)]
+            n_ok = len(good)
+        self._done.append(FinishedJob(ld.job.job_id, "load", ok, status, n_ok, bst, detail,
+                                      ok_keys=good))

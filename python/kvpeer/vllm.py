@@ -83,6 +83,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from . import _lib as L
 from . import psk
+from . import vllm_metrics as metrics
 from . import vllm_params as params
 from . import vllm_setup as setup
 from .vllm_params import request_id_of  # noqa: F401 (kvpeer.vllm.request_id_of)
@@ -94,13 +95,15 @@ from .tier import HIT, HIT_PENDING, MISS, RETRY, KVPeerTier, LoadJob, Request, S
 log = logging.getLogger("kvpeer.vllm")
 
 DEFAULT_NUM_BLOCKS = 1024
+_PAGE = os.sysconf("SC_PAGE_SIZE")
 class _ReqParams:
     """The kvpeer part of a request's kv_transfer_params, parsed once."""
 
-    __slots__ = ("request",)
+    __slots__ = ("request", "counted")
 
     def __init__(self, request: Request) -> None:
         self.request = request
+        self.counted: set = set()  # keys whose HIT/MISS the metrics counted
 
 
 def _parse_params(req_context: ReqContext) -> Request:
@@ -118,6 +121,12 @@ class KVPeerSecondaryTier(SecondaryTierManager):
     medium = Medium.CPU
     cache_hit_source = CacheHitSource.P2P
     tolerates_off_thread_polling = False
+    # A primary chunk that is not a whole number of pages is stored in a
+    # zero-padded kvpeer block (kvpeer's blocks are page multiples). Off by
+    # default: every engine of a fleet must agree on it (the block size is
+    # part of the session's compatibility check); vLLM's own tests (16-byte
+    # chunks) run with it on (python/tests/vllm_suite).
+    _pad_blocks = False
 
     def __init__(self, offloading_spec: Any, primary_kv_view: memoryview, tier_type: str,
                  backpressure_detector: Any = None, *, peers: Sequence[str] = (),
@@ -132,10 +141,16 @@ class KVPeerSecondaryTier(SecondaryTierManager):
                  node_options: Optional[Dict[str, Any]] = None) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         self.locality = Locality.REMOTE
+        mine = dict(peers=list(peers) or None, listen=listen, host=host, port=port,
+                    psk_file=psk_file, compat=compat)
+        self._metrics = metrics.TierMetrics(metrics.tier_label(
+            offloading_spec, tier_type, {k: v for k, v in mine.items() if v is not None}))
         if primary_kv_view.ndim != 2 or not primary_kv_view.c_contiguous:
             raise ValueError("kvpeer: primary_kv_view must be a C-contiguous "
                              "(num_chunks, chunk_bytes) view")
         chunk = self.block_size_bytes
+        if self._pad_blocks:  # kvpeer blocks are whole pages; a chunk zero-padded
+            chunk = -(-chunk // _PAGE) * _PAGE
         if block_size is None:
             block_size = chunk
         if not isinstance(block_size, int) or block_size != chunk:
@@ -180,11 +195,12 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         try:
             self._tier = KVPeerTier(node=node, peers=peers, copy_thread=copy_thread,
                                     owns_node=True, max_hinted_peers=max_hinted_peers,
-                                    dial_wait_s=_dial_wait_s(opts))
+                                    dial_wait_s=_dial_wait_s(opts), partial_loads=True)
         except BaseException:
             node.close()
             raise
         self._submitted: Dict[int, float] = {}
+        self._load_keys: Dict[int, Sequence[OffloadKey]] = {}  # job -> vLLM's keys
         self._results: List[JobResult] = []
         log.info("kvpeer tier %s: %d blocks of %d B, compat %s, peers %s", self.peer_id,
                  num_blocks, block_size, self.compat, list(peers))
@@ -228,14 +244,17 @@ class KVPeerSecondaryTier(SecondaryTierManager):
             self._check_seed()
         if self._seed_mismatch:
             return LookupResult.MISS
-        req = self._request(req_context)
+        st = self._state(req_context)
+        req = st.request
         # vLLM looks keys up one call at a time: the asks are queued and
         # on_schedule_end sends one LOOKUP per (request, peer) for the step.
         r = self._tier.lookup_many([bytes(key)], req, defer=self._defer_lookups)[0]
-        if r is HIT:
-            return LookupResult.HIT
-        if r is MISS:
-            return LookupResult.MISS
+        if r is HIT or r is MISS:
+            k = bytes(key)
+            if k not in st.counted:  # once per (request, key), as vLLM's own
+                st.counted.add(k)
+                self._metrics.on_lookup(r is HIT)
+            return LookupResult.HIT if r is HIT else LookupResult.MISS
         if r is HIT_PENDING and req.supplier is not None and not self._tier.node.contains(bytes(key)):
             # Nobody holds it yet and the supplier will: load with
             # wait-for-supply (fetch before supply).
@@ -262,11 +281,14 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         return RequestOffloadingContext()
 
     def _request(self, req_context: ReqContext) -> Request:
+        return self._state(req_context).request
+
+    def _state(self, req_context: ReqContext) -> _ReqParams:
         st = req_context.get_state(_ReqParams)
         if st is None:  # a context this tier never saw on_new_request for
             st = _ReqParams(_parse_params(req_context))
             req_context.set_state(st)
-        return st.request
+        return st
 
     # ------------------------------------------------------------ jobs
     def _chunk(self, chunk_id: int) -> memoryview:
@@ -301,6 +323,7 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         if len(dst) != len(keys):
             raise ValueError("kvpeer: a load job needs one chunk id per key")
         self._submitted[job_metadata.job_id] = time.monotonic()
+        self._load_keys[job_metadata.job_id] = list(job_metadata.keys)
         self._tier.submit_load(LoadJob(job_metadata.job_id,
                                        self._request(job_metadata.req_context), keys, dst))
 
@@ -313,12 +336,20 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         now = time.monotonic()
         for f in done:
             t0 = self._submitted.pop(f.job_id, now)
+            keys = self._load_keys.pop(f.job_id, ())
+            self._metrics.on_job(f, now - t0, self.block_size_bytes)
+            # A load that failed in part: the keys that arrived are vLLM's
+            # successful_keys (vLLM's own objects, a subset of the job's).
+            ok = set(f.ok_keys) if f.kind == "load" and not f.ok else set()
+            good = tuple(k for k in keys if bytes(k) in ok) or None
             if not f.ok:
-                log.warning("kvpeer %s job %s failed: %s (%s)", f.kind, f.job_id,
-                            L.STATUS_NAMES.get(f.status, f.status), f.detail)
+                log.warning("kvpeer %s job %s failed: %s (%s)%s", f.kind, f.job_id,
+                            L.STATUS_NAMES.get(f.status, f.status), f.detail,
+                            f"; {len(good)} of {len(keys)} keys loaded" if good else "")
             self._results.append(JobResult(
-                job_id=f.job_id, success=f.ok, transfer_time=now - t0,
-                transfer_bytes=(f.n_ok * self.block_size_bytes) if f.ok else None))
+                job_id=f.job_id, success=f.ok, successful_keys=good,
+                transfer_time=now - t0,
+                transfer_bytes=(f.n_ok * self.block_size_bytes) if f.ok or good else None))
 
     def has_pending_work(self) -> bool:
         return bool(self._tier.pending_jobs()) or self._tier.queued_lookups() > 0
@@ -351,6 +382,19 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         finally:
             self._tier = None  # type: ignore[assignment]
             self._view.release()
+
+    # ------------------------------------------------------------ metrics
+    @classmethod
+    def build_metric_definitions(cls, extra_config: Dict[str, Any]) -> Dict[str, Any]:
+        """kvpeer's series for vLLM's Prometheus registry (kvpeer.vllm_metrics)."""
+        return metrics.definitions()
+
+    def get_stats(self) -> Any:
+        """kvpeer's observations since the last call, and its gauges now,
+        labelled with this tier's ``tier`` label as vLLM's own series."""
+        if getattr(self, "_tier", None) is None:
+            return None
+        return self._metrics.take(self._tier.node.stats())
 
     # ------------------------------------------------------------ info
     @classmethod

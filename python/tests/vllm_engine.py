@@ -52,15 +52,16 @@ class Engine:
     """One engine's scheduler-side offloading stack."""
 
     def __init__(self, tier_config: Dict[str, Any], num_chunks: int = NUM_CHUNKS,
-                 **spec: Any) -> None:
-        """``spec``: offloading_config's model_name, dtype, tp_size, dp_index."""
+                 tiers_before: Sequence[Dict[str, Any]] = (), **spec: Any) -> None:
+        """``spec``: offloading_config's model_name, dtype, tp_size, dp_index;
+        ``tiers_before``: secondary tiers listed before kvpeer's."""
         self.engine_id = f"kvpeer-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         tier = {"type": "KVPeerSecondaryTier", "module_path": "kvpeer.vllm", **tier_config}
-        cfg = offloading_config(self.engine_id, CHUNK, num_chunks, [tier], tier_poll_interval_s=0,
-                                **spec)
+        cfg = offloading_config(self.engine_id, CHUNK, num_chunks, [*tiers_before, tier],
+                                tier_poll_interval_s=0, **spec)
         self.spec = OffloadingSpecFactory.create_spec(cfg)
         self.manager = self.spec.get_manager()
-        self.tier = self.manager.secondary_tiers[0]
+        self.tier = self.manager.secondary_tiers[len(tiers_before)]
         self.view = self.manager.primary_tier.get_kv_memoryview().cast("B")  # flat bytes
         self.num_chunks = self.view.nbytes // CHUNK
         self._n = 0
