@@ -158,7 +158,7 @@ def _reap(made: List[Child]) -> None:
 @pytest.fixture
 def procs():
     made: List[Child] = []
-    yield lambda cfg: made.append(Child(cfg)) or made[-1]
+    yield lambda *a, **kw: made.append(Child(*a, **kw)) or made[-1]
     _reap(made)
 
 
@@ -181,8 +181,8 @@ def engine_a(psk):
 def engines():
     made: List[Engine] = []
 
-    def make(cfg: Dict[str, Any]) -> Engine:
-        e = Engine(cfg)
+    def make(cfg: Dict[str, Any], **spec: Any) -> Engine:
+        e = Engine(cfg, **spec)
         made.append(e)
         return e
 

@@ -33,7 +33,7 @@ from vllm.v1.kv_offload.factory import OffloadingSpecFactory  # noqa: E402
 import kvpeer  # noqa: E402
 from kvpeer import vllm_setup as setup  # noqa: E402
 from kvpeer.vllm import offloading_config, request_id_of  # noqa: E402
-from test_vllm import Child, _reap, free_port, tier_cfg, write_psk  # noqa: E402
+from test_vllm import engines, free_port, procs, tier_cfg, write_psk  # noqa: E402,F401 (fixtures)
 from vllm_engine import CHUNK, Engine, block_bytes, make_key, spy_lookups  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -41,27 +41,6 @@ HERE = Path(__file__).resolve().parent
 
 def digest(b: bytes) -> str:
     return hashlib.sha256(b).hexdigest()
-
-
-@pytest.fixture
-def procs():
-    made: List[Child] = []
-    yield lambda *a, **kw: made.append(Child(*a, **kw)) or made[-1]
-    _reap(made)
-
-
-@pytest.fixture
-def engines():
-    made: List[Engine] = []
-
-    def make(cfg: Dict[str, Any], **spec: Any) -> Engine:
-        e = Engine(cfg, **spec)
-        made.append(e)
-        return e
-
-    yield make
-    for e in made:
-        e.close()
 
 
 @pytest.fixture

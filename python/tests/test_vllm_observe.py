@@ -24,31 +24,10 @@ from vllm.v1.kv_offload.tiering.base import TIER_LABEL, TieringOffloadingMetrics
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec  # noqa: E402
 
 from kvpeer import vllm_metrics as M  # noqa: E402
-from test_vllm import Child, _reap, tier_cfg, until  # noqa: E402
+from test_vllm import engines, procs, tier_cfg, until  # noqa: E402,F401 (fixtures)
 from vllm_engine import CHUNK, Engine, block_bytes, make_key  # noqa: E402
 
 KVPEER_TIER = {"type": "KVPeerSecondaryTier", "module_path": "kvpeer.vllm"}
-
-
-@pytest.fixture
-def procs():
-    made: List[Child] = []
-    yield lambda *a, **kw: made.append(Child(*a, **kw)) or made[-1]
-    _reap(made)
-
-
-@pytest.fixture
-def engines():
-    made: List[Engine] = []
-
-    def make(cfg: Dict[str, Any], **spec: Any) -> Engine:
-        e = Engine(cfg, **spec)
-        made.append(e)
-        return e
-
-    yield make
-    for e in made:
-        e.close()
 
 
 def spy_results(e: Engine) -> List[Any]:
