@@ -439,6 +439,12 @@ typedef struct kvp_stats {
     /* Issue 27: keys of peers' LOOKUPs answered MISS unlooked-up, over
      * max_lookup_keys_per_sec (source side). */
     uint64_t lookup_keys_refused;
+    /* Issue 27: kvpeer's own tcp data stream (the data port between hosts):
+     * streams into us authenticated now (gauge), and connections refused or
+     * closed before landing anything (no valid secret, caps, deadline, bad
+     * framing, out of fds). */
+    uint64_t data_streams_open;
+    uint64_t data_streams_refused;
 } kvp_stats_t;
 
 KVP_EXPORT kvp_status_t kvp_node_stats(kvp_node_t *node, kvp_stats_t *out);

@@ -55,6 +55,8 @@ static void stats_more(kvp_node_t *n, kvp_stats_t *o)
     n->xport->ops->get_stats(n->xport, &xs);
     o->late_bytes_dropped = xs.late_bytes_dropped;
     o->am_bytes_landed = xs.am_bytes_landed;
+    o->data_streams_open = xs.tcpd_open; /* issue 27: kvpeer's own tcp data stream */
+    o->data_streams_refused = xs.tcpd_refused + xs.tcpd_emfile;
     o->released_terminal = n->env.releases[KVP_PROOF_TERMINAL];
     o->released_fetch_done = n->env.releases[KVP_PROOF_FETCH_DONE];
     o->released_abort_ack = n->env.releases[KVP_PROOF_ABORT_ACK];
