@@ -271,8 +271,12 @@ static void link_on_dead(kvp_timer_t *t)
     kvp_link_t *l = t->data;
     kvp_ctl_t *ctl = l->ctl;
     uint64_t now = ctl_link_now(l), dead = ctl->cfg.dead_after_ns;
-    if (now - l->last_rx_ns < dead) {
-        kvp_timer_start(ctl->loop, &l->t_dead, l->last_rx_ns + dead);
+    /* A read pause is ours, not the peer's silence: after one, the peer has
+     * a whole dead_after from the resume to be heard (what it sent meanwhile
+     * waits in the socket until our next polls read it). */
+    uint64_t heard = KVP_MAX(l->last_rx_ns, l->resumed_ns);
+    if (now - heard < dead) {
+        kvp_timer_start(ctl->loop, &l->t_dead, heard + dead);
         return;
     }
     if (l->read_paused || l->resumed_ns >= kvp_loop_polled(ctl->loop)) {

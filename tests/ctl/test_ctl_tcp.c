@@ -485,6 +485,9 @@ static void test_tcp_pause_read(void **state)
     e->a.cfg.dead_after_ns = 250 * MS;
     e->a.cfg.cb.on_frame = pause_on_frame;
     g_pause_ns = kvp_test_scaled_ns(600 * MS);
+    /* B is not under test: A answers no ping while it does not read, and a
+     * scaled pause (3.6 s under TSan) outlasts B's default dead_after. */
+    e->b.cfg.dead_after_ns = 60 * KVP_NSEC_PER_SEC;
     connect_ab(e);
     uint64_t t0 = now_ns();
     send_lookups(e, 1, 5);
