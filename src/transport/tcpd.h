@@ -118,6 +118,5 @@ kvp_status_t kvp__tcpd_send(kvp_tcpd_out_t *o, const kvp_tcpd_piece_t *h, const 
 void kvp__tcpd_kick(kvp_tcpd_out_t *o);
 /* Close it: queued pieces get sent(!ok) before this returns; freed. */
 void kvp__tcpd_out_close(kvp_tcpd_out_t *o);
-bool kvp__tcpd_out_failed(const kvp_tcpd_out_t *o);
 
 #endif /* KVP_TRANSPORT_TCPD_H */

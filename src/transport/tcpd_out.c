@@ -259,11 +259,6 @@ void kvp__tcpd_kick(kvp_tcpd_out_t *o)
         kvp__tcpd_out_write(o);
 }
 
-bool kvp__tcpd_out_failed(const kvp_tcpd_out_t *o)
-{
-    return o->state == OUT_FAILED;
-}
-
 void kvp__tcpd_out_close(kvp_tcpd_out_t *o)
 {
     kvp_tcpd_t *t = o->t;

@@ -639,7 +639,8 @@ static kvp_status_t ucx_write(kvp_xport_t *xp, kvp_xpeer_id_t peer, const kvp_xf
     ucx_xfer_t *r = ucx_xfer_get(x, p);
     if (!r)
         return KVP_ERR_LIMIT;
-    if (am && !kvp__ucx_am_reserve_hdrs(r, n, x->layout.block_size)) {
+    /* UCX AM headers live in the record; the tcp stream queues its own */
+    if (am && p->out == NULL && !kvp__ucx_am_reserve_hdrs(r, n, x->layout.block_size)) {
         ucx_xfer_put(x, r);
         return KVP_ERR_NOMEM;
     }

@@ -29,6 +29,8 @@
 #include <unistd.h>
 #include <uct/api/uct.h>
 
+#include "unhex.h"
+
 static uint64_t now_ms(void)
 {
     struct timespec ts;
@@ -85,20 +87,6 @@ static int open_md(void)
     return s == UCS_OK ? 0 : -1;
 }
 
-static int unhex(const char *h, uint8_t *out, size_t cap, size_t *len)
-{
-    size_t n = strlen(h);
-    if (n % 2 || n / 2 > cap)
-        return -1;
-    for (size_t i = 0; i < n / 2; i++) {
-        unsigned v;
-        if (sscanf(h + 2 * i, "%2x", &v) != 1)
-            return -1;
-        out[i] = (uint8_t)v;
-    }
-    *len = n / 2;
-    return 0;
-}
 
 int main(int argc, char **argv)
 {

@@ -29,6 +29,8 @@
 #include <unistd.h>
 #include <ucp/api/ucp.h>
 
+#include "unhex.h"
+
 static ucp_worker_h worker;
 
 static uint64_t now_ms(void)
@@ -65,20 +67,6 @@ static const char *wait_req(ucs_status_ptr_t r, unsigned ms)
     return "timeout";
 }
 
-static int unhex(const char *h, uint8_t *out, size_t cap, size_t *len)
-{
-    size_t n = strlen(h);
-    if (n % 2 || n / 2 > cap)
-        return -1;
-    for (size_t i = 0; i < n / 2; i++) {
-        unsigned v;
-        if (sscanf(h + 2 * i, "%2x", &v) != 1)
-            return -1;
-        out[i] = (uint8_t)v;
-    }
-    *len = n / 2;
-    return 0;
-}
 
 static void err_cb(void *arg, ucp_ep_h ep, ucs_status_t st)
 {
