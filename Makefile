@@ -8,7 +8,7 @@ JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
 CMAKE_FLAGS ?=
 
-.PHONY: all deps deps-c test test-tsan test-valgrind release bench fuzz sim sim-soak soak demo bench-e2e bench-e2e-api bench-peers bench-vllm-tiers install clean format bench-hostile death-loop death-loop-asan partition-loop partition-loop-asan ucx122 test-ucx122 bench-ucx122
+.PHONY: all deps deps-c test test-tsan test-valgrind release bench fuzz sim sim-soak soak demo bench-e2e bench-e2e-api bench-peers bench-vllm-tiers install clean format bench-hostile bench-attacks death-loop death-loop-asan partition-loop partition-loop-asan ucx122 test-ucx122 bench-ucx122
 
 all: deps
 	@cmake -S . -B build/debug -DCMAKE_BUILD_TYPE=Debug -DKVP_SANITIZE=address,undefined -DKVP_TEST_ROUTES=ON $(CMAKE_FLAGS) >/dev/null
@@ -116,6 +116,10 @@ soak: release
 # windows, longer than the ctest run's; prints "goal >= 0.80: met / NOT met".
 bench-hostile: release
 	/usr/bin/python3 tests/reliability/hostile.py build/release/tools/kvpeerd --bench $(HOSTILE_ARGS)
+
+# Issue 27: a good peer's fetch rate quiet vs under each attack on every door.
+bench-attacks: release
+	/usr/bin/python3 tests/reliability/attack_bench.py build/release/tools/kvpeerd --bench $(ATTACK_ARGS)
 
 # A peer's death never takes the process down (issue 14): RUNS SIGKILLs of the
 # source and of the consumer mid-fetch, on tcp (kvpeer's AM path) and on shm;
