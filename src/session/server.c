@@ -357,6 +357,22 @@ static kvp_status_t fetch_dsts_distinct(const kvp_msg_fetch_t *m)
     return st;
 }
 
+/* A FETCH with no LOOKUP before it (WAIT_FOR_SUPPLY, a router's HINT)
+ * makes us look each of its keys up in the store: charged to the peer's
+ * LOOKUP key rate like a LOOKUP's keys (issue 27: before, such FETCHes
+ * looked keys up past the rate, bounded only by round memory). All or
+ * nothing: a FETCH past the rate is answered LIMIT at once, none of its
+ * keys looked up. False when refused. */
+static bool fetch_keys_charged(kvp_session_t *s, const kvp_msg_fetch_t *m)
+{
+    uint32_t granted = kvp__budget_lookup_keys(s, m->n);
+    if (granted == m->n)
+        return true;
+    kvp__budget_lookup_refund(s, granted);
+    fetch_fail_now(s, m, KVP_ERR_LIMIT);
+    return false;
+}
+
 void kvp__server_on_fetch(kvp_session_t *s, const kvp_msg_fetch_t *m)
 {
     kvp_session_env_t *n = s->env;
@@ -393,6 +409,8 @@ void kvp__server_on_fetch(kvp_session_t *s, const kvp_msg_fetch_t *m)
         fetch_fail_now(s, m, KVP_ERR_NOT_FOUND);
         return;
     }
+    if (r == NULL && !fetch_keys_charged(s, m))
+        return; /* refused at the key rate: answered LIMIT */
     if (r == NULL && !kvp__server_round_admit(s, (uint64_t)m->n * sizeof(kvp_supply_t))) {
         kvp__budget_round_refused(s, "FETCH");
         fetch_fail_now(s, m, KVP_ERR_LIMIT);

@@ -501,6 +501,44 @@ static void test_lookup_key_rate(void **state)
     free(w);
 }
 
+/* The same key rate for FETCHes that look their keys up themselves (a
+ * router's HINT, WAIT_FOR_SUPPLY): a HINT FETCH of 600 keys is charged 600;
+ * the next one, past the rate, is answered KVP_ERR_LIMIT at once with
+ * nothing looked up (lookup_keys_refused: those past the bucket); the good peer is served
+ * meanwhile; a second later the abuser's HINT fetch is served again.
+ * Mutation: FETCHes not charged (fetch_keys_charged returns true) -> the
+ * second HINT fetch answers KVP_ERR_NOT_FOUND (looked up: stale keys). */
+static void test_hint_fetch_key_rate(void **state)
+{
+    world_t *w = victim_world(state, 6, tweak_flood, 16);
+    nkeys_t *k = malloc(sizeof(*k));
+    nkeys_make(k, 1000);
+    kvp_status_t want[3] = {KVP_ERR_NOT_FOUND, KVP_ERR_LIMIT, KVP_ERR_NOT_FOUND};
+    for (int i = 0; i < 3; i++) {
+        uint64_t op = 0;
+        if (i == 2)
+            world_run(w, 1000 * MS); /* the bucket refills */
+        uint64_t refused0 = world_stats(w, 0).lookup_keys_refused;
+        assert_int_equal(kvp_fetch(w->node[1], w->addr[0], 40 + (uint64_t)i, k->buf, k->len, 600,
+                                   KVP_FETCH_FLAG_HINT, NULL, &op),
+                         KVP_OK);
+        const kvp_event_t *e = world_wait(w, 1, KVP_EV_LOAD, op, 500 * MS);
+        assert_non_null(e);
+        uint64_t refused = world_stats(w, 0).lookup_keys_refused - refused0;
+        print_message("  HINT FETCH %d of 600 keys: status %d, %u ok, %llu keys refused\n", i + 1,
+                      e->status, e->n_ok, (unsigned long long)refused);
+        assert_int_equal(e->status, want[i]);
+        if (i < 2) /* the 8 held keys, when looked up (the third finds them fetched already) */
+            assert_int_equal(e->n_ok, i == 1 ? 0 : 8);
+        assert_true(i == 1 ? refused > 0 : refused == 0); /* 600 minus what the bucket held */
+        if (i == 1)
+            good_peer_fetches(w, 9, 8, 8); /* another peer's bucket is its own */
+    }
+    free(k);
+    world_fini(w, false);
+    free(w);
+}
+
 int main(void)
 {
     kvp_log_set_level(KVP_LOG_ERROR);
@@ -512,6 +550,7 @@ int main(void)
         cmocka_unit_test(test_peer_add_cap),
         cmocka_unit_test(test_failed_fetch_flood),
         cmocka_unit_test(test_lookup_key_rate),
+        cmocka_unit_test(test_hint_fetch_key_rate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
