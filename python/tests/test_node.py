@@ -207,6 +207,21 @@ def test_bad_listen_addr_is_a_clean_error():
     assert "status -" in r.stdout
 
 
+def test_port_in_use_names_the_cause():
+    """A listen port already taken: the error names the key, the address and
+    the system's reason (EADDRINUSE), not only "i/o error"."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        addr = "127.0.0.1:%d" % s.getsockname()[1]
+        with pytest.raises(kvpeer.Error) as ei:
+            kvpeer.Node(num_blocks=8, block_size=BS, listen_addr=addr)
+    msg = str(ei.value)
+    assert ei.value.status == kvpeer.KVP_ERR_IO
+    assert "listen_addr " + addr in msg and "Address already in use" in msg, msg
+
+
 def test_use_after_close():
     n = kvpeer.Node(num_blocks=8, block_size=BS)
     n.put(b"k", b"d")

@@ -585,7 +585,9 @@ kvp_status_t kvp_tcp_listen(kvp_loop_t *loop, const char *addr, size_t wbuf_max,
     l->reserve_fd = -1;
     l->fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (l->fd < 0 || tcp_bind(l->fd, &ss, sslen) != KVP_OK) {
-        KVP_ERROR(NULL, "listen %s: %s", addr, strerror(errno));
+        int e = errno;
+        KVP_ERROR(NULL, "listen %s: %s", addr, strerror(e));
+        errno = e;
         st = KVP_ERR_IO;
         goto err_sock;
     }
@@ -606,11 +608,13 @@ kvp_status_t kvp_tcp_listen(kvp_loop_t *loop, const char *addr, size_t wbuf_max,
     *out = &l->base;
     return KVP_OK;
 
-err_sock:
+err_sock:; /* errno kept for the caller (kvp_last_error: EADDRINUSE, EACCES, ...) */
+    int e = errno;
     if (l->fd >= 0)
         close(l->fd);
     if (l->reserve_fd >= 0)
         close(l->reserve_fd);
     kvp__free(l);
+    errno = e;
     return st;
 }

@@ -199,6 +199,7 @@ typedef struct kvp_ctl_stats {
     uint64_t refused_preauth, refused_identity, accept_fd_exhausted;
 } kvp_ctl_stats_t;
 
+/* KVP_ERR_IO: the listener could not bind or listen; errno says why. */
 kvp_status_t kvp_ctl_create(const kvp_ctl_config_t *cfg, kvp_ctl_t **out);
 /* Closes every link (no callbacks) and the listener. Not from a callback. */
 void kvp_ctl_destroy(kvp_ctl_t *ctl);

@@ -250,7 +250,10 @@ static kvp_status_t node_make_ctl(kvp_node_t *n, const kvp_node_seams_t *seams)
     cc.fake_net = seams ? seams->fake_net : NULL;
     kvp__node_ctl_callbacks(n, &cc.cb);
     cc.log_prefix = n->name;
-    return kvp_ctl_create(&cc, &n->ctl);
+    kvp_status_t st = kvp_ctl_create(&cc, &n->ctl);
+    if (st == KVP_ERR_IO) /* the listener: errno as bind/listen left it */
+        kvp__set_last_error("listen_addr %s: cannot listen: %s", cc.listen_addr, strerror(errno));
+    return st;
 }
 
 static void node_free(kvp_node_t *n);
