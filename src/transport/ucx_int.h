@@ -224,6 +224,7 @@ void kvp__ucx_region_release(ucx_xport_t *x);
 kvp_status_t kvp__ucx_ucp_open(ucx_xport_t *x, const kvp_ucx_config_t *cfg);
 
 /* ucx_probe.c: the same-host proof. */
+void kvp__ucx_log_install(void); /* ucx_log.c */
 kvp_status_t kvp__ucx_probe_alloc(ucx_xport_t *x);
 void kvp__ucx_probe_release(ucx_xport_t *x);
 /* Map the peer's probe segment through p->ep_rma and write our secret into

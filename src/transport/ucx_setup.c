@@ -591,6 +591,7 @@ static kvp_status_t ucx_open_one(ucx_xport_t *x, const kvp_ucx_config_t *cfg, bo
                                  ucp_context_h *ctx, ucp_worker_h *worker, int *efd)
 {
     ucp_config_t *c = NULL;
+    kvp__ucx_log_install(); /* UCX's own lines through our (escaped) log */
     ucs_status_t s = ucp_config_read(NULL, NULL, &c);
 
     if (s != UCS_OK) {
