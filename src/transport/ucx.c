@@ -1082,8 +1082,6 @@ static void ucx_destroy(ucx_xport_t *x)
     }
     if (x->blob)
         kvp__free(x->blob);
-    kvp__ucx_region_release(x);
-    kvp__ucx_probe_release(x);
     x->destroying = true;
     kvp__tcpd_close(x->tcpd); /* streams left (none normally): pieces only counted down */
     x->tcpd = NULL;
@@ -1091,6 +1089,11 @@ static void ucx_destroy(ucx_xport_t *x)
         ucp_worker_destroy(x->worker_am);
     if (x->worker)
         ucp_worker_destroy(x->worker);
+    /* The region and the proof segment go only once no worker is left that
+     * could still read or land into them (issue 31; the contexts, which own
+     * their registrations, go after). */
+    kvp__ucx_region_release(x);
+    kvp__ucx_probe_release(x);
     if (x->ctx_am)
         ucp_cleanup(x->ctx_am);
     if (x->ctx)
