@@ -151,7 +151,7 @@ typedef struct stat_family {
     const char *name, *type, *help;
     const char *label;
     const char *const *vals;
-    size_t offs[7];
+    size_t offs[8];
     int n;
 } stat_family_t;
 
@@ -178,7 +178,7 @@ static const char *const lookup_results[] = {"hit", "miss", "pending"};
 static const char *const fetch_results[] = {"ok", "failed", "aborted"};
 static const char *const session_states[] = {"ready", "handshaking"};
 static const char *const proofs[] = {"terminal",  "fetch-done", "abort-ack", "fence",
-                                     "am-refuse", "hold-cap",   "not-sent"};
+                                     "am-refuse", "hold-cap",   "not-sent",  "process-exit"};
 static const char *const budgets[] = {"supply_pins", "rounds", "peers_add", "lookup_keys"};
 static const char *const limits[] = {"sessions", "pins", "inflight_bytes", "quarantine",
                                      "retained"};
@@ -210,7 +210,8 @@ static const stat_family_t safety_families[] = {
     {"releases_total", "counter",
      "Slots and source pins a WRITE may touch, released, by proof (SPEC 7).", "proof", proofs,
      {F(released_terminal), F(released_fetch_done), F(released_abort_ack), F(released_fence),
-      F(released_am_refuse), F(released_hold_cap), F(released_not_sent)}, 7},
+      F(released_am_refuse), F(released_hold_cap), F(released_not_sent),
+      F(released_process_exit)}, 8},
     ONE("checksum_mismatches_total", "counter", checksum_mismatches,
         "Blocks whose checksum did not match."),
     ONE("stale_frames_total", "counter", stale_frames, "Frames of old epochs dropped."),
