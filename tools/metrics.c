@@ -147,11 +147,12 @@ static void labelled(kvpd_buf_t *b, const char *name, const char *type, const ch
 
 /* One family read from kvp_stats_t: one sample (label NULL, field offs[0])
  * or one sample per label value (n of them, fields offs[0..n)). */
+#define KVPD_FAMILY_MAX 8 /* samples of one family (releases_total: 8 proofs) */
 typedef struct stat_family {
     const char *name, *type, *help;
     const char *label;
     const char *const *vals;
-    size_t offs[8];
+    size_t offs[KVPD_FAMILY_MAX];
     int n;
 } stat_family_t;
 
@@ -163,7 +164,7 @@ static void stat_families(kvpd_buf_t *b, const kvp_stats_t *st, const stat_famil
 {
     for (size_t i = 0; i < nfam; i++) {
         const stat_family_t *f = &fam[i];
-        uint64_t v[7];
+        uint64_t v[KVPD_FAMILY_MAX];
         for (int k = 0; k < f->n; k++)
             memcpy(&v[k], (const char *)st + f->offs[k], sizeof(v[k]));
         if (f->label == NULL)
