@@ -32,6 +32,7 @@ typedef struct pc_conn {
     int fd;
     pid_t pid;
     uint32_t got;
+    bool matched_once; /* its whole claim was read and matched against the watches */
     uint8_t buf[sizeof(kvp_pcred_msg_t)];
     uint64_t deadline_ns;
 } pc_conn_t;
@@ -208,9 +209,6 @@ static void pc_accept(kvp_pcred_t *pc)
         } else if (cr.pid <= 0) { /* not visible in our pid namespace */
             why = "no pid in our pid namespace";
             pc->st.refused_pid++;
-        } else if (pc->n_pending >= pc->max_pending) {
-            why = "too many pending";
-            pc->st.refused_cap++;
         }
         if (why != NULL) {
             KVP_LOG_RL(&pc->rl, kvp_clock_now(pc->clock), KVP_LOG_WARN, pc->pfx,
@@ -218,6 +216,16 @@ static void pc_accept(kvp_pcred_t *pc)
                        (unsigned)(len == sizeof(cr) ? cr.uid : 0));
             close(fd);
             continue;
+        }
+        if (pc->n_pending >= pc->max_pending) {
+            /* Full: the oldest pending goes (a flood cannot keep a fresh
+             * source out for a whole deadline; a real claim matches at once
+             * or as soon as its peer is added). */
+            pc->st.refused_cap++;
+            KVP_LOG_RL(&pc->rl, kvp_clock_now(pc->clock), KVP_LOG_WARN, pc->pfx,
+                       "process-exit proof: %u unix connections pending: the oldest closed",
+                       pc->max_pending);
+            conn_close(pc, KVP_CONTAINER_OF(pc->conns.next, pc_conn_t, link));
         }
         pc_conn_t *c = kvp__calloc(1, sizeof(*c));
         if (c == NULL) {
@@ -319,6 +327,10 @@ static bool conn_read(kvp_pcred_t *pc, pc_conn_t *c)
         pc->st.closed_garbage++; /* EOF or error before a whole claim */
         return true;
     }
+    if (c->matched_once && !conn_alive(c->fd)) {
+        pc->st.closed_garbage++; /* a claim nobody expects, and its sender left */
+        return true;
+    }
     kvp_pcred_msg_t m;
     memcpy(&m, c->buf, sizeof(m));
     if (m.magic != KVP_PCRED_MAGIC || m.version != KVP_PCRED_VERSION) {
@@ -327,6 +339,7 @@ static bool conn_read(kvp_pcred_t *pc, pc_conn_t *c)
                    "process-exit proof: pid %d sent no claim: closed", (int)c->pid);
         return true;
     }
+    c->matched_once = true;
     return conn_match(pc, c);
 }
 

@@ -29,8 +29,11 @@
  *
  * Doors: the listener faces every local process of every user in the
  * network namespace. Connections of another uid are closed at accept;
- * pending ones are capped (max_pending) and closed at a deadline, on
- * garbage, or on a claim that matches nothing by then. Nothing blocks.
+ * pending ones are capped (max_pending: the oldest is closed for a new
+ * one) and closed at a deadline, on garbage, when their sender leaves, or
+ * on a claim that matches nothing by then. Nothing blocks. A flood from
+ * our own uid can still delay a real source's claim past its deadline:
+ * that source then gets no proof (its loads wait for the hold cap).
  *
  * A watch lives while its peer is live or a holder (a quarantined load)
  * needs it; at most max_watches pidfds are open. exited() polls the pidfd

@@ -19,12 +19,23 @@ source waited for it.
          proof (quarantined slots stay, released_process_exit unchanged);
          then it is SIGKILLed: released by the proof.
 
+  door   (first) the attacker's side of the new door: every kvpeer unix
+         side-channel socket on the host (found in /proc/net/unix, as any
+         local process can) gets 50 connections of garbage, 300 held open
+         with a well-formed but wrong claim, and connections from another
+         uid (nobody) with a well-formed message: none is watched, C and G
+         stay alive, G's fetch from C succeeds during the flood, and after
+         it the kill case still gets its proof (the door still works).
+
 Each case: C alive, /admin/verify bad = 0 on C for its own blocks and on
 every slot it reuses afterwards, a good peer G served by C before and after.
 """
 import argparse
 import os
+import random
 import signal
+import socket
+import struct
 import sys
 import threading
 import time
@@ -57,7 +68,7 @@ def start_source(kvpeerd, name, common, c):
     return s
 
 
-def stalled_fetch(c, s, request):
+def stalled_fetch(c, s, request, base):
     """S stopped, a fetch of COUNT blocks from it in flight; returns once C
     declared S dead and quarantined the destinations."""
     s.proc.send_signal(signal.SIGSTOP)
@@ -67,9 +78,11 @@ def stalled_fetch(c, s, request):
     t = threading.Thread(target=lambda: got.update(
         c.fetch(s.peer, 1000, COUNT, request, timeout_ms=30000, wait=True)))
     t.start()
-    wait_for(lambda: quarantined(c) == COUNT, "C quarantines %d slots" % COUNT, 15)
     t.join(scaled(30))
     check(got.get("status") not in (None, "ok"), "the fetch from the stopped S: %r" % got)
+    time.sleep(scaled(0.5))  # a hold check or two
+    check(released_exit(c) == base, "released by process-exit while S is alive (stopped)")
+    wait_for(lambda: quarantined(c) == COUNT, "C quarantines %d slots" % COUNT, 15)
 
 
 def good_peer_served(c, g, request):
@@ -92,7 +105,7 @@ def c_clean(c):
 def case_kill(kvpeerd, common, c, g):
     s = start_source(kvpeerd, "S1", common, c)
     base = released_exit(c)
-    stalled_fetch(c, s, 11)
+    stalled_fetch(c, s, 11, base)
     t0 = time.monotonic()
     s.proc.send_signal(signal.SIGKILL)
     s.proc.wait()
@@ -109,7 +122,7 @@ def case_kill(kvpeerd, common, c, g):
 def case_stop(kvpeerd, common, c, g):
     s = start_source(kvpeerd, "S2", common, c)
     base = released_exit(c)
-    stalled_fetch(c, s, 12)
+    stalled_fetch(c, s, 12, base)
     time.sleep(scaled(3))  # stopped: alive
     check(quarantined(c) == COUNT, "stopped source: quarantine released early")
     check(released_exit(c) == base, "stopped source: released by process-exit")
@@ -125,6 +138,74 @@ def case_stop(kvpeerd, common, c, g):
         COUNT)
 
 
+def side_channels():
+    """Abstract names of every kvpeer process-exit listener on the host."""
+    names = set()
+    with open("/proc/net/unix") as f:
+        for line in f:
+            path = line.split()[-1] if len(line.split()) >= 8 else ""
+            if path.startswith("@kvpeer-pid-"):
+                names.add(path[1:])
+    return sorted(names)
+
+
+def connect_abstract(name):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect("\0" + name)
+    return s
+
+
+def other_uid_attempt(name):
+    """A process of another user sends a well-formed claim: refused."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            s = connect_abstract(name)
+            s.sendall(struct.pack("<IIQ", 0x4350564B, 1, random.getrandbits(64)))
+            s.settimeout(5)
+            s.recv(1)  # closed by the node at once
+            os._exit(0)
+        except Exception:  # noqa: BLE001 -- the child's only report is its status
+            os._exit(0)
+    return pid
+
+
+def case_door(c, g):
+    names = side_channels()
+    check(len(names) >= 2, "side-channel listeners found: %r" % names)
+    held = []
+    for name in names:
+        for _ in range(50):  # garbage (refused at the pending cap: EPIPE, fine)
+            s = connect_abstract(name)
+            try:
+                s.sendall(os.urandom(16))
+            except OSError:
+                pass
+            s.close()
+        for _ in range(300):  # a flood of well-formed, wrong claims, held open
+            try:
+                s = connect_abstract(name)
+            except OSError:
+                break  # the backlog is full: refused, as it should
+            try:
+                s.sendall(struct.pack("<IIQ", 0x4350564B, 1, random.getrandbits(64)))
+            except OSError:
+                pass  # refused at the pending cap
+            held.append(s)
+    kids = [other_uid_attempt(n) for n in names]
+    good_peer_served(c, g, 5)  # during the flood
+    for k in kids:
+        os.waitpid(k, 0)
+    for s in held:
+        s.close()
+    check(c.proc.poll() is None and g.proc.poll() is None, "a node died under the attack")
+    check(c.responsive(), "C unresponsive after the attack")
+    log("door: %d listeners, 50 garbage + %d held wrong claims + another uid each: "
+        "nodes alive, G served during the flood" % (len(names), len(held)))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("kvpeerd")
@@ -135,6 +216,7 @@ def main():
     g = relib.Daemon(a.kvpeerd, "G", common + ["--peers", c.peer]).start()
     wait_for(lambda: g.peer_ready(c.peer), "G's session to C", 20)
     good_peer_served(c, g, 1)
+    case_door(c, g)
     case_kill(a.kvpeerd, common, c, g)
     c.put(100, 40)  # reuse the released slots: they must verify
     v = c.verify(100, 40)
