@@ -16,7 +16,8 @@
  *                 probation, escalation, endpoint error) they become
  *                 QUARANTINED and the load moves to env->quarantined; they
  *                 return to FREE only on proof (FETCH_DONE / ABORT_ACK on a
- *                 live session, a completed fence on a fenceable path) or at
+ *                 live session, a completed fence on a fenceable path, the
+ *                 exit of a same-host source's process, issue 27) or at
  *                 the hold cap (then suspect). The load's outcome is
  *                 published exactly once, separately from slot release.
  *
