@@ -445,6 +445,10 @@ typedef struct kvp_stats {
      * framing, out of fds). */
     uint64_t data_streams_open;
     uint64_t data_streams_refused;
+    /* Issue 27: quarantined destination slots released because their
+     * same-host source's process exited (proof=process-exit: a pidfd of the
+     * process proven by SO_PEERCRED), before the hold cap. */
+    uint64_t released_process_exit;
 } kvp_stats_t;
 
 KVP_EXPORT kvp_status_t kvp_node_stats(kvp_node_t *node, kvp_stats_t *out);

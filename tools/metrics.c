@@ -147,11 +147,12 @@ static void labelled(kvpd_buf_t *b, const char *name, const char *type, const ch
 
 /* One family read from kvp_stats_t: one sample (label NULL, field offs[0])
  * or one sample per label value (n of them, fields offs[0..n)). */
+#define KVPD_FAMILY_MAX 8 /* samples of one family (releases_total: 8 proofs) */
 typedef struct stat_family {
     const char *name, *type, *help;
     const char *label;
     const char *const *vals;
-    size_t offs[7];
+    size_t offs[KVPD_FAMILY_MAX];
     int n;
 } stat_family_t;
 
@@ -163,7 +164,7 @@ static void stat_families(kvpd_buf_t *b, const kvp_stats_t *st, const stat_famil
 {
     for (size_t i = 0; i < nfam; i++) {
         const stat_family_t *f = &fam[i];
-        uint64_t v[7];
+        uint64_t v[KVPD_FAMILY_MAX];
         for (int k = 0; k < f->n; k++)
             memcpy(&v[k], (const char *)st + f->offs[k], sizeof(v[k]));
         if (f->label == NULL)
@@ -178,7 +179,7 @@ static const char *const lookup_results[] = {"hit", "miss", "pending"};
 static const char *const fetch_results[] = {"ok", "failed", "aborted"};
 static const char *const session_states[] = {"ready", "handshaking"};
 static const char *const proofs[] = {"terminal",  "fetch-done", "abort-ack", "fence",
-                                     "am-refuse", "hold-cap",   "not-sent"};
+                                     "am-refuse", "hold-cap",   "not-sent",  "process-exit"};
 static const char *const budgets[] = {"supply_pins", "rounds", "peers_add", "lookup_keys"};
 static const char *const limits[] = {"sessions", "pins", "inflight_bytes", "quarantine",
                                      "retained"};
@@ -210,7 +211,8 @@ static const stat_family_t safety_families[] = {
     {"releases_total", "counter",
      "Slots and source pins a WRITE may touch, released, by proof (SPEC 7).", "proof", proofs,
      {F(released_terminal), F(released_fetch_done), F(released_abort_ack), F(released_fence),
-      F(released_am_refuse), F(released_hold_cap), F(released_not_sent)}, 7},
+      F(released_am_refuse), F(released_hold_cap), F(released_not_sent),
+      F(released_process_exit)}, 8},
     ONE("checksum_mismatches_total", "counter", checksum_mismatches,
         "Blocks whose checksum did not match."),
     ONE("stale_frames_total", "counter", stale_frames, "Frames of old epochs dropped."),

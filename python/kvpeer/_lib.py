@@ -197,7 +197,8 @@ STATS_FIELDS = (
     "waits_led "
     "supply_pins supply_pins_refused lookups_refused_limit rounds_refused lookup_bytes "
     "leases_capped lookups_limited peers_add_refused insecure "
-    "lookup_keys_refused data_streams_open data_streams_refused"
+    "lookup_keys_refused data_streams_open data_streams_refused "
+    "released_process_exit"
 ).split()
 
 

@@ -8,7 +8,7 @@ const char *kvp_mutation_str(int m)
     static const char *const names[KVP_MUT_COUNT] = {
         "none",           "cancel-immediate-at-close", "unpin-at-close", "release-quarantine-at-once",
         "accept-stale-epoch", "skip-suspect-verify",   "skip-checksum",
-        "ucx-emulated-put",   "am-skip-await",
+        "ucx-emulated-put",   "am-skip-await",        "exit-proof-alive",
     };
     return m >= 0 && m < KVP_MUT_COUNT ? names[m] : "?";
 }

@@ -64,6 +64,7 @@ static void stats_more(kvp_node_t *n, kvp_stats_t *o)
     o->released_am_refuse = n->env.releases[KVP_PROOF_AM_REFUSE];
     o->released_hold_cap = n->env.releases[KVP_PROOF_HOLD_CAP];
     o->released_not_sent = n->env.releases[KVP_PROOF_NOT_SENT];
+    o->released_process_exit = n->env.releases[KVP_PROOF_PROCESS_EXIT]; /* issue 27 */
     o->supply_pins = n->env.supply_pins; /* issue 27 budgets: gauges */
     o->lookup_bytes = n->env.round_bytes;
     uint64_t inflight = 0;

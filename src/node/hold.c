@@ -3,7 +3,8 @@
  * retained with their source pins until the transport hands them back
  * (kvp__node_poll_retired) and quarantined loads until a proof; both
  * force-released at the hold cap (logged, counted; quarantined slots become
- * suspect). The hold timer also closes sessions whose endpoint failed and
+ * suspect), or quarantined loads released earlier when their same-host
+ * source's process exited (issue 27, KVP_PROOF_PROCESS_EXIT). The hold timer also closes sessions whose endpoint failed and
  * sessions idle past idle_session_ms.
  */
 #include "node/node.h"
@@ -99,6 +100,9 @@ static void node_hold_check(kvp_node_t *n)
         if (now - l->quarantined_ns >= cap)
             kvp__node_force_release_quarantine(n, l, "hold cap");
     }
+    /* Issue 27: a same-host source's process exit is proof; it is usually
+     * reported just after its control link died (teardown asked first). */
+    kvp__client_release_exited(&n->env, 0);
     kvp__node_check_endpoints(n);
     kvp_list_foreach_safe(p, t, &n->sessions)
     {

@@ -123,6 +123,10 @@ void kvp__load_free(kvp_load_t *l)
         l->sess->bytes_inflight -= l->bytes;
         fetchq_kick(l->sess); /* budget freed: queued fetches may start */
     }
+    if (l->exit_held) { /* the transport may close the source's pidfd now */
+        kvp_xport_t *x = n->xport;
+        x->ops->exit_drop(x, l->xpeer);
+    }
     load_free_blocks(l);
     kvp__free(l);
 }
@@ -180,7 +184,7 @@ static kvp_status_t load_reserve(kvp_load_t *l, uint32_t *to_fetch)
 const char *kvp__proof_str(kvp_proof_t p)
 {
     static const char *const names[] = {"terminal",  "fetch-done", "abort-ack", "fence",
-                                        "am-refuse", "hold-cap",   "not-sent"};
+                                        "am-refuse", "hold-cap",   "not-sent",  "process-exit"};
     return (unsigned)p < KVP_ARRAY_SIZE(names) ? names[p] : "invalid";
 }
 
@@ -826,6 +830,33 @@ void kvp__client_fail_unknown(kvp_load_t *l, kvp_status_t why)
         }
     l->quarantined = true;
     l->quarantined_ns = kvp__env_now(n);
+    /* Issue 27: where the transport watches the source's process (same
+     * host, direct shm), its exit will be proof (kvp__client_release_exited). */
+    if (x->ops->exit_hold != NULL && !l->exit_held)
+        l->exit_held = x->ops->exit_hold(x, l->xpeer);
+}
+
+uint32_t kvp__client_release_exited(kvp_session_env_t *e, kvp_xpeer_id_t xpeer)
+{
+    kvp_xport_t *x = e->xport;
+    uint32_t slots = 0;
+    kvp_list_t *p, *t;
+    kvp_list_foreach_safe(p, t, &e->quarantined)
+    {
+        kvp_load_t *l = KVP_CONTAINER_OF(p, kvp_load_t, link);
+        if (!l->exit_held || (xpeer != 0 && l->xpeer != xpeer) || !x->ops->exit_proven(x, l->xpeer))
+            continue;
+        uint32_t k = 0;
+        for (uint32_t i = 0; i < l->n; i++)
+            k += l->blocks[i].reserved;
+        KVP_INFO(e->name, "peer %s: %u quarantined slots of load %llu released: its source "
+                          "process exited (proof=%s)",
+                 l->peer, k, (unsigned long long)l->op_id,
+                 kvp__proof_str(KVP_PROOF_PROCESS_EXIT));
+        slots += k;
+        kvp__load_release_quarantine(l, KVP_PROOF_PROCESS_EXIT); /* no CPU write of it can land */
+    }
+    return slots;
 }
 
 /* The engine finished the request locally: its loads fail (exactly once) and

@@ -215,6 +215,13 @@ void kvp__session_teardown(kvp_session_t *s, bool fault, const char *why,
             out->slots_fenced += k;
             kvp__load_release_quarantine(l, KVP_PROOF_FENCE); /* no byte can land */
         }
+    } else {
+        /* Issue 27: no fence on this path (direct shm), but the source's
+         * process may have exited already (proof, whatever our HELLO_ACK's
+         * fate: a dead process creates no endpoint). Usually it is reported
+         * a little later: the node's hold check asks again. */
+        out->slots_exited = kvp__client_release_exited(n, s->xpeer);
+        out->slots_quarantined -= out->slots_exited;
     }
     kvp__server_teardown(s, out);
     x->ops->remove_peer(x, s->xpeer);
@@ -224,9 +231,10 @@ void kvp__session_teardown(kvp_session_t *s, bool fault, const char *why,
             fault ? "fault" : "graceful", why);
     KVP_DEBUG(n->name,
               "peer %s closed: %u loads failed, %u quarantined (%u slots), %u slots fenced, "
-              "%u refused; %u transfers retained (%u pins), %u released",
+              "%u refused, %u released (process exited); %u transfers retained (%u pins), "
+              "%u released",
               s->peer_id, out->loads_failed, out->loads_quarantined, out->slots_quarantined,
-              out->slots_fenced, out->slots_refused, out->xfers_retained, out->pins_retained,
+              out->slots_fenced, out->slots_refused, out->slots_exited, out->xfers_retained, out->pins_retained,
               out->xfers_released);
     kvp__free(s);
 }

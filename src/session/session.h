@@ -16,7 +16,8 @@
  *                 probation, escalation, endpoint error) they become
  *                 QUARANTINED and the load moves to env->quarantined; they
  *                 return to FREE only on proof (FETCH_DONE / ABORT_ACK on a
- *                 live session, a completed fence on a fenceable path) or at
+ *                 live session, a completed fence on a fenceable path, the
+ *                 exit of a same-host source's process, issue 27) or at
  *                 the hold cap (then suspect). The load's outcome is
  *                 published exactly once, separately from slot release.
  *
@@ -62,7 +63,11 @@ typedef enum kvp_proof {
     KVP_PROOF_AM_REFUSE = 4,  /* AM path: our handler refuses the slots; nothing else writes them */
     KVP_PROOF_HOLD_CAP = 5,   /* no proof: the hold cap expired (slots marked suspect) */
     KVP_PROOF_NOT_SENT = 6,   /* the FETCH / transfer never left us: nothing can write or read */
-    KVP_PROOF_COUNT = 7,
+    /* issue 27 item 8: the source's process exited (same host, direct shm;
+     * its pid proven by SO_PEERCRED, watched by a pidfd): no CPU write of it
+     * can reach our memory any more */
+    KVP_PROOF_PROCESS_EXIT = 7,
+    KVP_PROOF_COUNT = 8,
 } kvp_proof_t;
 
 const char *kvp__proof_str(kvp_proof_t p);
@@ -168,6 +173,7 @@ struct kvp_load {
     bool published;   /* the single outcome was published */
     bool quarantined; /* slots are QUARANTINED awaiting proof or the cap */
     bool am_refused;  /* AM path: refused by our handler, slots released (KVP_PROOF_AM_REFUSE) */
+    bool exit_held;   /* issue 27: holds the transport's exit watch of xpeer (exit_hold) */
     uint32_t n;
     kvp_load_block_t *blocks;
     int32_t *block_status; /* caller-owned, may be NULL */
@@ -349,6 +355,7 @@ typedef struct kvp_session_close {
     uint32_t pins_retained;     /* the source pins those transfers keep */
     uint32_t xfers_released;    /* terminal at the WAIT cancel: pins dropped (TERMINAL) */
     bool fenced;                /* the fence was proof for this peer */
+    uint32_t slots_exited;      /* issue 27: released, the source process exited (PROCESS_EXIT) */
 } kvp_session_close_t;
 
 /* The link is down (state DOWN, s->link NULL) and the caller unlinked the
@@ -419,6 +426,10 @@ void kvp__load_publish(kvp_load_t *l, kvp_status_t st, uint32_t n_ok);
 /* Release a quarantined load's slots by `proof` (KVP_PROOF_HOLD_CAP: the
  * slots become suspect). Frees it. */
 void kvp__load_release_quarantine(kvp_load_t *l, kvp_proof_t proof);
+/* Issue 27: release every load on env->quarantined from `xpeer` (0: from
+ * any peer) whose source process the transport proves exited
+ * (KVP_PROOF_PROCESS_EXIT). Returns the slots released. */
+uint32_t kvp__client_release_exited(kvp_session_env_t *e, kvp_xpeer_id_t xpeer);
 void kvp__load_free(kvp_load_t *l);
 
 /* server.c: the source role */

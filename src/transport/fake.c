@@ -833,6 +833,7 @@ static kvp_status_t fake_close(kvp_xport_t *xp, bool force)
         return KVP_ERR_BUSY;
     }
     free_all(x);
+    fake__exit_free_all(x);
     if (x->ctr.dropped_at_close)
         KVP_WARN(pfx(x), "fake close: %llu released transfers with a copy still scripted dropped",
                  (unsigned long long)x->ctr.dropped_at_close);
@@ -859,6 +860,9 @@ const kvp_xport_ops_t kvp_fake_ops = {
     .fence_peer = fake_fence_peer,
     .peer_status = fake_peer_status,
     .peer_path = fake_peer_path,
+    .exit_hold = fake__exit_hold,
+    .exit_drop = fake__exit_drop,
+    .exit_proven = fake__exit_proven,
     .inbound_refusable = fake_inbound_refusable,
     .expect = fake_expect,
     .refuse = fake_refuse,
@@ -899,6 +903,7 @@ kvp_status_t kvp_fake_create(const kvp_fake_config_t *cfg, kvp_xport_t **out)
     kvp_rng_seed(&x->rng, cfg->rng_seed);
     x->max_calls = cfg->call_log_max ? cfg->call_log_max : FAKE_CALL_LOG_DEFAULT;
     kvp_list_init(&x->peers);
+    kvp_list_init(&x->exitw);
     kvp_list_init(&x->xfers);
     kvp_list_init(&x->scripts);
     pthread_mutex_lock(&x->fab->mu);

@@ -217,6 +217,13 @@ kvp_status_t kvp_fake_peer_set_error(kvp_xport_t *x, kvp_xpeer_id_t peer, kvp_st
 /* Override a live peer's path (FAKE_FENCEABLE or FAKE_UNFENCEABLE). */
 kvp_status_t kvp_fake_peer_set_path(kvp_xport_t *x, kvp_xpeer_id_t peer, kvp_data_path_t p);
 
+/* Issue 27 item 8 (fake_exit.c): whether this consumer may watch the
+ * process of its KVP_PATH_FAKE_UNFENCEABLE sources (default on): a closed
+ * source transport is an exited process, whose exit is then proof
+ * (ops exit_hold/exit_proven). Off models a source the UCX backend cannot
+ * watch (another network namespace or user, no pidfd_open). */
+void kvp_fake_set_exit_watch(kvp_xport_t *x, bool on);
+
 /* ----------------------------------------------------- transfer inspection */
 
 typedef struct kvp_fake_xfer_info {

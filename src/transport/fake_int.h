@@ -107,6 +107,9 @@ typedef struct fake_xport {
     uint64_t call_counts[KVP_FAKE_CALL_KINDS];
     kvp_xport_stats_t st; /* writes.. force_released; the rest computed */
     kvp_fake_counters_t ctr;
+    /* issue 27 item 8 (fake_exit.c): exit watches of source processes */
+    kvp_list_t exitw;
+    bool exit_watch_off;
 } fake_xport_t;
 
 struct kvp_fake_fabric {
@@ -189,6 +192,12 @@ kvp_status_t fake__snapshot(kvp_fake_fabric_t *f, fake_xport_t *x, fake_xfer_t *
 void fake__log_call(fake_xport_t *x, const kvp_fake_call_t *c, const kvp_xfer_block_t *blocks);
 void fake__log_simple(fake_xport_t *x, kvp_fake_call_kind_t kind, kvp_xpeer_id_t peer,
                       kvp_xfer_id_t xfer, kvp_status_t st, uint64_t n);
+
+/* fake_exit.c: the source process's exit as proof (ops exit_*) */
+bool fake__exit_hold(kvp_xport_t *xp, kvp_xpeer_id_t peer);
+void fake__exit_drop(kvp_xport_t *xp, kvp_xpeer_id_t peer);
+bool fake__exit_proven(kvp_xport_t *xp, kvp_xpeer_id_t peer);
+void fake__exit_free_all(fake_xport_t *x);
 
 /* fake.c */
 void fake__release(fake_xport_t *x, fake_xfer_t *xf);

@@ -152,6 +152,25 @@ typedef struct kvp_xport_ops {
     kvp_status_t (*peer_status)(kvp_xport_t *x, kvp_xpeer_id_t peer);
     kvp_data_path_t (*peer_path)(kvp_xport_t *x, kvp_xpeer_id_t peer);
 
+    /* ---- issue 27 item 8: the source's process exit as proof (NULL: none) ----
+     * Where the peer's writes reach us without us (direct shm: no fence) and
+     * the transport knows the peer's process for sure (same host: SO_PEERCRED
+     * on a unix side channel bound to the peer's secret, then a pidfd), the
+     * process's exit ends every write of it into our memory: do_exit tears
+     * its mm down before the exit is reported. The watch outlives
+     * remove_peer while held: a quarantined load is released only after the
+     * session ended, and the control link usually dies before the exit is
+     * reported (exit_files precedes exit_notify). */
+    /* One more holder (a quarantined load) of the peer's exit watch; false
+     * (nothing held) when there is none for that peer (not same host, not
+     * direct shm, not proven, no pidfd, or the watch cap is reached). */
+    bool (*exit_hold)(kvp_xport_t *x, kvp_xpeer_id_t peer);
+    /* One holder fewer; the last one of a removed peer closes the watch. */
+    void (*exit_drop)(kvp_xport_t *x, kvp_xpeer_id_t peer);
+    /* True only when the held watch proves the process exited (a stopped
+     * process is alive: false). Cheap (one poll of a pidfd; sticky once true). */
+    bool (*exit_proven)(kvp_xport_t *x, kvp_xpeer_id_t peer);
+
     /* ---- consumer side of AM paths (CAP_AM_LANDING; NULL otherwise) ----
      * On an AM path the source's blocks arrive as active messages that OUR
      * handler lands (inside progress(), on the owner thread) only into a slot

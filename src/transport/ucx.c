@@ -522,9 +522,11 @@ static kvp_status_t ucx_add_peer(kvp_xport_t *xp, const void *blob, size_t len,
     kvp_list_insert_tail(&x->peers, &p->link);
     /* Before anything of ours can reach it: our secret into its segment
      * (the same-host proof, ucx_probe.c). */
-    if (kvp__ucx_probe_mark(x, p, &v))
+    bool marked = kvp__ucx_probe_mark(x, p, &v);
+    if (marked)
         KVP_DEBUG(PFX(x), "peer %llu: proof written into its shared segment",
                   (unsigned long long)p->id);
+    kvp__ucx_exit_add_peer(x, p, marked); /* issue 27: our process to it, its to us */
     kvp__ucx_peer_classify(x, p);
     if (p->ep)
         ucx_probe_start(x, p); /* the tcp stream has its own connect deadline */
@@ -806,6 +808,7 @@ static kvp_status_t ucx_remove_peer(kvp_xport_t *xp, kvp_xpeer_id_t peer)
     /* Our tcp stream to it closes now: what it has not written never will
      * be (those transfers fail at once, their pins can go). */
     ucx_peer_close_out(p);
+    kvp__ucx_exit_remove_peer(x, p);
     p->removed = true;
     kvp_list_remove(&p->link);
     kvp_list_insert_tail(&x->zombies, &p->link);
@@ -941,6 +944,8 @@ static bool ucx_progress(kvp_xport_t *xp)
     }
     if (x->tcpd)
         any |= kvp__tcpd_progress(x->tcpd);
+    if (x->pcred)
+        any |= kvp__pcred_progress(x->pcred);
     ucx_probe_check(x);
     if (x->errored)
         ucx_force_errored(x);
@@ -1085,6 +1090,8 @@ static void ucx_destroy(ucx_xport_t *x)
     x->destroying = true;
     kvp__tcpd_close(x->tcpd); /* streams left (none normally): pieces only counted down */
     x->tcpd = NULL;
+    kvp__pcred_close(x->pcred); /* every pidfd still held (the node released its loads) */
+    x->pcred = NULL;
     if (x->worker_am)
         ucp_worker_destroy(x->worker_am);
     if (x->worker)
@@ -1236,6 +1243,9 @@ const kvp_xport_ops_t kvp_ucx_xport_ops = {
     .fence_peer = ucx_fence_peer,
     .peer_status = ucx_peer_status,
     .peer_path = ucx_peer_path,
+    .exit_hold = kvp__ucx_exit_hold,
+    .exit_drop = kvp__ucx_exit_drop,
+    .exit_proven = kvp__ucx_exit_proven,
     .inbound_refusable = kvp__ucx_inbound_refusable,
     .landing_required = kvp__ucx_landing_required,
     .bind_next_peer = kvp__ucx_bind_next_peer,

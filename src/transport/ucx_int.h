@@ -7,6 +7,7 @@
 #ifndef KVP_TRANSPORT_UCX_INT_H
 #define KVP_TRANSPORT_UCX_INT_H
 
+#include "transport/pcred.h"
 #include "transport/tcpd.h"
 #include "transport/ucx.h"
 
@@ -194,6 +195,7 @@ typedef struct ucx_xport {
     char next_host[64]; /* the numeric address the next add_peer's blob came from ("" unknown) */
     kvp_tcpd_t *tcpd;   /* kvpeer's own tcp data stream: listener and streams */
     ucx_acc_t *acc;    /* consumer side: layout.num_blocks entries, from register_region */
+    kvp_pcred_t *pcred; /* issue 27 item 8: same-host processes (pcred.h); NULL: no exit proof */
 } ucx_xport_t;
 
 #define PFX(x) ((x)->base.log_prefix)
@@ -235,6 +237,13 @@ bool kvp__ucx_peer_proven(ucx_xport_t *x, ucx_peer_t *p);
 uint64_t kvp__ucx_proof_mark_value(uint64_t secret, uint64_t binding);
 void kvp__ucx_probe_unmark(ucx_peer_t *p);
 void kvp__ucx_bind_next_peer(kvp_xport_t *xp, uint64_t binding);
+/* ucx_exit.c (issue 27 item 8): the source process's exit as proof. */
+void kvp__ucx_exit_open(ucx_xport_t *x);
+void kvp__ucx_exit_add_peer(ucx_xport_t *x, ucx_peer_t *p, bool marked);
+void kvp__ucx_exit_remove_peer(ucx_xport_t *x, ucx_peer_t *p);
+bool kvp__ucx_exit_hold(kvp_xport_t *xp, kvp_xpeer_id_t peer);
+void kvp__ucx_exit_drop(kvp_xport_t *xp, kvp_xpeer_id_t peer);
+bool kvp__ucx_exit_proven(kvp_xport_t *xp, kvp_xpeer_id_t peer);
 /* ucx_netdev.c: UCX_NET_DEVICES for a control listen address. */
 kvp_status_t kvp__ucx_net_devices(const char *listen_host, char *buf, size_t cap, bool *all);
 

@@ -654,6 +654,7 @@ kvp_status_t kvp__ucx_ucp_open(ucx_xport_t *x, const kvp_ucx_config_t *cfg)
         randombytes_buf(&x->token, sizeof(x->token));
     while (x->token == 0);
     (void)kvp__ucx_probe_alloc(x); /* without it: no same-host proof (logged) */
+    kvp__ucx_exit_open(x);         /* without it: no process-exit proof (logged) */
     st = kvp__ucx_tcpd_open(x, cfg);
     return st == KVP_OK ? kvp__ucx_am_init(x) : st;
 }

@@ -300,6 +300,9 @@ static void node_stop(sim_t *s, int i)
     kvp_fake_counters_t fc;
     kvp_fake_get_counters(kvp__node_xport(s->node[i]), &fc);
     s->r->posted_fenced += fc.posted_fenced;
+    kvp_stats_t st;
+    kvp_node_stats(s->node[i], &st);
+    s->r->exit_released += st.released_process_exit; /* issue 27 */
     kvp_node_destroy(s->node[i]);
     s->node[i] = NULL;
     for (int k = 0; k < s->ops_hi; k++) /* its operations died with it */

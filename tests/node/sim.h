@@ -72,6 +72,9 @@ typedef struct sim_result {
     uint64_t rest_ms;         /* quiesce time until at rest (0: never) */
     uint64_t posted_fenced;   /* WRITEs posted after the consumer's fence (issue 15) */
     uint64_t post_cap_landings; /* blocks landed in destinations the hold cap released */
+    /* issue 27: quarantined slots released because their source's process
+     * exited (its fake transport closed: a restarted node), before the cap */
+    uint64_t exit_released;
     char first_violation[512];
     int violation_step;
 } sim_result_t;

@@ -59,6 +59,7 @@ typedef struct totals {
     uint64_t first_bad; /* lowest seed with a violation, 0 = none */
     uint64_t faults[SIM_F_KINDS];
     double cpu;
+    uint64_t exit_released; /* issue 27: slots released by the process-exit proof */
 } totals_t;
 
 typedef struct run_cfg {
@@ -84,6 +85,7 @@ static void run_range(const run_cfg_t *c, uint64_t offset, totals_t *t)
         t->ok += r.loads_ok;
         t->rounds += r.rounds;
         t->rest_ms += r.rest_ms;
+        t->exit_released += r.exit_released;
         for (int f = 0; f < SIM_F_KINDS; f++)
             t->faults[f] += r.faults[f];
         if (c->digest)
@@ -117,6 +119,7 @@ static void add(totals_t *sum, const totals_t *t)
     sum->ok += t->ok;
     sum->rounds += t->rounds;
     sum->rest_ms += t->rest_ms;
+    sum->exit_released += t->exit_released;
     sum->seeds_bad += t->seeds_bad;
     if (t->first_bad && (sum->first_bad == 0 || t->first_bad < sum->first_bad))
         sum->first_bad = t->first_bad;
@@ -256,6 +259,8 @@ int main(int argc, char **argv)
            (unsigned long long)sum.loads, (unsigned long long)sum.ok,
            sum.ran ? (double)sum.rounds / (double)sum.ran : 0.0,
            sum.ran ? (double)sum.rest_ms / (double)sum.ran : 0.0);
+    printf("sim: quarantined slots released by a source's process exit: %llu\n",
+           (unsigned long long)sum.exit_released);
     printf("sim: faults injected:");
     for (int f = 0; f < SIM_F_KINDS; f++)
         printf(" %s=%llu", sim_fault_names[f], (unsigned long long)sum.faults[f]);

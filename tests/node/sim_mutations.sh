@@ -3,12 +3,14 @@
 # mutation switch, the first seed (of 1..SEEDS, 600 steps, default workload)
 # whose run reports a violation. Fails if one survives. (test_mutations also
 # proves accept-stale-epoch and skip-suspect-verify with directed scenarios.)
+# 9, exit-proof-alive (issue 27): the process-exit proof given while the
+# source still runs (also test_node_fence test_exit_proof_not_while_source_runs).
 set -u
 sim=$1
 seeds=${2:-2000}
 fail=0
 printf '%-28s %s\n' "mutation" "first seed caught (of $seeds)"
-for m in 1 2 3 4 5 6; do
+for m in 1 2 3 4 5 6 9; do
     out=$("$sim" --mutation "$m" --until-caught --first 1 --seeds "$seeds" --steps 600 --jobs 2 2>/dev/null)
     name=$(printf '%s\n' "$out" | sed -n 's/.*mutation \([a-z-]*\)$/\1/p' | head -1)
     first=$(printf '%s\n' "$out" | sed -n 's/.*first seed with one: \([0-9]*\).*/\1/p')

@@ -204,6 +204,165 @@ static void test_fence_does_not_cover_the_next_incarnation(void **state)
     free(w);
 }
 
+/* ------------------------------------------------ issue 27: process exit */
+
+static void tweak_direct(kvp_config_t *c, kvp_node_seams_t *s, int i)
+{
+    (void)c;
+    if (i == 1) /* the consumer: its sources write straight into its memory */
+        s->fake_path = KVP_PATH_FAKE_UNFENCEABLE;
+}
+
+/* What one run of the exit scenario saw. */
+typedef struct exit_seen {
+    size_t violations;
+    uint64_t quarantined_alive; /* slots still quarantined while the source ran */
+    uint64_t released_exit, released_cap, quarantined_end;
+    bool reused_ok; /* the released slots, reused, verify */
+} exit_seen_t;
+
+/* Direct-shm model (unfenceable): a fetch of 4 blocks whose transfer copies
+ * late (copy_ms after posting; 0: never), the source's links cut (its
+ * process still runs), then -- when `exit_source` -- the source node is
+ * destroyed (its fake transport closed: the process exited). `watch` off
+ * models a source the consumer cannot watch. `mutation` is on during the
+ * whole scenario. */
+static exit_seen_t exit_scenario(uint64_t copy_ms, bool exit_source, bool watch, int mutation)
+{
+    exit_seen_t seen = {0};
+    world_t *w = malloc(sizeof(world_t));
+    world_init(w, 2, tweak_direct);
+    if (!watch)
+        kvp_fake_set_exit_watch(kvp__node_xport(w->node[1]), false);
+    world_connect(w, 1, 0);
+    wkeys_t ks;
+    uint8_t res[4];
+    uint64_t op;
+    for (uint32_t k = 60; k < 64; k++)
+        world_put(w, 0, k, 0);
+    wkeys_make(&ks, 60, 4);
+    assert_int_equal(kvp_lookup(w->node[1], w->addr[0], 4, ks.buf, ks.len, 4, res, &op), KVP_OK);
+    assert_non_null(world_wait(w, 1, KVP_EV_LOOKUP, op, 100 * MS));
+    kvp_fake_script_t sc = copy_ms ? kvp_fake_script_wedge_then_copy(copy_ms * MS)
+                                   : kvp_fake_script_wedge();
+    assert_int_equal(kvp_fake_script_next(kvp__node_xport(w->node[0]), &sc), KVP_OK);
+    kvp__mutation = mutation;
+    assert_int_equal(kvp_fetch(w->node[1], w->addr[0], 4, ks.buf, ks.len, 4, 0, NULL, &op),
+                     KVP_OK);
+    world_run(w, 5 * MS); /* posted */
+    kvp_fake_net_kill(w->net, w->addr[0]); /* the links die; the process runs on */
+    const kvp_event_t *e = world_wait(w, 1, KVP_EV_LOAD, op, 50 * MS);
+    assert_non_null(e);
+    assert_int_equal(e->status, KVP_ERR_UNREACHABLE);
+    /* Past the late copy (if any), well before the hold cap (2 s). */
+    world_run(w, (copy_ms + 200) * MS);
+    seen.quarantined_alive = world_stats(w, 1).slots_quarantined;
+    if (exit_source) {
+        world_stop_node(w, 0); /* the source process exits: its writes end */
+        world_run(w, 300 * MS); /* one hold check or more */
+    }
+    for (uint32_t k = 10; k < 40; k++) /* reuse whatever was released */
+        world_put(w, 1, k, 0);
+    world_run(w, copy_ms * MS + 5 * MS);
+    seen.reused_ok = true;
+    for (uint32_t k = 10; k < 40; k++)
+        seen.reused_ok &= world_verify(w, 1, k) || !world_stats(w, 1).slots_free;
+    kvp__mutation = KVP_MUT_NONE;
+    kvp_stats_t s1 = world_stats(w, 1);
+    seen.released_exit = s1.released_process_exit;
+    seen.released_cap = s1.released_hold_cap;
+    seen.quarantined_end = s1.slots_quarantined;
+    seen.violations = world_violations(w);
+    kvp_fake_violations_clear(w->fab);
+    world_fini(w, false);
+    free(w);
+    return seen;
+}
+
+/* The source's process exits after its links died: the quarantined slots
+ * are released by that proof (not the cap), within a hold check. */
+static void test_exit_proof_releases_after_source_exit(void **state)
+{
+    (void)state;
+    exit_seen_t s = exit_scenario(0, true, true, KVP_MUT_NONE);
+    assert_int_equal(s.quarantined_alive, 4); /* alive: held */
+    assert_int_equal(s.released_exit, 4);
+    assert_int_equal(s.released_cap, 0);
+    assert_int_equal(s.quarantined_end, 0);
+    assert_int_equal(s.violations, 0);
+    assert_true(s.reused_ok);
+}
+
+/* The SIGSTOP case: the source's links died but its process runs (stopped,
+ * then writing late): no release by the exit proof; the late copy lands in
+ * quarantined slots only. Then it exits: released. Mutation
+ * exit-proof-alive (the proof given without looking at the process): the
+ * slots are released while it runs and its late copy lands in reused
+ * slots (I1 violations). */
+static void test_exit_proof_not_while_source_runs(void **state)
+{
+    (void)state;
+    exit_seen_t s = exit_scenario(400, true, true, KVP_MUT_NONE);
+    assert_int_equal(s.quarantined_alive, 4);
+    assert_int_equal(s.violations, 0);
+    assert_int_equal(s.released_exit, 4); /* after its exit only */
+    assert_int_equal(s.released_cap, 0);
+    s = exit_scenario(400, false, true, KVP_MUT_NONE);
+    assert_int_equal(s.quarantined_alive, 4);
+    assert_int_equal(s.released_exit, 0);
+    assert_int_equal(s.violations, 0);
+    s = exit_scenario(400, true, true, KVP_MUT_EXIT_PROOF_ALIVE);
+    assert_true(s.quarantined_alive < 4);
+    assert_true(s.violations > 0);
+}
+
+/* A source the consumer cannot watch (another netns or user, no pidfd):
+ * its exit proves nothing here; the hold cap releases (suspect). */
+static void test_exit_proof_needs_a_watch(void **state)
+{
+    (void)state;
+    exit_seen_t s = exit_scenario(0, true, false, KVP_MUT_NONE);
+    assert_int_equal(s.released_exit, 0);
+    assert_int_equal(s.quarantined_end, 4);
+    assert_int_equal(s.violations, 0);
+}
+
+/* The exit reported before the consumer saw the link die (a graceful
+ * shutdown of the source: BYE processed after its transport closed): the
+ * teardown itself releases by the proof. */
+static void test_exit_proof_at_teardown(void **state)
+{
+    world_t *w = *state = malloc(sizeof(world_t));
+    world_init(w, 2, tweak_direct);
+    world_connect(w, 1, 0);
+    wkeys_t ks;
+    uint8_t res[2];
+    uint64_t op;
+    world_put(w, 0, 50, 0);
+    world_put(w, 0, 51, 0);
+    wkeys_make(&ks, 50, 2);
+    assert_int_equal(kvp_lookup(w->node[1], w->addr[0], 8, ks.buf, ks.len, 2, res, &op), KVP_OK);
+    assert_non_null(world_wait(w, 1, KVP_EV_LOOKUP, op, 100 * MS));
+    kvp_fake_script_t sc = kvp_fake_script_wedge();
+    assert_int_equal(kvp_fake_script_next(kvp__node_xport(w->node[0]), &sc), KVP_OK);
+    assert_int_equal(kvp_fetch(w->node[1], w->addr[0], 8, ks.buf, ks.len, 2, 0, NULL, &op),
+                     KVP_OK);
+    world_run(w, 5 * MS);
+    world_stop_node(w, 0);
+    /* 2 ms: the EOF arrives; the hold check runs every 250 ms (this run
+     * is deterministic: it does not fall in these 2 ms), so what is
+     * released now was released by the teardown. */
+    world_run(w, 2 * MS);
+    const kvp_event_t *e = world_event(w, 1, KVP_EV_LOAD, op);
+    assert_non_null(e);
+    assert_true(e->status != KVP_OK);
+    kvp_stats_t s1 = world_stats(w, 1);
+    assert_int_equal(s1.released_process_exit, 2);
+    assert_int_equal(s1.slots_quarantined, 0);
+    world_fini(w, false);
+    free(w);
+}
+
 int main(void)
 {
     kvp_log_set_level(KVP_LOG_WARN);
@@ -212,6 +371,10 @@ int main(void)
         cmocka_unit_test_teardown(test_fence_holds_for_parked_demand_served_late, teardown_free),
         cmocka_unit_test_teardown(test_fence_does_not_cover_the_next_incarnation, teardown_free),
         cmocka_unit_test_teardown(test_fence_not_proof_before_the_peer_is_ready, teardown_free),
+        cmocka_unit_test(test_exit_proof_releases_after_source_exit),
+        cmocka_unit_test(test_exit_proof_not_while_source_runs),
+        cmocka_unit_test(test_exit_proof_needs_a_watch),
+        cmocka_unit_test_teardown(test_exit_proof_at_teardown, teardown_free),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
