@@ -241,7 +241,7 @@ typedef enum kvp_mutation {
     KVP_MUT_SKIP_CHECKSUM = 6,             /* FETCH_DONE blocks committed unverified */
     KVP_MUT_UCX_EMULATED_PUT = 7,          /* UCX source puts on AM paths (UCX emulates; pre-issue-14) */
     KVP_MUT_AM_SKIP_AWAIT = 8,             /* FETCH_DONE commits without waiting for the AM blocks */
-    KVP_MUT_EXIT_PROOF_ALIVE = 9,          /* issue 27: process-exit proof without looking at the process */
+    KVP_MUT_EXIT_PROOF_ALIVE = 9,          /* issue 27: exit proof without looking at the process */
     KVP_MUT_COUNT = 10,
 } kvp_mutation_t;
 /* KVP_MUTATED(m): is mutation m switched on? Only test builds (KVP_TESTING,

@@ -4,8 +4,9 @@
  * (kvp__node_poll_retired) and quarantined loads until a proof; both
  * force-released at the hold cap (logged, counted; quarantined slots become
  * suspect), or quarantined loads released earlier when their same-host
- * source's process exited (issue 27, KVP_PROOF_PROCESS_EXIT). The hold timer also closes sessions whose endpoint failed and
- * sessions idle past idle_session_ms.
+ * source's process exited (issue 27, KVP_PROOF_PROCESS_EXIT). The hold
+ * timer also closes sessions whose endpoint failed and sessions idle past
+ * idle_session_ms.
  */
 #include "node/node.h"
 

@@ -234,7 +234,7 @@ void kvp__session_teardown(kvp_session_t *s, bool fault, const char *why,
               "%u refused, %u released (process exited); %u transfers retained (%u pins), "
               "%u released",
               s->peer_id, out->loads_failed, out->loads_quarantined, out->slots_quarantined,
-              out->slots_fenced, out->slots_refused, out->slots_exited, out->xfers_retained, out->pins_retained,
-              out->xfers_released);
+              out->slots_fenced, out->slots_refused, out->slots_exited, out->xfers_retained,
+              out->pins_retained, out->xfers_released);
     kvp__free(s);
 }

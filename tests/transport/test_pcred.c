@@ -14,6 +14,7 @@
 #include <signal.h>
 #include <stddef.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -42,6 +43,8 @@ static pid_t child(uint64_t claim, int mode, uid_t uid)
         return pid;
     if (uid != 0 && setuid(uid) != 0)
         _exit(3);
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() == 1) /* after setuid, which clears it */
+        _exit(6); /* no child outlives a test that failed half-way */
     char name[KVP_PCRED_NAME_MAX];
     kvp__pcred_name(SECRET_C, name);
     struct sockaddr_un a = {.sun_family = AF_UNIX};
