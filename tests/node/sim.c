@@ -905,7 +905,7 @@ static void collect(sim_t *s)
                 s->r->trace_hash = kvp_hash64(&ev[e].type, sizeof(ev[e].type) * 2 + 8,
                                               s->r->trace_hash) ^ (uint64_t)ev[e].op_id;
                 uint64_t now = kvp_clock_now(&s->mc.clock);
-                s->r->digest = kvp_hash64(&ev[e], offsetof(kvp_event_t, reserved), s->r->digest);
+                s->r->digest = kvp_hash64(&ev[e], offsetof(kvp_event_t, n_held), s->r->digest);
                 s->r->digest = kvp_hash64(ev[e].peer, strnlen(ev[e].peer, sizeof(ev[e].peer)),
                                           s->r->digest ^ now);
                 if (ev[e].type != KVP_EV_LOOKUP && ev[e].type != KVP_EV_LOAD)
