@@ -159,9 +159,10 @@ void kvp__load_publish(kvp_load_t *l, kvp_status_t st, uint32_t n_ok)
             continue;
         /* Issue 29: a lent slot still held now comes back only with the
          * load's KVP_EV_SLOTS_RELEASED: its status says so. */
-        l->n_held += l->external;
+        bool held = l->external && !KVP_MUTATED(KVP_MUT_EXT_HELD_AS_REUSABLE); /* test-only */
+        l->n_held += held;
         if (l->block_status != NULL && st != KVP_OK)
-            l->block_status[i] = l->external ? KVP_ERR_BUSY : st;
+            l->block_status[i] = held ? KVP_ERR_BUSY : st;
     }
     l->block_status = NULL;
     if (st == KVP_OK)

@@ -916,6 +916,8 @@ kvp_status_t kvp_store_unpublish(kvp_store_t *s, const void *key, size_t key_len
     kvp_slot_meta_t *m = &s->meta[i];
     if (m->flags & KVP_SLOTF_UNPUBLISHING)
         return KVP_ERR_BUSY;
+    if (m->pins > 0 && KVP_MUTATED(KVP_MUT_EXT_UNPUBLISH_PINNED))
+        return KVP_OK; /* test-only mutation: the embedding takes back a slot still served */
     if (m->pins > 0) {
         m->flags |= KVP_SLOTF_UNPUBLISHING; /* I2: pins hold it until the last unpin */
         return KVP_ERR_BUSY;
