@@ -291,6 +291,38 @@ static void test_ext_cancel_deferred_to_abort_ack(void **state)
     free(w);
 }
 
+/* The source's embedding rewrites a chunk it published (its contract
+ * broken, or a stray write): the consumer verifies the checksum taken at
+ * publish, fails that block (its slot the embedding's again at once, not
+ * held) and keeps the other. No corrupt block is reported OK. */
+static void test_ext_rewritten_published_chunk_fails_verify(void **state)
+{
+    world_t *w = *state = malloc(sizeof(world_t));
+    ext_world(w, tweak_ext);
+    wkeys_t ks;
+    wkeys_make(&ks, 1, 2);
+    world_lookup_hits(w, 1, 0, &ks, 7);
+    slot_ptr(w, 0, 11)[100] ^= 0x5a; /* k2's chunk, after publish */
+    uint32_t slots[2] = {16, 17};
+    int32_t bs[2];
+    uint64_t op;
+    assert_int_equal(kvp_fetch_into(w->node[1], w->addr[0], 7, ks.buf, ks.len, 2, slots, 0, bs,
+                                    &op),
+                     KVP_OK);
+    const kvp_event_t *e = world_wait(w, 1, KVP_EV_LOAD, op, 200 * MS);
+    assert_non_null(e);
+    assert_int_equal(e->status, KVP_ERR_CHECKSUM);
+    assert_int_equal(e->n_ok, 1);
+    assert_int_equal(e->n_held, 0);
+    assert_int_equal(bs[0], KVP_OK);
+    assert_int_equal(bs[1], KVP_ERR_CHECKSUM);
+    assert_true(slot_is_block(w, 1, 16, 1));
+    assert_int_equal(held_count(w, 1), 0);
+    assert_int_equal(world_stats(w, 1).checksum_mismatches, 1);
+    world_fini(w, false);
+    free(w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -299,6 +331,7 @@ int main(void)
         cmocka_unit_test(test_ext_unpublish_busy_then_free),
         cmocka_unit_test(test_ext_source_killed_deferred_to_cap),
         cmocka_unit_test(test_ext_cancel_deferred_to_abort_ack),
+        cmocka_unit_test(test_ext_rewritten_published_chunk_fails_verify),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
