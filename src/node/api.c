@@ -513,7 +513,8 @@ KVP_EXPORT kvp_status_t kvp_lookup(kvp_node_t *n, const char *peer, uint64_t req
 {
     if (check_remote(n, peer, keys, key_lens, cnt, op_id) != KVP_OK || results == NULL)
         return KVP_ERR_INVALID;
-    remote_args_t a = {&CALL_LOOKUP, peer, request_id, keys, key_lens, cnt, 0, results, NULL, 0, 0, NULL};
+    remote_args_t a = {&CALL_LOOKUP, peer, request_id, keys, key_lens, cnt, 0, results, NULL, 0, 0,
+                       NULL};
     kvp_status_t st = remote_exec(n, &a);
     if (st == KVP_OK)
         *op_id = a.op_id;
@@ -538,7 +539,8 @@ KVP_EXPORT kvp_status_t kvp_lease_renew(kvp_node_t *n, const char *peer, uint64_
 {
     if (n == NULL || check_peer(peer) != KVP_OK)
         return KVP_ERR_INVALID;
-    remote_args_t a = {&CALL_LEASE_RENEW, peer, request_id, NULL, NULL, 0, 0, NULL, NULL, 0, 0, NULL};
+    remote_args_t a = {&CALL_LEASE_RENEW, peer, request_id, NULL, NULL, 0, 0, NULL, NULL, 0, 0,
+                       NULL};
     return remote_exec(n, &a);
 }
 

@@ -245,8 +245,8 @@ static void test_ext_source_killed_deferred_to_cap(void **state)
     world_run(w, 700 * MS); /* the late copy lands: in held slots only */
     assert_int_equal(world_violations(w), 0);
     assert_null(world_event(w, 1, KVP_EV_SLOTS_RELEASED, op));
-    const kvp_event_t *r =
-        world_wait(w, 1, KVP_EV_SLOTS_RELEASED, op, (uint64_t)w->cfg[1].hold_cap_ms * MS + 500 * MS);
+    uint64_t cap = (uint64_t)w->cfg[1].hold_cap_ms * MS;
+    const kvp_event_t *r = world_wait(w, 1, KVP_EV_SLOTS_RELEASED, op, cap + 500 * MS);
     assert_non_null(r);
     assert_int_equal(r->status, KVP_ERR_TIMEOUT);
     assert_int_equal(r->n_keys, 2);
