@@ -23,6 +23,12 @@ static void tweak_ext_unfenceable(kvp_config_t *c, kvp_node_seams_t *s, int i)
     s->fake_path = KVP_PATH_FAKE_UNFENCEABLE;
 }
 
+static void tweak_ext_am(kvp_config_t *c, kvp_node_seams_t *s, int i)
+{
+    tweak_ext(c, s, i);
+    s->fake_path = KVP_PATH_FAKE_AM;
+}
+
 static uint8_t *slot_ptr(world_t *w, int i, uint32_t slot)
 {
     return (uint8_t *)kvp_store_slot_ptr(kvp__node_store(w->node[i]), slot);
@@ -323,6 +329,47 @@ static void test_ext_rewritten_published_chunk_fails_verify(void **state)
     free(w);
 }
 
+/* The attacker's late write on an AM path: the source is killed with its
+ * WRITE wedged; our handler refuses the load's slots (AM_REFUSE), so they
+ * are the embedding's at once (not BUSY); the embedding reuses them; the
+ * late copy arrives and is dropped and counted: the embedding's bytes are
+ * unchanged and the landing checker saw nothing. */
+static void test_ext_am_late_write_dropped(void **state)
+{
+    world_t *w = *state = malloc(sizeof(world_t));
+    ext_world(w, tweak_ext_am);
+    wkeys_t ks;
+    wkeys_make(&ks, 1, 2);
+    world_lookup_hits(w, 1, 0, &ks, 7);
+    kvp_fake_script_t sc = kvp_fake_script_wedge_then_copy(300 * MS);
+    assert_int_equal(kvp_fake_script_next(kvp__node_xport(w->node[0]), &sc), KVP_OK);
+    uint32_t slots[2] = {18, 19};
+    int32_t bs[2];
+    uint64_t op;
+    assert_int_equal(kvp_fetch_into(w->node[1], w->addr[0], 7, ks.buf, ks.len, 2, slots, 0, bs,
+                                    &op),
+                     KVP_OK);
+    world_run(w, 5 * MS);
+    kvp_fake_net_kill(w->net, w->addr[0]);
+    const kvp_event_t *e = world_wait(w, 1, KVP_EV_LOAD, op, 500 * MS);
+    assert_non_null(e);
+    assert_true(e->status != KVP_OK);
+    assert_int_equal(e->n_held, 0);
+    assert_true(bs[0] != KVP_OK && bs[0] != KVP_ERR_BUSY);
+    assert_int_equal(held_count(w, 1), 0);
+    memset(slot_ptr(w, 1, 18), 0xee, BS); /* the embedding reuses them at once */
+    memset(slot_ptr(w, 1, 19), 0xee, BS);
+    world_run(w, 600 * MS); /* the late copy comes */
+    for (uint32_t i = 0; i < BS; i++)
+        if (slot_ptr(w, 1, 18)[i] != 0xee || slot_ptr(w, 1, 19)[i] != 0xee)
+            fail_msg("byte %u of a slot the embedding got back was written", i);
+    assert_true(world_stats(w, 1).late_bytes_dropped >= 2 * BS);
+    assert_int_equal(world_stats(w, 1).released_am_refuse, 2);
+    assert_int_equal(world_event_count(w, 1, KVP_EV_SLOTS_RELEASED, op), 0);
+    world_fini(w, false);
+    free(w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -332,6 +379,7 @@ int main(void)
         cmocka_unit_test(test_ext_source_killed_deferred_to_cap),
         cmocka_unit_test(test_ext_cancel_deferred_to_abort_ack),
         cmocka_unit_test(test_ext_rewritten_published_chunk_fails_verify),
+        cmocka_unit_test(test_ext_am_late_write_dropped),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
