@@ -212,6 +212,14 @@ typedef struct kvp_config {
      * granted first kept); counted in kvp_stats_t.lookup_keys_refused.
      * Default 2000000 (docs/DESIGN.md "LOOKUP key rate"); 0 = no limit. */
     uint32_t max_lookup_keys_per_sec;
+    /* Issue 29, external slots (docs/DESIGN.md "External slots"): 1 = the
+     * region (`region`/`region_len`, required with UCX) and its num_blocks
+     * slots of block_size bytes are the embedding's (its chunk indices). UCX
+     * registers it as caller memory; the node runs no allocator or LRU on
+     * it: every slot starts the embedding's and the node touches one only
+     * while it is lent (kvp_fetch_into) or published (kvp_publish).
+     * kvp_put, kvp_get and kvp_fetch answer KVP_ERR_UNSUPPORTED. */
+    uint32_t external_slots;
 } kvp_config_t;
 
 KVP_EXPORT void kvp_config_init(kvp_config_t *cfg);
@@ -328,6 +336,47 @@ KVP_EXPORT kvp_status_t kvp_lease_renew(kvp_node_t *node, const char *peer,
 KVP_EXPORT kvp_status_t kvp_fetch(kvp_node_t *node, const char *peer, uint64_t request_id,
                                   const uint8_t *keys, const uint32_t *key_lens, uint32_t n,
                                   uint32_t flags, int32_t *block_status, uint64_t *op_id);
+/* ---- issue 29: external slots (kvp_config_t.external_slots = 1) ----
+ * Every slot is the embedding's unless lent to a load or published. All
+ * calls may be made from any thread (vLLM: the scheduler or tier-poll
+ * thread, under its manager's lock); none blocks on the network.
+ *
+ * Fetch into the embedding's slots: slots[i] (< num_blocks) receives the
+ * block of key i. The slots are lent to the node from this call: KVP_ERR_INVALID
+ * (nothing lent) if one is out of range, named twice, already lent or
+ * published. One KVP_EV_LOAD as for kvp_fetch; then, per block_status[i]
+ * (n int32, may be NULL; final when the event is out):
+ *   KVP_OK          the verified block is in slots[i]; the slot is the
+ *                   embedding's again (the node does not index it)
+ *   KVP_ERR_BUSY    failed, and the slot is still held: a WRITE may still
+ *                   land in it. It is the embedding's again only at the
+ *                   KVP_EV_SLOTS_RELEASED event of this op_id (proof, or
+ *                   the hold cap); the LOAD event's n_held counts them
+ *   other errors    failed; the slot is the embedding's again now.
+ * kvp_slots_held() answers the same from the node's state at any time. */
+KVP_EXPORT kvp_status_t kvp_fetch_into(kvp_node_t *node, const char *peer, uint64_t request_id,
+                                       const uint8_t *keys, const uint32_t *key_lens, uint32_t n,
+                                       const uint32_t *slots, uint32_t flags,
+                                       int32_t *block_status, uint64_t *op_id);
+/* Serve: the embedding's slot `slot` holds the block of `key` (written, and
+ * not written again while published). The node hashes it and serves it
+ * (lookups pin it as any READY block). KVP_ERR_BUSY if the slot is lent or
+ * published, KVP_ERR_EXISTS if the key is published in another slot. */
+KVP_EXPORT kvp_status_t kvp_publish(kvp_node_t *node, const void *key, uint32_t key_len,
+                                    uint32_t slot);
+/* Stop serving `key`. KVP_OK: the node will not read its slot again (the
+ * slot is the embedding's now). KVP_ERR_BUSY: pinned by a lookup or a
+ * transfer; no new pin is taken, and KVP_EV_SLOT_FREE (op_id = the slot)
+ * comes when the last pin drops (its transfer terminal, its lease expired,
+ * or the hold cap). KVP_ERR_NOT_FOUND: not published. *slot (may be NULL)
+ * gets the slot on OK and BUSY. */
+KVP_EXPORT kvp_status_t kvp_unpublish(kvp_node_t *node, const void *key, uint32_t key_len,
+                                      uint32_t *slot);
+/* held[i] for slot first + i (count slots): 0 = the embedding's, 1 = lent
+ * to a load (filling, or held until KVP_EV_SLOTS_RELEASED), 2 = published. */
+KVP_EXPORT kvp_status_t kvp_slots_held(kvp_node_t *node, uint32_t first, uint32_t count,
+                                       uint8_t *held);
+
 /* Abort a load (its event still comes, with KVP_ERR_CANCELED unless decided). */
 KVP_EXPORT kvp_status_t kvp_cancel(kvp_node_t *node, uint64_t op_id);
 /* The engine finished `request_id` locally: its loads fail, its supply and
@@ -342,6 +391,14 @@ typedef enum kvp_event_type {
     KVP_EV_OVERFLOW = 5,  /* the event ring was full: n_keys events were dropped
                            * (status KVP_ERR_LIMIT); poll events more often or
                            * track loads yourself -- dropped LOAD outcomes are lost */
+    /* Issue 29 (external slots). */
+    KVP_EV_SLOTS_RELEASED = 6, /* op_id (a kvp_fetch_into load): its n_keys slots that
+                                * were still held at its KVP_EV_LOAD (block_status
+                                * KVP_ERR_BUSY) are the embedding's again. status
+                                * KVP_OK: by proof; KVP_ERR_TIMEOUT: by the hold cap
+                                * (no proof: a late write may still land) */
+    KVP_EV_SLOT_FREE = 7,      /* op_id = a slot unpublished while pinned: the last
+                                * transfer reading it is terminal; the embedding's again */
 } kvp_event_type_t;
 
 typedef struct kvp_event {
@@ -351,7 +408,8 @@ typedef struct kvp_event {
     uint64_t request_id;
     uint32_t n_keys, n_ok; /* lookup: hits; load: blocks committed */
     uint32_t fault;        /* peer down: 1 = fault, 0 = graceful */
-    uint32_t reserved;
+    uint32_t n_held;       /* issue 29, LOAD of kvp_fetch_into: slots still held (their
+                            * KVP_EV_SLOTS_RELEASED follows); else 0 */
     char peer[256];
 } kvp_event_t;
 
@@ -449,6 +507,14 @@ typedef struct kvp_stats {
      * same-host source's process exited (proof=process-exit: a pidfd of the
      * process proven by SO_PEERCRED), before the hold cap. */
     uint64_t released_process_exit;
+    /* Issue 29: bytes this node copied between the embedding's memory and
+     * its own region: in = kvp_put's copy of a block into the store (the
+     * staging copy of a source); out = bytes of blocks kvp_get handed out
+     * for the embedding to copy (the staging copy of a consumer). 0 in
+     * external-slots mode: blocks land in and are served from the
+     * embedding's own slots. */
+    uint64_t bytes_copied_in;
+    uint64_t bytes_copied_out;
 } kvp_stats_t;
 
 KVP_EXPORT kvp_status_t kvp_node_stats(kvp_node_t *node, kvp_stats_t *out);

@@ -151,6 +151,8 @@ class kvp_config_t(Structure):
         ("data_port", c_uint32),  # issue 27: kvpeer's own tcp data stream
         # issue 27: the LOOKUP key rate (0 = no limit)
         ("max_lookup_keys_per_sec", c_uint32),
+        # issue 29: external slots (the region and its slots are the embedding's)
+        ("external_slots", c_uint32),
     ]
 
 
@@ -172,7 +174,7 @@ class kvp_event_t(Structure):
         ("n_keys", c_uint32),
         ("n_ok", c_uint32),
         ("fault", c_uint32),
-        ("reserved", c_uint32),
+        ("n_held", c_uint32),  # issue 29: LOAD of kvp_fetch_into, slots still held
         ("peer", c_char * 256),
     ]
 
@@ -198,7 +200,8 @@ STATS_FIELDS = (
     "supply_pins supply_pins_refused lookups_refused_limit rounds_refused lookup_bytes "
     "leases_capped lookups_limited peers_add_refused insecure "
     "lookup_keys_refused data_streams_open data_streams_refused "
-    "released_process_exit"
+    "released_process_exit "  # issue 27
+    "bytes_copied_in bytes_copied_out"  # issue 29
 ).split()
 
 
@@ -387,6 +390,12 @@ def _declare(lib: ctypes.CDLL) -> None:
         "kvp_node_peer_states": (st, [node_p, POINTER(kvp_peer_state_t), c_uint32, u32p]),
         "kvp_node_refusals": (st, [node_p, POINTER(kvp_refusal_stats_t)]),
         "kvp_psk_load": (st, [c_char_p, u8p, c_uint32, u32p]),  # issue 27
+        # issue 29: external slots
+        "kvp_fetch_into": (st, [node_p, c_char_p, c_uint64, u8p, u32p, c_uint32, u32p,
+                                c_uint32, POINTER(c_int32), POINTER(c_uint64)]),
+        "kvp_publish": (st, [node_p, c_void_p, c_uint32, c_uint32]),
+        "kvp_unpublish": (st, [node_p, c_void_p, c_uint32, u32p]),
+        "kvp_slots_held": (st, [node_p, c_uint32, c_uint32, u8p]),
     }
     for name, (res, args) in protos.items():
         fn = getattr(lib, name)

@@ -242,7 +242,10 @@ typedef enum kvp_mutation {
     KVP_MUT_UCX_EMULATED_PUT = 7,          /* UCX source puts on AM paths (UCX emulates; pre-issue-14) */
     KVP_MUT_AM_SKIP_AWAIT = 8,             /* FETCH_DONE commits without waiting for the AM blocks */
     KVP_MUT_EXIT_PROOF_ALIVE = 9,          /* issue 27: exit proof without looking at the process */
-    KVP_MUT_COUNT = 10,
+    /* Issue 29, external slots: */
+    KVP_MUT_EXT_HELD_AS_REUSABLE = 10,     /* a held lent slot reported reusable at the outcome */
+    KVP_MUT_EXT_UNPUBLISH_PINNED = 11,     /* unpublish of a pinned slot answers OK, still served */
+    KVP_MUT_COUNT = 12,
 } kvp_mutation_t;
 /* KVP_MUTATED(m): is mutation m switched on? Only test builds (KVP_TESTING,
  * the kvpeer_testing library) have the switch; in the shipped library every

@@ -9,6 +9,7 @@ const char *kvp_mutation_str(int m)
         "none",           "cancel-immediate-at-close", "unpin-at-close", "release-quarantine-at-once",
         "accept-stale-epoch", "skip-suspect-verify",   "skip-checksum",
         "ucx-emulated-put",   "am-skip-await",        "exit-proof-alive",
+        "ext-held-as-reusable", "ext-unpublish-pinned", /* issue 29 */
     };
     return m >= 0 && m < KVP_MUT_COUNT ? names[m] : "?";
 }

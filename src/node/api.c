@@ -272,6 +272,7 @@ static kvp_status_t do_put(kvp_node_t *n, void *arg)
     if (st != KVP_OK)
         return st;
     memcpy(ptr, a->data, a->len);
+    n->st.bytes_copied_in += a->len; /* issue 29: the staging copy of a source */
     if (a->len < n->cfg.block_size)
         memset((uint8_t *)ptr + a->len, 0, n->cfg.block_size - a->len);
     st = kvp_store_commit(n->store, ref);
@@ -289,6 +290,8 @@ KVP_EXPORT kvp_status_t kvp_put(kvp_node_t *n, const void *key, uint32_t key_len
     if (n == NULL || check_key(key, key_len) != KVP_OK || data == NULL || len == 0 ||
         len > n->cfg.block_size)
         return KVP_ERR_INVALID;
+    if (n->cfg.external_slots)
+        return KVP_ERR_UNSUPPORTED; /* issue 29: kvp_publish the embedding's slot instead */
     put_args_t a = {key, key_len, data, len, request_id};
     return kvp__node_exec(n, do_put, &a);
 }
@@ -316,6 +319,7 @@ static kvp_status_t do_get(kvp_node_t *n, void *arg)
         return KVP_ERR_NOMEM;
     }
     n->engine_pins[ref.slot]++; /* the engine's own pins, apart from transfers' (I2) */
+    n->st.bytes_copied_out += n->cfg.block_size; /* issue 29: handed out for a copy */
     a->out->data = ptr;
     a->out->len = n->cfg.block_size;
     a->out->slot = ref.slot;
@@ -328,6 +332,8 @@ KVP_EXPORT kvp_status_t kvp_get(kvp_node_t *n, const void *key, uint32_t key_len
 {
     if (n == NULL || out == NULL || check_key(key, key_len) != KVP_OK)
         return KVP_ERR_INVALID;
+    if (n->cfg.external_slots)
+        return KVP_ERR_UNSUPPORTED; /* issue 29: the blocks are in the embedding's slots */
     get_args_t a = {key, key_len, out};
     /* A pin and a lookup: nothing for the node thread to follow up (an
      * engine asks per key, per scheduler step; most answers are misses). */
@@ -387,6 +393,7 @@ struct remote_args {
     int32_t *block_status;
     uint64_t op_id;
     uint64_t wait_ms; /* set with UNREACHABLE: the peer is dialing, worth this wait */
+    const uint32_t *slots; /* issue 29: kvp_fetch_into's destination slots */
 };
 
 /* The session to use, or why there is none (the caller sees a MISS). A
@@ -476,6 +483,13 @@ static kvp_status_t call_fetch(kvp_session_t *s, uint64_t id, const remote_args_
                              a->block_status);
 }
 
+static kvp_status_t call_fetch_into(kvp_session_t *s, uint64_t id, const remote_args_t *a)
+{
+    return kvp__client_fetch_into(s, id, a->request_id, a->keys, a->lens, a->n, a->slots,
+                                  a->flags, a->block_status);
+}
+
+static const remote_call_t CALL_FETCH_INTO = {call_fetch_into, true, false, true};
 static const remote_call_t CALL_LOOKUP = {call_lookup, true, true, true};
 static const remote_call_t CALL_LOOKUP_PREFIX = {call_lookup_prefix, true, true, true};
 static const remote_call_t CALL_LEASE_RENEW = {call_lease_renew, false, false, true};
@@ -499,7 +513,8 @@ KVP_EXPORT kvp_status_t kvp_lookup(kvp_node_t *n, const char *peer, uint64_t req
 {
     if (check_remote(n, peer, keys, key_lens, cnt, op_id) != KVP_OK || results == NULL)
         return KVP_ERR_INVALID;
-    remote_args_t a = {&CALL_LOOKUP, peer, request_id, keys, key_lens, cnt, 0, results, NULL, 0, 0};
+    remote_args_t a = {&CALL_LOOKUP, peer, request_id, keys, key_lens, cnt, 0, results, NULL, 0, 0,
+                       NULL};
     kvp_status_t st = remote_exec(n, &a);
     if (st == KVP_OK)
         *op_id = a.op_id;
@@ -513,7 +528,7 @@ KVP_EXPORT kvp_status_t kvp_lookup_prefix(kvp_node_t *n, const char *peer, uint6
     if (check_remote(n, peer, keys, key_lens, cnt, op_id) != KVP_OK)
         return KVP_ERR_INVALID;
     remote_args_t a = {&CALL_LOOKUP_PREFIX, peer, request_id, keys, key_lens, cnt, 0, results,
-                       NULL, 0, 0};
+                       NULL, 0, 0, NULL};
     kvp_status_t st = remote_exec(n, &a);
     if (st == KVP_OK)
         *op_id = a.op_id;
@@ -524,7 +539,8 @@ KVP_EXPORT kvp_status_t kvp_lease_renew(kvp_node_t *n, const char *peer, uint64_
 {
     if (n == NULL || check_peer(peer) != KVP_OK)
         return KVP_ERR_INVALID;
-    remote_args_t a = {&CALL_LEASE_RENEW, peer, request_id, NULL, NULL, 0, 0, NULL, NULL, 0, 0};
+    remote_args_t a = {&CALL_LEASE_RENEW, peer, request_id, NULL, NULL, 0, 0, NULL, NULL, 0, 0,
+                       NULL};
     return remote_exec(n, &a);
 }
 
@@ -536,8 +552,29 @@ KVP_EXPORT kvp_status_t kvp_fetch(kvp_node_t *n, const char *peer, uint64_t requ
     if (check_remote(n, peer, keys, key_lens, cnt, op_id) != KVP_OK || (flags & ~known) ||
         flags == known)
         return KVP_ERR_INVALID;
+    if (n->cfg.external_slots)
+        return KVP_ERR_UNSUPPORTED; /* issue 29: the node has no slots of its own */
     remote_args_t a = {&CALL_FETCH, peer, request_id, keys, key_lens, cnt, flags, NULL,
-                       block_status, 0, 0};
+                       block_status, 0, 0, NULL};
+    kvp_status_t st = remote_exec(n, &a);
+    if (st == KVP_OK)
+        *op_id = a.op_id;
+    return st;
+}
+
+KVP_EXPORT kvp_status_t kvp_fetch_into(kvp_node_t *n, const char *peer, uint64_t request_id,
+                                       const uint8_t *keys, const uint32_t *key_lens,
+                                       uint32_t cnt, const uint32_t *slots, uint32_t flags,
+                                       int32_t *block_status, uint64_t *op_id)
+{
+    uint32_t known = KVP_FETCH_FLAG_WAIT_FOR_SUPPLY | KVP_FETCH_FLAG_HINT;
+    if (check_remote(n, peer, keys, key_lens, cnt, op_id) != KVP_OK || (flags & ~known) ||
+        flags == known || slots == NULL)
+        return KVP_ERR_INVALID;
+    if (!n->cfg.external_slots)
+        return KVP_ERR_UNSUPPORTED;
+    remote_args_t a = {&CALL_FETCH_INTO, peer, request_id, keys, key_lens, cnt, flags, NULL,
+                       block_status, 0, 0, slots};
     kvp_status_t st = remote_exec(n, &a);
     if (st == KVP_OK)
         *op_id = a.op_id;

@@ -220,6 +220,10 @@ kvp_status_t kvp__config_check(const kvp_config_t *c)
     if (bad_str(c->kv_events_replay_endpoint) ||
         (c->kv_events_replay_endpoint != NULL && c->kv_events_endpoint == NULL))
         BAD("kv_events_replay_endpoint: empty, too long, or set without kv_events_endpoint");
+    if (c->external_slots > 1)
+        BAD("external_slots: %u is neither 0 nor 1", c->external_slots);
+    if (c->external_slots && c->region == NULL && c->transport == KVP_TRANSPORT_UCX)
+        BAD("external_slots: needs region and region_len (the embedding's memory)");
     st = check_region(c);
     if (st == KVP_OK)
         KVP_DEBUG(c->name,

@@ -48,8 +48,10 @@ void kvp__node_force_release_retired(kvp_node_t *n, kvp_xfer_t *x, const char *w
 
 void kvp__node_force_release_quarantine(kvp_node_t *n, kvp_load_t *l, const char *why)
 {
-    KVP_ERROR(n->name, "peer %s: %u quarantined slots of load %llu released (%s): marked suspect",
-              l->peer, l->n, (unsigned long long)l->op_id, why);
+    KVP_ERROR(n->name, "peer %s: %u quarantined slots of load %llu released (%s): %s", l->peer,
+              l->n, (unsigned long long)l->op_id, why,
+              l->external ? "handed back to the embedding without proof (issue 29)"
+                          : "marked suspect");
     n->st.force_releases++;
     kvp__load_release_quarantine(l, KVP_PROOF_HOLD_CAP);
 }

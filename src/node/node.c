@@ -113,6 +113,8 @@ static void store_config(const kvp_node_t *n, kvp_store_config_t *sc)
     sc->commit_cb = node_store_commit_cb;
     sc->remove_cb = node_store_remove_cb;
     sc->commit_cb_arg = (void *)n; /* the callbacks run on the owner thread */
+    sc->external = n->cfg.external_slots != 0; /* issue 29 */
+    sc->unpublish_cb = kvp__node_unpublished;
 }
 
 #ifdef KVP_TESTING
@@ -127,6 +129,10 @@ static kvp_status_t node_make_fake(kvp_node_t *n, const kvp_node_seams_t *seams)
     if (seams == NULL || seams->fake_fabric == NULL)
         return KVP_ERR_UNSUPPORTED; /* the fake needs a fabric: tests pass one */
     store_config(n, &sc);
+    if (n->cfg.external_slots) { /* issue 29: the embedding's region, or the store maps one */
+        sc.region = n->cfg.region;
+        sc.region_len = n->cfg.region_len;
+    }
     if ((st = kvp_store_create(&sc, &n->store)) != KVP_OK)
         return st;
     kvp_fake_config_t fc = {0};

@@ -132,6 +132,8 @@ kvp_status_t kvp__node_wait_events(kvp_node_t *n, kvp_event_t *out, uint32_t cap
                                    int32_t timeout_ms);
 uint64_t kvp__node_now(const kvp_node_t *n);
 void kvp__node_emit(kvp_node_t *n, const kvp_event_t *ev);
+/* Issue 29 (api_external.c): the store's unpublish callback. */
+void kvp__node_unpublished(void *arg, uint32_t slot);
 kvp_session_t *kvp__node_find_session(kvp_node_t *n, const char *peer);
 /* The load with this op id on any session (queued or in flight), or NULL. */
 kvp_load_t *kvp__node_find_load(kvp_node_t *n, uint64_t op_id);

@@ -111,9 +111,28 @@ static void load_free_blocks(kvp_load_t *l)
     l->blocks = NULL;
 }
 
+/* Issue 29: the slots a kvp_fetch_into load still held at its outcome are
+ * the embedding's again (the load is freed only once every slot of it is
+ * released): one KVP_EV_SLOTS_RELEASED for its op id. */
+static void load_emit_released(kvp_load_t *l)
+{
+    for (uint32_t i = 0; i < l->n; i++)
+        KVP_ASSERT(!l->blocks[i].reserved); /* freed only once every slot is back */
+    if (!l->external || l->n_held == 0)
+        return;
+    kvp_event_t ev = {.type = KVP_EV_SLOTS_RELEASED, .op_id = l->op_id};
+    ev.status = l->cap_released ? KVP_ERR_TIMEOUT : KVP_OK;
+    ev.request_id = l->request_id;
+    ev.n_keys = l->n_held;
+    snprintf(ev.peer, sizeof(ev.peer), "%s", l->peer);
+    kvp__env_emit(l->env, &ev);
+}
+
 void kvp__load_free(kvp_load_t *l)
 {
     kvp_session_env_t *n = l->env;
+    if (l->blocks != NULL)
+        load_emit_released(l);
     kvp_timer_stop(n->loop, &l->timer);
     if (kvp_list_linked(&l->link))
         kvp_list_remove(&l->link);
@@ -139,10 +158,16 @@ void kvp__load_publish(kvp_load_t *l, kvp_status_t st, uint32_t n_ok)
     /* The caller's block_status is theirs again once the event is out: the
      * blocks still undecided take the load's outcome now, and nothing writes
      * the array after (a FETCH_DONE or ABORT_ACK settling the slots later). */
-    if (l->block_status != NULL && st != KVP_OK)
-        for (uint32_t i = 0; i < l->n; i++)
-            if (l->blocks[i].reserved)
-                l->block_status[i] = st;
+    for (uint32_t i = 0; i < l->n; i++) {
+        if (!l->blocks[i].reserved)
+            continue;
+        /* Issue 29: a lent slot still held now comes back only with the
+         * load's KVP_EV_SLOTS_RELEASED: its status says so. */
+        bool held = l->external && !KVP_MUTATED(KVP_MUT_EXT_HELD_AS_REUSABLE); /* test-only */
+        l->n_held += held;
+        if (l->block_status != NULL && st != KVP_OK)
+            l->block_status[i] = held ? KVP_ERR_BUSY : st;
+    }
     l->block_status = NULL;
     if (st == KVP_OK)
         n->st->fetches_ok++;
@@ -154,6 +179,7 @@ void kvp__load_publish(kvp_load_t *l, kvp_status_t st, uint32_t n_ok)
     ev.request_id = l->request_id;
     ev.n_keys = l->n;
     ev.n_ok = n_ok;
+    ev.n_held = l->n_held;
     snprintf(ev.peer, sizeof(ev.peer), "%s", l->peer);
     kvp__env_emit(n, &ev);
 }
@@ -164,6 +190,11 @@ static kvp_status_t load_reserve(kvp_load_t *l, uint32_t *to_fetch)
 {
     kvp_session_env_t *n = l->env;
     *to_fetch = 0;
+    if (l->external) { /* issue 29: lent at the call (kvp__client_fetch_into) */
+        for (uint32_t i = 0; i < l->n; i++)
+            *to_fetch += l->blocks[i].reserved;
+        return KVP_OK;
+    }
     for (uint32_t i = 0; i < l->n; i++) {
         kvp_load_block_t *b = &l->blocks[i];
         void *ptr;
@@ -426,12 +457,23 @@ static void fetchq_take(kvp_load_t *l)
     l->sess->n_fetchq--;
 }
 
+/* Issue 29: a kvp_fetch_into load that never sent its FETCH gives its lent
+ * slots back at once, each block failed with `why`. */
+static void load_unlend(kvp_load_t *l, kvp_status_t why)
+{
+    for (uint32_t i = 0; i < l->n; i++)
+        if (l->blocks[i].reserved && l->block_status != NULL)
+            l->block_status[i] = why;
+    load_abandon_all(l, KVP_PROOF_NOT_SENT); /* no FETCH left us: nothing writes them */
+}
+
 /* The queued fetch's one outcome; nothing was reserved. Fetches behind it
  * may fit now. */
 static void fetchq_fail(kvp_load_t *l, kvp_status_t why)
 {
     kvp_session_t *s = l->sess;
     fetchq_take(l);
+    load_unlend(l, why);
     kvp__load_publish(l, why, 0);
     kvp__load_free(l);
     fetchq_kick(s);
@@ -449,6 +491,7 @@ void kvp__client_start_queued(kvp_session_t *s)
         kvp_status_t st = quarantine_check(s, l->n);
         if (st == KVP_OK && (st = load_launch(l)) == KVP_OK)
             continue;
+        load_unlend(l, st);
         kvp__load_publish(l, st, 0);
         kvp__load_free(l);
     }
@@ -460,9 +503,48 @@ void kvp__client_fail_queued(kvp_session_t *s, kvp_status_t why)
         fetchq_fail(KVP_CONTAINER_OF(s->fetchq.next, kvp_load_t, link), why);
 }
 
+/* Issue 29: lend the embedding's slots to the load, all or none. */
+static kvp_status_t load_lend(kvp_load_t *l, const uint32_t *slots)
+{
+    kvp_session_env_t *n = l->env;
+    l->external = true;
+    for (uint32_t i = 0; i < l->n; i++) {
+        kvp_load_block_t *b = &l->blocks[i];
+        kvp_status_t st = kvp_store_lend(n->store, slots[i], b->key.data, b->key.len, &b->dst);
+        if (st != KVP_OK) {
+            load_abandon_all(l, KVP_PROOF_NOT_SENT); /* nothing was sent */
+            KVP_DEBUG(n->name, "peer %s: fetch_into refused: slot %u (block %u): %s", l->peer,
+                      slots[i], i, kvp_status_str(st));
+            return KVP_ERR_INVALID;
+        }
+        b->reserved = true;
+    }
+    return KVP_OK;
+}
+
+static kvp_status_t client_fetch(kvp_session_t *s, uint64_t op_id, uint64_t request_id,
+                                 const uint8_t *keys, const uint32_t *lens, uint32_t n,
+                                 const uint32_t *slots, uint32_t flags, int32_t *block_status);
+
 kvp_status_t kvp__client_fetch(kvp_session_t *s, uint64_t op_id, uint64_t request_id,
                                const uint8_t *keys, const uint32_t *lens, uint32_t n,
                                uint32_t flags, int32_t *block_status)
+{
+    return client_fetch(s, op_id, request_id, keys, lens, n, NULL, flags, block_status);
+}
+
+kvp_status_t kvp__client_fetch_into(kvp_session_t *s, uint64_t op_id, uint64_t request_id,
+                                    const uint8_t *keys, const uint32_t *lens, uint32_t n,
+                                    const uint32_t *slots, uint32_t flags, int32_t *block_status)
+{
+    if (slots == NULL)
+        return KVP_ERR_INVALID;
+    return client_fetch(s, op_id, request_id, keys, lens, n, slots, flags, block_status);
+}
+
+static kvp_status_t client_fetch(kvp_session_t *s, uint64_t op_id, uint64_t request_id,
+                                 const uint8_t *keys, const uint32_t *lens, uint32_t n,
+                                 const uint32_t *slots, uint32_t flags, int32_t *block_status)
 {
     kvp_session_env_t *node = s->env;
     kvp_status_t st = kvp__client_check_keys(keys, lens, n);
@@ -484,6 +566,10 @@ kvp_status_t kvp__client_fetch(kvp_session_t *s, uint64_t op_id, uint64_t reques
     kvp_load_t *l = load_new(s, op_id, request_id, keys, lens, n, flags, block_status);
     if (l == NULL)
         return KVP_ERR_NOMEM;
+    if (slots != NULL && (st = load_lend(l, slots)) != KVP_OK) {
+        kvp__load_free(l);
+        return st;
+    }
     if (queue) {
         fetchq_push(l);
         return KVP_OK;
@@ -527,6 +613,7 @@ kvp_load_t *kvp__client_find_load(kvp_session_t *s, uint64_t op_id)
  * the slots are suspect). Frees the load. */
 void kvp__load_release_quarantine(kvp_load_t *l, kvp_proof_t proof)
 {
+    l->cap_released = proof == KVP_PROOF_HOLD_CAP;
     for (uint32_t i = 0; i < l->n; i++) {
         if (!l->blocks[i].reserved)
             continue;
@@ -602,8 +689,10 @@ static void load_settle_done(kvp_load_t *l, kvp_status_t done_status, bool landi
             /* Verification off: the slot takes the source's digest, no hash
              * of the block on the node thread. */
             bool verify = n->cfg->verify_checksums && !KVP_MUTATED(KVP_MUT_SKIP_CHECKSUM);
-            st = kvp__release_dst_commit(n, l->peer, b->dst, &b->digest, verify,
-                                         KVP_PROOF_FETCH_DONE);
+            st = l->external ? kvp__release_dst_lent(n, l->peer, b->dst, &b->digest, verify,
+                                                     KVP_PROOF_FETCH_DONE)
+                             : kvp__release_dst_commit(n, l->peer, b->dst, &b->digest, verify,
+                                                       KVP_PROOF_FETCH_DONE);
         }
         if (st == KVP_ERR_CHECKSUM)
             KVP_ERROR(n->name, "peer %s: block %u of round %llu fails its checksum: dropped",
@@ -617,7 +706,8 @@ static void load_settle_done(kvp_load_t *l, kvp_status_t done_status, bool landi
                 first_err = st;
         } else {
             ok++;
-            kvp__server_on_commit(n, b->key.data, b->key.len);
+            if (!l->external) /* issue 29: a lent slot's block is the embedding's */
+                kvp__server_on_commit(n, b->key.data, b->key.len);
         }
         b->reserved = false;
         if (l->block_status)
@@ -797,25 +887,35 @@ static void load_timer_cb(kvp_timer_t *t)
 void kvp__client_fail_unknown(kvp_load_t *l, kvp_status_t why)
 {
     kvp_session_env_t *n = l->env;
-    if (!l->published)
+    kvp_xport_t *x = n->xport;
+    bool refusable = x->ops->inbound_refusable != NULL && x->ops->inbound_refusable(x, l->xpeer);
+    /* Issue 29: on an AM path the slots are released below, before the
+     * outcome, so a lent slot's block_status says "reusable now". */
+    if (!l->published && !(refusable && !l->quarantined && !l->am_refused))
         kvp__load_publish(l, why, 0);
     if (l->quarantined || l->am_refused)
         return;
     if (KVP_MUTATED(KVP_MUT_RELEASE_QUARANTINE_AT_ONCE)) {
         /* The bug: claims AM_REFUSE on a path our handler cannot refuse. */
         load_abandon_all(l, KVP_PROOF_AM_REFUSE); /* test-only mutation: a false proof */
+        if (!l->published)
+            kvp__load_publish(l, why, 0);
         return;
     }
-    kvp_xport_t *x = n->xport;
-    if (x->ops->inbound_refusable != NULL && x->ops->inbound_refusable(x, l->xpeer)) {
+    if (refusable) {
         /* AM path: once our handler refuses the slots nothing can land in
          * them (no UCX-owned write into the region exists on this path):
          * released at once, no quarantine. */
         uint32_t k = 0;
         for (uint32_t i = 0; i < l->n; i++)
             k += l->blocks[i].reserved;
+        for (uint32_t i = 0; i < l->n; i++)
+            if (l->blocks[i].reserved && l->block_status != NULL)
+                l->block_status[i] = why;
         load_abandon_all(l, KVP_PROOF_AM_REFUSE); /* refuse, then FILLING -> FREE */
         l->am_refused = true;
+        if (!l->published)
+            kvp__load_publish(l, why, 0);
         n->st->am_refuse_releases += k;
         KVP_INFO(n->name, "peer %s: load %llu failed (%s): %u slots released at once (proof=%s)",
                  l->peer, (unsigned long long)l->op_id, kvp_status_str(why), k,

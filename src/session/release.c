@@ -49,6 +49,20 @@ kvp_status_t kvp__release_dst_commit(kvp_session_env_t *n, const char *peer, kvp
     return KVP_OK;
 }
 
+kvp_status_t kvp__release_dst_lent(kvp_session_env_t *n, const char *peer, kvp_slot_ref_t dst,
+                                   const kvp_digest_t *digest, bool verify, kvp_proof_t proof)
+{
+    kvp_status_t st = verify ? kvp_store_verify(n->store, dst, digest) : KVP_OK;
+    if (st != KVP_OK)
+        return st; /* still FILLING: the caller releases it (kvp__release_dst) */
+    st = kvp_store_abandon(n->store, dst); /* lent: never indexed, back to the embedding */
+    KVP_ASSERT(st == KVP_OK);
+    release_count(n, proof, 1);
+    KVP_DEBUG(n->name, "peer %s: lent slot %u gen %u filling -> embedding's, verified=%d "
+              "(proof=%s)", peer, dst.slot, dst.gen, verify, kvp__proof_str(proof));
+    return KVP_OK;
+}
+
 void kvp__release_src(kvp_session_env_t *n, kvp_xfer_t *x, kvp_proof_t proof)
 {
     for (uint32_t i = 0; i < x->n; i++) {

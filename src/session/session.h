@@ -182,6 +182,15 @@ struct kvp_load {
     uint64_t started_ns, quarantined_ns, abort_started_ns;
     char peer[KVP_WIRE_STR_MAX + 1];
     kvp_timer_t timer; /* queue wait, load timeout, then abort resend / abort-ack timeout */
+    /* Issue 29, kvp_fetch_into: the destination slots are the embedding's,
+     * lent to this load (kvp_store_lend) from the call until their release;
+     * n_held of them were still held when the outcome was published (their
+     * block_status says KVP_ERR_BUSY): their release is the
+     * KVP_EV_SLOTS_RELEASED event of op_id (status KVP_ERR_TIMEOUT when the
+     * hold cap, not a proof, released them). */
+    bool external;
+    bool cap_released;
+    uint32_t n_held;
 };
 
 struct kvp_xfer {
@@ -406,6 +415,12 @@ kvp_status_t kvp__client_fetch(kvp_session_t *s, uint64_t op_id, uint64_t reques
                                uint32_t flags, int32_t *block_status);
 /* flags: the LOOKUP_RESP header's (KVP_LOOKUP_F_LIMIT: the op's event says
  * KVP_ERR_LIMIT, its hits kept). */
+/* Issue 29: kvp_fetch_into. `slots` (n) are the embedding's chunk indices,
+ * lent to the load now: KVP_ERR_INVALID (nothing lent) if one is out of
+ * range, repeated, or not the embedding's (lent or published). */
+kvp_status_t kvp__client_fetch_into(kvp_session_t *s, uint64_t op_id, uint64_t request_id,
+                                    const uint8_t *keys, const uint32_t *lens, uint32_t n,
+                                    const uint32_t *slots, uint32_t flags, int32_t *block_status);
 void kvp__client_on_lookup_resp(kvp_session_t *s, const kvp_msg_lookup_resp_t *m,
                                 uint16_t flags);
 void kvp__client_on_fetch_done(kvp_session_t *s, const kvp_msg_fetch_done_t *m);
@@ -495,6 +510,12 @@ void kvp__release_dst(kvp_session_env_t *e, const char *peer, kvp_slot_ref_t dst
  * `verify`, else taken as the slot's (kvp_store_commit_digest). On error
  * (e.g. KVP_ERR_CHECKSUM) the slot stays FILLING and nothing is counted: the
  * caller releases it with kvp__release_dst. */
+/* Issue 29: a lent slot's block landed: verified (unless `verify` is off)
+ * and handed back to the embedding (FILLING -> FREE by `proof`); never
+ * committed into the cache. KVP_ERR_CHECKSUM: still FILLING, the caller
+ * releases it with kvp__release_dst. */
+kvp_status_t kvp__release_dst_lent(kvp_session_env_t *e, const char *peer, kvp_slot_ref_t dst,
+                                   const kvp_digest_t *digest, bool verify, kvp_proof_t proof);
 kvp_status_t kvp__release_dst_commit(kvp_session_env_t *e, const char *peer, kvp_slot_ref_t dst,
                                      const kvp_digest_t *digest, bool verify, kvp_proof_t proof);
 /* Drop every pin of the transfer's store job (x->n becomes 0). */

@@ -315,6 +315,8 @@ kvp_status_t kvp_store_create(const kvp_store_config_t *cfg, kvp_store_t **out)
     s->commit_cb_arg = cfg->commit_cb_arg;
     s->remove_cb = cfg->remove_cb;
     s->log_prefix = cfg->log_prefix;
+    s->external = cfg->external;
+    s->unpublish_cb = cfg->unpublish_cb;
     if ((rc = arrays_alloc(s)) != KVP_OK)
         goto undo_arrays;
     if (cfg->region) {
@@ -449,6 +451,8 @@ kvp_status_t kvp_store_evict_one(kvp_store_t *s)
 {
     if (!s)
         return KVP_ERR_INVALID;
+    if (s->external)
+        return KVP_ERR_NOSPACE; /* issue 29: a published block leaves only by unpublish */
     return evict_slot(s);
 }
 
@@ -459,6 +463,8 @@ kvp_status_t kvp_store_reserve(kvp_store_t *s, const void *key, size_t key_len, 
 {
     if (!s || !key_ok(key, key_len) || !ref || (flags & ~KVP_STORE_RESERVE_REMOTE))
         return KVP_ERR_INVALID;
+    if (s->external)
+        return KVP_ERR_UNSUPPORTED; /* issue 29: every FREE slot is the embedding's */
     uint32_t h32 = (uint32_t)kvp__store_hash(s, key, key_len);
     uint32_t found = kvp__store_index_find(s, key, key_len, h32);
     if (found != UINT32_MAX)
@@ -500,9 +506,18 @@ static kvp_digest_t slot_digest(const kvp_store_t *s, uint32_t slot)
     return kvp_digest(kvp_store_slot_ptr(s, slot), s->block_size, s->hash_seed);
 }
 
-kvp_status_t kvp_store_commit(kvp_store_t *s, kvp_slot_ref_t ref)
+/* A lent slot's block is the embedding's: never committed into the cache. */
+static kvp_status_t ref_resolve_own(const kvp_store_t *s, kvp_slot_ref_t ref)
 {
     kvp_status_t rc = ref_resolve(s, ref, KVP_SLOT_FILLING);
+    if (rc == KVP_OK && (s->meta[ref.slot].flags & KVP_SLOTF_LENT))
+        return KVP_ERR_STATE;
+    return rc;
+}
+
+kvp_status_t kvp_store_commit(kvp_store_t *s, kvp_slot_ref_t ref)
+{
+    kvp_status_t rc = ref_resolve_own(s, ref);
     if (rc != KVP_OK)
         return rc;
     kvp_digest_t d = slot_digest(s, ref.slot);
@@ -513,7 +528,7 @@ kvp_status_t kvp_store_commit(kvp_store_t *s, kvp_slot_ref_t ref)
 kvp_status_t kvp_store_commit_digest(kvp_store_t *s, kvp_slot_ref_t ref,
                                      const kvp_digest_t *digest)
 {
-    kvp_status_t rc = ref_resolve(s, ref, KVP_SLOT_FILLING);
+    kvp_status_t rc = ref_resolve_own(s, ref);
     if (rc != KVP_OK)
         return rc;
     if (!digest)
@@ -525,7 +540,7 @@ kvp_status_t kvp_store_commit_digest(kvp_store_t *s, kvp_slot_ref_t ref,
 kvp_status_t kvp_store_commit_verify(kvp_store_t *s, kvp_slot_ref_t ref,
                                      const kvp_digest_t *expected)
 {
-    kvp_status_t rc = ref_resolve(s, ref, KVP_SLOT_FILLING);
+    kvp_status_t rc = ref_resolve_own(s, ref);
     if (rc != KVP_OK)
         return rc;
     if (!expected)
@@ -544,12 +559,23 @@ kvp_status_t kvp_store_commit_verify(kvp_store_t *s, kvp_slot_ref_t ref,
     return KVP_OK;
 }
 
+/* Issue 29: a lent slot leaving FILLING (it was never indexed). */
+static void lent_leave(kvp_store_t *s, uint32_t slot)
+{
+    KVP_ASSERT(s->lent > 0);
+    s->lent--;
+    s->meta[slot].flags &= (uint8_t)~KVP_SLOTF_LENT;
+}
+
 kvp_status_t kvp_store_abandon(kvp_store_t *s, kvp_slot_ref_t ref)
 {
     kvp_status_t rc = ref_resolve(s, ref, KVP_SLOT_FILLING);
     if (rc != KVP_OK)
         return rc;
-    kvp__store_index_remove(s, ref.slot);
+    if (s->meta[ref.slot].flags & KVP_SLOTF_LENT)
+        lent_leave(s, ref.slot);
+    else
+        kvp__store_index_remove(s, ref.slot);
     set_state(s, ref.slot, KVP_SLOT_FREE);
     free_push(s, ref.slot);
     s->st.abandons++;
@@ -576,7 +602,20 @@ static kvp_status_t pin_slot(kvp_store_t *s, uint32_t slot)
 kvp_status_t kvp_store_pin(kvp_store_t *s, kvp_slot_ref_t ref)
 {
     kvp_status_t rc = ref_resolve(s, ref, KVP_SLOT_READY);
+    if (rc == KVP_OK && (s->meta[ref.slot].flags & KVP_SLOTF_UNPUBLISHING))
+        return KVP_ERR_STALE; /* issue 29: unpublished, freed at its last unpin */
     return rc != KVP_OK ? rc : pin_slot(s, ref.slot);
+}
+
+/* Issue 29: an unpublished slot whose last pin dropped -> FREE (the
+ * embedding's), the remove and unpublish callbacks told. */
+static void unpublish_finish(kvp_store_t *s, uint32_t slot)
+{
+    list_insert_tail(s, KVP_STORE_LRU_HEAD(s), slot); /* ready_to_free takes it off */
+    s->meta[slot].flags &= (uint8_t)~KVP_SLOTF_UNPUBLISHING;
+    ready_to_free(s, slot);
+    if (s->unpublish_cb)
+        s->unpublish_cb(s->commit_cb_arg, slot);
 }
 
 kvp_status_t kvp_store_unpin(kvp_store_t *s, kvp_slot_ref_t ref)
@@ -589,7 +628,9 @@ kvp_status_t kvp_store_unpin(kvp_store_t *s, kvp_slot_ref_t ref)
         return KVP_ERR_STATE; /* the caller holds no pin: its bug, not ours */
     KVP_ASSERT(!link_linked(s, ref.slot));
     s->st.pins--;
-    if (--m->pins == 0)
+    if (--m->pins == 0 && (m->flags & KVP_SLOTF_UNPUBLISHING))
+        unpublish_finish(s, ref.slot);
+    else if (m->pins == 0)
         list_insert_tail(s, KVP_STORE_LRU_HEAD(s), ref.slot); /* most recently used */
     return KVP_OK;
 }
@@ -625,6 +666,10 @@ static kvp_status_t lookup_h(kvp_store_t *s, const void *key, size_t key_len, ui
     if (s->meta[slot].state == KVP_SLOT_FILLING) {
         s->st.lookups_pending++;
         return KVP_ERR_PENDING;
+    }
+    if (__builtin_expect(s->meta[slot].flags & KVP_SLOTF_UNPUBLISHING, 0)) {
+        s->st.lookups_miss++; /* issue 29: the embedding took it back */
+        return KVP_ERR_NOT_FOUND;
     }
     if (__builtin_expect(s->meta[slot].flags & KVP_SLOTF_SUSPECT, 0) && suspect_active(s, slot) &&
         !suspect_verify(s, slot)) {
@@ -728,7 +773,10 @@ kvp_status_t kvp_store_quarantine(kvp_store_t *s, kvp_slot_ref_t ref)
     kvp_status_t rc = ref_resolve(s, ref, KVP_SLOT_FILLING);
     if (rc != KVP_OK)
         return rc;
-    kvp__store_index_remove(s, ref.slot);
+    if (s->meta[ref.slot].flags & KVP_SLOTF_LENT)
+        lent_leave(s, ref.slot);
+    else
+        kvp__store_index_remove(s, ref.slot);
     s->meta[ref.slot].key_len = 0;
     set_state(s, ref.slot, KVP_SLOT_QUARANTINED);
     s->t_ns[ref.slot] = kvp_clock_now(s->clock);
@@ -744,7 +792,12 @@ kvp_status_t kvp_store_release_quarantined(kvp_store_t *s, kvp_slot_ref_t ref, b
     kvp_slot_meta_t *m = &s->meta[ref.slot];
     bool was = m->flags & KVP_SLOTF_SUSPECT;
     set_state(s, ref.slot, KVP_SLOT_FREE);
-    if (suspect || was) {
+    if (s->external) {
+        /* Issue 29: the slot is the embedding's again; no acquire of ours
+         * could re-verify it. The cap release is reported to the embedding
+         * (KVP_EV_SLOTS_RELEASED status) instead. */
+        s->t_ns[ref.slot] = 0;
+    } else if (suspect || was) {
         if (!was)
             s->st.suspect++;
         m->flags |= KVP_SLOTF_SUSPECT;
@@ -775,4 +828,100 @@ size_t kvp_store_key_bytes_per_slot(const kvp_store_t *s)
 {
     (void)s;
     return KVP_KEY_MAX;
+}
+
+/* ------------------------------------------------ issue 29: external slots */
+
+/* The FREE slot `slot` off whichever free list holds it (external stores
+ * never mark suspect, but a list is a list). */
+static kvp_status_t free_take_at(kvp_store_t *s, uint32_t slot)
+{
+    if (s->meta[slot].state != KVP_SLOT_FREE)
+        return KVP_ERR_BUSY;
+    KVP_ASSERT(link_linked(s, slot));
+    list_remove(s, slot);
+    if (s->meta[slot].flags & KVP_SLOTF_SUSPECT)
+        suspect_clear(s, slot);
+    return KVP_OK;
+}
+
+static void key_set(kvp_store_t *s, uint32_t slot, const void *key, size_t key_len)
+{
+    memcpy(s->keys + (size_t)slot * KVP_KEY_MAX, key, key_len);
+    s->meta[slot].key_len = (uint8_t)key_len;
+}
+
+kvp_status_t kvp_store_lend(kvp_store_t *s, uint32_t slot, const void *key, size_t key_len,
+                            kvp_slot_ref_t *ref)
+{
+    if (!s || !s->external || slot >= s->n || !key_ok(key, key_len) || !ref)
+        return KVP_ERR_INVALID;
+    kvp_status_t rc = free_take_at(s, slot);
+    if (rc != KVP_OK)
+        return rc;
+    key_set(s, slot, key, key_len);
+    s->meta[slot].flags |= KVP_SLOTF_LENT;
+    s->lent++;
+    set_state(s, slot, KVP_SLOT_FILLING);
+    s->st.reserves++;
+    *ref = ref_of(s, slot);
+    return KVP_OK;
+}
+
+kvp_status_t kvp_store_verify(kvp_store_t *s, kvp_slot_ref_t ref, const kvp_digest_t *expected)
+{
+    kvp_status_t rc = ref_resolve(s, ref, KVP_SLOT_FILLING);
+    if (rc != KVP_OK)
+        return rc;
+    if (!expected)
+        return KVP_ERR_INVALID;
+    kvp_digest_t d = slot_digest(s, ref.slot);
+    if (kvp_digest_eq(&d, expected))
+        return KVP_OK;
+    s->st.checksum_mismatches++;
+    KVP_WARN(s->log_prefix, "store: lent slot %u gen %u: content does not match the source's "
+             "checksum", ref.slot, ref.gen);
+    return KVP_ERR_CHECKSUM;
+}
+
+kvp_status_t kvp_store_publish(kvp_store_t *s, uint32_t slot, const void *key, size_t key_len,
+                               kvp_slot_ref_t *ref)
+{
+    if (!s || !s->external || slot >= s->n || !key_ok(key, key_len) || !ref)
+        return KVP_ERR_INVALID;
+    uint32_t h32 = (uint32_t)kvp__store_hash(s, key, key_len);
+    if (kvp__store_index_find(s, key, key_len, h32) != UINT32_MAX)
+        return KVP_ERR_EXISTS;
+    kvp_status_t rc = free_take_at(s, slot);
+    if (rc != KVP_OK)
+        return rc;
+    key_set(s, slot, key, key_len);
+    kvp__store_index_insert(s, slot, h32);
+    set_state(s, slot, KVP_SLOT_FILLING);
+    s->st.reserves++;
+    kvp_digest_t d = slot_digest(s, slot);
+    commit_digest(s, slot, &d); /* READY: serves pending lookups and parked demand */
+    *ref = ref_of(s, slot);
+    return KVP_OK;
+}
+
+kvp_status_t kvp_store_unpublish(kvp_store_t *s, const void *key, size_t key_len, uint32_t *slot)
+{
+    if (!s || !s->external || !key_ok(key, key_len) || !slot)
+        return KVP_ERR_INVALID;
+    uint32_t i = kvp__store_index_find(s, key, key_len, (uint32_t)kvp__store_hash(s, key, key_len));
+    if (i == UINT32_MAX || s->meta[i].state != KVP_SLOT_READY)
+        return KVP_ERR_NOT_FOUND;
+    *slot = i;
+    kvp_slot_meta_t *m = &s->meta[i];
+    if (m->flags & KVP_SLOTF_UNPUBLISHING)
+        return KVP_ERR_BUSY;
+    if (m->pins > 0 && KVP_MUTATED(KVP_MUT_EXT_UNPUBLISH_PINNED))
+        return KVP_OK; /* test-only mutation: the embedding takes back a slot still served */
+    if (m->pins > 0) {
+        m->flags |= KVP_SLOTF_UNPUBLISHING; /* I2: pins hold it until the last unpin */
+        return KVP_ERR_BUSY;
+    }
+    ready_to_free(s, i);
+    return KVP_OK;
 }

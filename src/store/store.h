@@ -60,6 +60,11 @@ typedef void (*kvp_store_commit_cb)(void *arg, const void *key, uint32_t key_len
  * Same rules as the commit callback; gets commit_cb_arg. */
 typedef void (*kvp_store_remove_cb)(void *arg, const void *key, uint32_t key_len);
 
+/* Issue 29: a published slot that was unpublished while pinned is FREE now
+ * (its last pin dropped): the embedding may reuse it. Same rules as the
+ * commit callback; gets commit_cb_arg. */
+typedef void (*kvp_store_unpublish_cb)(void *arg, uint32_t slot);
+
 typedef struct kvp_store_config {
     uint32_t num_blocks; /* > 0 */
     uint32_t block_size; /* > 0, a multiple of the page size */
@@ -79,6 +84,12 @@ typedef struct kvp_store_config {
     void *commit_cb_arg;
     kvp_store_remove_cb remove_cb; /* may be NULL */
     const char *log_prefix; /* borrowed for the store's lifetime; may be NULL */
+    /* Issue 29, external slots: the region and its slots are the embedding's.
+     * FREE means "the embedding's": kvp_store_reserve is refused (UNSUPPORTED),
+     * nothing is evicted; slots leave FREE only by kvp_store_lend (a load into
+     * a slot the embedding named) or kvp_store_publish (a block it serves). */
+    bool external;
+    kvp_store_unpublish_cb unpublish_cb; /* may be NULL */
 } kvp_store_config_t;
 
 typedef struct kvp_store_stats {
@@ -191,6 +202,30 @@ kvp_status_t kvp_store_quarantine(kvp_store_t *s, kvp_slot_ref_t ref);
  * not by proof) the slot is marked suspect for suspect_period_ns: it is handed
  * out only to KVP_STORE_RESERVE_REMOTE reserves and re-verified on acquire. */
 kvp_status_t kvp_store_release_quarantined(kvp_store_t *s, kvp_slot_ref_t ref, bool suspect);
+
+/* ---- issue 29: external slots (a store created with cfg.external) ----
+ * Lend: the FREE slot `slot` -> FILLING for a remote load into it, the key
+ * kept but not indexed (KVP_SLOTF_LENT); the load's proofs then move it as
+ * any FILLING slot (commit is kvp_store_verify + abandon: the block is the
+ * embedding's, never the cache's). KVP_ERR_INVALID out of range or bad key,
+ * KVP_ERR_BUSY if the slot is not FREE (lent already, or published). */
+kvp_status_t kvp_store_lend(kvp_store_t *s, uint32_t slot, const void *key, size_t key_len,
+                            kvp_slot_ref_t *ref);
+/* Does the FILLING slot's content match `expected`? KVP_OK, or
+ * KVP_ERR_CHECKSUM (counted, logged); no state change. */
+kvp_status_t kvp_store_verify(kvp_store_t *s, kvp_slot_ref_t ref, const kvp_digest_t *expected);
+/* Publish: the FREE slot `slot` holds the block of `key` (the embedding
+ * wrote it): FREE -> FILLING -> READY, hashed and indexed, served like any
+ * READY block. KVP_ERR_BUSY if the slot is not FREE, KVP_ERR_EXISTS if the
+ * key is READY or FILLING in another slot, KVP_ERR_INVALID bad arguments. */
+kvp_status_t kvp_store_publish(kvp_store_t *s, uint32_t slot, const void *key, size_t key_len,
+                               kvp_slot_ref_t *ref);
+/* Unpublish the READY block of `key`: unpinned -> FREE at once (KVP_OK, the
+ * slot is the embedding's again); pinned -> no new pin, KVP_ERR_BUSY, and
+ * the unpublish callback fires with the slot when the last pin drops.
+ * KVP_ERR_NOT_FOUND if the key is not published (or already unpublishing:
+ * then KVP_ERR_BUSY again). *slot gets the slot on OK and BUSY. */
+kvp_status_t kvp_store_unpublish(kvp_store_t *s, const void *key, size_t key_len, uint32_t *slot);
 
 /* Evict the least-recently-used READY unpinned slot (READY -> FREE).
  * KVP_ERR_NOSPACE if none. */

@@ -161,12 +161,25 @@ static kvp_status_t check_index(const kvp_store_t *s, char *why, size_t why_len)
     }
     CHECK(used == s->index_used, "index: %llu entries, counter says %llu", (unsigned long long)used,
           (unsigned long long)s->index_used);
-    CHECK(used == s->st.slots[KVP_SLOT_FILLING] + s->st.slots[KVP_SLOT_READY],
-          "index: %llu entries for %llu FILLING/READY slots", (unsigned long long)used,
+    /* Issue 29: lent FILLING slots keep their key unindexed. */
+    uint64_t lent = 0;
+    for (uint32_t i = 0; i < s->n; i++)
+        if (s->meta[i].flags & KVP_SLOTF_LENT) {
+            CHECK(s->external, "slot %u: lent in a store that lends nothing", i);
+            CHECK(s->meta[i].state == KVP_SLOT_FILLING || s->meta[i].state == KVP_SLOT_QUARANTINED,
+                  "slot %u: lent but %s", i, kvp_slot_state_str(s->meta[i].state));
+            lent += s->meta[i].state == KVP_SLOT_FILLING;
+        }
+    CHECK(lent == s->lent, "lent: %llu slots FILLING lent, counter says %llu",
+          (unsigned long long)lent, (unsigned long long)s->lent);
+    CHECK(used + lent == s->st.slots[KVP_SLOT_FILLING] + s->st.slots[KVP_SLOT_READY],
+          "index: %llu entries (+%llu lent) for %llu FILLING/READY slots",
+          (unsigned long long)used, (unsigned long long)lent,
           (unsigned long long)(s->st.slots[KVP_SLOT_FILLING] + s->st.slots[KVP_SLOT_READY]));
     for (uint32_t i = 0; i < s->n; i++) {
         uint8_t st = s->meta[i].state;
-        if (st != KVP_SLOT_FILLING && st != KVP_SLOT_READY)
+        if ((st != KVP_SLOT_FILLING && st != KVP_SLOT_READY) ||
+            (s->meta[i].flags & KVP_SLOTF_LENT))
             continue;
         const uint8_t *k = kvp__store_key(s, i);
         uint32_t h = (uint32_t)kvp__store_hash(s, k, s->meta[i].key_len);

@@ -34,6 +34,13 @@ enum {
      * slot is QUARANTINED again the flag means "was suspect": the release
      * re-marks it for a full period, whatever the proof (conservative). */
     KVP_SLOTF_SUSPECT = 1u << 0,
+    /* Issue 29 (external slots): FILLING or QUARANTINED for a load into a
+     * slot the embedding lent (kvp_store_lend): the key is kept, never
+     * indexed (the block will be the embedding's, not the cache's). */
+    KVP_SLOTF_LENT = 1u << 1,
+    /* Issue 29: a published READY slot the embedding unpublished while pins
+     * held it: no new pin; freed (unpublish_cb) when the last pin drops. */
+    KVP_SLOTF_UNPUBLISHING = 1u << 2,
 };
 
 /* Hot per-slot metadata. 16 bytes so it never straddles a cache line. */
@@ -76,6 +83,9 @@ struct kvp_store {
     void *commit_cb_arg;
     kvp_store_remove_cb remove_cb;
     const char *log_prefix;
+    bool external;                         /* issue 29: no reserve, no eviction */
+    uint64_t lent;                         /* issue 29: FILLING slots with KVP_SLOTF_LENT */
+    kvp_store_unpublish_cb unpublish_cb;   /* issue 29 */
 
     void *arrays_raw; /* the one allocation the arrays below are carved from */
     kvp_slot_meta_t *meta;

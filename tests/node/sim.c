@@ -48,7 +48,14 @@ typedef struct sim_op {
     uint32_t lens[16];
     uint8_t results[16];
     int32_t block_status[16];
+    uint32_t slots[16]; /* external mode: the embedding's slots lent to the load */
 } sim_op_t;
+
+/* Issue 29, external mode: what the simulated embedding believes of each
+ * slot of its region. It must match the node's kvp_slots_held at every
+ * check (OWNED <-> 0, LENT <-> 1, PUBLISHED/UNPUBLISHING <-> 2). */
+enum { EXT_OWNED = 0, EXT_LENT = 1, EXT_PUBLISHED = 2, EXT_UNPUBLISHING = 3 };
+#define SIM_SLOTS 48
 
 typedef struct sim {
     sim_opts_t o;
@@ -87,6 +94,15 @@ typedef struct sim {
     bool corrupt[SIM_MAX][SIM_KEYS]; /* (node, key) corrupted on purpose at the source */
     kvp_store_t *checked_store[SIM_MAX]; /* the store and its counters at its last check */
     kvp_store_stats_t checked_stats[SIM_MAX];
+    /* External mode (issue 29): per node and slot, the embedding's view
+     * (EXT_*), the pattern it wrote into an owned slot (0: unchecked), the
+     * key it published there, and whether the hold cap (no proof) handed it
+     * back once (a late WRITE may land there by design: unchecked). */
+    uint8_t ext_state[SIM_MAX][SIM_SLOTS];
+    uint64_t ext_tag[SIM_MAX][SIM_SLOTS];
+    uint16_t ext_key[SIM_MAX][SIM_SLOTS];
+    bool ext_taint[SIM_MAX][SIM_SLOTS];
+    uint64_t ext_next_tag;
     /* Last: a run clears only ops[0..ops_hi) of the one before (sim_alloc). */
     sim_op_t ops[SIM_OPS];
 } sim_t;
@@ -276,11 +292,14 @@ static void node_cfg(sim_t *s, int i)
      * and test_budgets.c cover them). */
     c->max_supply_pins_per_peer = c->max_supply_pins = UINT32_MAX;
     c->max_lease_ms = UINT32_MAX;
+    c->external_slots = s->o.external; /* issue 29: the fake's store maps the region */
     s->seams[i] = (kvp_node_seams_t){&s->mc.clock, s->net, s->fab,
                                      i % 3 == 2 ? KVP_PATH_FAKE_UNFENCEABLE
                                                 : KVP_PATH_FAKE_FENCEABLE,
                                      2 * MS, .no_event_fd = true};
 }
+
+static void ext_reset(sim_t *s, int i);
 
 static bool node_start(sim_t *s, int i)
 {
@@ -289,6 +308,8 @@ static bool node_start(sim_t *s, int i)
         violation(s, "node %d could not start: %s", i, kvp_status_str(st));
         return false;
     }
+    if (s->o.external)
+        ext_reset(s, i);
     for (int j = 0; j < s->o.nodes; j++)
         if (j != i)
             kvp_peer_add(s->node[i], s->addr[j]);
@@ -391,14 +412,263 @@ static void block_fill(uint32_t k, uint8_t *buf, size_t len)
     memcpy(buf, cache[k], len);
 }
 
+
+static uint32_t key_index(const uint8_t *key, uint32_t len);
+
+/* ------------------------------------------- issue 29: the embedding */
+
+static uint8_t *ext_ptr(sim_t *s, int i, uint32_t slot)
+{
+    return kvp_store_slot_ptr(kvp__node_store(s->node[i]), slot);
+}
+
+static uint64_t ext_word(uint64_t tag, int w)
+{
+    return tag * 0x9e3779b97f4a7c15ull + (uint64_t)w;
+}
+
+/* The embedding reuses a slot it owns: its own pattern, 8 words spread over
+ * the block (a landing of any block overwrites them). */
+static void ext_scribble(sim_t *s, int i, uint32_t slot)
+{
+    uint64_t tag = ++s->ext_next_tag;
+    uint8_t *p = ext_ptr(s, i, slot);
+    for (int w = 0; w < 8; w++) {
+        uint64_t v = ext_word(tag, w);
+        memcpy(p + w * 512, &v, 8);
+    }
+    s->ext_tag[i][slot] = tag;
+    s->ext_state[i][slot] = EXT_OWNED;
+}
+
+/* A slot the embedding owned all along must still hold its pattern. */
+static void ext_check_pattern(sim_t *s, int i, uint32_t slot, const char *when)
+{
+    uint64_t tag = s->ext_tag[i][slot];
+    if (tag == 0 || s->ext_taint[i][slot] || s->ext_state[i][slot] != EXT_OWNED)
+        return;
+    const uint8_t *p = ext_ptr(s, i, slot);
+    for (int w = 0; w < 8; w++) {
+        uint64_t v;
+        memcpy(&v, p + w * 512, 8);
+        if (v != ext_word(tag, w)) {
+            violation(s, "n%d: slot %u written while the embedding's (seen at %s)", i, slot, when);
+            s->ext_tag[i][slot] = 0;
+            return;
+        }
+    }
+}
+
+/* The node (re)started: every slot is the embedding's (the region is new). */
+static void ext_reset(sim_t *s, int i)
+{
+    for (uint32_t k = 0; k < SIM_SLOTS; k++) {
+        s->ext_taint[i][k] = false;
+        ext_scribble(s, i, k);
+    }
+}
+
+/* n distinct slots the embedding owns, drawn at random; false if too few. */
+static bool ext_pick(sim_t *s, int i, uint32_t n, uint32_t *out)
+{
+    uint32_t owned[SIM_SLOTS], m = 0;
+    for (uint32_t k = 0; k < SIM_SLOTS; k++)
+        if (s->ext_state[i][k] == EXT_OWNED)
+            owned[m++] = k;
+    if (m < n)
+        return false;
+    for (uint32_t b = 0; b < n; b++) {
+        uint32_t r = b + (uint32_t)rnd(s, m - b), t = owned[b];
+        owned[b] = owned[r];
+        owned[r] = t;
+        out[b] = owned[b];
+    }
+    return true;
+}
+
+/* Put block k (normal mode), or publish it from a slot the embedding owns. */
+static kvp_status_t sim_put(sim_t *s, int j, uint32_t k, const uint8_t *key, uint32_t kl,
+                            uint64_t req)
+{
+    block_fill(k, s->blockbuf, s->cfg[j].block_size);
+    if (!s->o.external)
+        return kvp_put(s->node[j], key, kl, s->blockbuf, s->cfg[j].block_size, req);
+    uint32_t slot;
+    if (!ext_pick(s, j, 1, &slot))
+        return KVP_ERR_NOSPACE;
+    ext_check_pattern(s, j, slot, "publish");
+    memcpy(ext_ptr(s, j, slot), s->blockbuf, s->cfg[j].block_size);
+    kvp_status_t st = kvp_publish(s->node[j], key, kl, slot);
+    if (st == KVP_OK) {
+        s->ext_state[j][slot] = EXT_PUBLISHED;
+        s->ext_key[j][slot] = (uint16_t)k;
+        return st;
+    }
+    if (st != KVP_ERR_EXISTS)
+        violation(s, "n%d: publish into its own slot %u refused: %s", j, slot, kvp_status_str(st));
+    ext_scribble(s, j, slot);
+    return st;
+}
+
+/* Fetch (normal mode), or fetch into slots the embedding owns. */
+static kvp_status_t sim_fetch(sim_t *s, int i, int j, sim_op_t *op, uint32_t flags)
+{
+    if (!s->o.external)
+        return kvp_fetch(s->node[i], s->addr[j], op->request, op->keys, op->lens, op->n, flags,
+                         op->block_status, &op->id);
+    if (!ext_pick(s, i, op->n, op->slots))
+        return KVP_ERR_NOSPACE;
+    for (uint32_t b = 0; b < op->n; b++)
+        ext_check_pattern(s, i, op->slots[b], "lend");
+    kvp_status_t st = kvp_fetch_into(s->node[i], s->addr[j], op->request, op->keys, op->lens,
+                                     op->n, op->slots, flags, op->block_status, &op->id);
+    if (st == KVP_ERR_INVALID)
+        violation(s, "n%d: fetch_into refused the embedding's own slots", i);
+    for (uint32_t b = 0; b < op->n && st == KVP_OK; b++)
+        s->ext_state[i][op->slots[b]] = EXT_LENT;
+    return st;
+}
+
+/* The embedding takes a published slot back. */
+static void act_unpublish(sim_t *s, int i)
+{
+    uint32_t pub[SIM_SLOTS], m = 0;
+    for (uint32_t k = 0; k < SIM_SLOTS; k++)
+        if (s->ext_state[i][k] == EXT_PUBLISHED)
+            pub[m++] = k;
+    if (m == 0)
+        return;
+    uint32_t slot = pub[rnd(s, m)], got = UINT32_MAX;
+    uint8_t key[16];
+    uint32_t kl = key_fmt(s->ext_key[i][slot], key);
+    kvp_status_t st = kvp_unpublish(s->node[i], key, kl, &got);
+    trace(s, "unpublish n%d slot %u -> %s", i, slot, kvp_status_str(st));
+    if ((st != KVP_OK && st != KVP_ERR_BUSY) || got != slot) {
+        violation(s, "n%d: unpublish of slot %u: %s (slot %u)", i, slot, kvp_status_str(st), got);
+        return;
+    }
+    if (st == KVP_OK)
+        ext_scribble(s, i, slot);
+    else
+        s->ext_state[i][slot] = EXT_UNPUBLISHING;
+}
+
+/* KVP_EV_LOAD of a fetch_into: each slot is the embedding's now (reused at
+ * once: a verified block checked byte-exact first), or held (BUSY). */
+static void ext_on_load(sim_t *s, int i, sim_op_t *op, const kvp_event_t *ev)
+{
+    uint32_t held = 0;
+    size_t off = 0;
+    for (uint32_t b = 0; b < op->n; off += op->lens[b], b++) {
+        uint32_t slot = op->slots[b];
+        if (s->ext_state[i][slot] != EXT_LENT) {
+            violation(s, "n%d: load %llu: slot %u not lent", i, (unsigned long long)op->id, slot);
+            continue;
+        }
+        if (op->block_status[b] == KVP_ERR_BUSY) {
+            held++;
+            s->r->ext_held++;
+            continue;
+        }
+        uint32_t k = key_index(op->keys + off, op->lens[b]);
+        if (op->block_status[b] == KVP_OK && !s->ext_taint[i][slot]) {
+            block_fill(k, s->blockbuf, s->cfg[i].block_size);
+            if (memcmp(ext_ptr(s, i, slot), s->blockbuf, s->cfg[i].block_size) != 0)
+                violation(s, "n%d: fetched block k%03u in slot %u has wrong content", i, k, slot);
+        }
+        s->ext_state[i][slot] = EXT_OWNED;
+        if (op->block_status[b] == KVP_OK && !s->ext_taint[i][slot] && rnd(s, 2) == 0 &&
+            kvp_publish(s->node[i], op->keys + off, op->lens[b], slot) == KVP_OK) {
+            s->ext_state[i][slot] = EXT_PUBLISHED; /* the embedding serves what it loaded */
+            s->ext_key[i][slot] = (uint16_t)k;
+            continue;
+        }
+        ext_scribble(s, i, slot); /* reused at once */
+    }
+    if (held != ev->n_held)
+        violation(s, "n%d: load %llu: %u slots held, the event says %u", i,
+                  (unsigned long long)op->id, held, ev->n_held);
+}
+
+/* KVP_EV_SLOTS_RELEASED / KVP_EV_SLOT_FREE: slots handed back later. */
+static void ext_on_release(sim_t *s, int i, const kvp_event_t *ev)
+{
+    if (ev->type == KVP_EV_SLOT_FREE) {
+        uint32_t slot = (uint32_t)ev->op_id;
+        if (slot >= SIM_SLOTS || s->ext_state[i][slot] != EXT_UNPUBLISHING)
+            violation(s, "n%d: SLOT_FREE for slot %u not unpublishing", i, slot);
+        else
+            ext_scribble(s, i, slot);
+        s->r->ext_slot_free++;
+        return;
+    }
+    sim_op_t *op = op_find(s, i, ev->op_id);
+    if (op == NULL || !op->is_load || op->events != 1) {
+        violation(s, "n%d: SLOTS_RELEASED for op %llu without its outcome", i,
+                  (unsigned long long)ev->op_id);
+        return;
+    }
+    uint32_t n = 0;
+    for (uint32_t b = 0; b < op->n; b++) {
+        uint32_t slot = op->slots[b];
+        if (op->block_status[b] != KVP_ERR_BUSY || s->ext_state[i][slot] != EXT_LENT)
+            continue;
+        n++;
+        s->ext_taint[i][slot] |= ev->status != KVP_OK; /* the cap: a late WRITE may land */
+        if (ev->status == KVP_OK)
+            s->r->ext_released_proof++;
+        else
+            s->r->ext_released_cap++;
+        ext_scribble(s, i, slot);
+    }
+    if (n != ev->n_keys)
+        violation(s, "n%d: SLOTS_RELEASED op %llu names %u slots, %u were held", i,
+                  (unsigned long long)ev->op_id, ev->n_keys, n);
+}
+
+/* Every check: the embedding's view is the node's (owned <-> not held, lent
+ * <-> lent, published <-> published), and owned slots keep their pattern. */
+static void ext_check(sim_t *s, int i)
+{
+    uint8_t held[SIM_SLOTS];
+    static const uint8_t want[4] = {0, 1, 2, 2};
+    if (kvp_slots_held(s->node[i], 0, SIM_SLOTS, held) != KVP_OK) {
+        violation(s, "n%d: kvp_slots_held failed", i);
+        return;
+    }
+    for (uint32_t k = 0; k < SIM_SLOTS; k++) {
+        if (held[k] != want[s->ext_state[i][k]]) {
+            violation(s, "n%d: slot %u: the embedding's view %u, the node holds it as %u", i, k,
+                      s->ext_state[i][k], held[k]);
+            return;
+        }
+        ext_check_pattern(s, i, k, "check");
+    }
+}
+
+/* Before the final check: the embedding takes back what it published. */
+static void ext_unpublish_all(sim_t *s)
+{
+    for (int i = 0; i < s->o.nodes; i++)
+        for (uint32_t k = 0; k < SIM_SLOTS; k++)
+            if (s->ext_state[i][k] == EXT_PUBLISHED) {
+                uint8_t key[16];
+                uint32_t kl = key_fmt(s->ext_key[i][k], key);
+                kvp_status_t st = kvp_unpublish(s->node[i], key, kl, NULL);
+                if (st != KVP_OK)
+                    violation(s, "n%d: unpublish of slot %u at rest: %s", i, k,
+                              kvp_status_str(st));
+                else
+                    ext_scribble(s, i, k);
+            }
+}
+
 static void act_put(sim_t *s, int i)
 {
     uint32_t k = (uint32_t)rnd(s, SIM_KEYS);
     uint8_t key[16];
     uint32_t kl = key_fmt(k, key);
-    block_fill(k, s->blockbuf, s->cfg[i].block_size);
-    kvp_status_t st = kvp_put(s->node[i], key, kl, s->blockbuf, s->cfg[i].block_size,
-                              1 + rnd(s, 8));
+    kvp_status_t st = sim_put(s, i, k, key, kl, 1 + rnd(s, 8));
     s->r->puts += st == KVP_OK;
     trace(s, "put n%d k%03u -> %s", i, k, kvp_status_str(st));
 }
@@ -463,8 +733,7 @@ static void act_fetch(sim_t *s, int i, int j)
     op->is_load = true;
     op->request = lk ? lk->request : 1 + rnd(s, 8);
     uint32_t flags = !lk && rnd(s, 2) == 0 ? KVP_FETCH_FLAG_WAIT_FOR_SUPPLY : 0;
-    kvp_status_t st = kvp_fetch(s->node[i], s->addr[j], op->request, op->keys, op->lens, op->n,
-                                flags, op->block_status, &op->id);
+    kvp_status_t st = sim_fetch(s, i, j, op, flags);
     trace(s, "fetch n%d<-n%d req %llu x%u%s -> %s op %llu", i, j, (unsigned long long)op->request,
           op->n, flags ? " wait" : "", kvp_status_str(st), (unsigned long long)op->id);
     if (st != KVP_OK)
@@ -522,8 +791,7 @@ static void act_corrupt(sim_t *s, int j)
     op->peer = j;
     op->is_load = true;
     op->request = 200 + rnd(s, 8);
-    if (kvp_fetch(s->node[i], s->addr[j], op->request, op->keys, op->lens, 1,
-                  KVP_FETCH_FLAG_WAIT_FOR_SUPPLY, op->block_status, &op->id) != KVP_OK)
+    if (sim_fetch(s, i, j, op, KVP_FETCH_FLAG_WAIT_FOR_SUPPLY) != KVP_OK)
         op->used = false;
 }
 
@@ -639,8 +907,7 @@ static bool act_race_fetch(sim_t *s, int i, int j, const char *what)
         op->lens[b] = key_fmt(k, key);
         memcpy(op->keys + off, key, op->lens[b]);
         off += op->lens[b];
-        block_fill(k, s->blockbuf, s->cfg[j].block_size);
-        kvp_put(s->node[j], key, op->lens[b], s->blockbuf, s->cfg[j].block_size, 0);
+        sim_put(s, j, k, key, op->lens[b], 0);
     }
     kvp_fake_script_t sc = kvp_fake_script_wedge_then_copy((20 + rnd(s, 300)) * MS);
     kvp_fake_script_next(kvp__node_xport(s->node[j]), &sc);
@@ -648,8 +915,7 @@ static bool act_race_fetch(sim_t *s, int i, int j, const char *what)
     op->peer = j;
     op->is_load = true;
     op->request = 100 + rnd(s, 8);
-    kvp_status_t st = kvp_fetch(s->node[i], s->addr[j], op->request, op->keys, op->lens, 2,
-                                KVP_FETCH_FLAG_WAIT_FOR_SUPPLY, op->block_status, &op->id);
+    kvp_status_t st = sim_fetch(s, i, j, op, KVP_FETCH_FLAG_WAIT_FOR_SUPPLY);
     trace(s, "%s n%d<-n%d -> %s op %llu", what, i, j, kvp_status_str(st),
           (unsigned long long)op->id);
     if (st != KVP_OK) {
@@ -733,8 +999,7 @@ static void act_parked_late(sim_t *s, int i, int j)
     op->peer = j;
     op->is_load = true;
     op->request = 300 + rnd(s, 8);
-    kvp_status_t st = kvp_fetch(s->node[i], s->addr[j], op->request, op->keys, op->lens, 1,
-                                KVP_FETCH_FLAG_WAIT_FOR_SUPPLY, op->block_status, &op->id);
+    kvp_status_t st = sim_fetch(s, i, j, op, KVP_FETCH_FLAG_WAIT_FOR_SUPPLY);
     trace(s, "parked-late n%d<-n%d k%03u -> %s op %llu", i, j, k, kvp_status_str(st),
           (unsigned long long)op->id);
     if (st != KVP_OK) {
@@ -748,8 +1013,7 @@ static void act_parked_late(sim_t *s, int i, int j)
     advance(s, (uint64_t)(s->cfg[i].dead_after_ms + rnd(s, 60)) * MS);
     kvp_fake_script_t sc = kvp_fake_script_wedge_then_copy((20 + rnd(s, 200)) * MS);
     kvp_fake_script_next(kvp__node_xport(s->node[j]), &sc);
-    block_fill(k, s->blockbuf, s->cfg[j].block_size);
-    kvp_put(s->node[j], key, op->lens[0], s->blockbuf, s->cfg[j].block_size, 0);
+    sim_put(s, j, k, key, op->lens[0], 0);
     advance(s, rnd(s, 100) * MS);
     set_cut(s, i, j, false);
 }
@@ -839,7 +1103,7 @@ static void fill_clean_slots(sim_t *s, int i, uint32_t skip)
 static void act_past_cap(sim_t *s, int j, int k)
 {
     int i = 2; /* node 2's paths cannot be fenced (node_cfg) */
-    if (j == i || k == i || j == k)
+    if (j == i || k == i || j == k || s->o.external) /* external: no suspect slots */
         return;
     uint32_t key0 = (uint32_t)rnd(s, SIM_KEYS - 1);
     for (uint32_t b = 0; b < 2; b++) {
@@ -908,9 +1172,12 @@ static void collect(sim_t *s)
                 s->r->trace_hash = kvp_hash64(&ev[e].type, sizeof(ev[e].type) * 2 + 8,
                                               s->r->trace_hash) ^ (uint64_t)ev[e].op_id;
                 uint64_t now = kvp_clock_now(&s->mc.clock);
-                s->r->digest = kvp_hash64(&ev[e], offsetof(kvp_event_t, reserved), s->r->digest);
+                s->r->digest = kvp_hash64(&ev[e], offsetof(kvp_event_t, n_held), s->r->digest);
                 s->r->digest = kvp_hash64(ev[e].peer, strnlen(ev[e].peer, sizeof(ev[e].peer)),
                                           s->r->digest ^ now);
+                if (s->o.external &&
+                    (ev[e].type == KVP_EV_SLOTS_RELEASED || ev[e].type == KVP_EV_SLOT_FREE))
+                    ext_on_release(s, i, &ev[e]);
                 if (ev[e].type != KVP_EV_LOOKUP && ev[e].type != KVP_EV_LOAD)
                     continue;
                 sim_op_t *op = op_find(s, i, ev[e].op_id);
@@ -924,7 +1191,9 @@ static void collect(sim_t *s)
                               (unsigned long long)op->id, op->events);
                 if (op->is_load && ev[e].status == KVP_OK)
                     s->r->loads_ok++;
-                if (op->is_load) {
+                if (op->is_load && s->o.external)
+                    ext_on_load(s, i, op, &ev[e]);
+                else if (op->is_load) {
                     size_t off = 0;
                     for (uint32_t b = 0; b < op->n; off += op->lens[b], b++)
                         if (op->block_status[b] == KVP_OK)
@@ -1085,8 +1354,16 @@ static void check(sim_t *s, bool final)
                               (unsigned long long)((now - l->quarantined_ns) / MS),
                               s->cfg[0].hold_cap_ms);
         }
+        if (s->o.external)
+            ext_check(s, i);
         if (!final)
             continue;
+        for (uint32_t k = 0; k < SIM_SLOTS && s->o.external; k++)
+            if (s->ext_state[i][k] != EXT_OWNED) { /* its slots never leak */
+                violation(s, "n%d after quiesce: slot %u is not the embedding's (%u)", i, k,
+                          s->ext_state[i][k]);
+                break;
+            }
         kvp_stats_t st;
         kvp_node_stats(s->node[i], &st);
         if (st.pins || st.slots_filling || st.slots_quarantined || st.retained_transfers)
@@ -1143,6 +1420,8 @@ static void step(sim_t *s)
     int i = (int)rnd(s, (uint64_t)s->o.nodes);
     int j = (int)((i + 1 + (int)rnd(s, (uint64_t)s->o.nodes - 1)) % s->o.nodes);
     uint64_t a = rnd(s, 100);
+    if (s->o.external && rnd(s, 12) == 0)
+        act_unpublish(s, i); /* balances publishing: ~1 in 4 puts' worth */
     if (s->o.profile == SIM_PROFILE_V1) { /* the generator of issue 7 */
         if (a < 30)
             act_put(s, i);
@@ -1250,6 +1529,8 @@ static void sim_run_once(const sim_opts_t *o, sim_result_t *r, bool tracing)
                 break;
         }
     }
+    if (s->o.external)
+        ext_unpublish_all(s);
     check(s, true);
     for (int i = 0; i < s->o.nodes; i++) { /* the end state joins the replay hash */
         kvp_stats_t st;
@@ -1259,7 +1540,9 @@ static void sim_run_once(const sim_opts_t *o, sim_result_t *r, bool tracing)
         kvp_fake_get_counters(kvp__node_xport(s->node[i]), &fc);
         for (int k = 0; k < KVP_FAKE_CALL_KINDS; k++)
             calls[k] = kvp_fake_call_count(kvp__node_xport(s->node[i]), (kvp_fake_call_kind_t)k);
-        r->trace_hash = kvp_hash64(&st, sizeof(st), r->trace_hash);
+        /* Counters up to issue 29's copy counters: the digests of the modes
+         * before it stay the same (they observe, they change no behaviour). */
+        r->trace_hash = kvp_hash64(&st, offsetof(kvp_stats_t, bytes_copied_in), r->trace_hash);
         r->trace_hash = kvp_hash64(calls, sizeof(calls), r->trace_hash);
         r->trace_hash = kvp_hash64(&fc, sizeof(fc), r->trace_hash);
     }

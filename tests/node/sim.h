@@ -56,6 +56,10 @@ typedef struct sim_opts {
      * seeds of issue 15 (their named regressions replay with it);
      * SIM_PROFILE_V2 (the default, 0) adds the scenarios those seeds hit. */
     int profile;
+    /* Issue 29: every node in external-slots mode, driven by a simulated
+     * embedding that owns the region (kvp_publish / kvp_unpublish /
+     * kvp_fetch_into; sim_ext.c's rules). */
+    bool external;
 } sim_opts_t;
 
 typedef struct sim_result {
@@ -75,6 +79,10 @@ typedef struct sim_result {
     /* issue 27: quarantined slots released because their source's process
      * exited (its fake transport closed: a restarted node), before the cap */
     uint64_t exit_released;
+    /* External mode (issue 29): load slots held past the outcome
+     * (block_status BUSY), released later by proof / by the hold cap, and
+     * unpublished slots freed at their last unpin (KVP_EV_SLOT_FREE). */
+    uint64_t ext_held, ext_released_proof, ext_released_cap, ext_slot_free;
     char first_violation[512];
     int violation_step;
 } sim_result_t;

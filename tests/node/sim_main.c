@@ -39,7 +39,9 @@ static int usage(const char *argv0)
             "usage: %s [--first X] [--seeds N] [--seed X] [--steps N] [--nodes N]\n"
             "          [--soak SECONDS] [--jobs N] [--mutation 0..%d] [--until-caught]\n"
             "          [--exact] [--full-quiesce] [--hashes] [--digest] [--log 0..4] [--verbose]\n"
-            "          [--profile 1|2]\n"
+            "          [--profile 1|2] [--external]\n"
+            "  --external      every node in external-slots mode (issue 29), a simulated\n"
+            "                  embedding owning the region\n"
             "  --first X       the seed range starts at X (default 1)\n"
             "  --jobs N        N processes (seeds first+j, first+j+N, ...)\n"
             "  --until-caught  stop at the first seed with a violation (mutation table)\n"
@@ -60,6 +62,7 @@ typedef struct totals {
     uint64_t faults[SIM_F_KINDS];
     double cpu;
     uint64_t exit_released; /* issue 27: slots released by the process-exit proof */
+    uint64_t ext[4]; /* issue 29: held, released by proof, by the cap, slot-free */
 } totals_t;
 
 typedef struct run_cfg {
@@ -83,6 +86,10 @@ static void run_range(const run_cfg_t *c, uint64_t offset, totals_t *t)
         t->viol += r.violations;
         t->loads += r.loads;
         t->ok += r.loads_ok;
+        t->ext[0] += r.ext_held;
+        t->ext[1] += r.ext_released_proof;
+        t->ext[2] += r.ext_released_cap;
+        t->ext[3] += r.ext_slot_free;
         t->rounds += r.rounds;
         t->rest_ms += r.rest_ms;
         t->exit_released += r.exit_released;
@@ -126,6 +133,8 @@ static void add(totals_t *sum, const totals_t *t)
     for (int f = 0; f < SIM_F_KINDS; f++)
         sum->faults[f] += t->faults[f];
     sum->cpu += t->cpu;
+    for (int k = 0; k < 4; k++)
+        sum->ext[k] += t->ext[k];
 }
 
 /* One child per job; each writes its totals to its pipe. */
@@ -182,6 +191,7 @@ int main(int argc, char **argv)
                      : strcmp(a, "--exact") == 0        ? &c.o.exact
                      : strcmp(a, "--until-caught") == 0 ? &c.until_caught
                      : strcmp(a, "--full-quiesce") == 0 ? &c.o.full_quiesce
+                     : strcmp(a, "--external") == 0     ? &c.o.external
                                                         : NULL;
         if (flag != NULL) {
             *flag = true;
@@ -254,6 +264,11 @@ int main(int argc, char **argv)
            jobs > 1 ? "s" : "",
            dt > 0 ? (double)sum.ran / dt : 0.0, sum.cpu > 0 ? (double)sum.ran / sum.cpu : 0.0,
            sum.cpu, kvp_mutation_str(kvp__mutation));
+    if (c.o.external)
+        printf("sim: external slots (issue 29): slots held past the outcome %llu, released by "
+               "proof %llu, by the hold cap %llu; unpublished slots freed at the last unpin %llu\n",
+               (unsigned long long)sum.ext[0], (unsigned long long)sum.ext[1],
+               (unsigned long long)sum.ext[2], (unsigned long long)sum.ext[3]);
     printf("sim: loads %llu (ok %llu), node rounds %.0f per seed, at rest %.0f ms into the "
            "quiesce on average\n",
            (unsigned long long)sum.loads, (unsigned long long)sum.ok,

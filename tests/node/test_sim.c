@@ -115,14 +115,33 @@ SEED_REGRESSION(6713)
 SEED_REGRESSION(6834)
 SEED_REGRESSION(7307)
 
+/* Issue 29: seeds run clean with every node in external-slots mode. */
+static void test_sim_external_seeds_clean(void **state)
+{
+    (void)state;
+    int seeds = env_int("KVPEER_SIM_SEEDS", kvp_test_time_scale() >= 10 ? 2 : 8);
+    uint64_t held = 0;
+    for (int k = 1; k <= seeds; k++) {
+        sim_opts_t o = {.seed = (uint64_t)k, .nodes = 3 + k % 3, .steps = 400, .external = true};
+        sim_result_t r;
+        sim_run(&o, &r);
+        if (r.violations)
+            fail_msg("seed %d: %s (replay: kvpeer_sim --external --seed %d --nodes %d "
+                     "--steps 400)", k, r.first_violation, k, o.nodes);
+        held += r.ext_held;
+        assert_true(r.loads > 0);
+    }
+    assert_true(held > 0); /* the deferred path ran */
+}
+
 /* A mutation is caught if some seed of the budget reports a violation. */
-static void expect_caught(int mutation)
+static void expect_caught_ext(int mutation, bool external)
 {
     int budget = env_int("KVPEER_SIM_MUTATION_SEEDS", 16);
     kvp__mutation = mutation;
     int caught_at = 0;
     for (int k = 1; k <= budget && !caught_at; k++) {
-        sim_opts_t o = {.seed = (uint64_t)k, .nodes = 4, .steps = 500};
+        sim_opts_t o = {.seed = (uint64_t)k, .nodes = 4, .steps = 500, .external = external};
         sim_result_t r;
         sim_run(&o, &r);
         if (r.violations)
@@ -132,6 +151,24 @@ static void expect_caught(int mutation)
     if (!caught_at)
         fail_msg("mutation %s survived %d seeds", kvp_mutation_str(mutation), budget);
     printf("mutation %s caught at seed %d\n", kvp_mutation_str(mutation), caught_at);
+}
+
+static void expect_caught(int mutation)
+{
+    expect_caught_ext(mutation, false);
+}
+
+/* Issue 29's switches, in external-slots mode. */
+static void test_mutation_ext_held_as_reusable(void **state)
+{
+    (void)state;
+    expect_caught_ext(KVP_MUT_EXT_HELD_AS_REUSABLE, true);
+}
+
+static void test_mutation_ext_unpublish_pinned(void **state)
+{
+    (void)state;
+    expect_caught_ext(KVP_MUT_EXT_UNPUBLISH_PINNED, true);
 }
 
 static void test_mutation_cancel_immediate_at_close(void **state)
@@ -176,6 +213,9 @@ int main(void)
         cmocka_unit_test(test_mutation_unpin_at_close),
         cmocka_unit_test(test_mutation_release_quarantine_at_once),
         cmocka_unit_test(test_mutation_skip_checksum),
+        cmocka_unit_test(test_sim_external_seeds_clean),
+        cmocka_unit_test(test_mutation_ext_held_as_reusable),
+        cmocka_unit_test(test_mutation_ext_unpublish_pinned),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,105 @@
+/*
+ * api_external.c -- issue 29, external slots: the calls of kvpeer.h by
+ * which an embedding that owns the region serves its own chunks
+ * (kvp_publish, kvp_unpublish) and asks which of its slots the node holds
+ * (kvp_slots_held). kvp_fetch_into is with the other remote calls (api.c).
+ * Each runs on the owner thread through kvp__node_exec.
+ *
+ * Ownership: a slot is the embedding's unless the store says otherwise --
+ * FILLING or QUARANTINED (lent to a load: a WRITE may land; back at the
+ * load's outcome or its KVP_EV_SLOTS_RELEASED) or READY (published: WRITEs
+ * read it while pinned; back at kvp_unpublish, or at KVP_EV_SLOT_FREE when
+ * the last pin drops -- the pins are dropped only by the release helper,
+ * release.c, with their proof).
+ */
+#include "node/node.h"
+
+#include <string.h>
+
+typedef struct publish_args {
+    const void *key;
+    uint32_t key_len;
+    uint32_t slot;
+} publish_args_t;
+
+static kvp_status_t do_publish(kvp_node_t *n, void *arg)
+{
+    publish_args_t *a = arg;
+    kvp_slot_ref_t ref;
+    kvp_status_t st = kvp_store_publish(n->store, a->slot, a->key, a->key_len, &ref);
+    if (st != KVP_OK)
+        return st;
+    kvp__server_on_commit(&n->env, a->key, a->key_len); /* pending lookups, parked demand */
+    return KVP_OK;
+}
+
+KVP_EXPORT kvp_status_t kvp_publish(kvp_node_t *n, const void *key, uint32_t key_len,
+                                    uint32_t slot)
+{
+    if (n == NULL || key == NULL || key_len == 0 || key_len > KVP_KEY_MAX ||
+        slot >= n->cfg.num_blocks)
+        return KVP_ERR_INVALID;
+    if (!n->cfg.external_slots)
+        return KVP_ERR_UNSUPPORTED;
+    publish_args_t a = {key, key_len, slot};
+    return kvp__node_exec(n, do_publish, &a);
+}
+
+static kvp_status_t do_unpublish(kvp_node_t *n, void *arg)
+{
+    publish_args_t *a = arg;
+    return kvp_store_unpublish(n->store, a->key, a->key_len, &a->slot);
+}
+
+KVP_EXPORT kvp_status_t kvp_unpublish(kvp_node_t *n, const void *key, uint32_t key_len,
+                                      uint32_t *slot)
+{
+    if (n == NULL || key == NULL || key_len == 0 || key_len > KVP_KEY_MAX)
+        return KVP_ERR_INVALID;
+    if (!n->cfg.external_slots)
+        return KVP_ERR_UNSUPPORTED;
+    publish_args_t a = {key, key_len, UINT32_MAX};
+    kvp_status_t st = kvp__node_exec(n, do_unpublish, &a);
+    if ((st == KVP_OK || st == KVP_ERR_BUSY) && slot != NULL)
+        *slot = a.slot;
+    return st;
+}
+
+typedef struct held_args {
+    uint32_t first, count;
+    uint8_t *held;
+} held_args_t;
+
+static kvp_status_t do_slots_held(kvp_node_t *n, void *arg)
+{
+    held_args_t *a = arg;
+    for (uint32_t i = 0; i < a->count; i++) {
+        kvp_slot_info_t info;
+        kvp_status_t st = kvp_store_slot_info(n->store, a->first + i, &info);
+        KVP_ASSERT(st == KVP_OK); /* range checked by the caller */
+        a->held[i] = info.state == KVP_SLOT_FREE    ? 0
+                     : info.state == KVP_SLOT_READY ? 2
+                                                    : 1;
+    }
+    return KVP_OK;
+}
+
+KVP_EXPORT kvp_status_t kvp_slots_held(kvp_node_t *n, uint32_t first, uint32_t count,
+                                       uint8_t *held)
+{
+    if (n == NULL || held == NULL || first >= n->cfg.num_blocks ||
+        count > n->cfg.num_blocks - first)
+        return KVP_ERR_INVALID;
+    if (!n->cfg.external_slots)
+        return KVP_ERR_UNSUPPORTED;
+    held_args_t a = {first, count, held};
+    return kvp__node_exec(n, do_slots_held, &a);
+}
+
+/* The store's unpublish callback: an unpublished slot's last pin dropped. */
+void kvp__node_unpublished(void *arg, uint32_t slot)
+{
+    kvp_node_t *n = arg;
+    kvp_event_t ev = {.type = KVP_EV_SLOT_FREE, .status = KVP_OK, .op_id = slot};
+    kvp__node_emit(n, &ev);
+}

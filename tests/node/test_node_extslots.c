@@ -1,0 +1,385 @@
+/*
+ * test_node_extslots.c -- issue 29, external slots, on the fake world: the
+ * embedding owns the region; a consumer fetches into slots it names, a
+ * source serves slots it published. Each test asserts the ownership rule:
+ * a slot is the embedding's exactly when kvp_slots_held says 0, and no WRITE
+ * touches a slot the embedding got back (the fake's landing checker).
+ */
+#include "world.h"
+
+#define MS KVP_NSEC_PER_MSEC
+#define BS 4096
+
+static void tweak_ext(kvp_config_t *c, kvp_node_seams_t *s, int i)
+{
+    (void)s;
+    (void)i;
+    c->external_slots = 1; /* the fake: the store maps the region (the embedding's) */
+}
+
+static void tweak_ext_unfenceable(kvp_config_t *c, kvp_node_seams_t *s, int i)
+{
+    tweak_ext(c, s, i);
+    s->fake_path = KVP_PATH_FAKE_UNFENCEABLE;
+}
+
+static void tweak_ext_am(kvp_config_t *c, kvp_node_seams_t *s, int i)
+{
+    tweak_ext(c, s, i);
+    s->fake_path = KVP_PATH_FAKE_AM;
+}
+
+static uint8_t *slot_ptr(world_t *w, int i, uint32_t slot)
+{
+    return (uint8_t *)kvp_store_slot_ptr(kvp__node_store(w->node[i]), slot);
+}
+
+/* The embedding of node i writes block k into its slot and publishes it. */
+static void publish(world_t *w, int i, uint32_t k, uint32_t slot)
+{
+    uint8_t key[32];
+    uint32_t kl = world_key(k, key);
+    world_block(k, slot_ptr(w, i, slot), BS);
+    assert_int_equal(kvp_publish(w->node[i], key, kl, slot), KVP_OK);
+}
+
+static uint8_t held(world_t *w, int i, uint32_t slot)
+{
+    uint8_t h = 9;
+    assert_int_equal(kvp_slots_held(w->node[i], slot, 1, &h), KVP_OK);
+    return h;
+}
+
+static uint32_t held_count(world_t *w, int i)
+{
+    uint8_t h[64];
+    uint32_t c = 0;
+    assert_int_equal(kvp_slots_held(w->node[i], 0, 64, h), KVP_OK);
+    for (int k = 0; k < 64; k++)
+        c += h[k] != 0;
+    return c;
+}
+
+static bool slot_is_block(world_t *w, int i, uint32_t slot, uint32_t k)
+{
+    uint8_t buf[BS];
+    world_block(k, buf, BS);
+    return memcmp(slot_ptr(w, i, slot), buf, BS) == 0;
+}
+
+static void ext_world(world_t *w, world_tweak_fn tweak)
+{
+    world_init(w, 2, tweak);
+    world_connect(w, 1, 0);
+    publish(w, 0, 1, 10);
+    publish(w, 0, 2, 11);
+}
+
+/* The blocks land byte-exact in the slots the consumer named, which are the
+ * embedding's again at the event; nothing is indexed or copied. */
+static void test_ext_fetch_into_lands(void **state)
+{
+    world_t *w = *state = malloc(sizeof(world_t));
+    ext_world(w, tweak_ext);
+    wkeys_t ks;
+    wkeys_make(&ks, 1, 2);
+    world_lookup_hits(w, 1, 0, &ks, 7);
+    uint32_t slots[2] = {40, 3};
+    int32_t bs[2] = {99, 99};
+    uint64_t op;
+    assert_int_equal(kvp_fetch_into(w->node[1], w->addr[0], 7, ks.buf, ks.len, 2, slots, 0, bs,
+                                    &op),
+                     KVP_OK);
+    assert_int_equal(held(w, 1, 40), 1);
+    const kvp_event_t *e = world_wait(w, 1, KVP_EV_LOAD, op, 200 * MS);
+    assert_non_null(e);
+    assert_int_equal(e->status, KVP_OK);
+    assert_int_equal(e->n_ok, 2);
+    assert_int_equal(e->n_held, 0);
+    assert_int_equal(bs[0], KVP_OK);
+    assert_int_equal(bs[1], KVP_OK);
+    assert_true(slot_is_block(w, 1, 40, 1));
+    assert_true(slot_is_block(w, 1, 3, 2));
+    assert_int_equal(held_count(w, 1), 0);                /* every slot the embedding's */
+    assert_int_equal(held(w, 0, 10), 2);                  /* still published at the source */
+    assert_int_equal(world_event_count(w, 1, KVP_EV_SLOTS_RELEASED, op), 0);
+    uint8_t key[32];
+    uint32_t kl = world_key(1, key);
+    assert_int_equal(kvp_store_probe(kvp__node_store(w->node[1]), key, kl, NULL, NULL),
+                     KVP_ERR_NOT_FOUND); /* not indexed: the embedding's block */
+    kvp_stats_t s0 = world_stats(w, 0), s1 = world_stats(w, 1);
+    assert_int_equal(s1.blocks_in, 2);
+    assert_int_equal(s0.bytes_copied_in + s0.bytes_copied_out, 0);
+    assert_int_equal(s1.bytes_copied_in + s1.bytes_copied_out, 0);
+    world_fini(w, false);
+    free(w);
+}
+
+/* Bad slot lists are refused whole (KVP_ERR_INVALID, nothing lent); the
+ * normal-mode calls answer UNSUPPORTED; a good fetch still works after. */
+static void test_ext_fetch_into_refusals(void **state)
+{
+    world_t *w = *state = malloc(sizeof(world_t));
+    ext_world(w, tweak_ext);
+    wkeys_t ks;
+    wkeys_make(&ks, 1, 2);
+    uint64_t op, op2;
+    uint32_t out_of_range[2] = {5, 64}, twice[2] = {5, 5}, published[2] = {5, 6};
+    assert_int_equal(kvp_fetch_into(w->node[1], w->addr[0], 7, ks.buf, ks.len, 2, out_of_range,
+                                    0, NULL, &op),
+                     KVP_ERR_INVALID);
+    assert_int_equal(kvp_fetch_into(w->node[1], w->addr[0], 7, ks.buf, ks.len, 2, twice, 0, NULL,
+                                    &op),
+                     KVP_ERR_INVALID);
+    uint8_t key[32];
+    uint32_t kl = world_key(50, key);
+    assert_int_equal(kvp_publish(w->node[1], key, kl, 6), KVP_OK);
+    assert_int_equal(kvp_fetch_into(w->node[1], w->addr[0], 7, ks.buf, ks.len, 2, published, 0,
+                                    NULL, &op),
+                     KVP_ERR_INVALID);
+    assert_int_equal(held_count(w, 1), 1); /* only the published slot */
+    /* A slot lent to a load in flight cannot be lent again. */
+    kvp_fake_script_t sc = kvp_fake_script_complete(50 * MS);
+    assert_int_equal(kvp_fake_script_next(kvp__node_xport(w->node[0]), &sc), KVP_OK);
+    uint32_t good[2] = {20, 21}, overlap[2] = {22, 21};
+    int32_t bs[2];
+    assert_int_equal(kvp_fetch_into(w->node[1], w->addr[0], 7, ks.buf, ks.len, 2, good,
+                                    KVP_FETCH_FLAG_WAIT_FOR_SUPPLY, bs, &op),
+                     KVP_OK);
+    assert_int_equal(kvp_fetch_into(w->node[1], w->addr[0], 8, ks.buf, ks.len, 2, overlap, 0,
+                                    NULL, &op2),
+                     KVP_ERR_INVALID);
+    assert_int_equal(held(w, 1, 22), 0); /* all or nothing */
+    assert_int_equal(kvp_fetch(w->node[1], w->addr[0], 7, ks.buf, ks.len, 2, 0, NULL, &op2),
+                     KVP_ERR_UNSUPPORTED);
+    assert_int_equal(kvp_put(w->node[1], key, kl, slot_ptr(w, 1, 6), BS, 0), KVP_ERR_UNSUPPORTED);
+    kvp_block_t b;
+    assert_int_equal(kvp_get(w->node[1], key, kl, &b), KVP_ERR_UNSUPPORTED);
+    assert_int_equal(kvp_publish(w->node[1], key, kl, 7), KVP_ERR_EXISTS);
+    uint8_t key2[32];
+    uint32_t kl2 = world_key(51, key2);
+    assert_int_equal(kvp_publish(w->node[1], key2, kl2, 20), KVP_ERR_BUSY); /* lent */
+    const kvp_event_t *e = world_wait(w, 1, KVP_EV_LOAD, op, 300 * MS);
+    assert_non_null(e);
+    assert_int_equal(e->status, KVP_OK);
+    assert_true(slot_is_block(w, 1, 20, 1));
+    assert_true(slot_is_block(w, 1, 21, 2));
+    assert_int_equal(kvp_unpublish(w->node[1], key, kl, NULL), KVP_OK);
+    assert_int_equal(held_count(w, 1), 0);
+    world_fini(w, false);
+    free(w);
+}
+
+/* Unpublish while a transfer reads the slot: BUSY, no new lookup hit, the
+ * transfer completes byte-exact, then KVP_EV_SLOT_FREE names the slot. */
+static void test_ext_unpublish_busy_then_free(void **state)
+{
+    world_t *w = *state = malloc(sizeof(world_t));
+    ext_world(w, tweak_ext);
+    wkeys_t ks;
+    wkeys_make(&ks, 1, 1);
+    world_lookup_hits(w, 1, 0, &ks, 7); /* k1 (slot 10) pinned as supply */
+    kvp_fake_script_t sc = kvp_fake_script_complete(80 * MS);
+    assert_int_equal(kvp_fake_script_next(kvp__node_xport(w->node[0]), &sc), KVP_OK);
+    uint32_t slots[1] = {30};
+    int32_t bs[1];
+    uint64_t op;
+    assert_int_equal(kvp_fetch_into(w->node[1], w->addr[0], 7, ks.buf, ks.len, 1, slots, 0, bs,
+                                    &op),
+                     KVP_OK);
+    world_run(w, 10 * MS); /* the transfer is running */
+    uint8_t key[32];
+    uint32_t kl = world_key(1, key), slot = 0;
+    assert_int_equal(kvp_unpublish(w->node[0], key, kl, &slot), KVP_ERR_BUSY);
+    assert_int_equal(slot, 10);
+    assert_int_equal(held(w, 0, 10), 2);
+    uint8_t res[1];
+    uint64_t lop;
+    assert_int_equal(kvp_lookup(w->node[1], w->addr[0], 8, ks.buf, ks.len, 1, res, &lop), KVP_OK);
+    const kvp_event_t *le = world_wait(w, 1, KVP_EV_LOOKUP, lop, 50 * MS);
+    assert_non_null(le);
+    assert_int_equal(le->n_ok, 0); /* no new pin on an unpublished slot */
+    assert_null(world_event(w, 0, KVP_EV_SLOT_FREE, 0));
+    const kvp_event_t *e = world_wait(w, 1, KVP_EV_LOAD, op, 300 * MS);
+    assert_non_null(e);
+    assert_int_equal(e->status, KVP_OK);
+    assert_true(slot_is_block(w, 1, 30, 1));
+    const kvp_event_t *fe = world_wait(w, 0, KVP_EV_SLOT_FREE, 10, 50 * MS);
+    assert_non_null(fe);
+    assert_int_equal(held(w, 0, 10), 0);
+    kvp_finish_request(w->node[1], 8);
+    /* Unpinned: at once. */
+    kl = world_key(2, key);
+    assert_int_equal(kvp_unpublish(w->node[0], key, kl, &slot), KVP_OK);
+    assert_int_equal(slot, 11);
+    assert_int_equal(kvp_unpublish(w->node[0], key, kl, &slot), KVP_ERR_NOT_FOUND);
+    world_run(w, 20 * MS);
+    assert_int_equal(held_count(w, 0), 0);
+    world_fini(w, false);
+    free(w);
+}
+
+/* The source is killed while its WRITE is wedged on a path that cannot be
+ * fenced: the load fails at once, its slots are held (KVP_ERR_BUSY,
+ * n_held), the late bytes land only in them, and the hold cap hands them
+ * back with KVP_EV_SLOTS_RELEASED (status TIMEOUT: no proof). */
+static void test_ext_source_killed_deferred_to_cap(void **state)
+{
+    world_t *w = *state = malloc(sizeof(world_t));
+    ext_world(w, tweak_ext_unfenceable);
+    wkeys_t ks;
+    wkeys_make(&ks, 1, 2);
+    world_lookup_hits(w, 1, 0, &ks, 7);
+    kvp_fake_script_t sc = kvp_fake_script_wedge_then_copy(600 * MS);
+    assert_int_equal(kvp_fake_script_next(kvp__node_xport(w->node[0]), &sc), KVP_OK);
+    uint32_t slots[2] = {12, 13};
+    int32_t bs[2];
+    uint64_t op;
+    assert_int_equal(kvp_fetch_into(w->node[1], w->addr[0], 7, ks.buf, ks.len, 2, slots, 0, bs,
+                                    &op),
+                     KVP_OK);
+    world_run(w, 5 * MS);
+    kvp_fake_net_kill(w->net, w->addr[0]);
+    const kvp_event_t *e = world_wait(w, 1, KVP_EV_LOAD, op, 500 * MS);
+    assert_non_null(e);
+    assert_int_equal(e->status, KVP_ERR_UNREACHABLE);
+    assert_int_equal(e->n_held, 2);
+    assert_int_equal(bs[0], KVP_ERR_BUSY);
+    assert_int_equal(bs[1], KVP_ERR_BUSY);
+    assert_int_equal(held(w, 1, 12), 1);
+    assert_int_equal(held(w, 1, 13), 1);
+    world_run(w, 700 * MS); /* the late copy lands: in held slots only */
+    assert_int_equal(world_violations(w), 0);
+    assert_null(world_event(w, 1, KVP_EV_SLOTS_RELEASED, op));
+    uint64_t cap = (uint64_t)w->cfg[1].hold_cap_ms * MS;
+    const kvp_event_t *r = world_wait(w, 1, KVP_EV_SLOTS_RELEASED, op, cap + 500 * MS);
+    assert_non_null(r);
+    assert_int_equal(r->status, KVP_ERR_TIMEOUT);
+    assert_int_equal(r->n_keys, 2);
+    assert_int_equal(held_count(w, 1), 0);
+    world_fini(w, false);
+    free(w);
+}
+
+/* A cancelled load: failed at once, slots held until the source's
+ * ABORT_ACK proves its transfer stopped, then released (status OK). */
+static void test_ext_cancel_deferred_to_abort_ack(void **state)
+{
+    world_t *w = *state = malloc(sizeof(world_t));
+    ext_world(w, tweak_ext);
+    wkeys_t ks;
+    wkeys_make(&ks, 1, 2);
+    world_lookup_hits(w, 1, 0, &ks, 7);
+    kvp_fake_script_t sc = kvp_fake_script_complete(150 * MS);
+    assert_int_equal(kvp_fake_script_next(kvp__node_xport(w->node[0]), &sc), KVP_OK);
+    uint32_t slots[2] = {14, 15};
+    int32_t bs[2];
+    uint64_t op;
+    assert_int_equal(kvp_fetch_into(w->node[1], w->addr[0], 7, ks.buf, ks.len, 2, slots, 0, bs,
+                                    &op),
+                     KVP_OK);
+    world_run(w, 10 * MS);
+    assert_int_equal(kvp_cancel(w->node[1], op), KVP_OK);
+    const kvp_event_t *e = world_wait(w, 1, KVP_EV_LOAD, op, 5 * MS);
+    assert_non_null(e);
+    assert_int_equal(e->status, KVP_ERR_CANCELED);
+    assert_int_equal(e->n_held, 2);
+    assert_int_equal(bs[0], KVP_ERR_BUSY);
+    assert_int_equal(held(w, 1, 14), 1);
+    const kvp_event_t *r = world_wait(w, 1, KVP_EV_SLOTS_RELEASED, op, 400 * MS);
+    assert_non_null(r);
+    assert_int_equal(r->status, KVP_OK);
+    assert_int_equal(r->n_keys, 2);
+    assert_int_equal(held_count(w, 1), 0);
+    kvp_stats_t st = world_stats(w, 1);
+    assert_int_equal(st.released_hold_cap, 0);
+    world_fini(w, false);
+    free(w);
+}
+
+/* The source's embedding rewrites a chunk it published (its contract
+ * broken, or a stray write): the consumer verifies the checksum taken at
+ * publish, fails that block (its slot the embedding's again at once, not
+ * held) and keeps the other. No corrupt block is reported OK. */
+static void test_ext_rewritten_published_chunk_fails_verify(void **state)
+{
+    world_t *w = *state = malloc(sizeof(world_t));
+    ext_world(w, tweak_ext);
+    wkeys_t ks;
+    wkeys_make(&ks, 1, 2);
+    world_lookup_hits(w, 1, 0, &ks, 7);
+    slot_ptr(w, 0, 11)[100] ^= 0x5a; /* k2's chunk, after publish */
+    uint32_t slots[2] = {16, 17};
+    int32_t bs[2];
+    uint64_t op;
+    assert_int_equal(kvp_fetch_into(w->node[1], w->addr[0], 7, ks.buf, ks.len, 2, slots, 0, bs,
+                                    &op),
+                     KVP_OK);
+    const kvp_event_t *e = world_wait(w, 1, KVP_EV_LOAD, op, 200 * MS);
+    assert_non_null(e);
+    assert_int_equal(e->status, KVP_ERR_CHECKSUM);
+    assert_int_equal(e->n_ok, 1);
+    assert_int_equal(e->n_held, 0);
+    assert_int_equal(bs[0], KVP_OK);
+    assert_int_equal(bs[1], KVP_ERR_CHECKSUM);
+    assert_true(slot_is_block(w, 1, 16, 1));
+    assert_int_equal(held_count(w, 1), 0);
+    assert_int_equal(world_stats(w, 1).checksum_mismatches, 1);
+    world_fini(w, false);
+    free(w);
+}
+
+/* The attacker's late write on an AM path: the source is killed with its
+ * WRITE wedged; our handler refuses the load's slots (AM_REFUSE), so they
+ * are the embedding's at once (not BUSY); the embedding reuses them; the
+ * late copy arrives and is dropped and counted: the embedding's bytes are
+ * unchanged and the landing checker saw nothing. */
+static void test_ext_am_late_write_dropped(void **state)
+{
+    world_t *w = *state = malloc(sizeof(world_t));
+    ext_world(w, tweak_ext_am);
+    wkeys_t ks;
+    wkeys_make(&ks, 1, 2);
+    world_lookup_hits(w, 1, 0, &ks, 7);
+    kvp_fake_script_t sc = kvp_fake_script_wedge_then_copy(300 * MS);
+    assert_int_equal(kvp_fake_script_next(kvp__node_xport(w->node[0]), &sc), KVP_OK);
+    uint32_t slots[2] = {18, 19};
+    int32_t bs[2];
+    uint64_t op;
+    assert_int_equal(kvp_fetch_into(w->node[1], w->addr[0], 7, ks.buf, ks.len, 2, slots, 0, bs,
+                                    &op),
+                     KVP_OK);
+    world_run(w, 5 * MS);
+    kvp_fake_net_kill(w->net, w->addr[0]);
+    const kvp_event_t *e = world_wait(w, 1, KVP_EV_LOAD, op, 500 * MS);
+    assert_non_null(e);
+    assert_true(e->status != KVP_OK);
+    assert_int_equal(e->n_held, 0);
+    assert_true(bs[0] != KVP_OK && bs[0] != KVP_ERR_BUSY);
+    assert_int_equal(held_count(w, 1), 0);
+    memset(slot_ptr(w, 1, 18), 0xee, BS); /* the embedding reuses them at once */
+    memset(slot_ptr(w, 1, 19), 0xee, BS);
+    world_run(w, 600 * MS); /* the late copy comes */
+    for (uint32_t i = 0; i < BS; i++)
+        if (slot_ptr(w, 1, 18)[i] != 0xee || slot_ptr(w, 1, 19)[i] != 0xee)
+            fail_msg("byte %u of a slot the embedding got back was written", i);
+    assert_true(world_stats(w, 1).late_bytes_dropped >= 2 * BS);
+    assert_int_equal(world_stats(w, 1).released_am_refuse, 2);
+    assert_int_equal(world_event_count(w, 1, KVP_EV_SLOTS_RELEASED, op), 0);
+    world_fini(w, false);
+    free(w);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ext_fetch_into_lands),
+        cmocka_unit_test(test_ext_fetch_into_refusals),
+        cmocka_unit_test(test_ext_unpublish_busy_then_free),
+        cmocka_unit_test(test_ext_source_killed_deferred_to_cap),
+        cmocka_unit_test(test_ext_cancel_deferred_to_abort_ack),
+        cmocka_unit_test(test_ext_rewritten_published_chunk_fails_verify),
+        cmocka_unit_test(test_ext_am_late_write_dropped),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
