@@ -23,9 +23,11 @@ source waited for it.
          side-channel socket on the host (found in /proc/net/unix, as any
          local process can) gets 50 connections of garbage, 300 held open
          with a well-formed but wrong claim, and connections from another
-         uid (nobody) with a well-formed message: none is watched, C and G
-         stay alive, G's fetch from C succeeds during the flood, and after
-         it the kill case still gets its proof (the door still works).
+         uid (nobody) with a well-formed message: C and G stay alive, G's
+         fetch from C succeeds during the flood, and after it the kill case
+         still gets its proof (the door still works). That none of these
+         connections is watched is asserted on the side channel alone
+         (tests/transport/test_pcred.c, test_door: stats per refusal).
 
 Each case: C alive, /admin/verify bad = 0 on C for its own blocks and on
 every slot it reuses afterwards, a good peer G served by C before and after.
