@@ -82,6 +82,11 @@ bench-peers: release
 # VLLM_TIERS_ARGS=--quick for a small run.
 NIXL_VENV ?= build/nixl-venv
 NIXL_VERSION ?= 1.5.1
+# issue 28: vLLM's KVCR tier (PyPI kvcr; pins nixl 1.5.0) in its own venv,
+# layered on .venv the same way; its engines run with that venv's python.
+KVCR_VENV ?= build/kvcr-venv
+KVCR_VERSION ?= 0.1.1
+KVCR_NIXL ?= 1.5.0
 bench-vllm-tiers: release
 	@sh scripts/install-py.sh
 	@[ -x $(NIXL_VENV)/bin/python ] || { /usr/bin/python3 -m venv $(NIXL_VENV) && \
@@ -89,7 +94,13 @@ bench-vllm-tiers: release
 	  { read sp; readlink -f .venv/lib/python3*/site-packages > "$$sp/kvpeer-project-venv.pth"; } && \
 	  $(NIXL_VENV)/bin/pip install --progress-bar off --no-deps \
 	    nixl==$(NIXL_VERSION) nixl-cu12==$(NIXL_VERSION) nixl-cu13==$(NIXL_VERSION); }
-	KVPEER_LIB=build/release/libkvpeer.so $(NIXL_VENV)/bin/python python/bench/vllm_tiers.py $(VLLM_TIERS_ARGS)
+	@[ -x $(KVCR_VENV)/bin/python ] || { /usr/bin/python3 -m venv $(KVCR_VENV) && \
+	  $(KVCR_VENV)/bin/python -c 'import sysconfig,sys; print(sysconfig.get_paths()["purelib"])' | \
+	  { read sp; readlink -f .venv/lib/python3*/site-packages > "$$sp/kvpeer-project-venv.pth"; } && \
+	  $(KVCR_VENV)/bin/pip install --progress-bar off --no-deps kvcr==$(KVCR_VERSION) \
+	    nixl==$(KVCR_NIXL) nixl-cu12==$(KVCR_NIXL) nixl-cu13==$(KVCR_NIXL); }
+	KVPEER_LIB=build/release/libkvpeer.so $(NIXL_VENV)/bin/python python/bench/vllm_tiers.py \
+	  --kvcr-python $(KVCR_VENV)/bin/python $(VLLM_TIERS_ARGS)
 
 # issue 28: a request's lookup cost (LOOKUP frames, control bytes, scheduler
 # time) against 1, 4, 16, 64 peers, with and without a router hint, through
