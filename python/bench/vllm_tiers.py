@@ -24,6 +24,19 @@ calls and step ends, which run the tier's polling and copies). Throughput = bloc
 request opens the sessions first (p2p answers MISS until its NIXL handshake
 is done; kvpeer dials at start-up).
 
+vLLM's KVCR tier (``type: kvcr``, PyPI kvcr, NIXL/UCX) runs with the python
+of --kvcr-python (build/kvcr-venv: kvcr 0.1.1 pins nixl 1.5.0, the p2p row
+uses 1.5.1). As shipped it does not import under vllm 0.34.0: vLLM's adapter
+imports ``ZmqPeerControlChannel`` from kvcr's top level, which kvcr 0.1.1 (and
+0.1.0) do not export (it is in kvcr.control_channels); the ``kvcr`` row prints
+that ImportError (not counted as a failed run). ``kvcr-shim`` binds that one
+name before vLLM imports the adapter and runs the tier unchanged otherwise:
+B's requests carry a router hint in ``kv_hints`` (kvcr.hint_parser's
+``kv.fetch`` action: A's control endpoint, the block hashes), the tier's
+``router_capabilities: ["router_hint"]``; A serves pin requests only in a
+scheduler step, so an idle engine steps every 1 ms while its manager has
+pending work (vLLM's engine keeps stepping then too).
+
 Tier configurations (the same for both, as a vLLM user would write them):
   p2p     {"type": "p2p", "host": "127.0.0.1", "port": P}; B's requests carry
           kv_transfer_params {"remote_kv_source": {"kv_request_id": ...,
@@ -481,7 +494,10 @@ def orchestrate(a: argparse.Namespace) -> int:
     print(hdr)
     for tier, r in results.items():
         if "error" in r:
-            rc = 1
+            # kvcr as shipped does not import under vllm 0.34.0 (see
+            # KVCR_TIERS): reported, not a failure of the run.
+            known = tier == "kvcr" and r["error"].startswith("ImportError")
+            rc = rc if known else 1
             print(f"{tier:13} ERROR: {r['error']}")
             continue
         ok = r["mismatches"] == 0 and r["misses"] == 0 and r["blocks"] == a.blocks
