@@ -105,6 +105,28 @@ bench-vllm-tiers: release
 # issue 28: a request's lookup cost (LOOKUP frames, control bytes, scheduler
 # time) against 1, 4, 16, 64 peers, with and without a router hint, through
 # vLLM's TieringOffloadingManager (python/bench/lookup_cost.py; prints a table).
+# issue 28: the vLLM tests against vllm 0.33.0 (CI runs 0.34.0 from .venv).
+# build/vllm033-venv is layered on .venv like the nixl one, with vllm 0.33.0
+# and what it needs beyond .venv (python/requirements-vllm033.txt, --no-deps;
+# ~0.4 GB: 0.33.0 pins the same torch). Never touches .venv.
+VLLM033_VENV ?= build/vllm033-venv
+VLLM033_TESTS = python/tests/test_vllm.py python/tests/test_vllm_fleet.py \
+  python/tests/test_vllm_observe.py python/tests/test_vllm_sched.py python/tests/test_vllm_events.py
+.PHONY: test-vllm033
+test-vllm033: release
+	@sh scripts/install-py.sh
+	@[ -f $(VLLM033_VENV)/.kvpeer-stamp ] && cmp -s $(VLLM033_VENV)/.kvpeer-stamp python/requirements-vllm033.txt || { \
+	  rm -rf $(VLLM033_VENV) && /usr/bin/python3 -m venv $(VLLM033_VENV) && \
+	  $(VLLM033_VENV)/bin/python -c 'import sysconfig,sys; print(sysconfig.get_paths()["purelib"])' | \
+	  { read sp; readlink -f .venv/lib/python3*/site-packages > "$$sp/kvpeer-project-venv.pth"; } && \
+	  $(VLLM033_VENV)/bin/pip install --progress-bar off --no-deps -r python/requirements-vllm033.txt && \
+	  cp python/requirements-vllm033.txt $(VLLM033_VENV)/.kvpeer-stamp; }
+	KVPEER_TEST_VLLM_VERSION=0.33.0 KVPEER_LIB=build/release/libkvpeer.so UCX_NET_DEVICES=lo \
+	  KVPEERD=build/release/tools/kvpeerd $(VLLM033_VENV)/bin/python -m pytest -q -rs \
+	  -p no:cacheprovider -o faulthandler_timeout=120 $(VLLM033_TESTS)
+	KVPEER_LIB=build/release/libkvpeer.so UCX_NET_DEVICES=lo $(VLLM033_VENV)/bin/python \
+	  python/tests/vllm_suite/run_suite.py --dest $(CURDIR)/build/vllm-sdist
+
 .PHONY: bench-lookup-cost
 bench-lookup-cost: release
 	@sh scripts/install-py.sh

@@ -40,6 +40,12 @@ Config keys (the tier's entry in ``secondary_tiers``; python/README.md):
   copy_thread    copy a finished load into vLLM's chunks on a kvpeer thread
                  (default true); false copies on the scheduler thread
   node_options   any other kvp_config_t field, e.g. {"heartbeat_ms": 200}
+  peers_dns      "name:port": peers from a DNS name resolving to many addresses
+                 (a Kubernetes headless service), beside ``peers``; resolved on
+                 a thread of its own every peers_dns_interval_s (default 30),
+                 new addresses dialled on demand, vanished ones dropped once
+                 idle; at most peers_dns_max (default 64) addresses
+                 (kvpeer.dns_peers)
   kv_events      with vLLM's KV events on (--kv-events-config), the store's
                  stored/removed blocks also go through vLLM's tier event path
                  (take_events; kvpeer.vllm_events), default true; false: only
@@ -94,6 +100,7 @@ from . import vllm_params as params
 from . import vllm_setup as setup
 from .vllm_params import request_id_of  # noqa: F401 (kvpeer.vllm.request_id_of)
 from .dialer import DEFAULT_MAX_HINTED
+from .dns_peers import DnsPeers
 from .node import CONFIG_FIELDS, Node, config_defaults
 from .node import Error as L_Error
 from .tier import HIT, HIT_PENDING, MISS, RETRY, KVPeerTier, LoadJob, Request, StoreJob
@@ -144,6 +151,8 @@ class KVPeerSecondaryTier(SecondaryTierManager):
                  hold_cap_ms: Optional[int] = None, batch_lookups: bool = True,
                  copy_thread: bool = True, max_hinted_peers: int = DEFAULT_MAX_HINTED,
                  locality: Any = None, kv_events: bool = True,
+                 peers_dns: Optional[str] = None, peers_dns_interval_s: float = 30.0,
+                 peers_dns_max: int = 64,
                  node_options: Optional[Dict[str, Any]] = None) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         self.locality = Locality.REMOTE
@@ -205,13 +214,20 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         self.peer_id = node.peer_id
         # One JSON for the whole fleet may list this engine too: not a peer.
         peers = [p for p in peers if p != self.peer_id]
+        dns: Optional[DnsPeers] = None
         try:
             if self._events is not None:
                 self._events.start(node)
+            if peers_dns is not None:
+                dns = DnsPeers(peers_dns, peers_dns_interval_s, peers_dns_max,
+                               exclude=[self.peer_id])
             self._tier = KVPeerTier(node=node, peers=peers, copy_thread=copy_thread,
                                     owns_node=True, max_hinted_peers=max_hinted_peers,
-                                    dial_wait_s=_dial_wait_s(opts), partial_loads=True)
+                                    dial_wait_s=_dial_wait_s(opts), partial_loads=True,
+                                    dns=dns)
         except BaseException:
+            if dns is not None:
+                dns.close()
             if self._events is not None:
                 self._events.close()
             node.close()
