@@ -111,7 +111,8 @@ bench-vllm-tiers: release
 # ~0.4 GB: 0.33.0 pins the same torch). Never touches .venv.
 VLLM033_VENV ?= build/vllm033-venv
 VLLM033_TESTS = python/tests/test_vllm.py python/tests/test_vllm_fleet.py \
-  python/tests/test_vllm_observe.py python/tests/test_vllm_sched.py python/tests/test_vllm_events.py
+  python/tests/test_vllm_observe.py python/tests/test_vllm_sched.py python/tests/test_vllm_events.py \
+  python/tests/test_vllm_dns.py
 .PHONY: test-vllm033
 test-vllm033: release
 	@sh scripts/install-py.sh

@@ -12,7 +12,6 @@ from typing import List
 
 import pytest
 
-import kvpeer
 from conftest import FAST, scaled
 from kvpeer.dns_peers import DnsPeers, parse_source, peer_name
 from kvpeer.tier import HIT, MISS, RETRY, KVPeerTier
