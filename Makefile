@@ -82,6 +82,11 @@ bench-peers: release
 # VLLM_TIERS_ARGS=--quick for a small run.
 NIXL_VENV ?= build/nixl-venv
 NIXL_VERSION ?= 1.5.1
+# issue 28: vLLM's KVCR tier (PyPI kvcr; pins nixl 1.5.0) in its own venv,
+# layered on .venv the same way; its engines run with that venv's python.
+KVCR_VENV ?= build/kvcr-venv
+KVCR_VERSION ?= 0.1.1
+KVCR_NIXL ?= 1.5.0
 bench-vllm-tiers: release
 	@sh scripts/install-py.sh
 	@[ -x $(NIXL_VENV)/bin/python ] || { /usr/bin/python3 -m venv $(NIXL_VENV) && \
@@ -89,11 +94,40 @@ bench-vllm-tiers: release
 	  { read sp; readlink -f .venv/lib/python3*/site-packages > "$$sp/kvpeer-project-venv.pth"; } && \
 	  $(NIXL_VENV)/bin/pip install --progress-bar off --no-deps \
 	    nixl==$(NIXL_VERSION) nixl-cu12==$(NIXL_VERSION) nixl-cu13==$(NIXL_VERSION); }
-	KVPEER_LIB=build/release/libkvpeer.so $(NIXL_VENV)/bin/python python/bench/vllm_tiers.py $(VLLM_TIERS_ARGS)
+	@[ -x $(KVCR_VENV)/bin/python ] || { /usr/bin/python3 -m venv $(KVCR_VENV) && \
+	  $(KVCR_VENV)/bin/python -c 'import sysconfig,sys; print(sysconfig.get_paths()["purelib"])' | \
+	  { read sp; readlink -f .venv/lib/python3*/site-packages > "$$sp/kvpeer-project-venv.pth"; } && \
+	  $(KVCR_VENV)/bin/pip install --progress-bar off --no-deps kvcr==$(KVCR_VERSION) \
+	    nixl==$(KVCR_NIXL) nixl-cu12==$(KVCR_NIXL) nixl-cu13==$(KVCR_NIXL); }
+	KVPEER_LIB=build/release/libkvpeer.so $(NIXL_VENV)/bin/python python/bench/vllm_tiers.py \
+	  --kvcr-python $(KVCR_VENV)/bin/python $(VLLM_TIERS_ARGS)
 
 # issue 28: a request's lookup cost (LOOKUP frames, control bytes, scheduler
 # time) against 1, 4, 16, 64 peers, with and without a router hint, through
 # vLLM's TieringOffloadingManager (python/bench/lookup_cost.py; prints a table).
+# issue 28: the vLLM tests against vllm 0.33.0 (CI runs 0.34.0 from .venv).
+# build/vllm033-venv is layered on .venv like the nixl one, with vllm 0.33.0
+# and what it needs beyond .venv (python/requirements-vllm033.txt, --no-deps;
+# ~0.4 GB: 0.33.0 pins the same torch). Never touches .venv.
+VLLM033_VENV ?= build/vllm033-venv
+VLLM033_TESTS = python/tests/test_vllm.py python/tests/test_vllm_fleet.py \
+  python/tests/test_vllm_observe.py python/tests/test_vllm_sched.py python/tests/test_vllm_events.py \
+  python/tests/test_vllm_dns.py
+.PHONY: test-vllm033
+test-vllm033: release
+	@sh scripts/install-py.sh
+	@[ -f $(VLLM033_VENV)/.kvpeer-stamp ] && cmp -s $(VLLM033_VENV)/.kvpeer-stamp python/requirements-vllm033.txt || { \
+	  rm -rf $(VLLM033_VENV) && /usr/bin/python3 -m venv $(VLLM033_VENV) && \
+	  $(VLLM033_VENV)/bin/python -c 'import sysconfig,sys; print(sysconfig.get_paths()["purelib"])' | \
+	  { read sp; readlink -f .venv/lib/python3*/site-packages > "$$sp/kvpeer-project-venv.pth"; } && \
+	  $(VLLM033_VENV)/bin/pip install --progress-bar off --no-deps -r python/requirements-vllm033.txt && \
+	  cp python/requirements-vllm033.txt $(VLLM033_VENV)/.kvpeer-stamp; }
+	KVPEER_TEST_VLLM_VERSION=0.33.0 KVPEER_LIB=build/release/libkvpeer.so UCX_NET_DEVICES=lo \
+	  KVPEERD=build/release/tools/kvpeerd $(VLLM033_VENV)/bin/python -m pytest -q -rs \
+	  -p no:cacheprovider -o faulthandler_timeout=120 $(VLLM033_TESTS)
+	KVPEER_LIB=build/release/libkvpeer.so UCX_NET_DEVICES=lo $(VLLM033_VENV)/bin/python \
+	  python/tests/vllm_suite/run_suite.py --dest $(CURDIR)/build/vllm-sdist
+
 .PHONY: bench-lookup-cost
 bench-lookup-cost: release
 	@sh scripts/install-py.sh

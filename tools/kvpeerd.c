@@ -246,7 +246,7 @@ static int daemon_start(kvpd_t *d)
              "peer=%s num_blocks=%u block_size=%u transport=ucx admin=%d drain_ms=%u",
              kvp_node_peer_id(d->node), d->set.cfg.num_blocks, d->set.cfg.block_size,
              d->set.admin ? 1 : 0, d->set.cfg.shutdown_drain_ms);
-    if (peers_connect(d) != 0)
+    if (peers_connect(d) != 0 || kvpd_dns_start(d) != 0)
         return -1;
     if (d->set.http[0] && kvpd_http_start(d) != 0)
         return -1;
@@ -255,6 +255,7 @@ static int daemon_start(kvpd_t *d)
 
 static void daemon_stop(kvpd_t *d)
 {
+    kvpd_dns_stop(d); /* its thread wants peers of the node: gone first */
     kvpd_ops_stop(d);
     kvpd_http_stop(d);
     if (d->node) {

@@ -50,6 +50,7 @@ typedef struct kvpd {
      * (start, SIGHUP), read by HTTP threads, so atomic -- `set` is the main
      * thread's. */
     _Atomic uint32_t dead_after_ms;
+    struct kvpd_dns *dns; /* issue 28: peers_dns resolver (kvpeerd_dns.c), NULL = off */
 } kvpd_t;
 
 /* ----------------------------------------------------------------- logging */
@@ -104,5 +105,14 @@ uint64_t kvpd_now_us(void);
 int kvpd_http_start(kvpd_t *d);
 /* Stop accepting, let running handlers answer (bounded), then stop. */
 void kvpd_http_stop(kvpd_t *d);
+
+/* -------------------------------------------------------------- peers_dns */
+/* Issue 28 (kvpeerd_dns.c): with peers_dns set, a thread resolves the name
+ * at once and every peers_dns_interval_ms and wants its addresses (at most
+ * peers_dns_max). Start after the node is up: 0 or -1 (logged). Stop before
+ * kvp_node_destroy (waits for a resolution in progress). */
+typedef struct kvpd_dns kvpd_dns_t;
+int kvpd_dns_start(kvpd_t *d);
+void kvpd_dns_stop(kvpd_t *d);
 
 #endif

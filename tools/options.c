@@ -138,6 +138,13 @@ static const opt_t opts[] = {
     MS(preauth_timeout_ms, 1, "a connection must authenticate within this (<= handshake_timeout_ms)"),
     {"data_port", OPT_U32, 0, C(data_port), 0, 65535, NULL,
      "port of the tcp data stream on the listen host (0 = ephemeral; fix it for firewall rules)"},
+    /* issue 28: peers from a DNS name (a Kubernetes headless service) */
+    {"peers_dns", OPT_STR, 0, S(peers_dns), 0, 0, "",
+     "name:port resolving to many peers, re-resolved every peers_dns_interval_ms (empty = off)"},
+    {"peers_dns_interval_ms", OPT_U32, 0, S(peers_dns_interval_ms), 100, 86400000, "30000",
+     "how often peers_dns is resolved again"},
+    {"peers_dns_max", OPT_U32, 0, S(peers_dns_max), 1, 65536, "64",
+     "addresses of one peers_dns answer wanted, at most (max_wanted_peers caps too)"},
 };
 #define N_OPTS (sizeof(opts) / sizeof(opts[0]))
 
@@ -637,7 +644,8 @@ static int settings_finish(kvpd_settings_t *s, FILE *err)
     }
     if (check_addr_ex("listen", s->listen, false, true, err) ||
         check_addr_ex("http", s->http, true, true, err) ||
-        check_peers(s->peers, err) || load_psk(s, err))
+        check_peers(s->peers, err) || check_addr("peers_dns", s->peers_dns, true, err) ||
+        load_psk(s, err))
         return -1;
     if (s->admin && s->admin_token_file[0] == '\0') { /* issue 27: no open admin API */
         fprintf(err, "kvpeerd: admin: the admin API needs admin_token_file (a file of mode 0600 "

@@ -51,6 +51,10 @@ typedef struct kvpd_settings {
     char *admin_token_file;  /* required with admin (admin_token.c) */
     uint8_t admin_token[32]; /* its digest (KVPD_TOKEN_DIGEST), never the token */
     uint32_t http_max_conns, http_max_per_ip, http_idle_ms;
+    /* issue 28: peers from a DNS name (kvpeerd_dns.c) */
+    char *peers_dns;                /* "name:port", "" = off */
+    uint32_t peers_dns_interval_ms; /* re-resolve period */
+    uint32_t peers_dns_max;         /* addresses kept from one answer */
 } kvpd_settings_t;
 
 /* Result of kvpd_settings_load. */

@@ -18,16 +18,27 @@ starts with AllBlocksCleared). The map is a hint: the owner re-checks and pins
 at fetch time (``Node.lookup_prefix``, or ``Node.fetch(..., hint=True)`` which
 misses at once if the hint is stale).
 
-Needs pyzmq and msgpack (Debian python3-zmq, python3-msgpack).
+Needs pyzmq and msgpack (Debian python3-zmq, python3-msgpack), or instead of
+msgpack msgspec (vLLM's venv has it, not msgpack).
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-import msgpack
 import zmq
+
+try:
+    import msgpack
+
+    def _unpack(b: bytes) -> Any:
+        return msgpack.unpackb(b, raw=False)
+except ImportError:  # vLLM's venv: msgspec decodes the same msgpack
+    import msgspec.msgpack
+
+    def _unpack(b: bytes) -> Any:
+        return msgspec.msgpack.decode(b)
 
 END_SEQ = (1 << 64) - 1  # -1 as the 8 bytes big-endian of vLLM's END_SEQ
 
@@ -58,7 +69,13 @@ class ClusterMap:
     """Subscribe to nodes' KV events; answer "which node holds the longest
     prefix of these keys". Not thread-safe: one thread calls poll()."""
 
-    def __init__(self) -> None:
+    def __init__(self, sink: Optional[Callable[["Applied"], None]] = None,
+                 keep_applied: bool = True, replay_timeout: float = 5.0) -> None:
+        # sink: called with each event as applied (kvpeer.vllm_events);
+        # keep_applied=False: not kept in ``applied`` (a long-lived map).
+        self._sink = sink
+        self._keep = keep_applied
+        self.replay_timeout = replay_timeout
         self._ctx = zmq.Context()
         self._sub = self._ctx.socket(zmq.SUB)
         self._sub.setsockopt(zmq.SUBSCRIBE, b"kv@")
@@ -122,7 +139,7 @@ class ClusterMap:
 
     def _on_batch(self, topic: str, seq: int, payload: bytes, live: bool) -> int:
         node = self._node_of(topic)
-        batch = msgpack.unpackb(payload, raw=False)
+        batch = _unpack(payload)
         inc = int(batch[3]) if len(batch) > 3 else 0
         st = self.nodes.get(node)
         if st is None or inc != st.incarnation:
@@ -148,31 +165,36 @@ class ClusterMap:
         st.next_seq = seq + 1
         return 1
 
+    def _record(self, a: Applied) -> None:
+        if self._keep:
+            self.applied.append(a)
+        if self._sink is not None:
+            self._sink(a)
+
     def _apply(self, st: NodeState, seq: int, events: Sequence) -> None:
         for ev in events:
             tag = ev[0]
             if tag == "BlockStored":
                 for k in ev[1]:
                     st.blocks.add(bytes(k))
-                    self.applied.append(Applied(st.node, st.incarnation, seq, "stored",
-                                                bytes(k)))
+                    self._record(Applied(st.node, st.incarnation, seq, "stored", bytes(k)))
             elif tag == "BlockRemoved":
                 for k in ev[1]:
                     st.blocks.discard(bytes(k))
-                    self.applied.append(Applied(st.node, st.incarnation, seq, "removed",
-                                                bytes(k)))
+                    self._record(Applied(st.node, st.incarnation, seq, "removed", bytes(k)))
             elif tag == "AllBlocksCleared":
                 st.blocks.clear()
-                self.applied.append(Applied(st.node, st.incarnation, seq, "cleared"))
+                self._record(Applied(st.node, st.incarnation, seq, "cleared"))
 
     def _replay_socket(self, node: str) -> List[zmq.Socket]:
         ep = self._replay_node.get(node)
         return [self._replay[ep]] if ep else list(self._replay.values())
 
-    def _replay_from(self, topic: str, st: NodeState, start: int,
-                     timeout: float = 5.0) -> int:
+    def _replay_from(self, topic: str, st: NodeState, start: int) -> int:
         """Ask the replay sockets for batches >= start of this node's current
-        incarnation and apply them in order. Returns the number applied."""
+        incarnation and apply them in order (waiting up to replay_timeout per
+        socket). Returns the number applied."""
+        timeout = self.replay_timeout
         applied = 0
         for sock in self._replay_socket(st.node):
             try:
@@ -185,7 +207,7 @@ class ClusterMap:
                 seq = int.from_bytes(seqb, "big")
                 if seq == END_SEQ:
                     break
-                batch = msgpack.unpackb(payload, raw=False)
+                batch = _unpack(payload)
                 inc = int(batch[3]) if len(batch) > 3 else 0
                 if inc != st.incarnation or seq < st.next_seq:
                     continue  # another node's replay socket, or already applied

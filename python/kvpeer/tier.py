@@ -46,6 +46,7 @@ from typing import Any, Dict, Hashable, List, Optional, Sequence, Set, Tuple, Un
 
 from . import _lib as L
 from .dialer import DEFAULT_MAX_HINTED, Dialer
+from .dns_peers import DnsPeers
 from .node import Buffer, Error, Event, EventType, Node
 
 # How long lookup_many(defer=True) trusts its list of ready peers (one
@@ -181,12 +182,15 @@ class KVPeerTier:
     """A secondary KV tier backed by one kvpeer Node. Pass ``node`` to share an
     existing Node (the tier then does not close it), or keyword arguments to
     create one (kvp_config_t options); ``owns_node=True`` hands a given node
-    to the tier (closed by shutdown()). ``peers`` are dialled at once."""
+    to the tier (closed by shutdown()). ``peers`` are dialled at once.
+    ``dns`` (kvpeer.dns_peers.DnsPeers, owned by the tier from here on): its
+    latest answer is asked beside ``peers``, each address dialled on demand."""
 
     def __init__(self, node: Optional[Node] = None, peers: Sequence[str] = (),
                  copy_thread: bool = False, owns_node: bool = False,
                  max_hinted_peers: int = DEFAULT_MAX_HINTED, dial_wait_s: float = 2.0,
-                 partial_loads: bool = False, **node_config: Any) -> None:
+                 partial_loads: bool = False, dns: Optional[DnsPeers] = None,
+                 **node_config: Any) -> None:
         if node is not None and node_config:
             raise TypeError("give either node= or node config options, not both")
         self._owns = node is None or owns_node
@@ -223,6 +227,8 @@ class KVPeerTier:
             if copy_thread else None)
         self._copying: List[_Load] = []
         self._partial = bool(partial_loads)
+        self._dns = dns
+        self._dns_peers: List[str] = []
         self._closed = False
 
     # ---------------------------------------------------------- lookup
@@ -345,7 +351,31 @@ class KVPeerTier:
     def _candidates(self, request: RequestLike) -> List[str]:
         if isinstance(request, Request) and request.peers is not None:
             return list(request.peers)
+        if self._dns is not None:
+            self._sync_dns()
+            return self.peers + self._dns_peers
         return list(self.peers)
+
+    def _sync_dns(self) -> None:
+        """The DNS answer's peers count as static (no hinted cap: the answer
+        is capped itself); a vanished one is no longer asked, and forgotten
+        now unless its session is up (then the node closes it once idle)."""
+        me = self.node.peer_id
+        static = set(self.peers)
+        got = [p for p in self._dns.peers() if p != me and p not in static]
+        if got != self._dns_peers:
+            self._dns_peers = got
+            self._dialer.static = static | set(got)
+        gone = self._dns.take_vanished() - self._dialer.static
+        if gone:
+            states = self._dialer.states(fresh=True)
+            for p in gone:
+                st = states.get(p)
+                if st is not None and st[0] not in ("ready", "probation"):
+                    try:
+                        self.node.remove_peer(p)
+                    except Error:
+                        pass  # already gone
 
     def _ask(self, rid: int, keys: List[bytes], peers: List[str],
              coming: Sequence[str] = ()) -> None:
@@ -521,6 +551,8 @@ class KVPeerTier:
         self.wait_copies()
         out = self.get_finished_jobs()
         self._closed = True
+        if self._dns is not None:
+            self._dns.close()
         if self._copier is not None:
             self._copier.shutdown(wait=True)
         if self._owns:

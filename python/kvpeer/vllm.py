@@ -40,6 +40,16 @@ Config keys (the tier's entry in ``secondary_tiers``; python/README.md):
   copy_thread    copy a finished load into vLLM's chunks on a kvpeer thread
                  (default true); false copies on the scheduler thread
   node_options   any other kvp_config_t field, e.g. {"heartbeat_ms": 200}
+  peers_dns      "name:port": peers from a DNS name resolving to many addresses
+                 (a Kubernetes headless service), beside ``peers``; resolved on
+                 a thread of its own every peers_dns_interval_s (default 30),
+                 new addresses dialled on demand, vanished ones dropped once
+                 idle; at most peers_dns_max (default 64) addresses
+                 (kvpeer.dns_peers)
+  kv_events      with vLLM's KV events on (--kv-events-config), the store's
+                 stored/removed blocks also go through vLLM's tier event path
+                 (take_events; kvpeer.vllm_events), default true; false: only
+                 kvpeer's own ZMQ publisher (node_options kv_events_endpoint)
 
 Data path and safety (docs/DESIGN.md, "vLLM tier"): the kvpeer node keeps its
 own store; loads land in kvpeer-owned slots (staging) and are copied into the
@@ -84,10 +94,13 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from . import _lib as L
 from . import psk
 from . import vllm_metrics as metrics
+from . import vllm_compat as compat
+from . import vllm_events as events
 from . import vllm_params as params
 from . import vllm_setup as setup
 from .vllm_params import request_id_of  # noqa: F401 (kvpeer.vllm.request_id_of)
 from .dialer import DEFAULT_MAX_HINTED
+from .dns_peers import DnsPeers
 from .node import CONFIG_FIELDS, Node, config_defaults
 from .node import Error as L_Error
 from .tier import HIT, HIT_PENDING, MISS, RETRY, KVPeerTier, LoadJob, Request, StoreJob
@@ -137,7 +150,9 @@ class KVPeerSecondaryTier(SecondaryTierManager):
                  compat: Optional[str] = None, dead_after_ms: Optional[int] = None,
                  hold_cap_ms: Optional[int] = None, batch_lookups: bool = True,
                  copy_thread: bool = True, max_hinted_peers: int = DEFAULT_MAX_HINTED,
-                 locality: Any = None,
+                 locality: Any = None, kv_events: bool = True,
+                 peers_dns: Optional[str] = None, peers_dns_interval_s: float = 30.0,
+                 peers_dns_max: int = 64,
                  node_options: Optional[Dict[str, Any]] = None) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         self.locality = Locality.REMOTE
@@ -172,6 +187,11 @@ class KVPeerSecondaryTier(SecondaryTierManager):
             raise ValueError(f"kvpeer: insecure must be true or false, got {insecure!r}")
         bind, advertised = self._identity(opts, offloading_spec, listen, host, port,
                                           psk_file, insecure, compat)
+        _check_version()
+        # vLLM's KV events on: the store's events through take_events too.
+        self._events: Optional[events.TierEvents] = (
+            events.TierEvents(tier_type, opts) if events.wanted(offloading_spec, kv_events)
+            else None)
         opts.update(block_size=block_size, num_blocks=num_blocks)
         if dead_after_ms is not None:
             opts["dead_after_ms"] = dead_after_ms
@@ -186,17 +206,30 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         try:
             node = Node(**opts)
         except L_Error as e:  # a bind failure names the address kvpeer tried
+            if self._events is not None:
+                self._events.close()
             raise L_Error(e.status, f"kvpeer tier on {bind}"
                           f"{' (advertised ' + advertised + ')' if advertised else ''}: "
                           f"{e.detail}") from None
         self.peer_id = node.peer_id
         # One JSON for the whole fleet may list this engine too: not a peer.
         peers = [p for p in peers if p != self.peer_id]
+        dns: Optional[DnsPeers] = None
         try:
+            if self._events is not None:
+                self._events.start(node)
+            if peers_dns is not None:
+                dns = DnsPeers(peers_dns, peers_dns_interval_s, peers_dns_max,
+                               exclude=[self.peer_id])
             self._tier = KVPeerTier(node=node, peers=peers, copy_thread=copy_thread,
                                     owns_node=True, max_hinted_peers=max_hinted_peers,
-                                    dial_wait_s=_dial_wait_s(opts), partial_loads=True)
+                                    dial_wait_s=_dial_wait_s(opts), partial_loads=True,
+                                    dns=dns)
         except BaseException:
+            if dns is not None:
+                dns.close()
+            if self._events is not None:
+                self._events.close()
             node.close()
             raise
         self._submitted: Dict[int, float] = {}
@@ -382,6 +415,16 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         finally:
             self._tier = None  # type: ignore[assignment]
             self._view.release()
+            if getattr(self, "_events", None) is not None:
+                self._events.close()
+
+    def take_events(self) -> Iterable[Any]:
+        """The store's stored/removed blocks since the last call, as vLLM's
+        OffloadingEvents (kvpeer.vllm_events); none unless vLLM's KV events
+        are on."""
+        if self._events is None or getattr(self, "_tier", None) is None:
+            return []
+        return self._events.take()
 
     # ------------------------------------------------------------ metrics
     @classmethod
@@ -408,12 +451,13 @@ class KVPeerSecondaryTier(SecondaryTierManager):
 def offloading_config(engine_id: str, chunk_bytes: int, num_chunks: int,
                        secondary_tiers: List[Dict[str, Any]], model_name: str = "none",
                        dtype: str = "float16", tp_size: int = 1, dp_index: int = 0,
-                       **extra: Any):
+                       kv_events: bool = False, **extra: Any):
     """vLLM's OffloadingConfig for a TieringOffloadingSpec of one KV group
     (16 tokens per block, one layer) on one rank: a primary CPU tier of
     ``num_chunks`` chunks of ``chunk_bytes`` and ``secondary_tiers`` (entries
     as in kv_connector_extra_config, e.g. {"type": "KVPeerSecondaryTier",
-    "module_path": "kvpeer.vllm", ...}). ``extra`` adds keys to its
+    "module_path": "kvpeer.vllm", ...}). ``kv_events``: vLLM's KV events on
+    (what --kv-events-config does). ``extra`` adds keys to its
     extra_config (e.g. tier_poll_interval_s). For tests and benchmarks that
     drive vLLM's manager without a model; an engine builds this itself."""
     from vllm.v1.kv_offload.config import (
@@ -424,7 +468,7 @@ def offloading_config(engine_id: str, chunk_bytes: int, num_chunks: int,
                     "secondary_tiers": list(secondary_tiers), **extra}
     return OffloadingConfig(
         groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=("l0",), group_id=0),),
-        worker_kv_bytes_per_block=chunk_bytes, enable_kv_cache_events=False,
+        worker_kv_bytes_per_block=chunk_bytes, enable_kv_cache_events=kv_events,
         extra_config=extra_config, engine_id=engine_id,
         model=OffloadingModelConfig(name=model_name, dtype=dtype),
         cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
@@ -434,6 +478,21 @@ def offloading_config(engine_id: str, chunk_bytes: int, num_chunks: int,
             data_parallel_rank_local=None,
             is_parallelism_agnostic=False))
 
+
+
+_version_checked = False
+
+
+def _check_version() -> None:
+    """Once per process: say so if this vLLM is not one kvpeer was tested with."""
+    global _version_checked
+    if _version_checked:
+        return
+    _version_checked = True
+    v = compat.vllm_version()
+    if v not in compat.TESTED:
+        log.warning("kvpeer tier: vllm %s; kvpeer is tested with vllm %s", v,
+                    " and ".join(compat.TESTED))
 
 
 def _dial_wait_s(opts: Dict[str, Any]) -> float:

@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -169,12 +170,26 @@ def test_wildcard_listen_advertises_a_routable_id(engines, monkeypatch, psk_file
         Engine(tier_cfg(listen=f"0.0.0.0:{free_port()}"))
 
 
+def _free_pair() -> int:
+    """A port P with P and P + 1 free now (rank 1 binds P + 1: an ephemeral
+    port another process held there failed this test once under load)."""
+    for _ in range(100):
+        port = free_port()
+        if port + 2 > 65535:
+            continue
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port + 1))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free port pair")
+
+
 def test_dp_ranks_bind_port_plus_index(engines):
     """DP rank i binds port + i (as vLLM's p2p tier); a second tier on a
     taken port fails with an error that names the address."""
-    port = free_port()
-    while port + 2 > 65535:
-        port = free_port()
+    port = _free_pair()
     r0 = engines(tier_cfg(host="127.0.0.1", port=port), dp_index=0)
     r1 = engines(tier_cfg(host="127.0.0.1", port=port), dp_index=1)
     assert (r0.peer_id, r1.peer_id) == (f"127.0.0.1:{port}", f"127.0.0.1:{port + 1}")

@@ -25,6 +25,7 @@ prints {"peer_id": ...}, then one JSON line per command:
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -196,7 +197,11 @@ class SchedEngine:
             meta.mark_completed(j)
         self.done_jobs = []
         recved, self.recved = self.recved, set()
-        out = ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled,
+        # vllm 0.33's ModelRunnerOutput also takes req_id_to_index (0.34 derives it)
+        idx = ({"req_id_to_index": {r: i for i, r in enumerate(req_ids)}}
+               if "req_id_to_index" in {f.name for f in dataclasses.fields(ModelRunnerOutput)}
+               else {})
+        out = ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled, **idx,
                                 kv_connector_output=KVConnectorOutput(
                                     finished_recving=recved or None,
                                     kv_connector_worker_meta=meta))
