@@ -192,7 +192,7 @@ UCX122_TESTS ?= ^(test_ucx.*|test_node_e2e|test_node_ops|test_kvpeerd_two_nodes|
 UCX122_DEATH_RUNS ?= 5
 # Only what those tests run is built (CI time): a test added to UCX122_TESTS
 # whose program is not listed here fails as "Not Run" (UCX122_TARGETS= builds all).
-UCX122_TARGETS ?= test_ucx test_ucx_fail test_ucx_wedge test_ucx_blob test_ucx_version test_ucx_proof \
+UCX122_TARGETS ?= test_ucx test_ucx_fail test_ucx_wedge test_ucx_blob test_ucx_version test_ucx_proof test_ucx_log \
   test_node_e2e e2e_node test_node_ops kvpeerd kvpeer_cli kvpeer foreign_ucx foreign_uct
 ucx122: deps-c
 	@pc=$$(./scripts/install-ucx122.sh) && PKG_CONFIG_PATH="$$pc" cmake -S . -B $(UCX122_DIR) \
