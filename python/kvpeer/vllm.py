@@ -435,6 +435,11 @@ class KVPeerSecondaryTier(SecondaryTierManager):
                 if not freed:
                     waiting.add(slot)
             self._serves.append([job, ctx, waiting])
+        self._reap_serves()
+
+    def _reap_serves(self) -> None:
+        """Serves whose chunks are all back (unpublished, last transfer
+        terminal: SLOT_FREE): their store jobs are done."""
         for slot in self._tier.take_slot_free():
             for sv in self._serves:
                 sv[2].discard(slot)
@@ -460,11 +465,12 @@ class KVPeerSecondaryTier(SecondaryTierManager):
             self._tier.cancel_load(job_id, "drained (vLLM cache reset)")
         self._tier.wait_copies()  # a running copy into vLLM's chunks ends first
         self._collect(self._tier.get_finished_jobs())
-        if self._zc:  # every deferred_release set before returning (vLLM's rule)
+        if self._zc:  # every deferred_release set, no peer reading a chunk, before returning
             end = time.monotonic() + self._load_bound_s() + self._hold_cap_s
-            while self._tier.deferred_pending() and time.monotonic() < end:
+            while (self._tier.deferred_pending() or self._serves) and time.monotonic() < end:
                 time.sleep(0.01)
                 self._collect(self._tier.get_finished_jobs())  # SLOTS_RELEASED sets them
+                self._reap_serves()
 
     def _load_bound_s(self) -> float:
         return 2.0 * self._load_timeout_ms / 1000.0
