@@ -190,6 +190,13 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         self._load_timeout_ms = int(opts.get("load_timeout_ms",
                                              config_defaults()["load_timeout_ms"]))
         self._hold_cap_s = int(opts.get("hold_cap_ms", config_defaults()["hold_cap_ms"])) / 1000.0
+        # zero copy: a served chunk stays published (and pinned in vLLM) for
+        # the pin lease, at most 1 s: the other load jobs of the request fetch
+        # it with wait-for-supply meanwhile (only one FETCH uses a round).
+        d = config_defaults()
+        lease_ms = int(opts.get("pin_lease_ms", d["pin_lease_ms"]) or
+                       opts.get("supply_pin_ms", d["supply_pin_ms"]))
+        self._serve_hold_s = min(lease_ms, 1000) / 1000.0
         # vLLM's view is (num_chunks, chunk_bytes); a 2-D memoryview has no
         # row indexing, so chunks are addressed in a flat byte view of it.
         self._view = primary_kv_view.cast("B")
@@ -429,24 +436,33 @@ class KVPeerSecondaryTier(SecondaryTierManager):
                         log.debug("kvpeer tier %s: chunk %d not published: %s", self.peer_id,
                                   int(c), e)
             node.wanted_done(ev.op_id)
-            waiting = set()
-            for k in published:
-                freed, slot = node.unpublish(k)
-                if not freed:
-                    waiting.add(slot)
-            self._serves.append([job, ctx, waiting])
+            # [job, ctx, slots waiting for SLOT_FREE, keys still published, unpublish at]
+            self._serves.append([job, ctx, set(), published,
+                                 time.monotonic() + self._serve_hold_s])
         self._reap_serves()
 
-    def _reap_serves(self) -> None:
-        """Serves whose chunks are all back (unpublished, last transfer
-        terminal: SLOT_FREE): their store jobs are done."""
+    def _reap_serves(self, force: bool = False) -> None:
+        """A served chunk stays published for the pin lease, at most 1 s (a later FETCH
+        of the request -- another load job of it, with wait-for-supply --
+        finds it), then is unpublished (BUSY: until SLOT_FREE, its last
+        transfer terminal). Serves whose chunks are all back: their store
+        jobs are done. ``force``: unpublish now (drain)."""
+        now = time.monotonic()
+        node = self._tier.node
+        for sv in self._serves:
+            if sv[3] and (force or now >= sv[4]):
+                for k in sv[3]:
+                    freed, slot = node.unpublish(k)
+                    if not freed:
+                        sv[2].add(slot)
+                sv[3] = []
         for slot in self._tier.take_slot_free():
             for sv in self._serves:
                 sv[2].discard(slot)
         still = []
         for sv in self._serves:
-            job, ctx, waiting = sv
-            if waiting:
+            job, ctx, waiting = sv[0], sv[1], sv[2]
+            if waiting or sv[3]:
                 still.append(sv)
                 continue
             if job is not None:
@@ -470,7 +486,7 @@ class KVPeerSecondaryTier(SecondaryTierManager):
             while (self._tier.deferred_pending() or self._serves) and time.monotonic() < end:
                 time.sleep(0.01)
                 self._collect(self._tier.get_finished_jobs())  # SLOTS_RELEASED sets them
-                self._reap_serves()
+                self._reap_serves(force=True)
 
     def _load_bound_s(self) -> float:
         return 2.0 * self._load_timeout_ms / 1000.0
