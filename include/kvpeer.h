@@ -220,6 +220,16 @@ typedef struct kvp_config {
      * while it is lent (kvp_fetch_into) or published (kvp_publish).
      * kvp_put, kvp_get and kvp_fetch answer KVP_ERR_UNSUPPORTED. */
     uint32_t external_slots;
+    /* Issue 29 step 2, "keys wanted" (external_slots = 1 only): 1 = a
+     * LOOKUP's keys that are not published raise KVP_EV_WANTED and the
+     * answer waits (at most lookup_pending_ms) for the embedding to publish
+     * what it holds and call kvp_wanted_done; unanswered keys answer MISS.
+     * max_wanted_ops_per_peer: WANTED ops of one peer outstanding at once
+     * (default 16); past it, a LOOKUP's unpublished keys answer MISS with
+     * the limit flag (counted in wanted_refused). Each wanted key also
+     * counts against the peer's key rate and round memory. */
+    uint32_t external_wanted;
+    uint32_t max_wanted_ops_per_peer;
 } kvp_config_t;
 
 KVP_EXPORT void kvp_config_init(kvp_config_t *cfg);
@@ -377,6 +387,19 @@ KVP_EXPORT kvp_status_t kvp_unpublish(kvp_node_t *node, const void *key, uint32_
 KVP_EXPORT kvp_status_t kvp_slots_held(kvp_node_t *node, uint32_t first, uint32_t count,
                                        uint8_t *held);
 
+/* Issue 29 step 2 (external_wanted = 1): the keys of a KVP_EV_WANTED op
+ * still wanted (not published since), at most `cap`: key i in
+ * keys[i * KVP_KEY_MAX ...], its length in key_lens[i]; *n_out = how many.
+ * KVP_ERR_NOT_FOUND: the op is answered already (done or its deadline).
+ * The bytes are the peer's: treat them as untrusted. */
+KVP_EXPORT kvp_status_t kvp_wanted_keys(kvp_node_t *node, uint64_t op_id, uint8_t *keys,
+                                        uint32_t *key_lens, uint32_t cap, uint32_t *n_out);
+/* The embedding published (kvp_publish) what it holds of the op's keys:
+ * answer the LOOKUP now (every key still unpublished: MISS).
+ * KVP_ERR_NOT_FOUND: answered already (all its keys published, or the
+ * deadline) -- harmless. */
+KVP_EXPORT kvp_status_t kvp_wanted_done(kvp_node_t *node, uint64_t op_id);
+
 /* Abort a load (its event still comes, with KVP_ERR_CANCELED unless decided). */
 KVP_EXPORT kvp_status_t kvp_cancel(kvp_node_t *node, uint64_t op_id);
 /* The engine finished `request_id` locally: its loads fail, its supply and
@@ -399,6 +422,10 @@ typedef enum kvp_event_type {
                                 * (no proof: a late write may still land) */
     KVP_EV_SLOT_FREE = 7,      /* op_id = a slot unpublished while pinned: the last
                                 * transfer reading it is terminal; the embedding's again */
+    KVP_EV_WANTED = 8,         /* op_id, request_id, n_keys, peer: a LOOKUP wants keys
+                                * not published (external_wanted): read them with
+                                * kvp_wanted_keys, publish the held ones, then
+                                * kvp_wanted_done(op_id) */
 } kvp_event_type_t;
 
 typedef struct kvp_event {
@@ -515,6 +542,16 @@ typedef struct kvp_stats {
      * embedding's own slots. */
     uint64_t bytes_copied_in;
     uint64_t bytes_copied_out;
+    /* Issue 29 step 2 (external_wanted): KVP_EV_WANTED ops raised and the
+     * keys they asked; keys answered MISS because the embedding did not
+     * publish them (done or deadline); ops answered at the deadline
+     * without kvp_wanted_done; LOOKUPs whose unpublished keys were refused
+     * at max_wanted_ops_per_peer. */
+    uint64_t wanted_ops;
+    uint64_t wanted_keys;
+    uint64_t wanted_keys_missed;
+    uint64_t wanted_expired;
+    uint64_t wanted_refused;
 } kvp_stats_t;
 
 KVP_EXPORT kvp_status_t kvp_node_stats(kvp_node_t *node, kvp_stats_t *out);

@@ -186,6 +186,8 @@ KVPEER_VARIANTS: Dict[str, Dict[str, Any]] = {
     "kvpeer-perkey": {"batch_lookups": False},
     "kvpeer-synccopy": {"copy_thread": False},
     "kvpeer-before": {"batch_lookups": False, "copy_thread": False},
+    # issue 29: no store of kvpeer's own; served from and landed in vLLM's chunks
+    "kvpeer-zc": {"kvpeer_zero_copy": True},
 }
 
 

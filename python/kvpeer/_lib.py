@@ -79,6 +79,9 @@ KVP_EV_LOAD = 2
 KVP_EV_PEER_UP = 3
 KVP_EV_PEER_DOWN = 4
 KVP_EV_OVERFLOW = 5
+KVP_EV_SLOTS_RELEASED = 6  # issue 29: external slots
+KVP_EV_SLOT_FREE = 7
+KVP_EV_WANTED = 8          # issue 29 step 2: keys wanted
 
 KEY_MAX = 64         # SPEC §1: keys are 1..64 bytes
 PEER_MAX = 255       # SPEC §4: strings <= 255 bytes
@@ -153,6 +156,9 @@ class kvp_config_t(Structure):
         ("max_lookup_keys_per_sec", c_uint32),
         # issue 29: external slots (the region and its slots are the embedding's)
         ("external_slots", c_uint32),
+        # issue 29 step 2: keys wanted (KVP_EV_WANTED; needs external_slots)
+        ("external_wanted", c_uint32),
+        ("max_wanted_ops_per_peer", c_uint32),
     ]
 
 
@@ -201,7 +207,8 @@ STATS_FIELDS = (
     "leases_capped lookups_limited peers_add_refused insecure "
     "lookup_keys_refused data_streams_open data_streams_refused "
     "released_process_exit "  # issue 27
-    "bytes_copied_in bytes_copied_out"  # issue 29
+    "bytes_copied_in bytes_copied_out "  # issue 29
+    "wanted_ops wanted_keys wanted_keys_missed wanted_expired wanted_refused"  # 29 step 2
 ).split()
 
 
@@ -396,6 +403,9 @@ def _declare(lib: ctypes.CDLL) -> None:
         "kvp_publish": (st, [node_p, c_void_p, c_uint32, c_uint32]),
         "kvp_unpublish": (st, [node_p, c_void_p, c_uint32, u32p]),
         "kvp_slots_held": (st, [node_p, c_uint32, c_uint32, u8p]),
+        # issue 29 step 2: keys wanted
+        "kvp_wanted_keys": (st, [node_p, c_uint64, u8p, u32p, c_uint32, u32p]),
+        "kvp_wanted_done": (st, [node_p, c_uint64]),
     }
     for name, (res, args) in protos.items():
         fn = getattr(lib, name)

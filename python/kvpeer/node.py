@@ -159,6 +159,9 @@ class EventType(IntEnum):
     PEER_UP = L.KVP_EV_PEER_UP
     PEER_DOWN = L.KVP_EV_PEER_DOWN
     OVERFLOW = L.KVP_EV_OVERFLOW
+    SLOTS_RELEASED = L.KVP_EV_SLOTS_RELEASED  # issue 29: external slots
+    SLOT_FREE = L.KVP_EV_SLOT_FREE
+    WANTED = L.KVP_EV_WANTED                  # issue 29 step 2: keys wanted
 
 
 @dataclass
@@ -178,6 +181,7 @@ class Event:
     keys: List[bytes] = field(default_factory=list)
     results: Optional[List[bool]] = None
     block_status: Optional[List[int]] = None
+    n_held: int = 0  # issue 29: LOAD of fetch_into: slots held until SLOTS_RELEASED
 
     @property
     def ok(self) -> bool:
@@ -438,7 +442,11 @@ class Node:
         self._take_buf = _event_buf()  # _take's, under _lock
         self._wait_bufs = threading.local()  # _wait_take's: one per waiting thread
         self._blocks: "weakref.WeakSet[Block]" = weakref.WeakSet()
+        self._region: Optional[_Exported] = None  # issue 29: the caller's memory, exported
+        region = config.pop("region", None)
         cfg, keep = _build_config(config)
+        if region is not None:  # issue 29, external slots: a writable buffer or (addr, len)
+            cfg.region, cfg.region_len = self._export_region(region)
         self._caller_mode = cfg.thread_mode == L.KVP_THREAD_CALLER
         self.block_size: int = cfg.block_size
         self.num_blocks: int = cfg.num_blocks
@@ -446,6 +454,7 @@ class Node:
         st = L.lib().kvp_node_create(ctypes.byref(cfg), ctypes.byref(handle))
         del keep  # borrowed only for the duration of kvp_node_create
         if st != L.KVP_OK:  # name the field or limit (kvp_last_error)
+            self._release_region()
             why = L.lib().kvp_last_error()
             raise Error(st, "kvp_node_create: " + why.decode(errors="replace")
                         if why else "kvp_node_create")
@@ -487,6 +496,26 @@ class Node:
             L.lib().kvp_node_destroy(h)
             # destroyed: no event can arrive any more, the op buffers are free
             self._ops.clear()
+            self._release_region()
+
+    def _export_region(self, region: Any) -> Tuple[int, int]:
+        """(address, length) of the node's region (issue 29): a writable
+        C-contiguous buffer, exported (pinned) until close(); or an
+        (address, length) pair of memory the caller keeps valid."""
+        if isinstance(region, tuple):
+            addr, n = (_int_field("region", region[0], 64), _int_field("region_len", region[1], 64))
+            return addr, n
+        if memoryview(region).readonly:
+            raise TypeError("region must be a writable buffer")
+        ex = _Exported(region)
+        addr, n = ex.__enter__()
+        self._region = ex
+        return addr, n
+
+    def _release_region(self) -> None:
+        if self._region is not None:
+            self._region.__exit__(None, None, None)
+            self._region = None
 
     def __enter__(self) -> "Node":
         return self
@@ -704,6 +733,7 @@ class Node:
             et = ce.type  # type: ignore[assignment]  # a newer library's event
         ev = Event(et, ce.status, ce.op_id, ce.request_id, ce.n_keys, ce.n_ok, bool(ce.fault),
                    ce.peer.decode(errors="replace"))
+        ev.n_held = ce.n_held
         if et in (EventType.LOOKUP, EventType.LOAD):
             op = self._ops.pop(ce.op_id, None)  # the C side is done with its buffers
             if op is not None:
@@ -862,6 +892,86 @@ class Node:
         return [PeerState(p.peer.decode(errors="replace"), p.state.decode(errors="replace"),
                           p.last_error.decode(errors="replace"), bool(p.wanted), p.failures)
                 for p in buf[:n.value]]
+
+    # ---------------------------------------------------------- issue 29
+    # External slots (external_slots=1: the region and its slots are the
+    # caller's) and keys wanted (external_wanted=1). docs/API.md.
+    def fetch_into(self, peer: str, keys: Sequence[bytes], slots: Sequence[int],
+                   request_id: int, wait_for_supply: bool = False) -> int:
+        """Load ``keys`` from ``peer`` into this node's region slots
+        ``slots`` (the caller's chunks, lent until the LOAD event). Returns
+        the op id; the LOAD event's ``block_status`` per key: KVP_OK (the
+        verified block is in the slot), KVP_ERR_BUSY (still held: the slot
+        is the caller's again only at the SLOTS_RELEASED event of this op),
+        other errors (the slot is the caller's again now)."""
+        pb = _peer_bytes(peer)
+        rid = _u64(request_id, "request_id")
+        ks, kbuf, lens = _keys_arrays(keys)
+        if len(slots) != len(ks):
+            raise Error(L.KVP_ERR_INVALID, f"{len(ks)} keys but {len(slots)} slots")
+        sl = (c_uint32 * len(ks))(*[_int_field("slot", int(x), 32) for x in slots])
+        bst = (c_int32 * len(ks))(*([L.KVP_ERR_STATE] * len(ks)))
+        flags = L.KVP_FETCH_FLAG_WAIT_FOR_SUPPLY if wait_for_supply else 0
+        op = c_uint64()
+        with self._lock:
+            st = L.lib().kvp_fetch_into(self._handle(), pb, rid, kbuf, lens, len(ks), sl, flags,
+                                        bst, ctypes.byref(op))
+            _check(st, "kvp_fetch_into")
+            self._ops[op.value] = _Op(EventType.LOAD, peer, rid, ks, block_status=bst)
+        return op.value
+
+    def publish(self, key: bytes, slot: int) -> None:
+        """Serve the block of ``key`` from region slot ``slot`` (written,
+        and not written again while published)."""
+        k = _key_bytes(key)
+        _check(L.lib().kvp_publish(self._handle(), k, len(k), _int_field("slot", slot, 32)),
+               "kvp_publish")
+
+    def unpublish(self, key: bytes) -> Tuple[bool, int]:
+        """Stop serving ``key``: (True, slot) when the slot is the caller's
+        now; (False, slot) when a transfer or lookup still pins it (the
+        SLOT_FREE event with op_id = slot follows). Error(KVP_ERR_NOT_FOUND)
+        when not published."""
+        k = _key_bytes(key)
+        slot = c_uint32()
+        st = L.lib().kvp_unpublish(self._handle(), k, len(k), ctypes.byref(slot))
+        if st == L.KVP_ERR_BUSY:
+            return False, slot.value
+        _check(st, "kvp_unpublish")
+        return True, slot.value
+
+    def slots_held(self, first: int = 0, count: Optional[int] = None) -> bytes:
+        """Per slot from ``first``: 0 = the caller's, 1 = lent to a load,
+        2 = published."""
+        n = self.num_blocks - first if count is None else count
+        buf = (c_uint8 * max(n, 1))()
+        _check(L.lib().kvp_slots_held(self._handle(), _int_field("first", first, 32),
+                                      _int_field("count", n, 32), buf), "kvp_slots_held")
+        return bytes(buf[:n])
+
+    def wanted_keys(self, op_id: int, cap: int = L.LIST_MAX) -> Optional[List[bytes]]:
+        """The keys a WANTED event's op still wants (peer bytes: untrusted),
+        or None when the op is answered already (done or its deadline)."""
+        cap = max(1, min(cap, L.LIST_MAX))
+        kbuf = (c_uint8 * (cap * L.KEY_MAX))()
+        lens = (c_uint32 * cap)()
+        n = c_uint32()
+        st = L.lib().kvp_wanted_keys(self._handle(), _u64(op_id, "op_id"), kbuf, lens, cap,
+                                     ctypes.byref(n))
+        if st == L.KVP_ERR_NOT_FOUND:
+            return None
+        _check(st, "kvp_wanted_keys")
+        raw = bytes(kbuf)
+        return [raw[i * L.KEY_MAX:i * L.KEY_MAX + lens[i]] for i in range(n.value)]
+
+    def wanted_done(self, op_id: int) -> bool:
+        """Answer a WANTED op now with what is published: True; False when
+        it was answered already (every key published, or its deadline)."""
+        st = L.lib().kvp_wanted_done(self._handle(), _u64(op_id, "op_id"))
+        if st == L.KVP_ERR_NOT_FOUND:
+            return False
+        _check(st, "kvp_wanted_done")
+        return True
 
 
 def _ms(timeout: float) -> int:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -90,6 +91,9 @@ class LoadJob:
     request: RequestLike
     keys: Sequence[bytes]
     dst: Optional[Sequence[Any]] = None
+    # issue 29, zero_copy tiers: the node's region slots (the engine's own
+    # chunks) the blocks land in, one per key; instead of dst.
+    slots: Optional[Sequence[int]] = None
 
 
 @dataclass
@@ -117,6 +121,10 @@ class FinishedJob:
     # Loads: the keys whose bytes are in dst (all of them when ok; with
     # partial_loads, the ones that arrived when others failed).
     ok_keys: List[bytes] = field(default_factory=list)
+    # issue 29, zero_copy loads: set once the slots of the failed keys that
+    # were still held at the outcome (a WRITE might land) are released
+    # (proof or the hold cap); None when every slot was free at the outcome.
+    deferred_release: Optional[threading.Event] = None
 
 
 @dataclass
@@ -154,6 +162,8 @@ class _Load:
     status: Dict[bytes, int] = field(default_factory=dict)
     copy: Optional[_Copy] = None
     fail: Optional[Tuple[int, str]] = None  # partial_loads: the first part that failed
+    held: Set[int] = field(default_factory=set)  # zero_copy: fetch ops with slots still held
+    deferred: Optional[threading.Event] = None
 
 
 def _check_writable(buf: Any) -> None:
@@ -190,6 +200,7 @@ class KVPeerTier:
                  copy_thread: bool = False, owns_node: bool = False,
                  max_hinted_peers: int = DEFAULT_MAX_HINTED, dial_wait_s: float = 2.0,
                  partial_loads: bool = False, dns: Optional[DnsPeers] = None,
+                 zero_copy: bool = False,
                  **node_config: Any) -> None:
         if node is not None and node_config:
             raise TypeError("give either node= or node config options, not both")
@@ -230,6 +241,14 @@ class KVPeerTier:
         self._dns = dns
         self._dns_peers: List[str] = []
         self._closed = False
+        # issue 29, zero_copy: the node runs in external-slots mode over the
+        # engine's memory; loads land in LoadJob.slots (fetch_into); WANTED
+        # and SLOT_FREE events wait for the engine's serving side
+        # (take_wanted / take_slot_free); held load slots -> deferred_release.
+        self._zc = bool(zero_copy)
+        self._wanted: List[Event] = []
+        self._slot_free: List[int] = []
+        self._held_ops: Dict[int, _Load] = {}  # fetch op -> its job, slots still held
 
     # ---------------------------------------------------------- lookup
     def lookup(self, key: bytes, request: RequestLike) -> LookupResult:
@@ -330,6 +349,8 @@ class KVPeerTier:
         return len(self._queued_keys) + sum(len(v[0]) for v in self._pending.values())
 
     def _local_state(self, key: bytes) -> Optional[LookupResult]:
+        if self._zc:  # nothing is indexed here: the engine's own tier answers first
+            return HIT_PENDING if self._inflight_keys.get(key) else None
         st, b = self.node.try_get(key)  # no exception per miss: asked per key, per step
         if b is not None:
             b.release()
@@ -415,6 +436,8 @@ class KVPeerTier:
         self._check_open()
         if job.job_id in self._loads:
             raise ValueError(f"load job {job.job_id!r} is already running")
+        if self._zc and (job.slots is None or len(job.slots) != len(job.keys)):
+            raise ValueError("zero_copy: a load needs one slot per key (LoadJob.slots)")
         if job.dst is not None:
             if len(job.dst) != len(job.keys):
                 raise ValueError("dst must give one buffer per key")
@@ -425,8 +448,9 @@ class KVPeerTier:
         self._loads[job.job_id] = ld
         sup = job.request.supplier if isinstance(job.request, Request) else None
         by_peer: Dict[Tuple[str, bool], List[bytes]] = {}
+        slot_of = dict(zip(job.keys, job.slots)) if self._zc else {}
         for k in job.keys:
-            if self.node.contains(k):
+            if not self._zc and self.node.contains(k):
                 ld.status[k] = L.KVP_OK
                 ld.n_ok += 1
                 continue
@@ -444,7 +468,11 @@ class KVPeerTier:
                 return self._fail_load(ld, L.KVP_ERR_NOT_FOUND, f"no source for key {k!r}")
         for (peer, wait), ks in by_peer.items():
             try:
-                op = self.node.fetch(peer, ks, rid, wait_for_supply=wait)
+                if self._zc:
+                    op = self.node.fetch_into(peer, ks, [slot_of[k] for k in ks], rid,
+                                              wait_for_supply=wait)
+                else:
+                    op = self.node.fetch(peer, ks, rid, wait_for_supply=wait)
             except Error as e:
                 if self._partial:
                     self._part_failed(ld, ks, e.status, f"fetch from {peer}: {e}")
@@ -617,6 +645,38 @@ class KVPeerTier:
             self._on_load(ev)
         elif ev.type == EventType.PEER_DOWN:
             self._forget_peer(ev.peer)
+        elif ev.type == EventType.SLOTS_RELEASED:
+            self._on_released(ev)
+        elif ev.type == EventType.WANTED:
+            self._wanted.append(ev)
+        elif ev.type == EventType.SLOT_FREE:
+            self._slot_free.append(ev.op_id)
+
+    # ---------------------------------------------------------- zero_copy
+    def take_wanted(self) -> List[Event]:
+        """WANTED events (zero_copy serving) since the last call."""
+        if not self._closed:
+            self._pump()
+        out, self._wanted = self._wanted, []
+        return out
+
+    def take_slot_free(self) -> List[int]:
+        """Slots unpublished while pinned whose last pin dropped since the
+        last call (SLOT_FREE): the engine's again."""
+        out, self._slot_free = self._slot_free, []
+        return out
+
+    def deferred_pending(self) -> int:
+        """Fetch ops whose held slots are not released yet."""
+        return len(self._held_ops)
+
+    def _on_released(self, ev: Event) -> None:
+        ld = self._held_ops.pop(ev.op_id, None)
+        if ld is None:
+            return
+        ld.held.discard(ev.op_id)
+        if not ld.held and ld.deferred is not None:
+            ld.deferred.set()  # every slot of the job the engine's again
 
     def _on_lookup(self, ev: Event) -> None:
         rid, peer = self._lookup_ops.pop(ev.op_id, (None, None))
@@ -655,6 +715,9 @@ class KVPeerTier:
         if ld is None:
             return  # the job already had its outcome (failed at once)
         ld.ops.discard(ev.op_id)
+        if ev.n_held:  # zero_copy: slots a WRITE may still reach until SLOTS_RELEASED
+            ld.held.add(ev.op_id)
+            self._held_ops[ev.op_id] = ld
         bst = ev.block_status or [ev.status] * len(ev.keys)
         for k, s in zip(ev.keys, bst):
             ld.status[k] = s if ev.ok or s != L.KVP_OK else ev.status
@@ -680,6 +743,10 @@ class KVPeerTier:
     def _finish_load(self, ld: _Load) -> None:
         """Every part is decided (all succeeded, or partial_loads): copy into
         dst (if any) and publish."""
+        if self._zc:  # the blocks are in the slots: nothing to copy
+            return self._publish(ld, *(ld.fail or (L.KVP_OK, "")),
+                                 ok_keys=[k for k in ld.job.keys
+                                          if ld.status.get(k) == L.KVP_OK])
         if ld.job.dst is not None and self._copier is not None:
             return self._start_copy(ld)
         done: List[bytes] = []
@@ -755,6 +822,10 @@ class KVPeerTier:
                 self.node.cancel(op)
             except Error:
                 pass
+        if self._zc and ld.ops:  # the outcome waits for every part's slots (held or free)
+            if ld.fail is None:
+                ld.fail = (status, detail)
+            return
         self._publish(ld, status, detail)
 
     def _publish(self, ld: _Load, status: int, detail: str,
@@ -774,5 +845,7 @@ class KVPeerTier:
             bst = [L.KVP_OK if k in gset else s if s != L.KVP_OK else status
                    for k, s in zip(ld.job.keys, bst)]
             n_ok = len(good)
+        if ld.held:  # zero_copy: some failed slots are the engine's only at SLOTS_RELEASED
+            ld.deferred = threading.Event()
         self._done.append(FinishedJob(ld.job.job_id, "load", ok, status, n_ok, bst, detail,
-                                      ok_keys=good))
+                                      ok_keys=good, deferred_release=ld.deferred))

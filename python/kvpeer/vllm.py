@@ -50,6 +50,14 @@ Config keys (the tier's entry in ``secondary_tiers``; python/README.md):
                  stored/removed blocks also go through vLLM's tier event path
                  (take_events; kvpeer.vllm_events), default true; false: only
                  kvpeer's own ZMQ publisher (node_options kv_events_endpoint)
+  kvpeer_zero_copy  (issue 29) true: no store of kvpeer's own -- the node's
+                 region is vLLM's primary_kv_view (external slots): loads land
+                 in the promotion chunks (fetch_into; a slot a failed load may
+                 still be written is reported as JobResult.deferred_release),
+                 and peers are served from pinned primary chunks (KVP_EV_WANTED
+                 -> ParentManager.lookup + create_store_job -> publish; the store
+                 job completes once the chunk is unpublished and its last
+                 transfer is terminal). num_blocks and copy_thread do not apply.
 
 Data path and safety (docs/DESIGN.md, "vLLM tier"): the kvpeer node keeps its
 own store; loads land in kvpeer-owned slots (staging) and are copied into the
@@ -81,6 +89,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from vllm.v1.kv_offload.base import (
     Locality,
+    OffloadKey as _OffloadKey,
     LookupResult,
     Medium,
     OffloadKey,
@@ -153,7 +162,8 @@ class KVPeerSecondaryTier(SecondaryTierManager):
                  locality: Any = None, kv_events: bool = True,
                  peers_dns: Optional[str] = None, peers_dns_interval_s: float = 30.0,
                  peers_dns_max: int = 64,
-                 node_options: Optional[Dict[str, Any]] = None) -> None:
+                 node_options: Optional[Dict[str, Any]] = None,
+                 kvpeer_zero_copy: bool = False) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         self.locality = Locality.REMOTE
         mine = dict(peers=list(peers) or None, listen=listen, host=host, port=port,
@@ -199,10 +209,31 @@ class KVPeerSecondaryTier(SecondaryTierManager):
             opts["hold_cap_ms"] = hold_cap_ms
         self._load_timeout_ms = int(opts.get("load_timeout_ms",
                                              config_defaults()["load_timeout_ms"]))
+        self._hold_cap_s = int(opts.get("hold_cap_ms", config_defaults()["hold_cap_ms"])) / 1000.0
+        # zero copy: a served chunk stays published (and pinned in vLLM) for
+        # the pin lease, at most 1 s: the other load jobs of the request fetch
+        # it with wait-for-supply meanwhile (only one FETCH uses a round).
+        d = config_defaults()
+        lease_ms = int(opts.get("pin_lease_ms", d["pin_lease_ms"]) or
+                       opts.get("supply_pin_ms", d["supply_pin_ms"]))
+        self._serve_hold_s = min(lease_ms, 1000) / 1000.0
         # vLLM's view is (num_chunks, chunk_bytes); a 2-D memoryview has no
         # row indexing, so chunks are addressed in a flat byte view of it.
         self._view = primary_kv_view.cast("B")
         self._num_chunks = primary_kv_view.shape[0]
+        if not isinstance(kvpeer_zero_copy, bool):
+            raise ValueError(f"kvpeer: kvpeer_zero_copy must be true or false, "
+                             f"got {kvpeer_zero_copy!r}")
+        self._zc = kvpeer_zero_copy
+        self._serves: List[Any] = []   # zero copy: store jobs whose chunks are unpublishing
+        self._serve_done: List[Any] = []  # their ReqContexts, finished at the next serve
+        if self._zc:  # issue 29: the node's slots are vLLM's chunks
+            if self._pad_blocks and chunk != self.block_size_bytes:
+                raise ValueError("kvpeer: kvpeer_zero_copy needs a primary chunk of whole pages")
+            opts.update(num_blocks=self._num_chunks, external_slots=1, external_wanted=1,
+                        region=self._view)
+            num_blocks = self._num_chunks
+            self.tolerates_off_thread_polling = True  # peers are served between steps too
         try:
             node = Node(**opts)
         except L_Error as e:  # a bind failure names the address kvpeer tried
@@ -221,10 +252,11 @@ class KVPeerSecondaryTier(SecondaryTierManager):
             if peers_dns is not None:
                 dns = DnsPeers(peers_dns, peers_dns_interval_s, peers_dns_max,
                                exclude=[self.peer_id])
-            self._tier = KVPeerTier(node=node, peers=peers, copy_thread=copy_thread,
+            self._tier = KVPeerTier(node=node, peers=peers,
+                                    copy_thread=copy_thread and not self._zc,
                                     owns_node=True, max_hinted_peers=max_hinted_peers,
                                     dial_wait_s=_dial_wait_s(opts), partial_loads=True,
-                                    dns=dns)
+                                    dns=dns, zero_copy=self._zc)
         except BaseException:
             if dns is not None:
                 dns.close()
@@ -288,7 +320,8 @@ class KVPeerSecondaryTier(SecondaryTierManager):
                 st.counted.add(k)
                 self._metrics.on_lookup(r is HIT)
             return LookupResult.HIT if r is HIT else LookupResult.MISS
-        if r is HIT_PENDING and req.supplier is not None and not self._tier.node.contains(bytes(key)):
+        if r is HIT_PENDING and req.supplier is not None and \
+                (self._zc or not self._tier.node.contains(bytes(key))):
             # Nobody holds it yet and the supplier will: load with
             # wait-for-supply (fetch before supply).
             if not self._tier.load_in_flight(bytes(key)):
@@ -334,7 +367,13 @@ class KVPeerSecondaryTier(SecondaryTierManager):
 
     def submit_store(self, job_metadata: TransferJob) -> None:
         """Copy the pinned primary chunks into the kvpeer store (served to
-        peers from there); the outcome comes from get_finished_jobs()."""
+        peers from there); the outcome comes from get_finished_jobs().
+        Zero copy: nothing to copy -- peers are served from vLLM's own chunks
+        on demand (serve_external_requests) -- so the job is done at once."""
+        if self._zc:
+            self._results.append(JobResult(job_id=job_metadata.job_id, success=True,
+                                           transfer_time=0.0, transfer_bytes=0))
+            return
         keys = [bytes(k) for k in job_metadata.keys]
         data = [self._chunk(c) for c in job_metadata.chunk_ids]
         if len(data) != len(keys):
@@ -357,6 +396,13 @@ class KVPeerSecondaryTier(SecondaryTierManager):
             raise ValueError("kvpeer: a load job needs one chunk id per key")
         self._submitted[job_metadata.job_id] = time.monotonic()
         self._load_keys[job_metadata.job_id] = list(job_metadata.keys)
+        if self._zc:  # straight into the promotion chunks (issue 29)
+            for d in dst:
+                d.release()
+            self._tier.submit_load(LoadJob(job_metadata.job_id,
+                                           self._request(job_metadata.req_context), keys,
+                                           slots=[int(c) for c in job_metadata.chunk_ids]))
+            return
         self._tier.submit_load(LoadJob(job_metadata.job_id,
                                        self._request(job_metadata.req_context), keys, dst))
 
@@ -382,10 +428,79 @@ class KVPeerSecondaryTier(SecondaryTierManager):
             self._results.append(JobResult(
                 job_id=f.job_id, success=f.ok, successful_keys=good,
                 transfer_time=now - t0,
-                transfer_bytes=(f.n_ok * self.block_size_bytes) if f.ok or good else None))
+                transfer_bytes=(f.n_ok * self.block_size_bytes) if f.ok or good else None,
+                deferred_release=getattr(f, "deferred_release", None)))
 
     def has_pending_work(self) -> bool:
-        return bool(self._tier.pending_jobs()) or self._tier.queued_lookups() > 0
+        return bool(self._tier.pending_jobs()) or self._tier.queued_lookups() > 0 or \
+            bool(self._serves) or bool(self._serve_done)
+
+    # ------------------------------------------------------------ serving (zero copy)
+    def serve_external_requests(self, parent: Any) -> None:
+        """Zero copy (issue 29): answer peers' WANTED ops from vLLM's primary
+        chunks, under the manager's lock: per op, ParentManager.lookup per key,
+        create_store_job pins the hits, kvp_publish serves each pinned chunk,
+        kvp_wanted_done answers the LOOKUP, and each chunk is unpublished at
+        once (the LOOKUP's pins keep it served; SLOT_FREE when the last one
+        drops). The store job completes when every chunk is back."""
+        if not self._zc or getattr(self, "_tier", None) is None:
+            return
+        done, self._serve_done = self._serve_done, []
+        for ctx in done:
+            parent.on_request_finished(ctx)
+        node = self._tier.node
+        for ev in self._tier.take_wanted():
+            keys = node.wanted_keys(ev.op_id)
+            if keys is None:  # answered already (its deadline)
+                continue
+            ctx = ReqContext(req_id=f"kvpeer:{ev.peer}:{ev.request_id}:w{ev.op_id}")
+            parent.on_new_request(ctx)
+            hits = [_OffloadKey(k) for k in dict.fromkeys(keys)
+                    if parent.lookup(_OffloadKey(k), ctx) is LookupResult.HIT]
+            job = parent.create_store_job(hits, ctx) if hits else None
+            published: List[bytes] = []
+            if job is not None:
+                for k, c in zip(job.keys, job.chunk_ids):
+                    try:
+                        node.publish(bytes(k), int(c))
+                        published.append(bytes(k))
+                    except L_Error as e:  # served already (another op's pin): a MISS here
+                        log.debug("kvpeer tier %s: chunk %d not published: %s", self.peer_id,
+                                  int(c), e)
+            node.wanted_done(ev.op_id)
+            # [job, ctx, slots waiting for SLOT_FREE, keys still published, unpublish at]
+            self._serves.append([job, ctx, set(), published,
+                                 time.monotonic() + self._serve_hold_s])
+        self._reap_serves()
+
+    def _reap_serves(self, force: bool = False) -> None:
+        """A served chunk stays published for the pin lease, at most 1 s (a later FETCH
+        of the request -- another load job of it, with wait-for-supply --
+        finds it), then is unpublished (BUSY: until SLOT_FREE, its last
+        transfer terminal). Serves whose chunks are all back: their store
+        jobs are done. ``force``: unpublish now (drain)."""
+        now = time.monotonic()
+        node = self._tier.node
+        for sv in self._serves:
+            if sv[3] and (force or now >= sv[4]):
+                for k in sv[3]:
+                    freed, slot = node.unpublish(k)
+                    if not freed:
+                        sv[2].add(slot)
+                sv[3] = []
+        for slot in self._tier.take_slot_free():
+            for sv in self._serves:
+                sv[2].discard(slot)
+        still = []
+        for sv in self._serves:
+            job, ctx, waiting = sv[0], sv[1], sv[2]
+            if waiting or sv[3]:
+                still.append(sv)
+                continue
+            if job is not None:
+                self._results.append(JobResult(job_id=job.job_id, success=True))
+            self._serve_done.append(ctx)
+        self._serves = still
 
     def drain_jobs(self) -> None:
         """Wait (bounded by the node's load timeout) for running loads; the
@@ -398,6 +513,12 @@ class KVPeerSecondaryTier(SecondaryTierManager):
             self._tier.cancel_load(job_id, "drained (vLLM cache reset)")
         self._tier.wait_copies()  # a running copy into vLLM's chunks ends first
         self._collect(self._tier.get_finished_jobs())
+        if self._zc:  # every deferred_release set, no peer reading a chunk, before returning
+            end = time.monotonic() + self._load_bound_s() + self._hold_cap_s
+            while (self._tier.deferred_pending() or self._serves) and time.monotonic() < end:
+                time.sleep(0.01)
+                self._collect(self._tier.get_finished_jobs())  # SLOTS_RELEASED sets them
+                self._reap_serves(force=True)
 
     def _load_bound_s(self) -> float:
         return 2.0 * self._load_timeout_ms / 1000.0

@@ -245,7 +245,8 @@ typedef enum kvp_mutation {
     /* Issue 29, external slots: */
     KVP_MUT_EXT_HELD_AS_REUSABLE = 10,     /* a held lent slot reported reusable at the outcome */
     KVP_MUT_EXT_UNPUBLISH_PINNED = 11,     /* unpublish of a pinned slot answers OK, still served */
-    KVP_MUT_COUNT = 12,
+    KVP_MUT_WANTED_HIT = 12,               /* a wanted key never published answers HIT */
+    KVP_MUT_COUNT = 13,
 } kvp_mutation_t;
 /* KVP_MUTATED(m): is mutation m switched on? Only test builds (KVP_TESTING,
  * the kvpeer_testing library) have the switch; in the shipped library every

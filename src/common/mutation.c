@@ -10,6 +10,7 @@ const char *kvp_mutation_str(int m)
         "accept-stale-epoch", "skip-suspect-verify",   "skip-checksum",
         "ucx-emulated-put",   "am-skip-await",        "exit-proof-alive",
         "ext-held-as-reusable", "ext-unpublish-pinned", /* issue 29 */
+        "wanted-hit", /* issue 29 step 2 */
     };
     return m >= 0 && m < KVP_MUT_COUNT ? names[m] : "?";
 }

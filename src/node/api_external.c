@@ -103,3 +103,46 @@ void kvp__node_unpublished(void *arg, uint32_t slot)
     kvp_event_t ev = {.type = KVP_EV_SLOT_FREE, .status = KVP_OK, .op_id = slot};
     kvp__node_emit(n, &ev);
 }
+
+/* ---- issue 29 step 2, "keys wanted" (server_wanted.c) ---- */
+
+typedef struct wanted_args {
+    uint64_t op_id;
+    uint8_t *keys;
+    uint32_t *key_lens;
+    uint32_t cap, n;
+} wanted_args_t;
+
+static kvp_status_t do_wanted_keys(kvp_node_t *n, void *arg)
+{
+    wanted_args_t *a = arg;
+    return kvp__server_wanted_keys(&n->env, a->op_id, a->keys, a->key_lens, a->cap, &a->n);
+}
+
+KVP_EXPORT kvp_status_t kvp_wanted_keys(kvp_node_t *n, uint64_t op_id, uint8_t *keys,
+                                        uint32_t *key_lens, uint32_t cap, uint32_t *n_out)
+{
+    if (n == NULL || n_out == NULL || (cap > 0 && (keys == NULL || key_lens == NULL)))
+        return KVP_ERR_INVALID;
+    *n_out = 0;
+    if (!n->cfg.external_wanted)
+        return KVP_ERR_UNSUPPORTED;
+    wanted_args_t a = {op_id, keys, key_lens, cap, 0};
+    kvp_status_t st = kvp__node_exec(n, do_wanted_keys, &a);
+    *n_out = a.n;
+    return st;
+}
+
+static kvp_status_t do_wanted_done(kvp_node_t *n, void *arg)
+{
+    return kvp__server_wanted_done(&n->env, *(uint64_t *)arg);
+}
+
+KVP_EXPORT kvp_status_t kvp_wanted_done(kvp_node_t *n, uint64_t op_id)
+{
+    if (n == NULL)
+        return KVP_ERR_INVALID;
+    if (!n->cfg.external_wanted)
+        return KVP_ERR_UNSUPPORTED;
+    return kvp__node_exec(n, do_wanted_done, &op_id);
+}

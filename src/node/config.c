@@ -224,6 +224,8 @@ kvp_status_t kvp__config_check(const kvp_config_t *c)
         BAD("external_slots: %u is neither 0 nor 1", c->external_slots);
     if (c->external_slots && c->region == NULL && c->transport == KVP_TRANSPORT_UCX)
         BAD("external_slots: needs region and region_len (the embedding's memory)");
+    if (c->external_wanted > 1 || (c->external_wanted && !c->external_slots))
+        BAD("external_wanted: %u needs external_slots (0 or 1)", c->external_wanted);
     st = check_region(c);
     if (st == KVP_OK)
         KVP_DEBUG(c->name,

@@ -65,6 +65,7 @@ KVP_EXPORT void kvp_config_init(kvp_config_t *c)
     c->max_preauth_per_addr = 8;
     c->preauth_timeout_ms = 3000;
     c->max_lookup_keys_per_sec = 2000000; /* issue 27: docs/DESIGN.md "LOOKUP key rate" */
+    c->max_wanted_ops_per_peer = 16;      /* issue 29 step 2: "keys wanted" */
 }
 
 /* Store callbacks: what the store holds, told to routers (KV events). */

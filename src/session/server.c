@@ -137,6 +137,7 @@ void kvp__sround_free(kvp_sround_t *r)
 {
     kvp_session_env_t *n = r->sess->env;
     KVP_ASSERT(r->xfer == NULL);
+    kvp__server_wanted_forget(r); /* issue 29: its WANTED op, if any */
     sround_unpin_supply(r);
     kvp_timer_stop(n->loop, &r->timer);
     if (kvp_list_linked(&r->wait_link))

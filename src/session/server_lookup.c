@@ -27,7 +27,8 @@ static void send_lookup_resp(kvp_sround_t *r)
     }
     memset(res, KVP_LOOKUP_MISS, r->n_keys);
     for (uint32_t i = 0; i < r->n_supply; i++)
-        if (r->supply[i].pinned)
+        if (r->supply[i].pinned ||
+            (r->supply[i].pending && KVP_MUTATED(KVP_MUT_WANTED_HIT))) /* test-only: the bug */
             res[r->supply[i].idx] = KVP_LOOKUP_HIT;
     kvp_msg_t m = {.type = KVP_MSG_LOOKUP_RESP, .flags = r->lookup_flags};
     if (r->limited) {
@@ -179,6 +180,17 @@ static bool lookup_take(kvp_sround_t *r, uint32_t idx, const kvp_key_t *k, kvp_s
     }
     if (st == KVP_ERR_LIMIT)
         r->limited = true; /* max_pins of the store (counted there: pins_refused) */
+    if (st == KVP_ERR_NOT_FOUND && r->want == KVP_WANT_MAY) { /* issue 29: ask the embedding */
+        kvp_supply_t *sp = supply_push(r, idx, k);
+        if (sp != NULL)
+            sp->pending = true;
+        return sp != NULL;
+    }
+    if (st == KVP_ERR_NOT_FOUND && r->want == KVP_WANT_REFUSED) {
+        r->limited = true; /* max_wanted_ops_per_peer: counted once per LOOKUP */
+        r->sess->env->st->wanted_refused++;
+        r->want = KVP_WANT_NO;
+    }
     return false;
 }
 
@@ -219,7 +231,7 @@ static uint32_t lookup_keys(kvp_sround_t *r, const kvp_msg_lookup_t *m, uint32_t
             if (prefix)
                 st[i] = kvp_store_lookup(store, key->data, key->len, &refs[i], NULL, NULL);
             bool kept = lookup_take(r, base + i, key, st[i], refs[i], open);
-            *pending += kept && st[i] == KVP_ERR_PENDING;
+            *pending += kept && (st[i] == KVP_ERR_PENDING || st[i] == KVP_ERR_NOT_FOUND);
             *refused += st[i] == KVP_ERR_LIMIT; /* the store's max_pins (counted there) */
             if (prefix && !kept) /* past the first miss: not looked up */
                 return base + i + 1;
@@ -256,6 +268,7 @@ void kvp__server_on_lookup(kvp_session_t *s, const kvp_msg_lookup_t *m, uint16_t
     }
     r->n_keys = m->n;
     r->lookup_flags = flags & (KVP_LOOKUP_F_PREFIX | KVP_LOOKUP_F_RENEW);
+    r->want = kvp__server_want_admit(s); /* issue 29: unpublished keys wanted? */
     uint32_t pending = 0, refused = 0;
     /* prefix mode stops at the first miss: the keys after it cost nothing */
     kvp__budget_lookup_refund(s, granted - lookup_keys(r, m, granted, &pending, &refused));
@@ -273,6 +286,7 @@ void kvp__server_on_lookup(kvp_session_t *s, const kvp_msg_lookup_t *m, uint16_t
         kvp_list_insert_tail(&n->waiting, &r->wait_link);
         kvp_timer_start(n->loop, &r->timer,
                         kvp__env_now(n) + (uint64_t)n->cfg->lookup_pending_ms * KVP_NSEC_PER_MSEC);
+        kvp__server_wanted_raise(r); /* issue 29: KVP_EV_WANTED */
         return;
     }
     uint32_t hits = prefix_trim(r);
@@ -288,8 +302,9 @@ void kvp__server_on_lookup(kvp_session_t *s, const kvp_msg_lookup_t *m, uint16_t
 void kvp__server_lookup_resolve(kvp_sround_t *r)
 {
     kvp_session_env_t *n = r->sess->env;
+    kvp__server_wanted_settle(r); /* issue 29: wanted keys unpublished: MISS */
     for (uint32_t i = 0; i < r->n_supply; i++)
-        r->supply[i].pending = false;
+        r->supply[i].pending &= KVP_MUTATED(KVP_MUT_WANTED_HIT); /* test-only: kept, answered HIT */
     if (kvp_list_linked(&r->wait_link))
         kvp_list_remove(&r->wait_link);
     kvp__sround_set_phase(r, KVP_SR_SUPPLIED);

@@ -115,6 +115,11 @@ typedef struct kvp_session_env {
     uint64_t round_bytes; /* memory of every session's source rounds (budget.c) */
     uint64_t next_round;                /* round tokens, unique per node */
     uint64_t releases[KVP_PROOF_COUNT]; /* slots / pins released, per proof (release.c) */
+    /* issue 29 step 2 (server_wanted.c): KVP_EV_WANTED op ids, and the ops
+     * outstanding (a list apart: a round's size stays what the budgets and
+     * the simulator's digests know) */
+    uint64_t next_wanted;
+    struct kvp_wanted *wanted;
 } kvp_session_env_t;
 
 /* Initialise the lists and counters (the node fills the pointers). */
@@ -248,6 +253,7 @@ struct kvp_sround {
     kvp_xfer_t *xfer;       /* in flight, or NULL */
     int32_t final_status;   /* what FETCH_DONE said / will say */
     bool sent_done, sent_ack;
+    uint8_t want;           /* issue 29 step 2: KVP_WANT_* (server_wanted.c), in padding */
     kvp_digest_t *digests;  /* per demand, for FETCH_DONE */
     uint8_t *block_ok;
     kvp_timer_t timer;      /* pending deadline / supply-pin / parked demand */
@@ -473,6 +479,30 @@ bool kvp__server_round_admit(kvp_session_t *s, uint64_t extra);
  * answer a LOOKUP_PENDING round now (pending keys MISS). */
 void kvp__server_lease_renew(kvp_session_t *s, uint64_t request_id);
 void kvp__server_lookup_resolve(kvp_sround_t *r);
+
+/* server_wanted.c, issue 29 step 2 ("keys wanted", cfg->external_wanted):
+ * a LOOKUP's unpublished keys wait for the embedding. */
+enum {
+    KVP_WANT_NO = 0,      /* unpublished keys answer MISS */
+    KVP_WANT_MAY = 1,     /* unpublished keys become wanted (pending) */
+    KVP_WANT_REFUSED = 2, /* max_wanted_ops_per_peer: MISS + limit */
+    KVP_WANT_RAISED = 3,  /* KVP_EV_WANTED out: a record in env->wanted */
+    KVP_WANT_DONE = 4,    /* answered by kvp_wanted_done (record until settled) */
+};
+/* Whether round r (new, of session s) may want keys: external_wanted and
+ * the peer under max_wanted_ops_per_peer (else KVP_WANT_REFUSED, counted). */
+uint8_t kvp__server_want_admit(kvp_session_t *s);
+/* r waits for wanted keys (LOOKUP_PENDING, timer set): raise KVP_EV_WANTED. */
+void kvp__server_wanted_raise(kvp_sround_t *r);
+/* At resolve: count r's wanted keys answered MISS (and the deadline). */
+void kvp__server_wanted_settle(kvp_sround_t *r);
+/* r is freed: drop its op record, if any (kvp__sround_free). */
+void kvp__server_wanted_forget(kvp_sround_t *r);
+/* The embedding's calls (node thread): the keys still wanted by op_id,
+ * and its answer. KVP_ERR_NOT_FOUND: no such op waiting. */
+kvp_status_t kvp__server_wanted_keys(kvp_session_env_t *e, uint64_t op_id, uint8_t *keys,
+                                     uint32_t *key_lens, uint32_t cap, uint32_t *n_out);
+kvp_status_t kvp__server_wanted_done(kvp_session_env_t *e, uint64_t op_id);
 
 /* budget.c: the per-peer budgets of the source role (issue 27). Each
  * refusal is counted and logged (rate-limited) naming budget and peer. */

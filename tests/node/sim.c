@@ -103,6 +103,9 @@ typedef struct sim {
     uint16_t ext_key[SIM_MAX][SIM_SLOTS];
     bool ext_taint[SIM_MAX][SIM_SLOTS];
     uint64_t ext_next_tag;
+    /* Issue 29 step 2: keys each node's embedding ever published (a LOOKUP
+     * hit from that node for any other key is a violation). */
+    bool ext_ever_pub[SIM_MAX][SIM_KEYS];
     /* Last: a run clears only ops[0..ops_hi) of the one before (sim_alloc). */
     sim_op_t ops[SIM_OPS];
 } sim_t;
@@ -293,6 +296,7 @@ static void node_cfg(sim_t *s, int i)
     c->max_supply_pins_per_peer = c->max_supply_pins = UINT32_MAX;
     c->max_lease_ms = UINT32_MAX;
     c->external_slots = s->o.external; /* issue 29: the fake's store maps the region */
+    c->external_wanted = s->o.external && s->o.wanted; /* issue 29 step 2 */
     s->seams[i] = (kvp_node_seams_t){&s->mc.clock, s->net, s->fab,
                                      i % 3 == 2 ? KVP_PATH_FAKE_UNFENCEABLE
                                                 : KVP_PATH_FAKE_FENCEABLE,
@@ -502,6 +506,7 @@ static kvp_status_t sim_put(sim_t *s, int j, uint32_t k, const uint8_t *key, uin
     if (st == KVP_OK) {
         s->ext_state[j][slot] = EXT_PUBLISHED;
         s->ext_key[j][slot] = (uint16_t)k;
+        s->ext_ever_pub[j][k] = true;
         return st;
     }
     if (st != KVP_ERR_EXISTS)
@@ -581,6 +586,7 @@ static void ext_on_load(sim_t *s, int i, sim_op_t *op, const kvp_event_t *ev)
             kvp_publish(s->node[i], op->keys + off, op->lens[b], slot) == KVP_OK) {
             s->ext_state[i][slot] = EXT_PUBLISHED; /* the embedding serves what it loaded */
             s->ext_key[i][slot] = (uint16_t)k;
+            s->ext_ever_pub[i][k] = true;
             continue;
         }
         ext_scribble(s, i, slot); /* reused at once */
@@ -588,6 +594,61 @@ static void ext_on_load(sim_t *s, int i, sim_op_t *op, const kvp_event_t *ev)
     if (held != ev->n_held)
         violation(s, "n%d: load %llu: %u slots held, the event says %u", i,
                   (unsigned long long)op->id, held, ev->n_held);
+}
+
+/* Issue 29 step 2: KVP_EV_WANTED. The embedding reads the keys, holds
+ * (publishes from an owned slot) about two in three, and calls
+ * kvp_wanted_done three times in four (else the deadline answers). The op
+ * may be gone only when every key it read was published. */
+static void ext_on_wanted(sim_t *s, int i, const kvp_event_t *ev)
+{
+    uint8_t keys[16 * KVP_KEY_MAX];
+    uint32_t lens[16], n = 0;
+    kvp_status_t st = kvp_wanted_keys(s->node[i], ev->op_id, keys, lens, 16, &n);
+    trace(s, "wanted n%d op %llu x%u -> %s", i, (unsigned long long)ev->op_id, n,
+          kvp_status_str(st));
+    if (st == KVP_ERR_NOT_FOUND)
+        return; /* answered already: its deadline passed in the same advance */
+    if (st != KVP_OK || n == 0 || n > ev->n_keys) {
+        violation(s, "n%d: wanted op %llu: %s, %u keys of %u", i,
+                  (unsigned long long)ev->op_id, kvp_status_str(st), n, ev->n_keys);
+        return;
+    }
+    s->r->wanted_ops++;
+    bool all = true, here[SIM_KEYS] = {false}; /* a key twice in the LOOKUP: published once */
+    for (uint32_t b = 0; b < n; b++) {
+        const uint8_t *key = keys + (size_t)b * KVP_KEY_MAX;
+        uint32_t k = key_index(key, lens[b]);
+        if (k >= SIM_KEYS) {
+            violation(s, "n%d: wanted op %llu: a key no one asked for", i,
+                      (unsigned long long)ev->op_id);
+            return;
+        }
+        kvp_status_t ps = rnd(s, 3) != 0 ? sim_put(s, i, k, key, lens[b], 0) : KVP_ERR_NOT_FOUND;
+        s->r->wanted_published += ps == KVP_OK;
+        here[k] |= ps == KVP_OK || ps == KVP_ERR_EXISTS;
+    }
+    for (uint32_t b = 0; b < n; b++)
+        all &= here[key_index(keys + (size_t)b * KVP_KEY_MAX, lens[b])];
+    if (rnd(s, 4) == 0)
+        return;
+    st = kvp_wanted_done(s->node[i], ev->op_id);
+    if (st != KVP_OK && !(st == KVP_ERR_NOT_FOUND && all))
+        violation(s, "n%d: wanted_done of op %llu: %s", i, (unsigned long long)ev->op_id,
+                  kvp_status_str(st));
+}
+
+/* A LOOKUP of node i answered by node j: every hit is a key j's embedding
+ * published (external mode: the node serves nothing else). */
+static void ext_check_hits(sim_t *s, int i, const sim_op_t *op)
+{
+    size_t off = 0;
+    for (uint32_t b = 0; b < op->n; off += op->lens[b], b++) {
+        uint32_t k = key_index(op->keys + off, op->lens[b]);
+        if (op->results[b] == KVP_LOOKUP_HIT && k < SIM_KEYS && !s->ext_ever_pub[op->peer][k])
+            violation(s, "n%d: LOOKUP hit for k%03u at n%d, which its embedding never published",
+                      i, k, op->peer);
+    }
 }
 
 /* KVP_EV_SLOTS_RELEASED / KVP_EV_SLOT_FREE: slots handed back later. */
@@ -1178,6 +1239,8 @@ static void collect(sim_t *s)
                 if (s->o.external &&
                     (ev[e].type == KVP_EV_SLOTS_RELEASED || ev[e].type == KVP_EV_SLOT_FREE))
                     ext_on_release(s, i, &ev[e]);
+                if (s->o.external && ev[e].type == KVP_EV_WANTED)
+                    ext_on_wanted(s, i, &ev[e]);
                 if (ev[e].type != KVP_EV_LOOKUP && ev[e].type != KVP_EV_LOAD)
                     continue;
                 sim_op_t *op = op_find(s, i, ev[e].op_id);
@@ -1191,6 +1254,8 @@ static void collect(sim_t *s)
                               (unsigned long long)op->id, op->events);
                 if (op->is_load && ev[e].status == KVP_OK)
                     s->r->loads_ok++;
+                if (!op->is_load && s->o.external)
+                    ext_check_hits(s, i, op);
                 if (op->is_load && s->o.external)
                     ext_on_load(s, i, op, &ev[e]);
                 else if (op->is_load) {

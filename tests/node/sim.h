@@ -60,6 +60,11 @@ typedef struct sim_opts {
      * embedding that owns the region (kvp_publish / kvp_unpublish /
      * kvp_fetch_into; sim_ext.c's rules). */
     bool external;
+    /* Issue 29 step 2: with external, "keys wanted" too (external_wanted):
+     * the simulated embedding answers KVP_EV_WANTED by publishing some of
+     * the keys and (mostly) kvp_wanted_done; every LOOKUP hit must be a key
+     * the source's embedding published. */
+    bool wanted;
 } sim_opts_t;
 
 typedef struct sim_result {
@@ -83,6 +88,8 @@ typedef struct sim_result {
      * (block_status BUSY), released later by proof / by the hold cap, and
      * unpublished slots freed at their last unpin (KVP_EV_SLOT_FREE). */
     uint64_t ext_held, ext_released_proof, ext_released_cap, ext_slot_free;
+    /* Wanted mode: KVP_EV_WANTED ops answered, keys published for them. */
+    uint64_t wanted_ops, wanted_published;
     char first_violation[512];
     int violation_step;
 } sim_result_t;

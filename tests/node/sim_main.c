@@ -39,9 +39,11 @@ static int usage(const char *argv0)
             "usage: %s [--first X] [--seeds N] [--seed X] [--steps N] [--nodes N]\n"
             "          [--soak SECONDS] [--jobs N] [--mutation 0..%d] [--until-caught]\n"
             "          [--exact] [--full-quiesce] [--hashes] [--digest] [--log 0..4] [--verbose]\n"
-            "          [--profile 1|2] [--external]\n"
+            "          [--profile 1|2] [--external] [--wanted]\n"
             "  --external      every node in external-slots mode (issue 29), a simulated\n"
             "                  embedding owning the region\n"
+            "  --wanted        with --external: keys wanted (issue 29 step 2), the embedding\n"
+            "                  answers KVP_EV_WANTED\n"
             "  --first X       the seed range starts at X (default 1)\n"
             "  --jobs N        N processes (seeds first+j, first+j+N, ...)\n"
             "  --until-caught  stop at the first seed with a violation (mutation table)\n"
@@ -62,7 +64,8 @@ typedef struct totals {
     uint64_t faults[SIM_F_KINDS];
     double cpu;
     uint64_t exit_released; /* issue 27: slots released by the process-exit proof */
-    uint64_t ext[4]; /* issue 29: held, released by proof, by the cap, slot-free */
+    uint64_t ext[6]; /* issue 29: held, released by proof, by the cap, slot-free;
+                      * step 2: wanted ops answered, keys published for them */
 } totals_t;
 
 typedef struct run_cfg {
@@ -90,6 +93,8 @@ static void run_range(const run_cfg_t *c, uint64_t offset, totals_t *t)
         t->ext[1] += r.ext_released_proof;
         t->ext[2] += r.ext_released_cap;
         t->ext[3] += r.ext_slot_free;
+        t->ext[4] += r.wanted_ops;
+        t->ext[5] += r.wanted_published;
         t->rounds += r.rounds;
         t->rest_ms += r.rest_ms;
         t->exit_released += r.exit_released;
@@ -133,7 +138,7 @@ static void add(totals_t *sum, const totals_t *t)
     for (int f = 0; f < SIM_F_KINDS; f++)
         sum->faults[f] += t->faults[f];
     sum->cpu += t->cpu;
-    for (int k = 0; k < 4; k++)
+    for (int k = 0; k < 6; k++)
         sum->ext[k] += t->ext[k];
 }
 
@@ -192,6 +197,7 @@ int main(int argc, char **argv)
                      : strcmp(a, "--until-caught") == 0 ? &c.until_caught
                      : strcmp(a, "--full-quiesce") == 0 ? &c.o.full_quiesce
                      : strcmp(a, "--external") == 0     ? &c.o.external
+                     : strcmp(a, "--wanted") == 0       ? &c.o.wanted
                                                         : NULL;
         if (flag != NULL) {
             *flag = true;
@@ -269,6 +275,10 @@ int main(int argc, char **argv)
                "proof %llu, by the hold cap %llu; unpublished slots freed at the last unpin %llu\n",
                (unsigned long long)sum.ext[0], (unsigned long long)sum.ext[1],
                (unsigned long long)sum.ext[2], (unsigned long long)sum.ext[3]);
+    if (c.o.external && c.o.wanted)
+        printf("sim: keys wanted (issue 29 step 2): WANTED ops answered %llu, keys published "
+               "for them %llu\n",
+               (unsigned long long)sum.ext[4], (unsigned long long)sum.ext[5]);
     printf("sim: loads %llu (ok %llu), node rounds %.0f per seed, at rest %.0f ms into the "
            "quiesce on average\n",
            (unsigned long long)sum.loads, (unsigned long long)sum.ok,

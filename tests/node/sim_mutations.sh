@@ -34,4 +34,16 @@ for m in 10 11 1 2 3 6; do
         printf '%-28s %s (external)\n' "$name" "$first"
     fi
 done
+# Issue 29 step 2: keys wanted (the embedding answers KVP_EV_WANTED).
+for m in 12; do
+    out=$("$sim" --external --wanted --mutation "$m" --until-caught --first 1 --seeds "$seeds" --steps 600 --jobs 2 2>/dev/null)
+    name=$(printf '%s\n' "$out" | sed -n 's/.*mutation \([a-z-]*\)$/\1/p' | head -1)
+    first=$(printf '%s\n' "$out" | sed -n 's/.*first seed with one: \([0-9]*\).*/\1/p')
+    if [ -z "$first" ]; then
+        printf '%-28s SURVIVED %s seeds (wanted)\n' "$name" "$seeds"
+        fail=1
+    else
+        printf '%-28s %s (wanted)\n' "$name" "$first"
+    fi
+done
 exit $fail

@@ -134,14 +134,35 @@ static void test_sim_external_seeds_clean(void **state)
     assert_true(held > 0); /* the deferred path ran */
 }
 
+/* Issue 29 step 2: seeds run clean with keys wanted (the embedding answers
+ * KVP_EV_WANTED), and the wanted path ran. */
+static void test_sim_wanted_seeds_clean(void **state)
+{
+    (void)state;
+    int seeds = env_int("KVPEER_SIM_SEEDS", kvp_test_time_scale() >= 10 ? 2 : 8);
+    uint64_t wanted = 0;
+    for (int k = 1; k <= seeds; k++) {
+        sim_opts_t o = {.seed = (uint64_t)k, .nodes = 3 + k % 3, .steps = 400, .external = true,
+                        .wanted = true};
+        sim_result_t r;
+        sim_run(&o, &r);
+        if (r.violations)
+            fail_msg("seed %d: %s (replay: kvpeer_sim --external --wanted --seed %d --nodes %d "
+                     "--steps 400)", k, r.first_violation, k, o.nodes);
+        wanted += r.wanted_published;
+    }
+    assert_true(wanted > 0);
+}
+
 /* A mutation is caught if some seed of the budget reports a violation. */
-static void expect_caught_ext(int mutation, bool external)
+static void expect_caught_mode(int mutation, bool external, bool wanted)
 {
     int budget = env_int("KVPEER_SIM_MUTATION_SEEDS", 16);
     kvp__mutation = mutation;
     int caught_at = 0;
     for (int k = 1; k <= budget && !caught_at; k++) {
-        sim_opts_t o = {.seed = (uint64_t)k, .nodes = 4, .steps = 500, .external = external};
+        sim_opts_t o = {.seed = (uint64_t)k, .nodes = 4, .steps = 500, .external = external,
+                        .wanted = wanted};
         sim_result_t r;
         sim_run(&o, &r);
         if (r.violations)
@@ -151,6 +172,11 @@ static void expect_caught_ext(int mutation, bool external)
     if (!caught_at)
         fail_msg("mutation %s survived %d seeds", kvp_mutation_str(mutation), budget);
     printf("mutation %s caught at seed %d\n", kvp_mutation_str(mutation), caught_at);
+}
+
+static void expect_caught_ext(int mutation, bool external)
+{
+    expect_caught_mode(mutation, external, false);
 }
 
 static void expect_caught(int mutation)
@@ -169,6 +195,13 @@ static void test_mutation_ext_unpublish_pinned(void **state)
 {
     (void)state;
     expect_caught_ext(KVP_MUT_EXT_UNPUBLISH_PINNED, true);
+}
+
+/* Issue 29 step 2: a wanted key never published answers HIT. */
+static void test_mutation_wanted_hit(void **state)
+{
+    (void)state;
+    expect_caught_mode(KVP_MUT_WANTED_HIT, true, true);
 }
 
 static void test_mutation_cancel_immediate_at_close(void **state)
@@ -216,6 +249,8 @@ int main(void)
         cmocka_unit_test(test_sim_external_seeds_clean),
         cmocka_unit_test(test_mutation_ext_held_as_reusable),
         cmocka_unit_test(test_mutation_ext_unpublish_pinned),
+        cmocka_unit_test(test_sim_wanted_seeds_clean),
+        cmocka_unit_test(test_mutation_wanted_hit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,106 @@
+"""Issue 29 step 3: kvpeer's vLLM tier with ``kvpeer_zero_copy: true``,
+through vLLM's own TieringOffloadingManager (vllm_engine.Engine: nothing of
+vLLM stubbed). Engine A's node region is its primary_kv_view: a peer's
+LOOKUP raises WANTED there, A's serve_external_requests answers it with
+ParentManager.lookup + create_store_job + kvp_publish; engine B's promotion
+lands straight in its primary chunks (fetch_into). Byte-exact, no byte
+copied on either side (bytes_copied_in/out), A's store jobs completed.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, List, Sequence
+
+import pytest
+
+pytest.importorskip("vllm.v1.kv_offload.tiering.spec",
+                    reason="vllm is not installed in this python (scripts/install-py.sh)")
+
+from conftest import scaled  # noqa: E402
+from vllm.v1.kv_offload.base import LookupResult  # noqa: E402
+
+from vllm_engine import CHUNK, Engine, block_bytes, make_key  # noqa: E402
+
+NODE = {"heartbeat_ms": 200, "shutdown_drain_ms": 500, "backoff_min_ms": 50,
+        "backoff_max_ms": 300}
+
+
+def zc_cfg(**kw: Any) -> Dict[str, Any]:
+    cfg = {"kvpeer_zero_copy": True, "dead_after_ms": 1000, "hold_cap_ms": 3000,
+           "node_options": NODE}
+    cfg.update(kw)
+    return cfg
+
+
+@pytest.fixture
+def engines():
+    made: List[Engine] = []
+
+    def make(cfg: Dict[str, Any]) -> Engine:
+        e = Engine(cfg)
+        made.append(e)
+        return e
+
+    yield make
+    for e in made:
+        e.close()
+
+
+def put_primary(e: Engine, keys: Sequence[bytes], seed: int) -> None:
+    """GPU->primary (the test writes the chunks); the cascade to kvpeer is
+    a no-op in zero-copy mode (nothing copied)."""
+    c = e.ctx()
+    with e.manager.lock:
+        out = e.manager.prepare_store(keys, c)
+        for k, chunk in zip(out.keys_to_store, out.store_spec.chunk_ids):
+            e.view[int(chunk) * CHUNK:(int(chunk) + 1) * CHUNK] = block_bytes(k, seed)
+        e.manager.complete_store(out.keys_to_store, c, True)
+    assert e.wait_idle(scaled(10))
+    e.finish(c)
+
+
+def lookup_stepping(a: Engine, b: Engine, keys: Sequence[bytes], c: Any,
+                    timeout: float) -> List[LookupResult]:
+    """B looks keys up each step while both engines step (A serves its
+    peers' WANTED ops in its step: serve_external_requests)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with b.manager.lock:
+            res = [b.manager.lookup(k, c) for k in keys]
+        if all(r is LookupResult.HIT or r is LookupResult.MISS for r in res) or \
+                time.monotonic() >= deadline:
+            return res
+        b.step()
+        a.step()
+        time.sleep(0.005)
+
+
+def test_vllm_zero_copy_served_from_and_landed_in_primary(engines):
+    a = engines(zc_cfg())
+    b = engines(zc_cfg(peers=[a.peer_id]))
+    keys = [make_key(i) for i in range(4)]
+    held, absent = keys[:3], keys[3]
+    put_primary(a, held, seed=7)
+    c = b.ctx()
+    res = lookup_stepping(a, b, keys, c, scaled(20))
+    assert res == [LookupResult.HIT] * 3 + [LookupResult.MISS], res
+    data = b.read(held, c)
+    assert data == [block_bytes(k, 7) for k in held]
+    b.finish(c)
+    deadline = time.monotonic() + scaled(10)  # A's serve store jobs come back
+    while time.monotonic() < deadline:
+        a.step()
+        with a.manager.lock:
+            if not a.manager._jobs and not a.tier._serves:
+                break
+        time.sleep(0.01)
+    with a.manager.lock:
+        assert not a.manager._jobs and not a.tier._serves
+    sa, sb = a.tier._tier.node.stats(), b.tier._tier.node.stats()
+    assert sa["wanted_ops"] >= 1 and sa["wanted_keys"] >= 4
+    assert sa["wanted_keys_missed"] >= 1  # the absent key
+    assert sb["blocks_in"] == 3
+    assert sa["bytes_copied_in"] + sa["bytes_copied_out"] == 0
+    assert sb["bytes_copied_in"] + sb["bytes_copied_out"] == 0
+    assert a.tier._tier.node.slots_held() == bytes(a.num_chunks)  # nothing published left
+    assert b.tier._tier.node.slots_held() == bytes(b.num_chunks)  # nothing lent left
