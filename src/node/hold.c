@@ -27,8 +27,8 @@ void kvp__node_poll_retired(kvp_node_t *n)
                     continue;
                 KVP_INFO(n->name, "peer %s: retained transfer %llu stopped (%s): released", x->peer,
                          (unsigned long long)x->id, kvp_status_str(n->results[i].status));
-                kvp__xfer_release(&n->env, x, KVP_PROOF_TERMINAL); /* poll_retired handed it back */
-                n->env.n_retained--;
+                /* poll_retired handed it back */
+                kvp__xfer_release_retained(&n->env, x, KVP_PROOF_TERMINAL);
                 break;
             }
         }
@@ -41,8 +41,7 @@ void kvp__node_force_release_retired(kvp_node_t *n, kvp_xfer_t *x, const char *w
                        "may still be read",
               x->peer, (unsigned long long)x->id, why);
     n->xport->ops->force_release_retired(n->xport, &x->id, 1);
-    kvp__xfer_release(&n->env, x, KVP_PROOF_HOLD_CAP);
-    n->env.n_retained--;
+    kvp__xfer_release_retained(&n->env, x, KVP_PROOF_HOLD_CAP);
     n->st.force_releases++;
 }
 

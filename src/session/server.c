@@ -122,12 +122,11 @@ kvp_sround_t *kvp__sround_new(kvp_session_t *s, uint64_t request_id, uint64_t ro
  * transfer). */
 static void sround_unpin_supply(kvp_sround_t *r)
 {
-    kvp_store_t *st = r->sess->env->store;
     for (uint32_t i = 0; i < r->n_supply; i++) {
         if (r->supply[i].pinned) {
             /* A supply pin: no transfer reads it (those moved to a kvp_xfer_t). */
-            kvp_status_t rc = kvp_store_unpin(st, r->supply[i].ref);
-            KVP_ASSERT(rc == KVP_OK);
+            kvp__release_supply(r->sess->env, r->sess->peer_id, r->supply[i].ref,
+                                KVP_SUPPLY_ROUND_END);
             kvp__budget_pin_drop(r, &r->supply[i]);
         }
     }
@@ -278,7 +277,7 @@ static bool supply_from_store(kvp_sround_t *r, kvp_demand_t *d)
     kvp_supply_t *sp = &r->supply[r->n_supply];
     memset(sp, 0, sizeof(*sp));
     if (!kvp__budget_pin_take(r, sp)) { /* the peer's supply-pin budget: stays missing */
-        kvp_store_unpin(n->store, ref);
+        kvp__release_supply(n, r->sess->peer_id, ref, KVP_SUPPLY_REFUSED);
         return false;
     }
     sp->key = d->key;
@@ -555,6 +554,13 @@ void kvp__xfer_release(kvp_session_env_t *n, kvp_xfer_t *x, kvp_proof_t proof)
     xfer_drop(n, x, proof);
 }
 
+void kvp__xfer_release_retained(kvp_session_env_t *n, kvp_xfer_t *x, kvp_proof_t proof)
+{
+    KVP_ASSERT(x->round == NULL && n->n_retained > 0); /* on n->retained (server teardown) */
+    n->n_retained--;
+    kvp__xfer_release(n, x, proof);
+}
+
 void kvp__server_on_xfer_done(kvp_session_t *s, kvp_xfer_id_t id, kvp_status_t st)
 {
     kvp_session_env_t *n = s->env;
@@ -676,7 +682,7 @@ static bool sround_take_commit(kvp_sround_t *r, const void *key, uint32_t key_le
                 if (kvp__budget_pin_take(r, sp))
                     sp->ref = ref;
                 else
-                    kvp_store_unpin(st, ref); /* refused at a budget: MISS, limit */
+                    kvp__release_supply(r->sess->env, r->sess->peer_id, ref, KVP_SUPPLY_REFUSED);
             }
             still |= sp->pending;
         }

@@ -460,6 +460,9 @@ void kvp__server_finish_request(kvp_session_t *s, uint64_t request_id);
 void kvp__server_teardown(kvp_session_t *s, kvp_session_close_t *out);
 /* Unlink and free a transfer, dropping its source pins by `proof`. */
 void kvp__xfer_release(kvp_session_env_t *e, kvp_xfer_t *x, kvp_proof_t proof);
+/* The same for a transfer on e->retained (the one place n_retained drops;
+ * kvp__server_teardown, the one place it grows). */
+void kvp__xfer_release_retained(kvp_session_env_t *e, kvp_xfer_t *x, kvp_proof_t proof);
 /* server.c's rounds, shared with server_lookup.c (the LOOKUP answer): */
 kvp_sround_t *kvp__sround_new(kvp_session_t *s, uint64_t request_id, uint64_t round,
                               uint32_t cap_supply);
@@ -520,5 +523,20 @@ kvp_status_t kvp__release_dst_commit(kvp_session_env_t *e, const char *peer, kvp
                                      const kvp_digest_t *digest, bool verify, kvp_proof_t proof);
 /* Drop every pin of the transfer's store job (x->n becomes 0). */
 void kvp__release_src(kvp_session_env_t *e, kvp_xfer_t *x, kvp_proof_t proof);
+/* Why a supply pin (a LOOKUP's pin on one of our READY slots, which no
+ * transfer reads: those moved to a kvp_xfer_t go by kvp__release_src) is
+ * dropped. No proof is needed (nothing writes or reads it remotely), so it
+ * is named and logged, not counted in n->releases. */
+typedef enum kvp_supply_why {
+    KVP_SUPPLY_ROUND_END = 0,  /* the round ended with the pin not moved to a transfer */
+    KVP_SUPPLY_PREFIX_CUT = 1, /* prefix mode: past the first miss */
+    KVP_SUPPLY_REFUSED = 2,    /* the peer's supply-pin budget refused it: MISS */
+    KVP_SUPPLY_CLOSING = 3,    /* the session is closing: MISS */
+    KVP_SUPPLY_WHY_COUNT = 4,
+} kvp_supply_why_t;
+const char *kvp__supply_why_str(kvp_supply_why_t why);
+/* Drop one supply pin (the caller held it: asserted). */
+void kvp__release_supply(kvp_session_env_t *e, const char *peer, kvp_slot_ref_t ref,
+                         kvp_supply_why_t why);
 
 #endif /* KVP_SESSION_H */

@@ -259,8 +259,7 @@ static void world_down(sworld_t *w)
         while (!kvp_list_empty(&e->env.retained)) {
             kvp_xfer_t *x = KVP_CONTAINER_OF(e->env.retained.next, kvp_xfer_t, link);
             e->xport->ops->force_release_retired(e->xport, &x->id, 1);
-            kvp__xfer_release(&e->env, x, KVP_PROOF_HOLD_CAP);
-            e->env.n_retained--;
+            kvp__xfer_release_retained(&e->env, x, KVP_PROOF_HOLD_CAP);
         }
         assert_null(e->sess); /* both links went down in these tests */
         kvp_ctl_destroy(e->ctl);
