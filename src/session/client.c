@@ -212,13 +212,6 @@ static kvp_status_t load_reserve(kvp_load_t *l, uint32_t *to_fetch)
     return KVP_OK;
 }
 
-const char *kvp__proof_str(kvp_proof_t p)
-{
-    static const char *const names[] = {"terminal",  "fetch-done", "abort-ack", "fence",
-                                        "am-refuse", "hold-cap",   "not-sent",  "process-exit"};
-    return (unsigned)p < KVP_ARRAY_SIZE(names) ? names[p] : "invalid";
-}
-
 /* AM paths (transport.h): our handler lands the source's blocks only into
  * slots expected at their generation. Expect before the FETCH leaves, so
  * nothing can arrive unexpected; refuse before a slot leaves FILLING, so

@@ -21,6 +21,17 @@
  */
 #include "session/session.h"
 
+const char *kvp__proof_str(kvp_proof_t p)
+{
+    static const char *const names[KVP_PROOF_COUNT] = {
+        [KVP_PROOF_TERMINAL] = "terminal",   [KVP_PROOF_FETCH_DONE] = "fetch-done",
+        [KVP_PROOF_ABORT_ACK] = "abort-ack", [KVP_PROOF_FENCE] = "fence",
+        [KVP_PROOF_AM_REFUSE] = "am-refuse", [KVP_PROOF_HOLD_CAP] = "hold-cap",
+        [KVP_PROOF_NOT_SENT] = "not-sent",   [KVP_PROOF_PROCESS_EXIT] = "process-exit",
+    };
+    return (unsigned)p < KVP_PROOF_COUNT ? names[p] : "invalid";
+}
+
 static void release_count(kvp_session_env_t *n, kvp_proof_t proof, uint64_t count)
 {
     KVP_ASSERT((unsigned)proof < KVP_PROOF_COUNT);
