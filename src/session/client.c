@@ -45,9 +45,49 @@ static void load_timer_cb(kvp_timer_t *t);
  *   landing bound)--> SETTLED
  *
  * SETTLED is final for the phase; whether the slots are free, committed or
- * quarantined awaiting proof is l->quarantined's (and the store's) to say. */
+ * quarantined awaiting proof is l->slots' (and the store's) to say:
+ *
+ *   FILLING --(outcome unknown, kvp__client_fail_unknown)--> HELD (QUARANTINED
+ *   awaiting proof) or, on a path our AM handler can refuse, REFUSED
+ *
+ * load_check() states what the two halves allow together; the setters run
+ * it in debug builds (SQLite's assert_pager_state). */
 static const char *const load_phase_names[] = {"queued", "sent", "aborting", "landing",
                                                 "settled"};
+static const char *const load_slots_names[] = {"filling", "held", "refused"};
+
+#ifndef NDEBUG
+/* Whether the load's state is one the machine can be in (debug builds). */
+static bool load_check(const kvp_load_t *l)
+{
+    KVP_ASSERT((unsigned)l->phase <= KVP_LOAD_SETTLED);
+    KVP_ASSERT((unsigned)l->slots <= KVP_LOAD_SLOTS_REFUSED);
+    /* queued: nothing reserved yet; landing: answered, slots still FILLING */
+    if (l->phase == KVP_LOAD_QUEUED || l->phase == KVP_LOAD_LANDING)
+        KVP_ASSERT(l->slots == KVP_LOAD_SLOTS_FILLING);
+    KVP_ASSERT(l->phase != KVP_LOAD_LANDING || l->sess != NULL);
+    /* HELD / REFUSED: the outcome (failure) was published first */
+    KVP_ASSERT(l->slots == KVP_LOAD_SLOTS_FILLING || l->published);
+    KVP_ASSERT(!l->exit_held || l->slots == KVP_LOAD_SLOTS_HELD);
+    if (l->slots == KVP_LOAD_SLOTS_REFUSED && l->blocks != NULL)
+        for (uint32_t i = 0; i < l->n; i++)
+            KVP_ASSERT(!l->blocks[i].reserved); /* released at once */
+    return true;
+}
+
+#define LOAD_CHECK(l) (void)load_check(l)
+#else
+#define LOAD_CHECK(l) (void)0
+#endif
+
+static void load_set_slots(kvp_load_t *l, kvp_load_slots_t to)
+{
+    KVP_ASSERT(l->slots == KVP_LOAD_SLOTS_FILLING && to != KVP_LOAD_SLOTS_FILLING); /* once */
+    KVP_TRACE(l->env->name, "peer %s load %llu: slots %s -> %s", l->peer,
+              (unsigned long long)l->op_id, load_slots_names[l->slots], load_slots_names[to]);
+    l->slots = to;
+    LOAD_CHECK(l);
+}
 
 static void load_set_phase(kvp_load_t *l, kvp_load_phase_t to)
 {
@@ -63,6 +103,7 @@ static void load_set_phase(kvp_load_t *l, kvp_load_phase_t to)
     KVP_TRACE(l->env->name, "peer %s load %llu: %s -> %s", l->peer, (unsigned long long)l->op_id,
               load_phase_names[l->phase], load_phase_names[to]);
     l->phase = to;
+    LOAD_CHECK(l);
 }
 
 kvp_status_t kvp__client_check_keys(const uint8_t *keys, const uint32_t *lens, uint32_t n)
@@ -281,7 +322,7 @@ static uint64_t peer_quarantined_slots(const kvp_session_t *s)
     for (int k = 0; k < 2; k++) {
         for (const kvp_list_t *p = lists[k]->next; p != lists[k]; p = p->next) {
             const kvp_load_t *l = KVP_CONTAINER_OF(p, kvp_load_t, link);
-            if (!l->quarantined || strcmp(l->peer, s->peer_id) != 0)
+            if (l->slots != KVP_LOAD_SLOTS_HELD || strcmp(l->peer, s->peer_id) != 0)
                 continue;
             for (uint32_t i = 0; i < l->n; i++)
                 slots += l->blocks[i].reserved;
@@ -723,7 +764,7 @@ void kvp__client_on_fetch_done(kvp_session_t *s, const kvp_msg_fetch_done_t *m)
     kvp_load_t *l = load_find(s, m->round, m->request_id);
     if (l == NULL || l->phase == KVP_LOAD_LANDING)
         return; /* duplicate of an answer already applied (or being applied): idempotent */
-    if (l->am_refused) { /* failed and released earlier (AM_REFUSE): nothing left */
+    if (l->slots == KVP_LOAD_SLOTS_REFUSED) { /* failed, released earlier (AM_REFUSE) */
         load_set_phase(l, KVP_LOAD_SETTLED);
         kvp__load_free(l);
         return;
@@ -735,7 +776,7 @@ void kvp__client_on_fetch_done(kvp_session_t *s, const kvp_msg_fetch_done_t *m)
         kvp__session_fault(s, KVP_BYE_PROTOCOL, "FETCH_DONE block count differs from FETCH");
         return;
     }
-    if (l->quarantined) { /* proof from the live session: release */
+    if (l->slots == KVP_LOAD_SLOTS_HELD) { /* proof from the live session: release */
         kvp__load_release_quarantine(l, KVP_PROOF_FETCH_DONE);
         return;
     }
@@ -798,11 +839,11 @@ void kvp__client_on_abort_ack(kvp_session_t *s, const kvp_msg_abort_t *m)
         kvp__session_fault(s, KVP_BYE_PROTOCOL, "ABORT_ACK for a round that was not aborted");
         return;
     }
-    if (l->quarantined) {
+    if (l->slots == KVP_LOAD_SLOTS_HELD) {
         kvp__load_release_quarantine(l, KVP_PROOF_ABORT_ACK);
         return;
     }
-    if (l->am_refused) { /* released at once earlier (AM_REFUSE) */
+    if (l->slots == KVP_LOAD_SLOTS_REFUSED) { /* released at once earlier (AM_REFUSE) */
         load_set_phase(l, KVP_LOAD_SETTLED);
         kvp__load_free(l);
         return;
@@ -884,9 +925,9 @@ void kvp__client_fail_unknown(kvp_load_t *l, kvp_status_t why)
     bool refusable = x->ops->inbound_refusable != NULL && x->ops->inbound_refusable(x, l->xpeer);
     /* Issue 29: on an AM path the slots are released below, before the
      * outcome, so a lent slot's block_status says "reusable now". */
-    if (!l->published && !(refusable && !l->quarantined && !l->am_refused))
+    if (!l->published && !(refusable && l->slots == KVP_LOAD_SLOTS_FILLING))
         kvp__load_publish(l, why, 0);
-    if (l->quarantined || l->am_refused)
+    if (l->slots != KVP_LOAD_SLOTS_FILLING)
         return;
     if (KVP_MUTATED(KVP_MUT_RELEASE_QUARANTINE_AT_ONCE)) {
         /* The bug: claims AM_REFUSE on a path our handler cannot refuse. */
@@ -906,9 +947,9 @@ void kvp__client_fail_unknown(kvp_load_t *l, kvp_status_t why)
             if (l->blocks[i].reserved && l->block_status != NULL)
                 l->block_status[i] = why;
         load_abandon_all(l, KVP_PROOF_AM_REFUSE); /* refuse, then FILLING -> FREE */
-        l->am_refused = true;
         if (!l->published)
             kvp__load_publish(l, why, 0);
+        load_set_slots(l, KVP_LOAD_SLOTS_REFUSED);
         n->st->am_refuse_releases += k;
         KVP_INFO(n->name, "peer %s: load %llu failed (%s): %u slots released at once (proof=%s)",
                  l->peer, (unsigned long long)l->op_id, kvp_status_str(why), k,
@@ -921,8 +962,8 @@ void kvp__client_fail_unknown(kvp_load_t *l, kvp_status_t why)
             kvp_status_t st = kvp_store_quarantine(n->store, l->blocks[i].dst);
             KVP_ASSERT(st == KVP_OK); /* FILLING -> QUARANTINED: held, not released */
         }
-    l->quarantined = true;
     l->quarantined_ns = kvp__env_now(n);
+    load_set_slots(l, KVP_LOAD_SLOTS_HELD);
     /* Issue 27: where the transport watches the source's process (same
      * host, direct shm), its exit will be proof (kvp__client_release_exited). */
     if (x->ops->exit_hold != NULL && !l->exit_held)
@@ -1014,7 +1055,7 @@ void kvp__client_teardown(kvp_session_t *s, bool fault, kvp_session_close_t *out
         l->bytes = 0;
         l->sess = NULL;
         load_set_phase(l, KVP_LOAD_SETTLED);
-        if (l->am_refused) { /* nothing held: no proof to wait for */
+        if (l->slots == KVP_LOAD_SLOTS_REFUSED) { /* nothing held: no proof to wait for */
             out->slots_refused += k; /* 0 if refused before (probation) */
             kvp__load_free(l);
             continue;

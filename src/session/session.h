@@ -146,6 +146,16 @@ typedef enum kvp_load_phase {
     KVP_LOAD_SETTLED = 4,  /* slots committed/abandoned or quarantined */
 } kvp_load_phase_t;
 
+/* What the load's reserved destination slots are waiting for, the second
+ * half of its state (client.c's header: the phases). Once the outcome is
+ * unknown (kvp__client_fail_unknown) FILLING moves, exactly once, to HELD
+ * or REFUSED; the phase goes on (an ABORTING load may hold its slots). */
+typedef enum kvp_load_slots {
+    KVP_LOAD_SLOTS_FILLING = 0, /* reserved FILLING slots: FETCH_DONE or ABORT_ACK releases */
+    KVP_LOAD_SLOTS_HELD = 1,    /* QUARANTINED awaiting proof or the hold cap */
+    KVP_LOAD_SLOTS_REFUSED = 2, /* AM path: refused by our handler, released (AM_REFUSE) */
+} kvp_load_slots_t;
+
 typedef struct kvp_load_block {
     kvp_key_buf_t key;
     kvp_slot_ref_t dst;
@@ -169,11 +179,10 @@ struct kvp_load {
     kvp_xpeer_id_t xpeer; /* the transport peer WRITEs come through (fence scope) */
     uint64_t op_id, request_id, round;
     uint32_t flags;
-    kvp_load_phase_t phase;
+    kvp_load_phase_t phase; /* load_set_phase() only */
+    kvp_load_slots_t slots; /* load_set_slots() only (issue 31: were two booleans) */
     bool published;   /* the single outcome was published */
-    bool quarantined; /* slots are QUARANTINED awaiting proof or the cap */
-    bool am_refused;  /* AM path: refused by our handler, slots released (KVP_PROOF_AM_REFUSE) */
-    bool exit_held;   /* issue 27: holds the transport's exit watch of xpeer (exit_hold) */
+    bool exit_held;   /* issue 27: holds the transport's exit watch of xpeer (exit_hold); HELD only */
     uint32_t n;
     kvp_load_block_t *blocks;
     int32_t *block_status; /* caller-owned, may be NULL */
