@@ -182,7 +182,7 @@ struct kvp_load {
     kvp_load_phase_t phase; /* load_set_phase() only */
     kvp_load_slots_t slots; /* load_set_slots() only (issue 31: were two booleans) */
     bool published;   /* the single outcome was published */
-    bool exit_held;   /* issue 27: holds the transport's exit watch of xpeer (exit_hold); HELD only */
+    bool exit_held;   /* issue 27: holds the transport's exit watch of xpeer (exit_hold): HELD */
     uint32_t n;
     kvp_load_block_t *blocks;
     int32_t *block_status; /* caller-owned, may be NULL */
@@ -455,6 +455,16 @@ void kvp__load_release_quarantine(kvp_load_t *l, kvp_proof_t proof);
  * (KVP_PROOF_PROCESS_EXIT). Returns the slots released. */
 uint32_t kvp__client_release_exited(kvp_session_env_t *e, kvp_xpeer_id_t xpeer);
 void kvp__load_free(kvp_load_t *l);
+/* client.c's load machine, shared with client_outcome.c (issue 31): the
+ * two setters (checked by load_check() in debug builds), the AM refusal of
+ * a block, every FILLING slot -> FREE by `proof`, a load by its round, and
+ * a LANDING load that cannot wait any longer (frees it). */
+void kvp__load_set_phase(kvp_load_t *l, kvp_load_phase_t to);
+void kvp__load_set_slots(kvp_load_t *l, kvp_load_slots_t to);
+void kvp__load_block_refuse(kvp_load_t *l, const kvp_load_block_t *b);
+void kvp__load_abandon_all(kvp_load_t *l, kvp_proof_t proof);
+kvp_load_t *kvp__load_find(kvp_session_t *s, uint64_t round, uint64_t request_id);
+void kvp__load_landing_give_up(kvp_load_t *l);
 
 /* server.c: the source role */
 void kvp__server_on_lookup(kvp_session_t *s, const kvp_msg_lookup_t *m, uint16_t flags);
