@@ -372,64 +372,45 @@ static bool fetch_keys_charged(kvp_session_t *s, const kvp_msg_fetch_t *m)
     return false;
 }
 
-void kvp__server_on_fetch(kvp_session_t *s, const kvp_msg_fetch_t *m)
+/* The round a FETCH goes against: the one its lookup supplied, or a new
+ * one (WAIT_FOR_SUPPLY, HINT) if the budgets allow. NULL: answered
+ * (refused) or faulted already. */
+static kvp_sround_t *fetch_round(kvp_session_t *s, const kvp_msg_fetch_t *m, kvp_sround_t *r)
 {
     kvp_session_env_t *n = s->env;
-    if (m->n == 0) { /* terminal: the consumer finished the request */
-        kvp__server_finish_request(s, m->request_id);
-        return;
-    }
-    kvp__server_lease_renew(s, m->request_id); /* the requester still works on it: other rounds live on */
-    kvp_status_t dst = fetch_dsts_distinct(m);
-    if (dst != KVP_OK) {
-        kvp__session_fault(s, KVP_BYE_PROTOCOL, dst == KVP_ERR_NOMEM
-                                                    ? "out of memory on FETCH"
-                                                    : "FETCH names one destination slot twice");
-        return;
-    }
-    kvp_sround_t *r = kvp__sround_find(s, m->round);
-    if (r != NULL && r->phase != KVP_SR_SUPPLIED) {
-        if (r->phase == KVP_SR_FINISHED && r->sent_done)
-            return; /* a duplicate of a FETCH we already answered */
-        kvp__session_fault(s, KVP_BYE_PROTOCOL, "second FETCH for a round");
-        return;
-    }
     if (n->n_retained >= n->cfg->max_retained) {
         n->st->fetches_refused_retained++;
         KVP_LOG_RL(&s->rl_limit, kvp__env_now(n), KVP_LOG_WARN, n->name,
                    "peer %s: FETCH refused: max_retained reached (%u retained transfers)",
                    s->peer_id, n->n_retained);
         fetch_fail_now(s, m, KVP_ERR_LIMIT);
-        return;
+        return NULL;
     }
     bool wait = (m->flags & KVP_FETCH_WAIT_FOR_SUPPLY) != 0;
     bool hint = (m->flags & KVP_FETCH_HINT) != 0 && !wait;
     if (r == NULL && !wait && !hint) { /* no supply: never looked up, or expired (F9, F10) */
         fetch_fail_now(s, m, KVP_ERR_NOT_FOUND);
-        return;
+        return NULL;
     }
-    if (r == NULL && !fetch_keys_charged(s, m))
-        return; /* refused at the key rate: answered LIMIT */
-    if (r == NULL && !kvp__server_round_admit(s, (uint64_t)m->n * sizeof(kvp_supply_t))) {
+    if (r != NULL)
+        return r;
+    if (!fetch_keys_charged(s, m))
+        return NULL; /* refused at the key rate: answered LIMIT */
+    if (!kvp__server_round_admit(s, (uint64_t)m->n * sizeof(kvp_supply_t))) {
         kvp__budget_round_refused(s, "FETCH");
         fetch_fail_now(s, m, KVP_ERR_LIMIT);
-        return;
+        return NULL;
     }
-    if (r == NULL && (r = kvp__sround_new(s, m->request_id, m->round, m->n)) == NULL) {
+    if ((r = kvp__sround_new(s, m->request_id, m->round, m->n)) == NULL)
         kvp__session_fault(s, KVP_BYE_PROTOCOL, "out of memory on FETCH");
-        return;
-    }
-    r->flags = m->flags;
-    uint32_t missing = 0;
-    kvp_status_t tk = sround_take_demand(r, m, &missing);
-    if (tk != KVP_OK) {
-        if (tk == KVP_ERR_LIMIT)
-            kvp__budget_round_refused(s, "FETCH");
-        if (r->demand == NULL)
-            r->n_demand = m->n; /* FETCH_DONE answers every item, not ok */
-        sround_finish(r, false, tk);
-        return;
-    }
+    return r;
+}
+
+/* The demand is taken, `missing` of it not in the store: post, park or
+ * answer at once. */
+static void fetch_start(kvp_sround_t *r, uint32_t missing, bool wait, bool hint)
+{
+    kvp_session_env_t *n = r->sess->env;
     if (missing > 0 && hint)
         n->st->fetch_hints_stale++; /* the router's map was (partly) out of date: quick misses */
     if (missing > 0 && !wait && missing == r->n_demand) {
@@ -449,6 +430,45 @@ void kvp__server_on_fetch(kvp_session_t *s, const kvp_msg_fetch_t *m)
         return;
     }
     sround_post(r);
+}
+
+void kvp__server_on_fetch(kvp_session_t *s, const kvp_msg_fetch_t *m)
+{
+    if (m->n == 0) { /* terminal: the consumer finished the request */
+        kvp__server_finish_request(s, m->request_id);
+        return;
+    }
+    /* the requester still works on it: other rounds live on */
+    kvp__server_lease_renew(s, m->request_id);
+    kvp_status_t dst = fetch_dsts_distinct(m);
+    if (dst != KVP_OK) {
+        kvp__session_fault(s, KVP_BYE_PROTOCOL, dst == KVP_ERR_NOMEM
+                                                    ? "out of memory on FETCH"
+                                                    : "FETCH names one destination slot twice");
+        return;
+    }
+    kvp_sround_t *r = kvp__sround_find(s, m->round);
+    if (r != NULL && r->phase != KVP_SR_SUPPLIED) {
+        if (r->phase == KVP_SR_FINISHED && r->sent_done)
+            return; /* a duplicate of a FETCH we already answered */
+        kvp__session_fault(s, KVP_BYE_PROTOCOL, "second FETCH for a round");
+        return;
+    }
+    if ((r = fetch_round(s, m, r)) == NULL)
+        return;
+    r->flags = m->flags;
+    uint32_t missing = 0;
+    kvp_status_t tk = sround_take_demand(r, m, &missing);
+    if (tk != KVP_OK) {
+        if (tk == KVP_ERR_LIMIT)
+            kvp__budget_round_refused(s, "FETCH");
+        if (r->demand == NULL)
+            r->n_demand = m->n; /* FETCH_DONE answers every item, not ok */
+        sround_finish(r, false, tk);
+        return;
+    }
+    bool wait = (m->flags & KVP_FETCH_WAIT_FOR_SUPPLY) != 0;
+    fetch_start(r, missing, wait, (m->flags & KVP_FETCH_HINT) != 0 && !wait);
 }
 
 /* Move the demanded supply's pins into a transfer record and post it. */
