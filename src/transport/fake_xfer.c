@@ -98,6 +98,15 @@ static void script_apply(fake_xport_t *x, fake_xfer_t *xf, const kvp_fake_script
     }
 }
 
+/* A write refused before it became a transfer: logged as such. */
+static kvp_status_t write_refused(fake_xport_t *x, kvp_xpeer_id_t peer, kvp_status_t st, size_t n)
+{
+    kvp_fake_call_t c = {
+        .kind = KVP_FAKE_CALL_WRITE_REFUSED, .peer = peer, .status = st, .n_blocks = (uint32_t)n};
+    fake__log_call(x, &c, NULL);
+    return st;
+}
+
 static kvp_status_t write_locked(fake_xport_t *x, kvp_xpeer_id_t peer,
                                  const kvp_xfer_block_t *blocks, size_t n, kvp_xfer_id_t *out)
 {
@@ -114,14 +123,8 @@ static kvp_status_t write_locked(fake_xport_t *x, kvp_xpeer_id_t peer,
         if (!xf)
             st = KVP_ERR_NOMEM;
     }
-    if (st != KVP_OK) {
-        kvp_fake_call_t c = {.kind = KVP_FAKE_CALL_WRITE_REFUSED,
-                             .peer = peer,
-                             .status = st,
-                             .n_blocks = (uint32_t)n};
-        fake__log_call(x, &c, NULL);
-        return st;
-    }
+    if (st != KVP_OK)
+        return write_refused(x, peer, st, n);
     memset(xf, 0, sizeof(*xf));
     xf->id = x->fab->next_id++;
     xf->peer = p;
@@ -133,12 +136,7 @@ static kvp_status_t write_locked(fake_xport_t *x, kvp_xpeer_id_t peer,
     fake_xport_t *dst = fake__fabric_ep(x->fab, p->remote_ep);
     if (dst && dst->acc && fake__snapshot(x->fab, x, xf) != KVP_OK) {
         kvp__free(xf);
-        kvp_fake_call_t c = {.kind = KVP_FAKE_CALL_WRITE_REFUSED,
-                             .peer = peer,
-                             .status = KVP_ERR_NOMEM,
-                             .n_blocks = (uint32_t)n};
-        fake__log_call(x, &c, NULL);
-        return KVP_ERR_NOMEM;
+        return write_refused(x, peer, KVP_ERR_NOMEM, n);
     }
     script_pop(x);
     script_apply(x, xf, &s);
@@ -149,7 +147,7 @@ static kvp_status_t write_locked(fake_xport_t *x, kvp_xpeer_id_t peer,
     if (xf->fenced)
         KVP_DEBUG(fake__pfx(x),
                   "fake: transfer %llu posted through peer %llu, fenced by the consumer: "
-                          "nothing of it lands",
+                  "nothing of it lands",
                   (unsigned long long)xf->id, (unsigned long long)p->id);
     kvp_list_insert_tail(&x->xfers, &xf->link);
     fake__events_changed(x);

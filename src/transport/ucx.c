@@ -351,20 +351,9 @@ static kvp_status_t ucx_add_peer(kvp_xport_t *xp, const void *blob, size_t len,
     x->next_host[0] = '\0';
     if (!expect || !out)
         return KVP_ERR_INVALID;
-    st = kvp__ucx_blob_view(blob, len, &v);
-    if (st != KVP_OK) {
-        KVP_LOG_RL(&x->rl_blob, kvp_clock_now(x->clock), KVP_LOG_WARN, PFX(x),
-                   "peer blob rejected (%zu B): %s", len, kvp_status_str(st));
+    st = kvp__ucx_blob_accept(x, blob, len, expect, &v);
+    if (st != KVP_OK)
         return st;
-    }
-    if (v.layout.num_blocks != expect->num_blocks || v.layout.block_size != expect->block_size ||
-        (x->region_kind != REGION_NONE && v.layout.block_size != x->layout.block_size)) {
-        KVP_LOG_RL(&x->rl_blob, kvp_clock_now(x->clock), KVP_LOG_WARN, PFX(x),
-                   "peer blob layout %ux%u differs from expected %ux%u (local block %u)",
-                   v.layout.num_blocks, v.layout.block_size, expect->num_blocks,
-                   expect->block_size, x->layout.block_size);
-        return KVP_ERR_INCOMPATIBLE;
-    }
     ucx_peer_t *p = kvp__calloc(1, sizeof(*p));
     if (!p)
         return KVP_ERR_NOMEM;

@@ -219,6 +219,10 @@ typedef struct ucx_blob_view {
 /* ucx_setup.c */
 void kvp__ucx_host_id_default(char *buf, size_t cap);
 kvp_status_t kvp__ucx_blob_view(const uint8_t *b, size_t len, ucx_blob_view_t *v);
+/* The blob parsed and its layout checked against `expect` (and our block
+ * size); refusals logged, rate-limited. */
+kvp_status_t kvp__ucx_blob_accept(ucx_xport_t *x, const void *blob, size_t len,
+                                  const kvp_layout_t *expect, ucx_blob_view_t *v);
 kvp_status_t kvp__ucx_register_region(kvp_xport_t *xp, void *base, size_t len,
                                       const kvp_layout_t *layout, void **base_out);
 kvp_status_t kvp__ucx_local_blob(kvp_xport_t *xp, const void **blob, size_t *len);

@@ -232,31 +232,11 @@ static size_t ucx_post_puts(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r,
     return posted;
 }
 
-kvp_status_t kvp__ucx_write(kvp_xport_t *xp, kvp_xpeer_id_t peer, const kvp_xfer_block_t *blocks,
-                            size_t n, kvp_xfer_id_t *out)
+/* Post the puts (and the flush) or the AM sends of r: how many were
+ * posted; r ends on p->running, or on p->done if already complete. */
+static size_t ucx_write_post(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r,
+                             const kvp_xfer_block_t *blocks, size_t n, bool am)
 {
-    ucx_xport_t *x = ucx_of(xp);
-    ucx_peer_t *p = kvp__ucx_peer_find(x, peer);
-
-    if (!blocks || n == 0 || !out)
-        return KVP_ERR_INVALID;
-    if (!p)
-        return KVP_ERR_NOT_FOUND;
-    kvp_status_t st = ucx_write_check(x, p, blocks, n); /* every index, before any put */
-    if (st != KVP_OK)
-        return st;
-    /* Puts exist only on the RMA endpoint (shm/RDMA); the AM context has
-     * no RMA, so legacy_put (bench) applies only where one exists. */
-    bool am = p->use_am &&
-              !((x->legacy_put || KVP_MUTATED(KVP_MUT_UCX_EMULATED_PUT)) && p->rkey != NULL);
-    ucx_xfer_t *r = ucx_xfer_get(x, p);
-    if (!r)
-        return KVP_ERR_LIMIT;
-    /* UCX AM headers live in the record; the tcp stream queues its own */
-    if (am && p->out == NULL && !kvp__ucx_am_reserve_hdrs(r, n, x->layout.block_size)) {
-        ucx_xfer_put(x, r);
-        return KVP_ERR_NOMEM;
-    }
     /* Linked and biased by one while posting, so a completion UCX might
      * deliver from inside a later post can never see pending reach 0. */
     kvp_list_insert_tail(&p->running, &r->link);
@@ -284,6 +264,35 @@ kvp_status_t kvp__ucx_write(kvp_xport_t *xp, kvp_xpeer_id_t peer, const kvp_xfer
         kvp_list_remove(&r->link);
         kvp_list_insert_tail(&p->done, &r->link);
     }
+    return posted;
+}
+
+kvp_status_t kvp__ucx_write(kvp_xport_t *xp, kvp_xpeer_id_t peer, const kvp_xfer_block_t *blocks,
+                            size_t n, kvp_xfer_id_t *out)
+{
+    ucx_xport_t *x = ucx_of(xp);
+    ucx_peer_t *p = kvp__ucx_peer_find(x, peer);
+
+    if (!blocks || n == 0 || !out)
+        return KVP_ERR_INVALID;
+    if (!p)
+        return KVP_ERR_NOT_FOUND;
+    kvp_status_t st = ucx_write_check(x, p, blocks, n); /* every index, before any put */
+    if (st != KVP_OK)
+        return st;
+    /* Puts exist only on the RMA endpoint (shm/RDMA); the AM context has
+     * no RMA, so legacy_put (bench) applies only where one exists. */
+    bool am = p->use_am &&
+              !((x->legacy_put || KVP_MUTATED(KVP_MUT_UCX_EMULATED_PUT)) && p->rkey != NULL);
+    ucx_xfer_t *r = ucx_xfer_get(x, p);
+    if (!r)
+        return KVP_ERR_LIMIT;
+    /* UCX AM headers live in the record; the tcp stream queues its own */
+    if (am && p->out == NULL && !kvp__ucx_am_reserve_hdrs(r, n, x->layout.block_size)) {
+        ucx_xfer_put(x, r);
+        return KVP_ERR_NOMEM;
+    }
+    size_t posted = ucx_write_post(x, p, r, blocks, n, am);
     if (posted == 0) { /* nothing reached UCX: the caller may treat it as never posted */
         KVP_WARN(PFX(x), "peer %llu: put refused: %s", (unsigned long long)peer,
                  ucs_status_string(r->first_err));
