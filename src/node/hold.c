@@ -115,9 +115,8 @@ static void node_hold_check(kvp_node_t *n)
              * the next lookup or fetch for this peer dials again. */
             KVP_INFO(n->name, "peer %s: idle for %u ms: closing", s->peer_id,
                      n->cfg.idle_session_ms);
-            kvp__session_set_state(s, KVP_SESS_CLOSING);
             kvp_ctl_unwant(n->ctl, s->peer_id);
-            kvp_link_close(s->link, KVP_BYE_IDLE);
+            kvp__session_close(s, KVP_BYE_IDLE);
         }
     }
 }

@@ -445,12 +445,7 @@ static void node_drain(kvp_node_t *n)
         kvp__node_round(n, real ? 5 : 0);
     while (!kvp_list_empty(&n->sessions)) {
         kvp_session_t *s = KVP_CONTAINER_OF(n->sessions.next, kvp_session_t, node_link);
-        if (s->link != NULL) {
-            kvp_link_set_user(s->link, NULL);
-            kvp_link_close(s->link, KVP_BYE_SHUTDOWN);
-            s->link = NULL;
-            kvp__session_set_state(s, KVP_SESS_DOWN);
-        }
+        kvp__session_close_now(s, KVP_BYE_SHUTDOWN);
         kvp__node_session_down(n, s, false, "node shutdown");
     }
     rounds = 0;

@@ -137,6 +137,23 @@ void kvp__session_set_state(kvp_session_t *s, kvp_session_state_t to)
 #endif
 }
 
+void kvp__session_close(kvp_session_t *s, kvp_bye_reason_t reason)
+{
+    KVP_ASSERT(kvp__session_open(s) && s->link != NULL);
+    kvp__session_set_state(s, KVP_SESS_CLOSING);
+    kvp_link_close(s->link, reason); /* the teardown follows from the link's down */
+}
+
+void kvp__session_close_now(kvp_session_t *s, kvp_bye_reason_t reason)
+{
+    if (s->link == NULL)
+        return; /* down already */
+    kvp_link_set_user(s->link, NULL); /* no down callback: the caller tears down */
+    kvp_link_close(s->link, reason);
+    s->link = NULL;
+    kvp__session_set_state(s, KVP_SESS_DOWN);
+}
+
 void kvp__session_on_frame(kvp_session_t *s, const kvp_msg_t *m)
 {
     s->peer_heard = true; /* sent by the peer's session: its endpoint to us exists */

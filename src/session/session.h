@@ -383,6 +383,12 @@ void kvp__session_teardown(kvp_session_t *s, bool fault, const char *why,
                            kvp_session_close_t *out);
 /* The one place a session changes state; asserts the diagram above. */
 void kvp__session_set_state(kvp_session_t *s, kvp_session_state_t to);
+/* The only ways the node ends a session itself (issue 31): gracefully
+ * (READY -> CLOSING, BYE `reason`; the teardown follows when the link is
+ * down), or at once (shutdown drain: the link closed with BYE `reason`
+ * and forgotten, DOWN; the caller tears the session down). */
+void kvp__session_close(kvp_session_t *s, kvp_bye_reason_t reason);
+void kvp__session_close_now(kvp_session_t *s, kvp_bye_reason_t reason);
 /* READY: the link is up and no close was asked (probation aside). */
 static inline bool kvp__session_open(const kvp_session_t *s)
 {
