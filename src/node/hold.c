@@ -55,14 +55,6 @@ void kvp__node_force_release_quarantine(kvp_node_t *n, kvp_load_t *l, const char
     kvp__load_release_quarantine(l, KVP_PROOF_HOLD_CAP);
 }
 
-static bool session_idle(const kvp_session_t *s)
-{
-    return kvp_list_empty(&s->loads) && kvp_list_empty(&s->fetchq) &&
-           kvp_list_empty(&s->srounds) && kvp_list_empty(&s->srounds_done) &&
-           kvp_list_empty(&s->xfers) && kvp_list_empty(&s->lookups_queued) &&
-           kvp_list_empty(&s->lookups_sent);
-}
-
 /* Sessions whose endpoint failed (an endpoint error, or a data path that
  * never came up) are closed as faults: nothing can be written through them
  * any more, and the dialer reconnects on fresh endpoints. Run from the hold
@@ -109,7 +101,7 @@ static void node_hold_check(kvp_node_t *n)
     kvp_list_foreach_safe(p, t, &n->sessions)
     {
         kvp_session_t *s = KVP_CONTAINER_OF(p, kvp_session_t, node_link);
-        if (kvp__session_open(s) && session_idle(s) &&
+        if (kvp__session_open(s) && kvp__session_idle(s) &&
             now - s->last_work_ns >= (uint64_t)n->cfg.idle_session_ms * KVP_NSEC_PER_MSEC) {
             /* No work for the idle timeout: close gracefully and stop redialling;
              * the next lookup or fetch for this peer dials again. */

@@ -137,6 +137,14 @@ void kvp__session_set_state(kvp_session_t *s, kvp_session_state_t to)
 #endif
 }
 
+bool kvp__session_idle(const kvp_session_t *s)
+{
+    return kvp_list_empty(&s->loads) && kvp_list_empty(&s->fetchq) &&
+           kvp_list_empty(&s->srounds) && kvp_list_empty(&s->srounds_done) &&
+           kvp_list_empty(&s->xfers) && kvp_list_empty(&s->lookups_queued) &&
+           kvp_list_empty(&s->lookups_sent);
+}
+
 void kvp__session_close(kvp_session_t *s, kvp_bye_reason_t reason)
 {
     KVP_ASSERT(kvp__session_open(s) && s->link != NULL);

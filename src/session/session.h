@@ -383,6 +383,9 @@ void kvp__session_teardown(kvp_session_t *s, bool fault, const char *why,
                            kvp_session_close_t *out);
 /* The one place a session changes state; asserts the diagram above. */
 void kvp__session_set_state(kvp_session_t *s, kvp_session_state_t to);
+/* No work of either role in the session: loads (queued or not), lookups,
+ * rounds, transfers (the node's idle close). */
+bool kvp__session_idle(const kvp_session_t *s);
 /* The only ways the node ends a session itself (issue 31): gracefully
  * (READY -> CLOSING, BYE `reason`; the teardown follows when the link is
  * down), or at once (shutdown drain: the link closed with BYE `reason`
