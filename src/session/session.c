@@ -152,6 +152,14 @@ void kvp__session_close(kvp_session_t *s, kvp_bye_reason_t reason)
     kvp_link_close(s->link, reason); /* the teardown follows from the link's down */
 }
 
+void kvp__session_link_down(kvp_session_t *s)
+{
+    KVP_ASSERT(s->link != NULL && kvp_link_user(s->link) == s);
+    kvp_link_set_user(s->link, NULL);
+    s->link = NULL;
+    kvp__session_set_state(s, KVP_SESS_DOWN);
+}
+
 void kvp__session_close_now(kvp_session_t *s, kvp_bye_reason_t reason)
 {
     if (s->link == NULL)

@@ -392,6 +392,9 @@ bool kvp__session_idle(const kvp_session_t *s);
  * and forgotten, DOWN; the caller tears the session down). */
 void kvp__session_close(kvp_session_t *s, kvp_bye_reason_t reason);
 void kvp__session_close_now(kvp_session_t *s, kvp_bye_reason_t reason);
+/* The session's link went down (the ctl's on_down): unbound, DOWN; the
+ * caller tears the session down (kvp__session_teardown). */
+void kvp__session_link_down(kvp_session_t *s);
 /* READY: the link is up and no close was asked (probation aside). */
 static inline bool kvp__session_open(const kvp_session_t *s)
 {

@@ -112,9 +112,7 @@ static void on_down(void *arg, kvp_link_t *link, kvp_down_reason_t reason, uint1
     (void)bye;
     if (s == NULL)
         return;
-    kvp_link_set_user(link, NULL);
-    s->link = NULL;
-    kvp__session_set_state(s, KVP_SESS_DOWN);
+    kvp__session_link_down(s); /* the node's own link-down entry */
     kvp__session_teardown(s, fault, "link down", &e->closed);
     e->sess = NULL;
     e->active = e->flush = false;
