@@ -59,6 +59,24 @@ typedef struct fake_listener {
     kvp_list_t node;
 } fake_listener_t;
 
+/* The one writer of an end's state (as tcp_set_state in conn_tcp.c): a
+ * new end starts CONNECTING (a dial stays there); any state may die. */
+static const char *const fake_state_names[] = {
+    [FAKE_CONNECTING] = "connecting", [FAKE_OPEN] = "open", [FAKE_EOF] = "eof", [FAKE_DEAD] = "dead"};
+
+static void fake_set_state(fake_end_t *e, fake_state_t to)
+{
+    static const uint8_t legal[] = {
+        [FAKE_CONNECTING] = 1u << FAKE_CONNECTING,
+        [FAKE_OPEN] = 1u << FAKE_CONNECTING,
+        [FAKE_EOF] = (1u << FAKE_CONNECTING) | (1u << FAKE_OPEN),
+        [FAKE_DEAD] = 0xf,
+    };
+    if (!(legal[to] & (1u << e->state)))
+        kvp__assert_fail(fake_state_names[to], __FILE__, __LINE__, fake_state_names[e->state]);
+    e->state = to;
+}
+
 typedef struct fake_cut {
     kvp_list_t node;
     char a[KVP_WIRE_STR_MAX + 1], b[KVP_WIRE_STR_MAX + 1];
@@ -189,7 +207,7 @@ static void fake_hangup(fake_end_t *e)
 {
     e->peer = NULL;
     if (e->state == FAKE_OPEN || e->state == FAKE_CONNECTING)
-        e->state = FAKE_EOF;
+        fake_set_state(e, FAKE_EOF);
     fake_arm(e, kvp_loop_now(e->base.loop));
 }
 
@@ -342,7 +360,7 @@ static void fake_close(kvp_conn_t *c, bool graceful)
         fake_hangup(e->peer);
         e->peer = NULL;
     }
-    e->state = FAKE_DEAD;
+    fake_set_state(e, FAKE_DEAD);
     kvp_timer_start(c->loop, &e->ev, kvp_loop_now(c->loop));
 }
 
@@ -396,13 +414,13 @@ static void fake_resolve_connect(fake_end_t *e)
     fake_listener_t *l = fake_find_listener(net, e->base.remote);
     fake_end_t *s = NULL;
     if (!l || fake_end_new(net, l->loop, l->wbuf_max, e->base.remote, e->local, &s) != KVP_OK) {
-        e->state = FAKE_EOF; /* connection refused */
+        fake_set_state(e, FAKE_EOF); /* connection refused */
         e->reported = true;
         e->base.h->closed(&e->base, KVP_ERR_IO);
         return;
     }
-    s->state = FAKE_OPEN;
-    e->state = FAKE_OPEN;
+    fake_set_state(s, FAKE_OPEN);
+    fake_set_state(e, FAKE_OPEN);
     s->peer = e;
     e->peer = s;
     l->base.on_accept(&l->base, &s->base);
@@ -420,7 +438,7 @@ kvp_status_t kvp_fake_dial(kvp_fake_net_t *net, kvp_loop_t *loop, const char *lo
     kvp_status_t st = fake_end_new(net, loop, wbuf_max, local_addr, addr, &e);
     if (st != KVP_OK)
         return st;
-    e->state = FAKE_CONNECTING;
+    fake_set_state(e, FAKE_CONNECTING);
     e->base.h = h;
     e->base.owner = owner;
     fake_arm(e, kvp_loop_now(loop) + net->latency_ns);
@@ -509,7 +527,7 @@ void kvp_fake_net_kill(kvp_fake_net_t *net, const char *addr)
             continue;
         fake_purge(e);
         if (e->state == FAKE_CONNECTING) {
-            e->state = FAKE_EOF; /* resolves as EOF on its timer */
+            fake_set_state(e, FAKE_EOF); /* resolves as EOF on its timer */
         }
         if (e->peer)
             e->peer->peer = NULL;

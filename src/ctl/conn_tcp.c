@@ -42,6 +42,28 @@ typedef struct tcp_conn {
     size_t whead, wlen, wcap;
 } tcp_conn_t;
 
+/* The one writer of t->state (UCX's uct_tcp_cm_change_conn_state, in
+ * spirit): each allowed move, checked. A new record starts CONNECTING (a
+ * dial stays there, an accept opens at once); any state may die. */
+static const char *const tcp_state_names[] = {
+    [TCP_CONNECTING] = "connecting", [TCP_OPEN] = "open",  [TCP_BROKEN] = "broken",
+    [TCP_DRAINING] = "draining",     [TCP_DEAD] = "dead",
+};
+
+static void tcp_set_state(tcp_conn_t *t, tcp_state_t to)
+{
+    static const uint8_t legal[] = {
+        [TCP_CONNECTING] = 1u << TCP_CONNECTING,
+        [TCP_OPEN] = 1u << TCP_CONNECTING,
+        [TCP_BROKEN] = (1u << TCP_CONNECTING) | (1u << TCP_OPEN),
+        [TCP_DRAINING] = 1u << TCP_OPEN,
+        [TCP_DEAD] = 0x1f,
+    };
+    if (!(legal[to] & (1u << t->state)))
+        kvp__assert_fail(tcp_state_names[to], __FILE__, __LINE__, tcp_state_names[t->state]);
+    t->state = to;
+}
+
 /* Out of file descriptors (EMFILE/ENFILE), a level-triggered listen fd
  * stays readable and accept() keeps failing: a busy loop that logs each
  * time (issue 27 measured 143 % CPU, 186 MB of log in 6 s). As libuv and
@@ -151,13 +173,13 @@ static void tcp_free(tcp_conn_t *t)
 static void tcp_break(tcp_conn_t *t, kvp_status_t why)
 {
     if (t->state == TCP_DRAINING) {
-        t->state = TCP_DEAD;
+        tcp_set_state(t, TCP_DEAD);
         kvp_timer_start(t->base.loop, &t->ev, kvp_loop_now(t->base.loop));
         return;
     }
     if (t->state == TCP_BROKEN || t->state == TCP_DEAD)
         return;
-    t->state = TCP_BROKEN;
+    tcp_set_state(t, TCP_BROKEN);
     t->pending_err = why;
     kvp_io_stop(t->base.loop, &t->io);
     kvp_timer_start(t->base.loop, &t->ev, kvp_loop_now(t->base.loop));
@@ -167,7 +189,7 @@ static void tcp_on_ev(kvp_timer_t *tm)
 {
     tcp_conn_t *t = tm->data;
     if (t->state == TCP_BROKEN && t->base.h) {
-        t->state = TCP_DEAD; /* the owner will close() us; the free follows */
+        tcp_set_state(t, TCP_DEAD); /* the owner will close() us; the free follows */
         t->base.h->closed(&t->base, t->pending_err);
         return;
     }
@@ -274,7 +296,7 @@ static void tcp_on_connect(tcp_conn_t *t)
         tcp_break(t, KVP_ERR_IO);
         return;
     }
-    t->state = TCP_OPEN;
+    tcp_set_state(t, TCP_OPEN);
     tcp_update_events(t);
     if (t->base.h)
         t->base.h->connected(&t->base);
@@ -367,12 +389,12 @@ static void tcp_close(kvp_conn_t *c, bool graceful)
     kvp_conn_detach(c);
     c->read_paused = false; /* draining reads (and discards) to EOF */
     if (graceful && t->state == TCP_OPEN) {
-        t->state = TCP_DRAINING;
+        tcp_set_state(t, TCP_DRAINING);
         kvp_timer_start(c->loop, &t->ev, kvp_loop_now(c->loop) + c->linger_ns);
         tcp_flush(t);
         return;
     }
-    t->state = TCP_DEAD;
+    tcp_set_state(t, TCP_DEAD);
     kvp_io_stop(c->loop, &t->io);
     kvp_timer_start(c->loop, &t->ev, kvp_loop_now(c->loop));
 }
@@ -468,7 +490,7 @@ kvp_status_t kvp_tcp_dial_ss(kvp_loop_t *loop, const void *sa, unsigned sslen, c
     st = tcp_conn_new(loop, fd, wbuf_max, &t);
     if (st != KVP_OK)
         goto err_fd;
-    t->state = TCP_CONNECTING;
+    tcp_set_state(t, TCP_CONNECTING);
     t->base.h = h;
     t->base.owner = owner;
     (void)addr; /* numeric, as for accepted connections (kvp_link_remote_host) */
@@ -541,7 +563,7 @@ static void tcp_on_accept(kvp_io_t *io, uint32_t events)
             close(fd);
             continue;
         }
-        t->state = TCP_OPEN;
+        tcp_set_state(t, TCP_OPEN);
         tcp_format_addr(&ss, t->base.remote, sizeof(t->base.remote));
         if (kvp_io_start(l->loop, &t->io, fd, EPOLLIN, tcp_on_io, t) != KVP_OK) {
             tcp_free(t);

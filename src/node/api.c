@@ -192,8 +192,7 @@ static kvp_status_t do_peer_remove(kvp_node_t *n, void *arg)
     kvp_session_t *s = kvp__node_find_session(n, arg);
     if (s == NULL || !kvp__session_open(s))
         return KVP_ERR_NOT_FOUND; /* none, or already closing (a second remove) */
-    kvp__session_set_state(s, KVP_SESS_CLOSING);
-    kvp_link_close(s->link, KVP_BYE_GRACEFUL); /* teardown from on_down */
+    kvp__session_close(s, KVP_BYE_GRACEFUL); /* teardown from on_down */
     return KVP_OK;
 }
 

@@ -27,8 +27,8 @@ void kvp__node_poll_retired(kvp_node_t *n)
                     continue;
                 KVP_INFO(n->name, "peer %s: retained transfer %llu stopped (%s): released", x->peer,
                          (unsigned long long)x->id, kvp_status_str(n->results[i].status));
-                kvp__xfer_release(&n->env, x, KVP_PROOF_TERMINAL); /* poll_retired handed it back */
-                n->env.n_retained--;
+                /* poll_retired handed it back */
+                kvp__xfer_release_retained(&n->env, x, KVP_PROOF_TERMINAL);
                 break;
             }
         }
@@ -41,8 +41,7 @@ void kvp__node_force_release_retired(kvp_node_t *n, kvp_xfer_t *x, const char *w
                        "may still be read",
               x->peer, (unsigned long long)x->id, why);
     n->xport->ops->force_release_retired(n->xport, &x->id, 1);
-    kvp__xfer_release(&n->env, x, KVP_PROOF_HOLD_CAP);
-    n->env.n_retained--;
+    kvp__xfer_release_retained(&n->env, x, KVP_PROOF_HOLD_CAP);
     n->st.force_releases++;
 }
 
@@ -54,14 +53,6 @@ void kvp__node_force_release_quarantine(kvp_node_t *n, kvp_load_t *l, const char
                           : "marked suspect");
     n->st.force_releases++;
     kvp__load_release_quarantine(l, KVP_PROOF_HOLD_CAP);
-}
-
-static bool session_idle(const kvp_session_t *s)
-{
-    return kvp_list_empty(&s->loads) && kvp_list_empty(&s->fetchq) &&
-           kvp_list_empty(&s->srounds) && kvp_list_empty(&s->srounds_done) &&
-           kvp_list_empty(&s->xfers) && kvp_list_empty(&s->lookups_queued) &&
-           kvp_list_empty(&s->lookups_sent);
 }
 
 /* Sessions whose endpoint failed (an endpoint error, or a data path that
@@ -110,15 +101,14 @@ static void node_hold_check(kvp_node_t *n)
     kvp_list_foreach_safe(p, t, &n->sessions)
     {
         kvp_session_t *s = KVP_CONTAINER_OF(p, kvp_session_t, node_link);
-        if (kvp__session_open(s) && session_idle(s) &&
+        if (kvp__session_open(s) && kvp__session_idle(s) &&
             now - s->last_work_ns >= (uint64_t)n->cfg.idle_session_ms * KVP_NSEC_PER_MSEC) {
             /* No work for the idle timeout: close gracefully and stop redialling;
              * the next lookup or fetch for this peer dials again. */
             KVP_INFO(n->name, "peer %s: idle for %u ms: closing", s->peer_id,
                      n->cfg.idle_session_ms);
-            kvp__session_set_state(s, KVP_SESS_CLOSING);
             kvp_ctl_unwant(n->ctl, s->peer_id);
-            kvp_link_close(s->link, KVP_BYE_IDLE);
+            kvp__session_close(s, KVP_BYE_IDLE);
         }
     }
 }

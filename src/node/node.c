@@ -327,6 +327,27 @@ static kvp_status_t node_make_data_plane(kvp_node_t *n, const kvp_node_seams_t *
     return KVP_OK;
 }
 
+/* Caller-driven mode: the node fd must also wake for incoming frames, the
+ * transport and timers (kvpeer.h), i.e. whenever kvp_node_progress() has
+ * work. One epoll set over the event fd and the loop's epoll fd (which holds
+ * the sockets, the transport fd and a timerfd armed at the nearest
+ * deadline) is readable exactly then. Closed by node_free. */
+static kvp_status_t node_open_pollfd(kvp_node_t *n)
+{
+    int fds[2] = {n->evfd, kvp_loop_fd(n->loop)};
+    if ((n->pollfd = epoll_create1(EPOLL_CLOEXEC)) < 0)
+        goto fail;
+    for (int i = 0; i < 2; i++) {
+        struct epoll_event ev = {.events = EPOLLIN, .data.fd = fds[i]};
+        if (epoll_ctl(n->pollfd, EPOLL_CTL_ADD, fds[i], &ev) != 0)
+            goto fail;
+    }
+    return KVP_OK;
+fail:
+    KVP_ERROR(n->name, "node fd: epoll: %s", strerror(errno));
+    return KVP_ERR_IO;
+}
+
 kvp_status_t kvp__node_create_ex(const kvp_config_t *cfg, const kvp_node_seams_t *seams,
                                  kvp_node_t **out)
 {
@@ -371,7 +392,7 @@ kvp_status_t kvp__node_create_ex(const kvp_config_t *cfg, const kvp_node_seams_t
         goto fail;
     kvp__node_hold_start(n);
     if (cfg->thread_mode == KVP_THREAD_CALLER && n->evfd >= 0 &&
-        (st = kvp__node_open_pollfd(n)) != KVP_OK)
+        (st = node_open_pollfd(n)) != KVP_OK)
         goto fail;
     atomic_store_explicit(&n->round_ns, kvp_clock_now(kvp_clock_real()), memory_order_relaxed);
     if (cfg->thread_mode == KVP_THREAD_OWN && (st = kvp__node_thread_start(n)) != KVP_OK)
@@ -425,12 +446,7 @@ static void node_drain(kvp_node_t *n)
         kvp__node_round(n, real ? 5 : 0);
     while (!kvp_list_empty(&n->sessions)) {
         kvp_session_t *s = KVP_CONTAINER_OF(n->sessions.next, kvp_session_t, node_link);
-        if (s->link != NULL) {
-            kvp_link_set_user(s->link, NULL);
-            kvp_link_close(s->link, KVP_BYE_SHUTDOWN);
-            s->link = NULL;
-            kvp__session_set_state(s, KVP_SESS_DOWN);
-        }
+        kvp__session_close_now(s, KVP_BYE_SHUTDOWN);
         kvp__node_session_down(n, s, false, "node shutdown");
     }
     rounds = 0;

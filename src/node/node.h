@@ -160,8 +160,6 @@ uint64_t kvp__mem_available(void);
 
 /* Between the node's own files (issue 31: node.c split along its seams);
  * nothing outside src/node/ calls these. */
-/* thread.c: the caller-driven mode's node fd (events + loop fds + timers). */
-kvp_status_t kvp__node_open_pollfd(kvp_node_t *n);
 /* thread.c: one poll round (commands, progress, completions, sleep). */
 void kvp__node_round(kvp_node_t *n, int timeout_ms);
 /* thread.c: the progress thread of KVP_THREAD_OWN, started and stopped. */

@@ -143,9 +143,7 @@ static void ctl_on_down(void *arg, kvp_link_t *link, kvp_down_reason_t reason, u
     (void)arg;
     if (s == NULL)
         return;
-    kvp_link_set_user(link, NULL);
-    s->link = NULL;
-    kvp__session_set_state(s, KVP_SESS_DOWN);
+    kvp__session_link_down(s);
     char why[128];
     snprintf(why, sizeof(why), "%s%s%s", kvp_down_reason_str(reason),
              reason == KVP_DOWN_BYE ? " " : "", reason == KVP_DOWN_BYE ? kvp_bye_reason_str(bye_reason) : "");

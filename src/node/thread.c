@@ -399,28 +399,6 @@ kvp_status_t kvp__node_progress(kvp_node_t *n, int timeout_ms)
     return KVP_OK;
 }
 
-/* Caller-driven mode: the node fd must also wake for incoming frames, the
- * transport and timers (kvpeer.h), i.e. whenever kvp_node_progress() has
- * work. One epoll set over the event fd and the loop's epoll fd (which holds
- * the sockets, the transport fd and a timerfd armed at the nearest
- * deadline) is readable exactly then. Closed by node_free. */
-kvp_status_t kvp__node_open_pollfd(kvp_node_t *n)
-{
-    int fds[2] = {n->evfd, kvp_loop_fd(n->loop)};
-    if ((n->pollfd = epoll_create1(EPOLL_CLOEXEC)) < 0)
-        goto fail;
-    for (int i = 0; i < 2; i++) {
-        struct epoll_event ev = {.events = EPOLLIN, .data.fd = fds[i]};
-        if (epoll_ctl(n->pollfd, EPOLL_CTL_ADD, fds[i], &ev) != 0)
-            goto fail;
-    }
-    return KVP_OK;
-fail:
-    KVP_ERROR(n->name, "node fd: epoll: %s", strerror(errno));
-    return KVP_ERR_IO;
-}
-
-
 /* KVP_THREAD_OWN: the progress thread, holding `owner` except while the loop
  * sleeps (the wait hooks give it up there for the fast path). */
 kvp_status_t kvp__node_thread_start(kvp_node_t *n)

@@ -45,11 +45,51 @@ static void load_timer_cb(kvp_timer_t *t);
  *   landing bound)--> SETTLED
  *
  * SETTLED is final for the phase; whether the slots are free, committed or
- * quarantined awaiting proof is l->quarantined's (and the store's) to say. */
+ * quarantined awaiting proof is l->slots' (and the store's) to say:
+ *
+ *   FILLING --(outcome unknown, kvp__client_fail_unknown)--> HELD (QUARANTINED
+ *   awaiting proof) or, on a path our AM handler can refuse, REFUSED
+ *
+ * load_check() states what the two halves allow together; the setters run
+ * it in debug builds (SQLite's assert_pager_state). */
 static const char *const load_phase_names[] = {"queued", "sent", "aborting", "landing",
                                                 "settled"};
+static const char *const load_slots_names[] = {"filling", "held", "refused"};
 
-static void load_set_phase(kvp_load_t *l, kvp_load_phase_t to)
+#ifndef NDEBUG
+/* Whether the load's state is one the machine can be in (debug builds). */
+static bool load_check(const kvp_load_t *l)
+{
+    KVP_ASSERT((unsigned)l->phase <= KVP_LOAD_SETTLED);
+    KVP_ASSERT((unsigned)l->slots <= KVP_LOAD_SLOTS_REFUSED);
+    /* queued: nothing reserved yet; landing: answered, slots still FILLING */
+    if (l->phase == KVP_LOAD_QUEUED || l->phase == KVP_LOAD_LANDING)
+        KVP_ASSERT(l->slots == KVP_LOAD_SLOTS_FILLING);
+    KVP_ASSERT(l->phase != KVP_LOAD_LANDING || l->sess != NULL);
+    /* HELD / REFUSED: the outcome (failure) was published first */
+    KVP_ASSERT(l->slots == KVP_LOAD_SLOTS_FILLING || l->published);
+    KVP_ASSERT(!l->exit_held || l->slots == KVP_LOAD_SLOTS_HELD);
+    if (l->slots == KVP_LOAD_SLOTS_REFUSED && l->blocks != NULL)
+        for (uint32_t i = 0; i < l->n; i++)
+            KVP_ASSERT(!l->blocks[i].reserved); /* released at once */
+    return true;
+}
+
+#define LOAD_CHECK(l) (void)load_check(l)
+#else
+#define LOAD_CHECK(l) (void)0
+#endif
+
+void kvp__load_set_slots(kvp_load_t *l, kvp_load_slots_t to)
+{
+    KVP_ASSERT(l->slots == KVP_LOAD_SLOTS_FILLING && to != KVP_LOAD_SLOTS_FILLING); /* once */
+    KVP_TRACE(l->env->name, "peer %s load %llu: slots %s -> %s", l->peer,
+              (unsigned long long)l->op_id, load_slots_names[l->slots], load_slots_names[to]);
+    l->slots = to;
+    LOAD_CHECK(l);
+}
+
+void kvp__load_set_phase(kvp_load_t *l, kvp_load_phase_t to)
 {
     static const uint8_t legal[5] = {
         [KVP_LOAD_QUEUED] = 1u << KVP_LOAD_QUEUED, /* a new record starts QUEUED */
@@ -63,6 +103,7 @@ static void load_set_phase(kvp_load_t *l, kvp_load_phase_t to)
     KVP_TRACE(l->env->name, "peer %s load %llu: %s -> %s", l->peer, (unsigned long long)l->op_id,
               load_phase_names[l->phase], load_phase_names[to]);
     l->phase = to;
+    LOAD_CHECK(l);
 }
 
 kvp_status_t kvp__client_check_keys(const uint8_t *keys, const uint32_t *lens, uint32_t n)
@@ -212,13 +253,6 @@ static kvp_status_t load_reserve(kvp_load_t *l, uint32_t *to_fetch)
     return KVP_OK;
 }
 
-const char *kvp__proof_str(kvp_proof_t p)
-{
-    static const char *const names[] = {"terminal",  "fetch-done", "abort-ack", "fence",
-                                        "am-refuse", "hold-cap",   "not-sent",  "process-exit"};
-    return (unsigned)p < KVP_ARRAY_SIZE(names) ? names[p] : "invalid";
-}
-
 /* AM paths (transport.h): our handler lands the source's blocks only into
  * slots expected at their generation. Expect before the FETCH leaves, so
  * nothing can arrive unexpected; refuse before a slot leaves FILLING, so
@@ -236,7 +270,7 @@ static void load_expect(kvp_load_t *l)
     }
 }
 
-static void block_refuse(kvp_load_t *l, const kvp_load_block_t *b)
+void kvp__load_block_refuse(kvp_load_t *l, const kvp_load_block_t *b)
 {
     kvp_xport_t *x = l->env->xport;
     kvp_xslot_t xs = {b->dst.slot, b->dst.gen};
@@ -246,11 +280,11 @@ static void block_refuse(kvp_load_t *l, const kvp_load_block_t *b)
 
 /* Every FILLING slot of the load -> FREE by `proof` (refused first on an AM
  * path, so nothing lands after). */
-static void load_abandon_all(kvp_load_t *l, kvp_proof_t proof)
+void kvp__load_abandon_all(kvp_load_t *l, kvp_proof_t proof)
 {
     for (uint32_t i = 0; i < l->n; i++) {
         if (l->blocks[i].reserved) {
-            block_refuse(l, &l->blocks[i]);
+            kvp__load_block_refuse(l, &l->blocks[i]);
             kvp__release_dst(l->env, l->peer, l->blocks[i].dst, false, proof);
             l->blocks[i].reserved = false;
         }
@@ -288,7 +322,7 @@ static uint64_t peer_quarantined_slots(const kvp_session_t *s)
     for (int k = 0; k < 2; k++) {
         for (const kvp_list_t *p = lists[k]->next; p != lists[k]; p = p->next) {
             const kvp_load_t *l = KVP_CONTAINER_OF(p, kvp_load_t, link);
-            if (!l->quarantined || strcmp(l->peer, s->peer_id) != 0)
+            if (l->slots != KVP_LOAD_SLOTS_HELD || strcmp(l->peer, s->peer_id) != 0)
                 continue;
             for (uint32_t i = 0; i < l->n; i++)
                 slots += l->blocks[i].reserved;
@@ -398,14 +432,14 @@ static kvp_status_t load_launch(kvp_load_t *l)
     uint32_t to_fetch = 0;
     kvp_status_t st = load_reserve(l, &to_fetch);
     if (st != KVP_OK) {
-        load_abandon_all(l, KVP_PROOF_NOT_SENT); /* no FETCH yet */
+        kvp__load_abandon_all(l, KVP_PROOF_NOT_SENT); /* no FETCH yet */
         return st;
     }
     if (l->round == 0)
         load_bind_round(l);
     l->started_ns = kvp__env_now(node);
     if (to_fetch == 0) { /* everything is here already */
-        load_set_phase(l, KVP_LOAD_SETTLED);
+        kvp__load_set_phase(l, KVP_LOAD_SETTLED);
         kvp__load_publish(l, KVP_OK, 0);
         kvp__load_free(l);
         return KVP_OK;
@@ -414,13 +448,14 @@ static kvp_status_t load_launch(kvp_load_t *l)
     l->bytes = (uint64_t)to_fetch * node->cfg->block_size;
     s->bytes_inflight += l->bytes;
     if ((st = load_send_fetch(l, to_fetch)) != KVP_OK) {
-        load_abandon_all(l, KVP_PROOF_NOT_SENT); /* nothing reached the wire: no WRITE can come */
+        /* nothing reached the wire: no WRITE can come */
+        kvp__load_abandon_all(l, KVP_PROOF_NOT_SENT);
         kvp_list_remove(&l->link);
         s->bytes_inflight -= l->bytes;
         l->bytes = 0;
         return st;
     }
-    load_set_phase(l, KVP_LOAD_SENT);
+    kvp__load_set_phase(l, KVP_LOAD_SENT);
     kvp_timer_start(node->loop, &l->timer,
                     l->started_ns + (uint64_t)node->cfg->load_timeout_ms * KVP_NSEC_PER_MSEC);
     return KVP_OK;
@@ -438,7 +473,7 @@ static void fetchq_push(kvp_load_t *l)
 {
     kvp_session_t *s = l->sess;
     kvp_session_env_t *n = l->env;
-    load_set_phase(l, KVP_LOAD_QUEUED);
+    kvp__load_set_phase(l, KVP_LOAD_QUEUED);
     l->queued_ns = kvp__env_now(n);
     load_bind_round(l);
     kvp_list_insert_tail(&s->fetchq, &l->link);
@@ -464,7 +499,7 @@ static void load_unlend(kvp_load_t *l, kvp_status_t why)
     for (uint32_t i = 0; i < l->n; i++)
         if (l->blocks[i].reserved && l->block_status != NULL)
             l->block_status[i] = why;
-    load_abandon_all(l, KVP_PROOF_NOT_SENT); /* no FETCH left us: nothing writes them */
+    kvp__load_abandon_all(l, KVP_PROOF_NOT_SENT); /* no FETCH left us: nothing writes them */
 }
 
 /* The queued fetch's one outcome; nothing was reserved. Fetches behind it
@@ -512,7 +547,7 @@ static kvp_status_t load_lend(kvp_load_t *l, const uint32_t *slots)
         kvp_load_block_t *b = &l->blocks[i];
         kvp_status_t st = kvp_store_lend(n->store, slots[i], b->key.data, b->key.len, &b->dst);
         if (st != KVP_OK) {
-            load_abandon_all(l, KVP_PROOF_NOT_SENT); /* nothing was sent */
+            kvp__load_abandon_all(l, KVP_PROOF_NOT_SENT); /* nothing was sent */
             KVP_DEBUG(n->name, "peer %s: fetch_into refused: slot %u (block %u): %s", l->peer,
                       slots[i], i, kvp_status_str(st));
             return KVP_ERR_INVALID;
@@ -580,7 +615,7 @@ static kvp_status_t client_fetch(kvp_session_t *s, uint64_t op_id, uint64_t requ
 }
 
 /* The load a FETCH_DONE / ABORT_ACK answers: same round AND request. */
-static kvp_load_t *load_find(kvp_session_t *s, uint64_t round, uint64_t request_id)
+kvp_load_t *kvp__load_find(kvp_session_t *s, uint64_t round, uint64_t request_id)
 {
     kvp_list_t *p, *t;
     kvp_list_foreach_safe(p, t, &s->loads)
@@ -607,219 +642,7 @@ kvp_load_t *kvp__client_find_load(kvp_session_t *s, uint64_t op_id)
     return NULL;
 }
 
-/* ---------------------------------------------------- proofs and outcomes */
-
-/* Release a quarantined load's slots: by proof, or by the hold cap (then
- * the slots are suspect). Frees the load. */
-void kvp__load_release_quarantine(kvp_load_t *l, kvp_proof_t proof)
-{
-    l->cap_released = proof == KVP_PROOF_HOLD_CAP;
-    for (uint32_t i = 0; i < l->n; i++) {
-        if (!l->blocks[i].reserved)
-            continue;
-        kvp__release_dst(l->env, l->peer, l->blocks[i].dst, true, proof);
-        l->blocks[i].reserved = false;
-    }
-    kvp__load_free(l);
-}
-
-/* AM path: FETCH_DONE is sent once the source's sends and flush completed,
- * i.e. once the blocks left its memory; on the control connection it can
- * overtake their tail on the data connection. Such a load waits LANDING
- * (on env->landing; the node thread goes on serving everything else)
- * until our handler saw every block the source sent, its endpoint fails,
- * or the bound passes; a block not landed by then fails (refused,
- * abandoned) instead of being committed. */
-#define KVP_AM_LAND_WAIT_NS (2 * KVP_NSEC_PER_SEC)
-
-static bool load_awaits_landing(const kvp_session_t *s, const kvp_msg_fetch_done_t *m)
-{
-    kvp_xport_t *x = s->env->xport;
-    /* issue 27: a direct-shm commit needs the transport's same-host proof */
-    bool need = x->ops->landing_required != NULL
-                    ? x->ops->landing_required(x, s->xpeer)
-                    : x->ops->inbound_refusable != NULL && x->ops->inbound_refusable(x, s->xpeer);
-    return m->status == KVP_OK && m->n > 0 && x->ops->is_landed != NULL && need &&
-           !KVP_MUTATED(KVP_MUT_AM_SKIP_AWAIT);
-}
-
-static bool block_landed(const kvp_load_t *l, const kvp_load_block_t *b)
-{
-    kvp_xport_t *x = l->env->xport;
-    return x->ops->is_landed(x, (kvp_xslot_t){b->dst.slot, b->dst.gen});
-}
-
-/* Advance l->land_next past the blocks that need nothing more (not
- * reserved, not sent, or landed); true when none is left. Each block is
- * passed once over the load's life. */
-static bool load_all_landed(kvp_load_t *l)
-{
-    while (l->land_next < l->n) {
-        const kvp_load_block_t *b = &l->blocks[l->land_next];
-        if (b->reserved && b->sent && !block_landed(l, b))
-            return false;
-        l->land_next++;
-    }
-    return true;
-}
-
-/* Apply the FETCH_DONE recorded in the load's blocks: commit the verified
- * blocks (on a LANDING load: only those that landed), abandon the rest,
- * publish (once), settle and free. Every block is refused before its slot
- * leaves FILLING, so nothing can land after. */
-static void load_settle_done(kvp_load_t *l, kvp_status_t done_status, bool landing)
-{
-    kvp_session_env_t *n = l->env;
-    uint32_t ok = 0, missing = 0, k = 0;
-    kvp_status_t first_err = done_status;
-    for (uint32_t i = 0; i < l->n; i++) {
-        kvp_load_block_t *b = &l->blocks[i];
-        if (!b->reserved)
-            continue;
-        k++;
-        bool here = !landing || i < l->land_next || !b->sent || block_landed(l, b);
-        /* Not ok in a successful FETCH_DONE: the source had no supply for
-         * that key (it missed), the others were sent (F9, partial). */
-        kvp_status_t st = done_status == KVP_OK ? KVP_ERR_NOT_FOUND : KVP_ERR_TRANSPORT;
-        block_refuse(l, b); /* leaves FILLING below: nothing may land after */
-        if (done_status == KVP_OK && b->sent && !here) {
-            st = KVP_ERR_TRANSPORT; /* sent, but never reached us (AM path) */
-            missing++;
-        } else if (done_status == KVP_OK && b->sent) {
-            /* Verification off: the slot takes the source's digest, no hash
-             * of the block on the node thread. */
-            bool verify = n->cfg->verify_checksums && !KVP_MUTATED(KVP_MUT_SKIP_CHECKSUM);
-            st = l->external ? kvp__release_dst_lent(n, l->peer, b->dst, &b->digest, verify,
-                                                     KVP_PROOF_FETCH_DONE)
-                             : kvp__release_dst_commit(n, l->peer, b->dst, &b->digest, verify,
-                                                       KVP_PROOF_FETCH_DONE);
-        }
-        if (st == KVP_ERR_CHECKSUM)
-            KVP_ERROR(n->name, "peer %s: block %u of round %llu fails its checksum: dropped",
-                      l->peer, i, (unsigned long long)l->round);
-        if (st != KVP_OK) {
-            /* A sent block that never landed is safe to free because our
-             * handler refused it above (AM path), not because of FETCH_DONE. */
-            kvp__release_dst(n, l->peer, b->dst, false,
-                             b->sent && !here ? KVP_PROOF_AM_REFUSE : KVP_PROOF_FETCH_DONE);
-            if (first_err == KVP_OK)
-                first_err = st;
-        } else {
-            ok++;
-            if (!l->external) /* issue 29: a lent slot's block is the embedding's */
-                kvp__server_on_commit(n, b->key.data, b->key.len);
-        }
-        b->reserved = false;
-        if (l->block_status)
-            l->block_status[i] = st;
-    }
-    if (missing)
-        KVP_WARN(n->name, "peer %s: %u of %u blocks of round %llu never reached us "
-                 "after FETCH_DONE: failed", l->peer, missing, k, (unsigned long long)l->round);
-    n->st->blocks_in += ok;
-    n->st->bytes_in += (uint64_t)ok * n->cfg->block_size;
-    if (!l->published)
-        kvp__load_publish(l, first_err, ok);
-    load_set_phase(l, KVP_LOAD_SETTLED);
-    kvp__load_free(l);
-}
-
-void kvp__client_on_fetch_done(kvp_session_t *s, const kvp_msg_fetch_done_t *m)
-{
-    kvp_session_env_t *n = s->env;
-    kvp_load_t *l = load_find(s, m->round, m->request_id);
-    if (l == NULL || l->phase == KVP_LOAD_LANDING)
-        return; /* duplicate of an answer already applied (or being applied): idempotent */
-    if (l->am_refused) { /* failed and released earlier (AM_REFUSE): nothing left */
-        load_set_phase(l, KVP_LOAD_SETTLED);
-        kvp__load_free(l);
-        return;
-    }
-    uint32_t want = 0;
-    for (uint32_t i = 0; i < l->n; i++)
-        want += l->blocks[i].reserved;
-    if (m->n != want) {
-        kvp__session_fault(s, KVP_BYE_PROTOCOL, "FETCH_DONE block count differs from FETCH");
-        return;
-    }
-    if (l->quarantined) { /* proof from the live session: release */
-        kvp__load_release_quarantine(l, KVP_PROOF_FETCH_DONE);
-        return;
-    }
-    /* Record the answer in the load (no allocation): settled now, or once
-     * the blocks landed. */
-    uint32_t k = 0;
-    for (uint32_t i = 0; i < l->n; i++) {
-        kvp_load_block_t *b = &l->blocks[i];
-        if (!b->reserved)
-            continue;
-        b->sent = m->blocks[k].ok != 0;
-        b->digest = m->blocks[k++].digest;
-    }
-    kvp_status_t done = m->status != KVP_OK ? (kvp_status_t)m->status : KVP_OK;
-    if (!load_awaits_landing(s, m)) {
-        load_settle_done(l, done, false);
-        return;
-    }
-    l->land_next = 0;
-    if (load_all_landed(l)) {
-        load_settle_done(l, done, true);
-        return;
-    }
-    l->done_status = done;
-    load_set_phase(l, KVP_LOAD_LANDING);
-    kvp_list_insert_tail(&n->landing, &l->land_link);
-    kvp_timer_stop(n->loop, &l->timer); /* the load / abort deadlines are over */
-    kvp_timer_start(n->loop, &l->timer, kvp__env_now(n) + KVP_AM_LAND_WAIT_NS);
-}
-
-void kvp__client_check_landing(kvp_session_env_t *n)
-{
-    kvp_list_t *p, *t;
-    kvp_list_foreach_safe(p, t, &n->landing)
-    {
-        kvp_load_t *l = KVP_CONTAINER_OF(p, kvp_load_t, land_link);
-        KVP_ASSERT(l->phase == KVP_LOAD_LANDING && l->sess != NULL);
-        if (load_all_landed(l) ||
-            n->xport->ops->peer_status(n->xport, l->xpeer) != KVP_OK)
-            load_settle_done(l, l->done_status, true);
-    }
-}
-
-/* A LANDING load that cannot wait any longer (bound, session down): what
- * landed is committed, the rest fails. Frees the load. */
-static void load_landing_give_up(kvp_load_t *l)
-{
-    load_all_landed(l);
-    load_settle_done(l, l->done_status, true);
-}
-
-void kvp__client_on_abort_ack(kvp_session_t *s, const kvp_msg_abort_t *m)
-{
-    kvp_load_t *l = load_find(s, m->round, m->request_id);
-    if (l == NULL || l->phase == KVP_LOAD_LANDING)
-        return; /* answered by FETCH_DONE already (a repeated ABORT's ack) */
-    if (l->phase != KVP_LOAD_ABORTING) {
-        /* We never asked: an ack for a load still being written is no proof
-         * (freeing its slots now would let the WRITE land in reused memory). */
-        kvp__session_fault(s, KVP_BYE_PROTOCOL, "ABORT_ACK for a round that was not aborted");
-        return;
-    }
-    if (l->quarantined) {
-        kvp__load_release_quarantine(l, KVP_PROOF_ABORT_ACK);
-        return;
-    }
-    if (l->am_refused) { /* released at once earlier (AM_REFUSE) */
-        load_set_phase(l, KVP_LOAD_SETTLED);
-        kvp__load_free(l);
-        return;
-    }
-    load_abandon_all(l, KVP_PROOF_ABORT_ACK);
-    if (!l->published)
-        kvp__load_publish(l, KVP_ERR_CANCELED, 0);
-    load_set_phase(l, KVP_LOAD_SETTLED);
-    kvp__load_free(l);
-}
+/* ------------------------------------------------------------- abort */
 
 static void send_abort(kvp_load_t *l)
 {
@@ -843,7 +666,7 @@ void kvp__client_abort(kvp_load_t *l, kvp_status_t why)
         kvp__load_publish(l, why, 0);
     if (l->phase != KVP_LOAD_SENT)
         return;
-    load_set_phase(l, KVP_LOAD_ABORTING);
+    kvp__load_set_phase(l, KVP_LOAD_ABORTING);
     l->abort_started_ns = kvp__env_now(n);
     send_abort(l);
     kvp_timer_start(n->loop, &l->timer,
@@ -860,7 +683,7 @@ static void load_timer_cb(kvp_timer_t *t)
         return;
     }
     if (l->phase == KVP_LOAD_LANDING) { /* the landing bound */
-        load_landing_give_up(l);
+        kvp__load_landing_give_up(l);
         return;
     }
     if (l->phase == KVP_LOAD_SENT) {
@@ -880,83 +703,6 @@ static void load_timer_cb(kvp_timer_t *t)
     uint64_t next = now + (uint64_t)n->cfg->abort_resend_ms * KVP_NSEC_PER_MSEC;
     uint64_t limit = l->abort_started_ns + (uint64_t)n->cfg->abort_ack_timeout_ms * KVP_NSEC_PER_MSEC;
     kvp_timer_start(n->loop, &l->timer, KVP_MIN(next, limit));
-}
-
-/* The outcome is unknown: publish routing failure now, quarantine the
- * destination slots (a WRITE may still land in them). */
-void kvp__client_fail_unknown(kvp_load_t *l, kvp_status_t why)
-{
-    kvp_session_env_t *n = l->env;
-    kvp_xport_t *x = n->xport;
-    bool refusable = x->ops->inbound_refusable != NULL && x->ops->inbound_refusable(x, l->xpeer);
-    /* Issue 29: on an AM path the slots are released below, before the
-     * outcome, so a lent slot's block_status says "reusable now". */
-    if (!l->published && !(refusable && !l->quarantined && !l->am_refused))
-        kvp__load_publish(l, why, 0);
-    if (l->quarantined || l->am_refused)
-        return;
-    if (KVP_MUTATED(KVP_MUT_RELEASE_QUARANTINE_AT_ONCE)) {
-        /* The bug: claims AM_REFUSE on a path our handler cannot refuse. */
-        load_abandon_all(l, KVP_PROOF_AM_REFUSE); /* test-only mutation: a false proof */
-        if (!l->published)
-            kvp__load_publish(l, why, 0);
-        return;
-    }
-    if (refusable) {
-        /* AM path: once our handler refuses the slots nothing can land in
-         * them (no UCX-owned write into the region exists on this path):
-         * released at once, no quarantine. */
-        uint32_t k = 0;
-        for (uint32_t i = 0; i < l->n; i++)
-            k += l->blocks[i].reserved;
-        for (uint32_t i = 0; i < l->n; i++)
-            if (l->blocks[i].reserved && l->block_status != NULL)
-                l->block_status[i] = why;
-        load_abandon_all(l, KVP_PROOF_AM_REFUSE); /* refuse, then FILLING -> FREE */
-        l->am_refused = true;
-        if (!l->published)
-            kvp__load_publish(l, why, 0);
-        n->st->am_refuse_releases += k;
-        KVP_INFO(n->name, "peer %s: load %llu failed (%s): %u slots released at once (proof=%s)",
-                 l->peer, (unsigned long long)l->op_id, kvp_status_str(why), k,
-                 kvp__proof_str(KVP_PROOF_AM_REFUSE));
-        return;
-    }
-    for (uint32_t i = 0; i < l->n; i++)
-        if (l->blocks[i].reserved) {
-            block_refuse(l, &l->blocks[i]);
-            kvp_status_t st = kvp_store_quarantine(n->store, l->blocks[i].dst);
-            KVP_ASSERT(st == KVP_OK); /* FILLING -> QUARANTINED: held, not released */
-        }
-    l->quarantined = true;
-    l->quarantined_ns = kvp__env_now(n);
-    /* Issue 27: where the transport watches the source's process (same
-     * host, direct shm), its exit will be proof (kvp__client_release_exited). */
-    if (x->ops->exit_hold != NULL && !l->exit_held)
-        l->exit_held = x->ops->exit_hold(x, l->xpeer);
-}
-
-uint32_t kvp__client_release_exited(kvp_session_env_t *e, kvp_xpeer_id_t xpeer)
-{
-    kvp_xport_t *x = e->xport;
-    uint32_t slots = 0;
-    kvp_list_t *p, *t;
-    kvp_list_foreach_safe(p, t, &e->quarantined)
-    {
-        kvp_load_t *l = KVP_CONTAINER_OF(p, kvp_load_t, link);
-        if (!l->exit_held || (xpeer != 0 && l->xpeer != xpeer) || !x->ops->exit_proven(x, l->xpeer))
-            continue;
-        uint32_t k = 0;
-        for (uint32_t i = 0; i < l->n; i++)
-            k += l->blocks[i].reserved;
-        KVP_INFO(e->name, "peer %s: %u quarantined slots of load %llu released: its source "
-                          "process exited (proof=%s)",
-                 l->peer, k, (unsigned long long)l->op_id,
-                 kvp__proof_str(KVP_PROOF_PROCESS_EXIT));
-        slots += k;
-        kvp__load_release_quarantine(l, KVP_PROOF_PROCESS_EXIT); /* no CPU write of it can land */
-    }
-    return slots;
 }
 
 /* The engine finished the request locally: its loads fail (exactly once) and
@@ -1004,7 +750,7 @@ void kvp__client_teardown(kvp_session_t *s, bool fault, kvp_session_close_t *out
     {
         kvp_load_t *l = KVP_CONTAINER_OF(p, kvp_load_t, link);
         if (l->phase == KVP_LOAD_LANDING) /* answered: what landed counts, the rest fails */
-            load_landing_give_up(l);
+            kvp__load_landing_give_up(l);
     }
     kvp__client_fail_lookups(s, KVP_ERR_UNREACHABLE);
     kvp_list_foreach_safe(p, t, &s->loads)
@@ -1020,8 +766,8 @@ void kvp__client_teardown(kvp_session_t *s, bool fault, kvp_session_close_t *out
         s->bytes_inflight -= l->bytes;
         l->bytes = 0;
         l->sess = NULL;
-        load_set_phase(l, KVP_LOAD_SETTLED);
-        if (l->am_refused) { /* nothing held: no proof to wait for */
+        kvp__load_set_phase(l, KVP_LOAD_SETTLED);
+        if (l->slots == KVP_LOAD_SLOTS_REFUSED) { /* nothing held: no proof to wait for */
             out->slots_refused += k; /* 0 if refused before (probation) */
             kvp__load_free(l);
             continue;

@@ -159,6 +159,34 @@ void kvp__client_flush_lookups(kvp_session_t *s)
     }
 }
 
+/* One lookup op of the answered round: its hits (the held prefix in prefix
+ * mode), a LIMIT answer said so, and its outcome. */
+static void lookup_op_answered(kvp_session_t *s, kvp_lookup_op_t *op, uint16_t flags)
+{
+    uint32_t hits = 0;
+    for (uint32_t i = 0; i < op->n; i++)
+        hits += op->results[i] == KVP_LOOKUP_HIT;
+    if (op->mode & KVP_LOOKUP_F_PREFIX) {
+        /* The held prefix. A source that predates prefix mode answers
+         * every key (and pins every hit until the lease or the request
+         * ends): what follows the first miss is not part of the prefix. */
+        hits = 0;
+        while (hits < op->n && op->results[hits] == KVP_LOOKUP_HIT)
+            hits++;
+        memset(op->results + hits, KVP_LOOKUP_MISS, op->n - hits);
+    }
+    /* The source refused part of the lookup at one of its budgets: say
+     * so (never "ok" with misses that are refusals); the hits stay
+     * valid and pinned for a fetch. */
+    if (flags & KVP_LOOKUP_F_LIMIT) {
+        s->env->st->lookups_limited++;
+        KVP_LOG_RL(&s->rl_limit, kvp__env_now(s->env), KVP_LOG_WARN, s->env->name,
+                   "peer %s: lookup %llu answered limit (%u of %u keys held for us)",
+                   s->peer_id, (unsigned long long)op->op_id, hits, op->n);
+    }
+    lookup_op_finish(op, (flags & KVP_LOOKUP_F_LIMIT) ? KVP_ERR_LIMIT : KVP_OK, hits);
+}
+
 void kvp__client_on_lookup_resp(kvp_session_t *s, const kvp_msg_lookup_resp_t *m,
                                 uint16_t flags)
 {
@@ -211,28 +239,7 @@ void kvp__client_on_lookup_resp(kvp_session_t *s, const kvp_msg_lookup_resp_t *m
         kvp_lookup_op_t *op = KVP_CONTAINER_OF(p, kvp_lookup_op_t, link);
         if (op->round != m->round)
             continue;
-        uint32_t hits = 0;
-        for (uint32_t i = 0; i < op->n; i++)
-            hits += op->results[i] == KVP_LOOKUP_HIT;
-        if (op->mode & KVP_LOOKUP_F_PREFIX) {
-            /* The held prefix. A source that predates prefix mode answers
-             * every key (and pins every hit until the lease or the request
-             * ends): what follows the first miss is not part of the prefix. */
-            hits = 0;
-            while (hits < op->n && op->results[hits] == KVP_LOOKUP_HIT)
-                hits++;
-            memset(op->results + hits, KVP_LOOKUP_MISS, op->n - hits);
-        }
-        /* The source refused part of the lookup at one of its budgets: say
-         * so (never "ok" with misses that are refusals); the hits stay
-         * valid and pinned for a fetch. */
-        if (flags & KVP_LOOKUP_F_LIMIT) {
-            s->env->st->lookups_limited++;
-            KVP_LOG_RL(&s->rl_limit, kvp__env_now(s->env), KVP_LOG_WARN, s->env->name,
-                       "peer %s: lookup %llu answered limit (%u of %u keys held for us)",
-                       s->peer_id, (unsigned long long)op->op_id, hits, op->n);
-        }
-        lookup_op_finish(op, (flags & KVP_LOOKUP_F_LIMIT) ? KVP_ERR_LIMIT : KVP_OK, hits);
+        lookup_op_answered(s, op, flags);
     }
 }
 

@@ -13,10 +13,24 @@
  *   consumer  a destination slot of ours leaving FILLING (commit, abandon)
  *             or QUARANTINED (release; suspect when the proof is the cap);
  *   source    the pins of a transfer's store job (the source slots it reads).
+ * And the pins no remote access covers, named by their reason only:
+ *   supply    a LOOKUP's pins on our READY slots not moved to a transfer
+ *             (kvp__release_supply).
  * Store calls are never made inside KVP_ASSERT: the assert checks the
  * status the call returned.
  */
 #include "session/session.h"
+
+const char *kvp__proof_str(kvp_proof_t p)
+{
+    static const char *const names[KVP_PROOF_COUNT] = {
+        [KVP_PROOF_TERMINAL] = "terminal",   [KVP_PROOF_FETCH_DONE] = "fetch-done",
+        [KVP_PROOF_ABORT_ACK] = "abort-ack", [KVP_PROOF_FENCE] = "fence",
+        [KVP_PROOF_AM_REFUSE] = "am-refuse", [KVP_PROOF_HOLD_CAP] = "hold-cap",
+        [KVP_PROOF_NOT_SENT] = "not-sent",   [KVP_PROOF_PROCESS_EXIT] = "process-exit",
+    };
+    return (unsigned)p < KVP_PROOF_COUNT ? names[p] : "invalid";
+}
 
 static void release_count(kvp_session_env_t *n, kvp_proof_t proof, uint64_t count)
 {
@@ -73,4 +87,24 @@ void kvp__release_src(kvp_session_env_t *n, kvp_xfer_t *x, kvp_proof_t proof)
     KVP_DEBUG(n->name, "peer %s: transfer %llu: %u source pins dropped (proof=%s)", x->peer,
               (unsigned long long)x->id, x->n, kvp__proof_str(proof));
     x->n = 0;
+}
+
+const char *kvp__supply_why_str(kvp_supply_why_t why)
+{
+    static const char *const names[KVP_SUPPLY_WHY_COUNT] = {
+        [KVP_SUPPLY_ROUND_END] = "round-end",
+        [KVP_SUPPLY_PREFIX_CUT] = "prefix-cut",
+        [KVP_SUPPLY_REFUSED] = "refused",
+        [KVP_SUPPLY_CLOSING] = "closing",
+    };
+    return (unsigned)why < KVP_SUPPLY_WHY_COUNT ? names[why] : "?";
+}
+
+void kvp__release_supply(kvp_session_env_t *n, const char *peer, kvp_slot_ref_t ref,
+                         kvp_supply_why_t why)
+{
+    kvp_status_t st = kvp_store_unpin(n->store, ref);
+    KVP_ASSERT(st == KVP_OK); /* the round (or the lookup just made) holds this pin */
+    KVP_DEBUG(n->name, "peer %s: slot %u gen %u: supply pin dropped (%s)", peer, ref.slot,
+              ref.gen, kvp__supply_why_str(why));
 }

@@ -122,12 +122,11 @@ kvp_sround_t *kvp__sround_new(kvp_session_t *s, uint64_t request_id, uint64_t ro
  * transfer). */
 static void sround_unpin_supply(kvp_sround_t *r)
 {
-    kvp_store_t *st = r->sess->env->store;
     for (uint32_t i = 0; i < r->n_supply; i++) {
         if (r->supply[i].pinned) {
             /* A supply pin: no transfer reads it (those moved to a kvp_xfer_t). */
-            kvp_status_t rc = kvp_store_unpin(st, r->supply[i].ref);
-            KVP_ASSERT(rc == KVP_OK);
+            kvp__release_supply(r->sess->env, r->sess->peer_id, r->supply[i].ref,
+                                KVP_SUPPLY_ROUND_END);
             kvp__budget_pin_drop(r, &r->supply[i]);
         }
     }
@@ -279,7 +278,7 @@ static bool supply_from_store(kvp_sround_t *r, kvp_demand_t *d)
     kvp_supply_t *sp = &r->supply[r->n_supply];
     memset(sp, 0, sizeof(*sp));
     if (!kvp__budget_pin_take(r, sp)) { /* the peer's supply-pin budget: stays missing */
-        kvp_store_unpin(n->store, ref);
+        kvp__release_supply(n, r->sess->peer_id, ref, KVP_SUPPLY_REFUSED);
         return false;
     }
     sp->key = d->key;
@@ -374,64 +373,45 @@ static bool fetch_keys_charged(kvp_session_t *s, const kvp_msg_fetch_t *m)
     return false;
 }
 
-void kvp__server_on_fetch(kvp_session_t *s, const kvp_msg_fetch_t *m)
+/* The round a FETCH goes against: the one its lookup supplied, or a new
+ * one (WAIT_FOR_SUPPLY, HINT) if the budgets allow. NULL: answered
+ * (refused) or faulted already. */
+static kvp_sround_t *fetch_round(kvp_session_t *s, const kvp_msg_fetch_t *m, kvp_sround_t *r)
 {
     kvp_session_env_t *n = s->env;
-    if (m->n == 0) { /* terminal: the consumer finished the request */
-        kvp__server_finish_request(s, m->request_id);
-        return;
-    }
-    kvp__server_lease_renew(s, m->request_id); /* the requester still works on it: other rounds live on */
-    kvp_status_t dst = fetch_dsts_distinct(m);
-    if (dst != KVP_OK) {
-        kvp__session_fault(s, KVP_BYE_PROTOCOL, dst == KVP_ERR_NOMEM
-                                                    ? "out of memory on FETCH"
-                                                    : "FETCH names one destination slot twice");
-        return;
-    }
-    kvp_sround_t *r = kvp__sround_find(s, m->round);
-    if (r != NULL && r->phase != KVP_SR_SUPPLIED) {
-        if (r->phase == KVP_SR_FINISHED && r->sent_done)
-            return; /* a duplicate of a FETCH we already answered */
-        kvp__session_fault(s, KVP_BYE_PROTOCOL, "second FETCH for a round");
-        return;
-    }
     if (n->n_retained >= n->cfg->max_retained) {
         n->st->fetches_refused_retained++;
         KVP_LOG_RL(&s->rl_limit, kvp__env_now(n), KVP_LOG_WARN, n->name,
                    "peer %s: FETCH refused: max_retained reached (%u retained transfers)",
                    s->peer_id, n->n_retained);
         fetch_fail_now(s, m, KVP_ERR_LIMIT);
-        return;
+        return NULL;
     }
     bool wait = (m->flags & KVP_FETCH_WAIT_FOR_SUPPLY) != 0;
     bool hint = (m->flags & KVP_FETCH_HINT) != 0 && !wait;
     if (r == NULL && !wait && !hint) { /* no supply: never looked up, or expired (F9, F10) */
         fetch_fail_now(s, m, KVP_ERR_NOT_FOUND);
-        return;
+        return NULL;
     }
-    if (r == NULL && !fetch_keys_charged(s, m))
-        return; /* refused at the key rate: answered LIMIT */
-    if (r == NULL && !kvp__server_round_admit(s, (uint64_t)m->n * sizeof(kvp_supply_t))) {
+    if (r != NULL)
+        return r;
+    if (!fetch_keys_charged(s, m))
+        return NULL; /* refused at the key rate: answered LIMIT */
+    if (!kvp__server_round_admit(s, (uint64_t)m->n * sizeof(kvp_supply_t))) {
         kvp__budget_round_refused(s, "FETCH");
         fetch_fail_now(s, m, KVP_ERR_LIMIT);
-        return;
+        return NULL;
     }
-    if (r == NULL && (r = kvp__sround_new(s, m->request_id, m->round, m->n)) == NULL) {
+    if ((r = kvp__sround_new(s, m->request_id, m->round, m->n)) == NULL)
         kvp__session_fault(s, KVP_BYE_PROTOCOL, "out of memory on FETCH");
-        return;
-    }
-    r->flags = m->flags;
-    uint32_t missing = 0;
-    kvp_status_t tk = sround_take_demand(r, m, &missing);
-    if (tk != KVP_OK) {
-        if (tk == KVP_ERR_LIMIT)
-            kvp__budget_round_refused(s, "FETCH");
-        if (r->demand == NULL)
-            r->n_demand = m->n; /* FETCH_DONE answers every item, not ok */
-        sround_finish(r, false, tk);
-        return;
-    }
+    return r;
+}
+
+/* The demand is taken, `missing` of it not in the store: post, park or
+ * answer at once. */
+static void fetch_start(kvp_sround_t *r, uint32_t missing, bool wait, bool hint)
+{
+    kvp_session_env_t *n = r->sess->env;
     if (missing > 0 && hint)
         n->st->fetch_hints_stale++; /* the router's map was (partly) out of date: quick misses */
     if (missing > 0 && !wait && missing == r->n_demand) {
@@ -451,6 +431,45 @@ void kvp__server_on_fetch(kvp_session_t *s, const kvp_msg_fetch_t *m)
         return;
     }
     sround_post(r);
+}
+
+void kvp__server_on_fetch(kvp_session_t *s, const kvp_msg_fetch_t *m)
+{
+    if (m->n == 0) { /* terminal: the consumer finished the request */
+        kvp__server_finish_request(s, m->request_id);
+        return;
+    }
+    /* the requester still works on it: other rounds live on */
+    kvp__server_lease_renew(s, m->request_id);
+    kvp_status_t dst = fetch_dsts_distinct(m);
+    if (dst != KVP_OK) {
+        kvp__session_fault(s, KVP_BYE_PROTOCOL, dst == KVP_ERR_NOMEM
+                                                    ? "out of memory on FETCH"
+                                                    : "FETCH names one destination slot twice");
+        return;
+    }
+    kvp_sround_t *r = kvp__sround_find(s, m->round);
+    if (r != NULL && r->phase != KVP_SR_SUPPLIED) {
+        if (r->phase == KVP_SR_FINISHED && r->sent_done)
+            return; /* a duplicate of a FETCH we already answered */
+        kvp__session_fault(s, KVP_BYE_PROTOCOL, "second FETCH for a round");
+        return;
+    }
+    if ((r = fetch_round(s, m, r)) == NULL)
+        return;
+    r->flags = m->flags;
+    uint32_t missing = 0;
+    kvp_status_t tk = sround_take_demand(r, m, &missing);
+    if (tk != KVP_OK) {
+        if (tk == KVP_ERR_LIMIT)
+            kvp__budget_round_refused(s, "FETCH");
+        if (r->demand == NULL)
+            r->n_demand = m->n; /* FETCH_DONE answers every item, not ok */
+        sround_finish(r, false, tk);
+        return;
+    }
+    bool wait = (m->flags & KVP_FETCH_WAIT_FOR_SUPPLY) != 0;
+    fetch_start(r, missing, wait, (m->flags & KVP_FETCH_HINT) != 0 && !wait);
 }
 
 /* Move the demanded supply's pins into a transfer record and post it. */
@@ -554,6 +573,13 @@ void kvp__xfer_release(kvp_session_env_t *n, kvp_xfer_t *x, kvp_proof_t proof)
 {
     kvp_list_remove(&x->link);
     xfer_drop(n, x, proof);
+}
+
+void kvp__xfer_release_retained(kvp_session_env_t *n, kvp_xfer_t *x, kvp_proof_t proof)
+{
+    KVP_ASSERT(x->round == NULL && n->n_retained > 0); /* on n->retained (server teardown) */
+    n->n_retained--;
+    kvp__xfer_release(n, x, proof);
 }
 
 void kvp__server_on_xfer_done(kvp_session_t *s, kvp_xfer_id_t id, kvp_status_t st)
@@ -677,7 +703,7 @@ static bool sround_take_commit(kvp_sround_t *r, const void *key, uint32_t key_le
                 if (kvp__budget_pin_take(r, sp))
                     sp->ref = ref;
                 else
-                    kvp_store_unpin(st, ref); /* refused at a budget: MISS, limit */
+                    kvp__release_supply(r->sess->env, r->sess->peer_id, ref, KVP_SUPPLY_REFUSED);
             }
             still |= sp->pending;
         }

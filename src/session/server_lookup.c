@@ -71,15 +71,13 @@ void kvp__server_lease_renew(kvp_session_t *s, uint64_t request_id)
  * number of keys still pinned. */
 static uint32_t prefix_trim(kvp_sround_t *r)
 {
-    kvp_store_t *st = r->sess->env->store;
     uint32_t held = 0, expect = 0;
     bool cut = false;
     for (uint32_t i = 0; i < r->n_supply; i++) {
         kvp_supply_t *sp = &r->supply[i];
         cut |= sp->idx != expect;
         if (cut && sp->pinned && (r->lookup_flags & KVP_LOOKUP_F_PREFIX)) {
-            kvp_status_t rc = kvp_store_unpin(st, sp->ref); /* supply: no transfer reads it */
-            KVP_ASSERT(rc == KVP_OK);
+            kvp__release_supply(r->sess->env, r->sess->peer_id, sp->ref, KVP_SUPPLY_PREFIX_CUT);
             kvp__budget_pin_drop(r, sp);
         }
         cut |= !sp->pinned && !sp->pending;
@@ -156,7 +154,7 @@ static kvp_supply_t *supply_push(kvp_sround_t *r, uint32_t idx, const kvp_key_t 
 static bool lookup_take(kvp_sround_t *r, uint32_t idx, const kvp_key_t *k, kvp_status_t st,
                         kvp_slot_ref_t ref, bool open)
 {
-    kvp_store_t *store = r->sess->env->store;
+    kvp_session_env_t *n = r->sess->env;
     if (st == KVP_OK && open) {
         kvp_supply_t *sp = supply_push(r, idx, k);
         if (sp != NULL && kvp__budget_pin_take(r, sp)) {
@@ -165,11 +163,11 @@ static bool lookup_take(kvp_sround_t *r, uint32_t idx, const kvp_key_t *k, kvp_s
         }
         if (sp != NULL)
             r->n_supply--; /* the entry just pushed: refused */
-        kvp_store_unpin(store, ref);
+        kvp__release_supply(n, r->sess->peer_id, ref, KVP_SUPPLY_REFUSED);
         return false;
     }
     if (st == KVP_OK) {
-        kvp_store_unpin(store, ref); /* closing: answer MISS */
+        kvp__release_supply(n, r->sess->peer_id, ref, KVP_SUPPLY_CLOSING); /* answer MISS */
         return false;
     }
     if (st == KVP_ERR_PENDING) {

@@ -104,6 +104,23 @@ void kvp__session_fault(kvp_session_t *s, kvp_bye_reason_t reason, const char *w
     kvp_link_close(s->link, reason); /* teardown runs from on_down */
 }
 
+#ifndef NDEBUG
+/* Whether the session's state is one it can be in (debug builds, from the
+ * setter; SQLite's assert_pager_state): a live session has its link, and
+ * the byte budget in use is its SENT loads' bytes. */
+static bool session_check(const kvp_session_t *s)
+{
+    KVP_ASSERT((unsigned)s->state <= KVP_SESS_DOWN);
+    KVP_ASSERT(s->state == KVP_SESS_DOWN || s->link != NULL);
+    uint64_t bytes = 0;
+    const kvp_list_t *p;
+    for (p = s->loads.next; p != &s->loads; p = p->next)
+        bytes += KVP_CONTAINER_OF(p, kvp_load_t, link)->bytes;
+    KVP_ASSERT(bytes == s->bytes_inflight);
+    return true;
+}
+#endif
+
 void kvp__session_set_state(kvp_session_t *s, kvp_session_state_t to)
 {
     static const uint8_t legal[3] = {
@@ -115,6 +132,42 @@ void kvp__session_set_state(kvp_session_t *s, kvp_session_state_t to)
     KVP_TRACE(s->env->name, "peer %s: session %s -> %s", s->peer_id, sess_state_names[s->state],
               sess_state_names[to]);
     s->state = to;
+#ifndef NDEBUG
+    (void)session_check(s);
+#endif
+}
+
+bool kvp__session_idle(const kvp_session_t *s)
+{
+    return kvp_list_empty(&s->loads) && kvp_list_empty(&s->fetchq) &&
+           kvp_list_empty(&s->srounds) && kvp_list_empty(&s->srounds_done) &&
+           kvp_list_empty(&s->xfers) && kvp_list_empty(&s->lookups_queued) &&
+           kvp_list_empty(&s->lookups_sent);
+}
+
+void kvp__session_close(kvp_session_t *s, kvp_bye_reason_t reason)
+{
+    KVP_ASSERT(kvp__session_open(s) && s->link != NULL);
+    kvp__session_set_state(s, KVP_SESS_CLOSING);
+    kvp_link_close(s->link, reason); /* the teardown follows from the link's down */
+}
+
+void kvp__session_link_down(kvp_session_t *s)
+{
+    KVP_ASSERT(s->link != NULL && kvp_link_user(s->link) == s);
+    kvp_link_set_user(s->link, NULL);
+    s->link = NULL;
+    kvp__session_set_state(s, KVP_SESS_DOWN);
+}
+
+void kvp__session_close_now(kvp_session_t *s, kvp_bye_reason_t reason)
+{
+    if (s->link == NULL)
+        return; /* down already */
+    kvp_link_set_user(s->link, NULL); /* no down callback: the caller tears down */
+    kvp_link_close(s->link, reason);
+    s->link = NULL;
+    kvp__session_set_state(s, KVP_SESS_DOWN);
 }
 
 void kvp__session_on_frame(kvp_session_t *s, const kvp_msg_t *m)
@@ -170,7 +223,8 @@ void kvp__session_probation(kvp_session_t *s, bool on)
     kvp_list_foreach_safe(p, t, &s->loads)
     {
         kvp_load_t *l = KVP_CONTAINER_OF(p, kvp_load_t, link);
-        if (l->quarantined || l->phase == KVP_LOAD_SETTLED || l->phase == KVP_LOAD_LANDING)
+        if (l->slots == KVP_LOAD_SLOTS_HELD || l->phase == KVP_LOAD_SETTLED ||
+            l->phase == KVP_LOAD_LANDING)
             continue; /* LANDING: answered already; its blocks or the bound end it */
         kvp__client_fail_unknown(l, KVP_ERR_UNREACHABLE);
         kvp__client_abort(l, KVP_ERR_UNREACHABLE); /* the ack is the proof */

@@ -151,6 +151,16 @@ typedef enum kvp_load_phase {
     KVP_LOAD_SETTLED = 4,  /* slots committed/abandoned or quarantined */
 } kvp_load_phase_t;
 
+/* What the load's reserved destination slots are waiting for, the second
+ * half of its state (client.c's header: the phases). Once the outcome is
+ * unknown (kvp__client_fail_unknown) FILLING moves, exactly once, to HELD
+ * or REFUSED; the phase goes on (an ABORTING load may hold its slots). */
+typedef enum kvp_load_slots {
+    KVP_LOAD_SLOTS_FILLING = 0, /* reserved FILLING slots: FETCH_DONE or ABORT_ACK releases */
+    KVP_LOAD_SLOTS_HELD = 1,    /* QUARANTINED awaiting proof or the hold cap */
+    KVP_LOAD_SLOTS_REFUSED = 2, /* AM path: refused by our handler, released (AM_REFUSE) */
+} kvp_load_slots_t;
+
 typedef struct kvp_load_block {
     kvp_key_buf_t key;
     kvp_slot_ref_t dst;
@@ -174,11 +184,10 @@ struct kvp_load {
     kvp_xpeer_id_t xpeer; /* the transport peer WRITEs come through (fence scope) */
     uint64_t op_id, request_id, round;
     uint32_t flags;
-    kvp_load_phase_t phase;
+    kvp_load_phase_t phase; /* load_set_phase() only */
+    kvp_load_slots_t slots; /* load_set_slots() only (issue 31: were two booleans) */
     bool published;   /* the single outcome was published */
-    bool quarantined; /* slots are QUARANTINED awaiting proof or the cap */
-    bool am_refused;  /* AM path: refused by our handler, slots released (KVP_PROOF_AM_REFUSE) */
-    bool exit_held;   /* issue 27: holds the transport's exit watch of xpeer (exit_hold) */
+    bool exit_held;   /* issue 27: holds the transport's exit watch of xpeer (exit_hold): HELD */
     uint32_t n;
     kvp_load_block_t *blocks;
     int32_t *block_status; /* caller-owned, may be NULL */
@@ -380,6 +389,18 @@ void kvp__session_teardown(kvp_session_t *s, bool fault, const char *why,
                            kvp_session_close_t *out);
 /* The one place a session changes state; asserts the diagram above. */
 void kvp__session_set_state(kvp_session_t *s, kvp_session_state_t to);
+/* No work of either role in the session: loads (queued or not), lookups,
+ * rounds, transfers (the node's idle close). */
+bool kvp__session_idle(const kvp_session_t *s);
+/* The only ways the node ends a session itself (issue 31): gracefully
+ * (READY -> CLOSING, BYE `reason`; the teardown follows when the link is
+ * down), or at once (shutdown drain: the link closed with BYE `reason`
+ * and forgotten, DOWN; the caller tears the session down). */
+void kvp__session_close(kvp_session_t *s, kvp_bye_reason_t reason);
+void kvp__session_close_now(kvp_session_t *s, kvp_bye_reason_t reason);
+/* The session's link went down (the ctl's on_down): unbound, DOWN; the
+ * caller tears the session down (kvp__session_teardown). */
+void kvp__session_link_down(kvp_session_t *s);
 /* READY: the link is up and no close was asked (probation aside). */
 static inline bool kvp__session_open(const kvp_session_t *s)
 {
@@ -452,6 +473,16 @@ void kvp__load_release_quarantine(kvp_load_t *l, kvp_proof_t proof);
  * (KVP_PROOF_PROCESS_EXIT). Returns the slots released. */
 uint32_t kvp__client_release_exited(kvp_session_env_t *e, kvp_xpeer_id_t xpeer);
 void kvp__load_free(kvp_load_t *l);
+/* client.c's load machine, shared with client_outcome.c (issue 31): the
+ * two setters (checked by load_check() in debug builds), the AM refusal of
+ * a block, every FILLING slot -> FREE by `proof`, a load by its round, and
+ * a LANDING load that cannot wait any longer (frees it). */
+void kvp__load_set_phase(kvp_load_t *l, kvp_load_phase_t to);
+void kvp__load_set_slots(kvp_load_t *l, kvp_load_slots_t to);
+void kvp__load_block_refuse(kvp_load_t *l, const kvp_load_block_t *b);
+void kvp__load_abandon_all(kvp_load_t *l, kvp_proof_t proof);
+kvp_load_t *kvp__load_find(kvp_session_t *s, uint64_t round, uint64_t request_id);
+void kvp__load_landing_give_up(kvp_load_t *l);
 
 /* server.c: the source role */
 void kvp__server_on_lookup(kvp_session_t *s, const kvp_msg_lookup_t *m, uint16_t flags);
@@ -466,6 +497,9 @@ void kvp__server_finish_request(kvp_session_t *s, uint64_t request_id);
 void kvp__server_teardown(kvp_session_t *s, kvp_session_close_t *out);
 /* Unlink and free a transfer, dropping its source pins by `proof`. */
 void kvp__xfer_release(kvp_session_env_t *e, kvp_xfer_t *x, kvp_proof_t proof);
+/* The same for a transfer on e->retained (the one place n_retained drops;
+ * kvp__server_teardown, the one place it grows). */
+void kvp__xfer_release_retained(kvp_session_env_t *e, kvp_xfer_t *x, kvp_proof_t proof);
 /* server.c's rounds, shared with server_lookup.c (the LOOKUP answer): */
 kvp_sround_t *kvp__sround_new(kvp_session_t *s, uint64_t request_id, uint64_t round,
                               uint32_t cap_supply);
@@ -550,5 +584,20 @@ kvp_status_t kvp__release_dst_commit(kvp_session_env_t *e, const char *peer, kvp
                                      const kvp_digest_t *digest, bool verify, kvp_proof_t proof);
 /* Drop every pin of the transfer's store job (x->n becomes 0). */
 void kvp__release_src(kvp_session_env_t *e, kvp_xfer_t *x, kvp_proof_t proof);
+/* Why a supply pin (a LOOKUP's pin on one of our READY slots, which no
+ * transfer reads: those moved to a kvp_xfer_t go by kvp__release_src) is
+ * dropped. No proof is needed (nothing writes or reads it remotely), so it
+ * is named and logged, not counted in n->releases. */
+typedef enum kvp_supply_why {
+    KVP_SUPPLY_ROUND_END = 0,  /* the round ended with the pin not moved to a transfer */
+    KVP_SUPPLY_PREFIX_CUT = 1, /* prefix mode: past the first miss */
+    KVP_SUPPLY_REFUSED = 2,    /* the peer's supply-pin budget refused it: MISS */
+    KVP_SUPPLY_CLOSING = 3,    /* the session is closing: MISS */
+    KVP_SUPPLY_WHY_COUNT = 4,
+} kvp_supply_why_t;
+const char *kvp__supply_why_str(kvp_supply_why_t why);
+/* Drop one supply pin (the caller held it: asserted). */
+void kvp__release_supply(kvp_session_env_t *e, const char *peer, kvp_slot_ref_t ref,
+                         kvp_supply_why_t why);
 
 #endif /* KVP_SESSION_H */

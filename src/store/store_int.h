@@ -127,4 +127,41 @@ uint32_t kvp__store_index_home(const kvp_store_t *s, uint32_t h32);
 /* ---- store_check.c ---- */
 void kvp__store_fill_info(const kvp_store_t *s, uint32_t slot, kvp_slot_info_t *info);
 
+/* The slot lists (free, suspect, LRU: index-linked through s->links; heads
+ * above), shared by store.c and store_region.c (issue 31). */
+
+static inline bool link_linked(const kvp_store_t *s, uint32_t i)
+{
+    return s->links[i].next != i;
+}
+
+static inline void link_self(kvp_store_t *s, uint32_t i)
+{
+    s->links[i].prev = s->links[i].next = i;
+}
+
+static inline void list_insert_tail(kvp_store_t *s, uint32_t head, uint32_t i)
+{
+    uint32_t tail = s->links[head].prev;
+    s->links[i].prev = tail;
+    s->links[i].next = head;
+    s->links[tail].next = i;
+    s->links[head].prev = i;
+}
+
+static inline void list_remove(kvp_store_t *s, uint32_t i)
+{
+    uint32_t p = s->links[i].prev, nx = s->links[i].next;
+    s->links[p].next = nx;
+    s->links[nx].prev = p;
+    link_self(s, i);
+}
+
+/* First element of the list at head, or UINT32_MAX if empty. */
+static inline uint32_t list_first(const kvp_store_t *s, uint32_t head)
+{
+    uint32_t i = s->links[head].next;
+    return i == head ? UINT32_MAX : i;
+}
+
 #endif /* KVP_STORE_INT_H */

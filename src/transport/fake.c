@@ -2,7 +2,7 @@
  * fake.c -- the fake data transport's ops (SPEC §6 "fake"): peers, writes
  * driven by scripts, poll/cancel/retire/fence semantics of transport.h, and
  * the call log. Time-ordered event application and the landing checker live
- * in fake_fabric.c.
+ * in fake_fabric.c, writes, poll and cancel in fake_xfer.c.
  */
 #include "transport/fake_int.h"
 
@@ -11,26 +11,6 @@
 #define FAKE_MAGIC 0x4650564bu /* "KVPF" */
 #define FAKE_VERSION 1u
 #define FAKE_CALL_LOG_DEFAULT 65536u
-
-static const char *pfx(const fake_xport_t *x)
-{
-    return x->base.log_prefix;
-}
-
-static void lock(fake_xport_t *x)
-{
-    pthread_mutex_lock(&x->fab->mu);
-}
-
-static void unlock(fake_xport_t *x)
-{
-    pthread_mutex_unlock(&x->fab->mu);
-}
-
-static uint64_t now_of(const fake_xport_t *x)
-{
-    return kvp_clock_now(x->clock);
-}
 
 /* ----------------------------------------------------------------- peers */
 
@@ -47,7 +27,7 @@ fake_peer_t *fake__peer_any(fake_xport_t *x, kvp_xpeer_id_t id)
 }
 
 /* A peer handle the caller may still use (not removed). */
-static fake_peer_t *peer_live(fake_xport_t *x, kvp_xpeer_id_t id)
+fake_peer_t *fake__peer_live(fake_xport_t *x, kvp_xpeer_id_t id)
 {
     fake_peer_t *p = id ? fake__peer_any(x, id) : NULL;
     return p && !p->removed ? p : NULL;
@@ -59,7 +39,7 @@ static void endpoint_release(fake_xport_t *x, fake_peer_t *p)
 {
     KVP_ASSERT(p->removed && p->retired_refs == 0);
     fake__log_simple(x, KVP_FAKE_CALL_ENDPOINT_RELEASE, p->id, 0, KVP_OK, 0);
-    KVP_DEBUG(pfx(x), "fake: peer %llu endpoint released", (unsigned long long)p->id);
+    KVP_DEBUG(fake__pfx(x), "fake: peer %llu endpoint released", (unsigned long long)p->id);
     kvp_list_remove(&p->link);
     kvp__free(p);
 }
@@ -105,7 +85,7 @@ static fake_xfer_t *xfer_find(fake_xport_t *x, kvp_xfer_id_t id)
     return NULL;
 }
 
-static fake_xfer_t *xfer_tracked(fake_xport_t *x, kvp_xfer_id_t id)
+fake_xfer_t *fake__xfer_tracked(fake_xport_t *x, kvp_xfer_id_t id)
 {
     fake_xfer_t *xf = xfer_find(x, id);
     return xf && xf->tracked ? xf : NULL;
@@ -149,21 +129,22 @@ static kvp_status_t blob_parse(fake_xport_t *x, const unsigned char *b, size_t l
                                const kvp_layout_t *expect, uint32_t *ep, kvp_layout_t *lay)
 {
     if (len != FAKE_BLOB_LEN) {
-        KVP_WARN(pfx(x), "fake add_peer: blob length %zu != %u", len, FAKE_BLOB_LEN);
+        KVP_WARN(fake__pfx(x), "fake add_peer: blob length %zu != %u", len, FAKE_BLOB_LEN);
         return KVP_ERR_INVALID;
     }
     if (get32(b) != FAKE_MAGIC || get32(b + 28) != blob_check(b)) {
-        KVP_WARN(pfx(x), "fake add_peer: bad blob magic or check");
+        KVP_WARN(fake__pfx(x), "fake add_peer: bad blob magic or check");
         return KVP_ERR_INVALID;
     }
     uint32_t ver = get32(b + 4);
     if ((ver & 0xffffu) != FAKE_VERSION || ver >> 16 != FAKE_BLOB_LEN) {
-        KVP_WARN(pfx(x), "fake add_peer: blob version %u (want %u)", ver & 0xffffu, FAKE_VERSION);
+        KVP_WARN(fake__pfx(x),
+                 "fake add_peer: blob version %u (want %u)", ver & 0xffffu, FAKE_VERSION);
         return KVP_ERR_INCOMPATIBLE;
     }
     uint64_t fid = (uint64_t)get32(b + 8) | (uint64_t)get32(b + 12) << 32;
     if (fid != x->fab->fabric_id) {
-        KVP_WARN(pfx(x), "fake add_peer: blob of another fabric");
+        KVP_WARN(fake__pfx(x), "fake add_peer: blob of another fabric");
         return KVP_ERR_INVALID;
     }
     *ep = get32(b + 16);
@@ -171,7 +152,7 @@ static kvp_status_t blob_parse(fake_xport_t *x, const unsigned char *b, size_t l
     lay->block_size = get32(b + 24);
     if (lay->num_blocks != expect->num_blocks || lay->block_size != expect->block_size ||
         lay->block_size != x->layout.block_size) {
-        KVP_WARN(pfx(x), "fake add_peer: blob layout %u x %u, advertised %u x %u, ours bs %u",
+        KVP_WARN(fake__pfx(x), "fake add_peer: blob layout %u x %u, advertised %u x %u, ours bs %u",
                  lay->num_blocks, lay->block_size, expect->num_blocks, expect->block_size,
                  x->layout.block_size);
         return KVP_ERR_INCOMPATIBLE;
@@ -193,7 +174,7 @@ static kvp_status_t fake_register_region(kvp_xport_t *xp, void *base, size_t len
     if (x->store && (kvp_store_num_blocks(x->store) != layout->num_blocks ||
                      kvp_store_block_size(x->store) != layout->block_size))
         return KVP_ERR_INVALID;
-    lock(x);
+    fake__lock(x);
     kvp_status_t st = KVP_ERR_STATE;
     if (!x->registered) {
         x->registered = true;
@@ -208,7 +189,7 @@ static kvp_status_t fake_register_region(kvp_xport_t *xp, void *base, size_t len
             st = KVP_ERR_NOMEM;
         }
     }
-    unlock(x);
+    fake__unlock(x);
     if (st == KVP_OK && base_out)
         *base_out = base;
     return st;
@@ -235,7 +216,7 @@ static kvp_status_t add_peer_locked(fake_xport_t *x, const void *blob, size_t le
     if (st != KVP_OK)
         return st;
     if (!fake__fabric_ep(x->fab, ep)) {
-        KVP_WARN(pfx(x), "fake add_peer: endpoint %u is closed", ep);
+        KVP_WARN(fake__pfx(x), "fake add_peer: endpoint %u is closed", ep);
         return KVP_ERR_UNREACHABLE;
     }
     fake_peer_t *p = kvp__calloc(1, sizeof(*p));
@@ -260,285 +241,9 @@ static kvp_status_t fake_add_peer(kvp_xport_t *xp, const void *blob, size_t len,
         return KVP_ERR_INVALID;
     if (!x->registered)
         return KVP_ERR_STATE;
-    lock(x);
+    fake__lock(x);
     kvp_status_t st = add_peer_locked(x, blob, len, expect, out);
-    unlock(x);
-    return st;
-}
-
-/* ----------------------------------------------------------------- write */
-
-/* Every index is checked before anything is posted (UCX checks nothing). */
-static kvp_status_t write_check(fake_xport_t *x, fake_peer_t *p, const kvp_xfer_block_t *blocks,
-                                size_t n)
-{
-    if (!p)
-        return KVP_ERR_NOT_FOUND;
-    if (p->fenced)
-        return KVP_ERR_CLOSED;
-    if (p->status != KVP_OK)
-        return KVP_ERR_TRANSPORT;
-    for (size_t i = 0; i < n; i++) {
-        if (blocks[i].src_slot >= x->layout.num_blocks ||
-            blocks[i].dst_slot >= p->layout.num_blocks) {
-            KVP_WARN(pfx(x), "fake write: block %zu index out of range (src %u/%u, dst %u/%u)", i,
-                     blocks[i].src_slot, x->layout.num_blocks, blocks[i].dst_slot,
-                     p->layout.num_blocks);
-            return KVP_ERR_INVALID;
-        }
-    }
-    return KVP_OK;
-}
-
-static uint64_t after(uint64_t now, uint64_t delay)
-{
-    return delay == KVP_FAKE_NEVER || now + delay < now ? KVP_FAKE_NEVER : now + delay;
-}
-
-/* Peek the next script (or make the default one). */
-static kvp_fake_script_t script_peek(fake_xport_t *x)
-{
-    if (!kvp_list_empty(&x->scripts))
-        return KVP_CONTAINER_OF(x->scripts.next, fake_script_node_t, link)->s;
-    uint64_t d = x->default_delay_ns;
-    if (x->delay_jitter_ns)
-        d += kvp_rng_below(&x->rng, x->delay_jitter_ns + 1);
-    return kvp_fake_script_complete(d);
-}
-
-static void script_pop(fake_xport_t *x)
-{
-    if (kvp_list_empty(&x->scripts))
-        return;
-    fake_script_node_t *sn = KVP_CONTAINER_OF(x->scripts.next, fake_script_node_t, link);
-    kvp_list_remove(&sn->link);
-    x->n_scripts--;
-    kvp__free(sn);
-}
-
-/* Turn the script into absolute times on the transfer. */
-static void script_apply(fake_xport_t *x, fake_xfer_t *xf, const kvp_fake_script_t *s)
-{
-    uint64_t now = now_of(x);
-    xf->terminal_at = after(now, s->terminal_ns);
-    xf->copy_blocks = KVP_MIN(s->copy_blocks, xf->n);
-    xf->final_status = s->status;
-    switch (s->kind) {
-    case KVP_FAKE_COMPLETE:
-        xf->copy_at = xf->terminal_at;
-        xf->copy_blocks = xf->n;
-        xf->final_status = KVP_OK;
-        break;
-    case KVP_FAKE_DISCONNECT:
-        xf->disconnect = true;
-        xf->final_status = KVP_ERR_UNREACHABLE;
-        /* fall through */
-    case KVP_FAKE_FAIL:
-        xf->copy_at = xf->terminal_at;
-        if (xf->final_status == KVP_OK)
-            xf->final_status = KVP_ERR_TRANSPORT;
-        break;
-    case KVP_FAKE_WEDGE:
-        xf->terminal_at = KVP_FAKE_NEVER;
-        /* fall through */
-    default: /* LATE */
-        xf->copy_at = after(now, s->copy_ns);
-        break;
-    }
-    if (xf->copy_blocks == 0)
-        xf->copy_at = KVP_FAKE_NEVER;
-    if (!fake__fabric_ep(x->fab, xf->dst_ep)) {
-        /* The destination closed before we posted: the peer is gone, no
-         * byte can be written; the transfer fails like a disconnect. */
-        xf->copy_at = KVP_FAKE_NEVER;
-        xf->final_status = KVP_ERR_UNREACHABLE;
-        xf->terminal_at = now;
-    }
-}
-
-static kvp_status_t write_locked(fake_xport_t *x, kvp_xpeer_id_t peer,
-                                 const kvp_xfer_block_t *blocks, size_t n, kvp_xfer_id_t *out)
-{
-    fake_peer_t *p = peer_live(x, peer);
-    kvp_status_t st = write_check(x, p, blocks, n);
-    kvp_fake_script_t s = script_peek(x);
-    if (st == KVP_OK && s.kind == KVP_FAKE_FAIL_SUBMIT) {
-        script_pop(x);
-        st = KVP_ERR_TRANSPORT;
-    }
-    fake_xfer_t *xf = NULL;
-    if (st == KVP_OK) {
-        xf = kvp__malloc(sizeof(*xf) + n * sizeof(xf->blocks[0]));
-        if (!xf)
-            st = KVP_ERR_NOMEM;
-    }
-    if (st != KVP_OK) {
-        kvp_fake_call_t c = {.kind = KVP_FAKE_CALL_WRITE_REFUSED,
-                             .peer = peer,
-                             .status = st,
-                             .n_blocks = (uint32_t)n};
-        fake__log_call(x, &c, NULL);
-        return st;
-    }
-    memset(xf, 0, sizeof(*xf));
-    xf->id = x->fab->next_id++;
-    xf->peer = p;
-    xf->peer_id = p->id;
-    xf->dst_ep = p->remote_ep;
-    xf->tracked = true;
-    xf->n = (uint32_t)n;
-    memcpy(xf->blocks, blocks, n * sizeof(*blocks));
-    fake_xport_t *dst = fake__fabric_ep(x->fab, p->remote_ep);
-    if (dst && dst->acc && fake__snapshot(x->fab, x, xf) != KVP_OK) {
-        kvp__free(xf);
-        kvp_fake_call_t c = {.kind = KVP_FAKE_CALL_WRITE_REFUSED,
-                             .peer = peer,
-                             .status = KVP_ERR_NOMEM,
-                             .n_blocks = (uint32_t)n};
-        fake__log_call(x, &c, NULL);
-        return KVP_ERR_NOMEM;
-    }
-    script_pop(x);
-    script_apply(x, xf, &s);
-    /* Posted through an endpoint the consumer already fenced: nothing of it
-     * lands (it still ends as scripted; the source cannot tell). */
-    xf->fenced = p->remote_fenced;
-    x->ctr.posted_fenced += xf->fenced;
-    if (xf->fenced)
-        KVP_DEBUG(pfx(x), "fake: transfer %llu posted through peer %llu, fenced by the consumer: "
-                          "nothing of it lands",
-                  (unsigned long long)xf->id, (unsigned long long)p->id);
-    kvp_list_insert_tail(&x->xfers, &xf->link);
-    fake__events_changed(x);
-    x->st.writes++;
-    x->st.blocks_written += n;
-    x->st.bytes_written += (uint64_t)n * x->layout.block_size;
-    kvp_fake_call_t c = {
-        .kind = KVP_FAKE_CALL_WRITE, .peer = peer, .xfer = xf->id, .n_blocks = (uint32_t)n};
-    fake__log_call(x, &c, blocks);
-    *out = xf->id;
-    return KVP_OK;
-}
-
-static kvp_status_t fake_write(kvp_xport_t *xp, kvp_xpeer_id_t peer, const kvp_xfer_block_t *blocks,
-                               size_t n, kvp_xfer_id_t *out)
-{
-    fake_xport_t *x = fake__x(xp);
-    if (!blocks || n == 0 || n > UINT32_MAX || !out)
-        return KVP_ERR_INVALID;
-    if (!x->registered)
-        return KVP_ERR_STATE;
-    lock(x);
-    kvp_status_t st = write_locked(x, peer, blocks, n, out);
-    unlock(x);
-    return st;
-}
-
-/* ------------------------------------------------------- poll and cancel */
-
-/* Release up to cap terminal tracked transfers that are `retired` and, for
- * live ones, belong to `peer`. */
-static size_t reap(fake_xport_t *x, bool retired, kvp_xpeer_id_t peer, kvp_xfer_result_t *out,
-                   size_t cap)
-{
-    size_t k = 0;
-    if (x->n_reportable == 0)
-        return 0; /* no tracked terminal transfer: nothing to hand back */
-    kvp_list_t *pos, *tmp;
-    kvp_list_foreach_safe(pos, tmp, &x->xfers)
-    {
-        fake_xfer_t *xf = KVP_CONTAINER_OF(pos, fake_xfer_t, link);
-        if (k == cap)
-            break;
-        if (!xf->tracked || !xf->terminal || xf->retired != retired ||
-            (!retired && xf->peer_id != peer))
-            continue;
-        out[k].id = xf->id;
-        out[k].status = xf->final_status;
-        k++;
-        if (retired)
-            fake__log_simple(x, KVP_FAKE_CALL_POLL_RETIRED, xf->peer_id, xf->id, xf->final_status,
-                             0);
-        fake__release(x, xf);
-    }
-    return k;
-}
-
-static kvp_status_t fake_poll(kvp_xport_t *xp, kvp_xpeer_id_t peer, kvp_xfer_result_t *out,
-                              size_t cap, size_t *n_out)
-{
-    fake_xport_t *x = fake__x(xp);
-    if ((!out && cap) || !n_out)
-        return KVP_ERR_INVALID;
-    lock(x);
-    kvp_status_t st = KVP_ERR_NOT_FOUND;
-    if (peer_live(x, peer)) {
-        size_t k = reap(x, false, peer, out, cap);
-        if (k)
-            fake__log_simple(x, KVP_FAKE_CALL_POLL, peer, 0, KVP_OK, k);
-        *n_out = k;
-        st = KVP_OK;
-    }
-    unlock(x);
-    return st;
-}
-
-static kvp_status_t fake_poll_retired(kvp_xport_t *xp, kvp_xfer_result_t *out, size_t cap,
-                                      size_t *n_out)
-{
-    fake_xport_t *x = fake__x(xp);
-    if ((!out && cap) || !n_out)
-        return KVP_ERR_INVALID;
-    if (__atomic_load_n(&x->n_reportable, __ATOMIC_RELAXED) == 0) {
-        *n_out = 0; /* what reap() answers at once, without the lock */
-        return KVP_OK;
-    }
-    lock(x);
-    *n_out = reap(x, true, 0, out, cap);
-    unlock(x);
-    return KVP_OK;
-}
-
-static kvp_status_t cancel_locked(fake_xport_t *x, const kvp_xfer_id_t *ids, size_t n,
-                                  kvp_cancel_mode_t mode, kvp_xfer_id_t *still, size_t *n_running)
-{
-    for (size_t i = 0; i < n; i++)
-        if (!xfer_tracked(x, ids[i]))
-            return KVP_ERR_NOT_FOUND; /* nothing changed */
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        fake_xfer_t *xf = xfer_tracked(x, ids[i]);
-        if (!xf)
-            continue; /* a duplicate id, already released */
-        bool release = mode == KVP_CANCEL_IMMEDIATE || xf->terminal;
-        kvp_fake_call_t c = {.kind = KVP_FAKE_CALL_CANCEL,
-                             .peer = xf->peer_id,
-                             .xfer = xf->id,
-                             .mode = mode,
-                             .status = release ? KVP_OK : KVP_ERR_BUSY};
-        fake__log_call(x, &c, NULL);
-        if (release)
-            fake__release(x, xf); /* IMMEDIATE: a scripted copy still happens */
-        else
-            still[k++] = ids[i];
-    }
-    if (n_running)
-        *n_running = k;
-    return KVP_OK;
-}
-
-static kvp_status_t fake_cancel(kvp_xport_t *xp, const kvp_xfer_id_t *ids, size_t n,
-                                kvp_cancel_mode_t mode, kvp_xfer_id_t *still_running,
-                                size_t *n_running)
-{
-    fake_xport_t *x = fake__x(xp);
-    if ((!ids && n) || (mode != KVP_CANCEL_IMMEDIATE && mode != KVP_CANCEL_WAIT))
-        return KVP_ERR_INVALID;
-    if (mode == KVP_CANCEL_WAIT && (!still_running || !n_running))
-        return KVP_ERR_INVALID;
-    lock(x);
-    kvp_status_t st = cancel_locked(x, ids, n, mode, still_running, n_running);
-    unlock(x);
+    fake__unlock(x);
     return st;
 }
 
@@ -547,10 +252,10 @@ static kvp_status_t fake_cancel(kvp_xport_t *xp, const kvp_xfer_id_t *ids, size_
 static kvp_status_t fake_remove_peer(kvp_xport_t *xp, kvp_xpeer_id_t peer)
 {
     fake_xport_t *x = fake__x(xp);
-    lock(x);
-    fake_peer_t *p = peer_live(x, peer);
+    fake__lock(x);
+    fake_peer_t *p = fake__peer_live(x, peer);
     if (!p) {
-        unlock(x);
+        fake__unlock(x);
         return KVP_ERR_NOT_FOUND;
     }
     kvp_list_t *pos, *tmp;
@@ -566,7 +271,7 @@ static kvp_status_t fake_remove_peer(kvp_xport_t *xp, kvp_xpeer_id_t peer)
     fake__log_simple(x, KVP_FAKE_CALL_REMOVE_PEER, peer, 0, KVP_OK, p->retired_refs);
     if (p->retired_refs == 0)
         endpoint_release(x, p);
-    unlock(x);
+    fake__unlock(x);
     return KVP_OK;
 }
 
@@ -575,26 +280,26 @@ static kvp_status_t fake_force_release_retired(kvp_xport_t *xp, const kvp_xfer_i
     fake_xport_t *x = fake__x(xp);
     if (!ids && n)
         return KVP_ERR_INVALID;
-    lock(x);
+    fake__lock(x);
     for (size_t i = 0; i < n; i++) {
-        fake_xfer_t *xf = xfer_tracked(x, ids[i]);
+        fake_xfer_t *xf = fake__xfer_tracked(x, ids[i]);
         if (!xf || !xf->retired) {
-            unlock(x);
+            fake__unlock(x);
             return KVP_ERR_NOT_FOUND; /* nothing released */
         }
     }
     for (size_t i = 0; i < n; i++) {
-        fake_xfer_t *xf = xfer_tracked(x, ids[i]);
+        fake_xfer_t *xf = fake__xfer_tracked(x, ids[i]);
         if (!xf)
             continue;
-        KVP_ERROR(pfx(x), "fake: force-releasing retired transfer %llu of peer %llu (%s)",
+        KVP_ERROR(fake__pfx(x), "fake: force-releasing retired transfer %llu of peer %llu (%s)",
                   (unsigned long long)xf->id, (unsigned long long)xf->peer_id,
                   xf->terminal ? "terminal" : "still running");
         fake__log_simple(x, KVP_FAKE_CALL_FORCE_RELEASE, xf->peer_id, xf->id, KVP_OK, 0);
         x->st.force_released++;
         fake__release(x, xf);
     }
-    unlock(x);
+    fake__unlock(x);
     return KVP_OK;
 }
 
@@ -603,10 +308,10 @@ static kvp_status_t fake_fence_peer(kvp_xport_t *xp, kvp_xpeer_id_t peer, bool *
     fake_xport_t *x = fake__x(xp);
     if (!proof)
         return KVP_ERR_INVALID;
-    lock(x);
-    fake_peer_t *p = peer_live(x, peer);
+    fake__lock(x);
+    fake_peer_t *p = fake__peer_live(x, peer);
     if (!p) {
-        unlock(x);
+        fake__unlock(x);
         return KVP_ERR_NOT_FOUND;
     }
     bool fenceable = p->path == KVP_PATH_FAKE_FENCEABLE;
@@ -622,7 +327,7 @@ static kvp_status_t fake_fence_peer(kvp_xport_t *xp, kvp_xpeer_id_t peer, bool *
     p->fenced = true;
     fake__log_simple(x, KVP_FAKE_CALL_FENCE, peer, 0, fenceable ? KVP_OK : KVP_ERR_UNSUPPORTED,
                      dropped);
-    unlock(x);
+    fake__unlock(x);
     *proof = fenceable;
     return KVP_OK;
 }
@@ -630,20 +335,20 @@ static kvp_status_t fake_fence_peer(kvp_xport_t *xp, kvp_xpeer_id_t peer, bool *
 static kvp_status_t fake_peer_status(kvp_xport_t *xp, kvp_xpeer_id_t peer)
 {
     fake_xport_t *x = fake__x(xp);
-    lock(x);
-    fake_peer_t *p = peer_live(x, peer);
+    fake__lock(x);
+    fake_peer_t *p = fake__peer_live(x, peer);
     kvp_status_t st = !p ? KVP_ERR_NOT_FOUND : p->fenced ? KVP_ERR_CLOSED : p->status;
-    unlock(x);
+    fake__unlock(x);
     return st;
 }
 
 static kvp_data_path_t fake_peer_path(kvp_xport_t *xp, kvp_xpeer_id_t peer)
 {
     fake_xport_t *x = fake__x(xp);
-    lock(x);
-    fake_peer_t *p = peer_live(x, peer);
+    fake__lock(x);
+    fake_peer_t *p = fake__peer_live(x, peer);
     kvp_data_path_t path = p ? p->path : KVP_PATH_UNKNOWN;
-    unlock(x);
+    fake__unlock(x);
     return path;
 }
 
@@ -652,10 +357,10 @@ static kvp_data_path_t fake_peer_path(kvp_xport_t *xp, kvp_xpeer_id_t peer)
 static bool fake_inbound_refusable(kvp_xport_t *xp, kvp_xpeer_id_t peer)
 {
     fake_xport_t *x = fake__x(xp);
-    lock(x);
-    fake_peer_t *p = peer_live(x, peer);
+    fake__lock(x);
+    fake_peer_t *p = fake__peer_live(x, peer);
     bool am = p && p->path == KVP_PATH_FAKE_AM;
-    unlock(x);
+    fake__unlock(x);
     return am;
 }
 
@@ -665,9 +370,9 @@ static kvp_status_t fake_expect(kvp_xport_t *xp, kvp_xpeer_id_t peer, const kvp_
     fake_xport_t *x = fake__x(xp);
     if (n && !slots)
         return KVP_ERR_INVALID;
-    lock(x);
+    fake__lock(x);
     kvp_status_t st = KVP_OK;
-    fake_peer_t *p = peer ? peer_live(x, peer) : NULL;
+    fake_peer_t *p = peer ? fake__peer_live(x, peer) : NULL;
     if (!x->acc)
         st = KVP_OK; /* not the AM model: every copy lands, nothing to expect */
     else if (peer && !p)
@@ -677,14 +382,14 @@ static kvp_status_t fake_expect(kvp_xport_t *xp, kvp_xpeer_id_t peer, const kvp_
             st = KVP_ERR_INVALID;
     for (size_t i = 0; st == KVP_OK && x->acc && i < n; i++)
         x->acc[slots[i].slot] = (fake_acc_t){peer, p ? p->remote_ep : 0, slots[i].gen, true, false};
-    unlock(x);
+    fake__unlock(x);
     return st;
 }
 
 static void fake_refuse(kvp_xport_t *xp, const kvp_xslot_t *slots, size_t n)
 {
     fake_xport_t *x = fake__x(xp);
-    lock(x);
+    fake__lock(x);
     for (size_t i = 0; x->acc && i < n; i++) {
         fake_acc_t *e = slots[i].slot < x->layout.num_blocks ? &x->acc[slots[i].slot] : NULL;
         if (e && e->expect && e->gen == slots[i].gen) {
@@ -692,16 +397,16 @@ static void fake_refuse(kvp_xport_t *xp, const kvp_xslot_t *slots, size_t n)
             x->st.am_refused_slots++;
         }
     }
-    unlock(x);
+    fake__unlock(x);
 }
 
 static bool fake_is_landed(kvp_xport_t *xp, kvp_xslot_t s)
 {
     fake_xport_t *x = fake__x(xp);
-    lock(x);
+    fake__lock(x);
     const fake_acc_t *e = x->acc && s.slot < x->layout.num_blocks ? &x->acc[s.slot] : NULL;
     bool landed = e && e->expect && e->gen == s.gen && e->landed;
-    unlock(x);
+    fake__unlock(x);
     return landed;
 }
 
@@ -710,20 +415,20 @@ static bool fake_is_landed(kvp_xport_t *xp, kvp_xslot_t s)
 static bool fake_progress(kvp_xport_t *xp)
 {
     fake_xport_t *x = fake__x(xp);
-    if (__atomic_load_n(&x->due_hint, __ATOMIC_RELAXED) > now_of(x))
+    if (__atomic_load_n(&x->due_hint, __ATOMIC_RELAXED) > fake__now_of(x))
         return false; /* nothing due: what fake__apply_due finds, without the lock */
-    lock(x);
+    fake__lock(x);
     bool any = fake__apply_due(x->fab, x);
-    unlock(x);
+    fake__unlock(x);
     return any;
 }
 
 uint64_t kvp_fake_quiet_until(kvp_xport_t *xp)
 {
     fake_xport_t *x = fake__x(xp);
-    lock(x);
+    fake__lock(x);
     uint64_t t = fake__quiet_until(x);
-    unlock(x);
+    fake__unlock(x);
     return t;
 }
 
@@ -736,16 +441,16 @@ static int fake_event_fd(kvp_xport_t *xp)
 static kvp_status_t fake_arm(kvp_xport_t *xp)
 {
     fake_xport_t *x = fake__x(xp);
-    lock(x);
-    bool due = fake__next_event(x) <= now_of(x);
-    unlock(x);
+    fake__lock(x);
+    bool due = fake__next_event(x) <= fake__now_of(x);
+    fake__unlock(x);
     return due ? KVP_ERR_BUSY : KVP_OK;
 }
 
 static void fake_get_stats(kvp_xport_t *xp, kvp_xport_stats_t *st)
 {
     fake_xport_t *x = fake__x(xp);
-    lock(x);
+    fake__lock(x);
     *st = x->st;
     st->inflight = st->retired = st->peers = st->zombie_peers = 0;
     kvp_list_t *pos, *tmp;
@@ -765,7 +470,7 @@ static void fake_get_stats(kvp_xport_t *xp, kvp_xport_stats_t *st)
         else
             st->peers++;
     }
-    unlock(x);
+    fake__unlock(x);
 }
 
 /* ----------------------------------------------------------------- close */
@@ -796,7 +501,7 @@ static void free_all(fake_xport_t *x)
     {
         fake_xfer_t *xf = KVP_CONTAINER_OF(pos, fake_xfer_t, link);
         if (xf->tracked)
-            KVP_ERROR(pfx(x), "fake close(force): transfer %llu still tracked%s",
+            KVP_ERROR(fake__pfx(x), "fake close(force): transfer %llu still tracked%s",
                       (unsigned long long)xf->id, xf->retired ? " (retired)" : "");
         else if (fake__copy_pending(xf))
             x->ctr.dropped_at_close++;
@@ -835,7 +540,8 @@ static kvp_status_t fake_close(kvp_xport_t *xp, bool force)
     free_all(x);
     fake__exit_free_all(x);
     if (x->ctr.dropped_at_close)
-        KVP_WARN(pfx(x), "fake close: %llu released transfers with a copy still scripted dropped",
+        KVP_WARN(fake__pfx(x),
+                 "fake close: %llu released transfers with a copy still scripted dropped",
                  (unsigned long long)x->ctr.dropped_at_close);
     fake__fabric_detach(f, x);
     pthread_mutex_unlock(&f->mu);
@@ -851,11 +557,11 @@ const kvp_xport_ops_t kvp_fake_ops = {
     .register_region = fake_register_region,
     .local_blob = fake_local_blob,
     .add_peer = fake_add_peer,
-    .write = fake_write,
-    .poll = fake_poll,
-    .cancel = fake_cancel,
+    .write = fake__write,
+    .poll = fake__poll,
+    .cancel = fake__cancel,
     .remove_peer = fake_remove_peer,
-    .poll_retired = fake_poll_retired,
+    .poll_retired = fake__poll_retired,
     .force_release_retired = fake_force_release_retired,
     .fence_peer = fake_fence_peer,
     .peer_status = fake_peer_status,

@@ -199,9 +199,43 @@ void fake__exit_drop(kvp_xport_t *xp, kvp_xpeer_id_t peer);
 bool fake__exit_proven(kvp_xport_t *xp, kvp_xpeer_id_t peer);
 void fake__exit_free_all(fake_xport_t *x);
 
+/* fake.c and fake_xfer.c: the prefix, the fabric lock, the clock */
+static inline const char *fake__pfx(const fake_xport_t *x)
+{
+    return x->base.log_prefix;
+}
+
+static inline void fake__lock(fake_xport_t *x)
+{
+    pthread_mutex_lock(&x->fab->mu);
+}
+
+static inline void fake__unlock(fake_xport_t *x)
+{
+    pthread_mutex_unlock(&x->fab->mu);
+}
+
+static inline uint64_t fake__now_of(const fake_xport_t *x)
+{
+    return kvp_clock_now(x->clock);
+}
+
+/* fake_xfer.c: the ops write, poll, poll_retired, cancel (issue 31) */
+kvp_status_t fake__write(kvp_xport_t *xp, kvp_xpeer_id_t peer, const kvp_xfer_block_t *blocks,
+                         size_t n, kvp_xfer_id_t *out);
+kvp_status_t fake__poll(kvp_xport_t *xp, kvp_xpeer_id_t peer, kvp_xfer_result_t *out, size_t cap,
+                        size_t *n_out);
+kvp_status_t fake__poll_retired(kvp_xport_t *xp, kvp_xfer_result_t *out, size_t cap,
+                                size_t *n_out);
+kvp_status_t fake__cancel(kvp_xport_t *xp, const kvp_xfer_id_t *ids, size_t n,
+                          kvp_cancel_mode_t mode, kvp_xfer_id_t *still_running, size_t *n_running);
+
 /* fake.c */
 void fake__release(fake_xport_t *x, fake_xfer_t *xf);
 void fake__maybe_free(fake_xport_t *x, fake_xfer_t *xf);
 fake_peer_t *fake__peer_any(fake_xport_t *x, kvp_xpeer_id_t id);
+/* A live (not removed) peer; a transfer still tracked (not released). */
+fake_peer_t *fake__peer_live(fake_xport_t *x, kvp_xpeer_id_t id);
+fake_xfer_t *fake__xfer_tracked(fake_xport_t *x, kvp_xfer_id_t id);
 
 #endif /* KVP_TRANSPORT_FAKE_INT_H */

@@ -27,6 +27,38 @@
 #include <sys/epoll.h>
 #include <unistd.h>
 
+static const char *const in_state_names[] = {
+    [IN_PREAUTH] = "preauth", [IN_HDR] = "header", [IN_DATA] = "data", [IN_DEAD] = "dead"};
+static const char *const out_state_names[] = {
+    [OUT_CONNECTING] = "connecting", [OUT_OPEN] = "open", [OUT_FAILED] = "failed"};
+
+void kvp__tcpd_in_set_state(tcpd_in_t *c, uint8_t to)
+{
+    static const uint8_t legal[] = {
+        [IN_PREAUTH] = 1u << IN_PREAUTH, /* a new record (zeroed) */
+        [IN_HDR] = (1u << IN_PREAUTH) | (1u << IN_DATA),
+        [IN_DATA] = 1u << IN_HDR,
+        [IN_DEAD] = 0xf,
+    };
+    KVP_ASSERT(to < KVP_ARRAY_SIZE(legal) && c->state < KVP_ARRAY_SIZE(legal));
+    if (!(legal[to] & (1u << c->state)))
+        kvp__assert_fail(in_state_names[to], __FILE__, __LINE__, in_state_names[c->state]);
+    c->state = to;
+}
+
+void kvp__tcpd_out_set_state(kvp_tcpd_out_t *o, uint8_t to)
+{
+    static const uint8_t legal[] = {
+        [OUT_CONNECTING] = 1u << OUT_CONNECTING, /* a new record (zeroed) */
+        [OUT_OPEN] = 1u << OUT_CONNECTING,
+        [OUT_FAILED] = (1u << OUT_CONNECTING) | (1u << OUT_OPEN),
+    };
+    KVP_ASSERT(to < KVP_ARRAY_SIZE(legal) && o->state < KVP_ARRAY_SIZE(legal));
+    if (!(legal[to] & (1u << o->state)))
+        kvp__assert_fail(out_state_names[to], __FILE__, __LINE__, out_state_names[o->state]);
+    o->state = to;
+}
+
 uint64_t kvp__tcpd_now_ns(void)
 {
     return kvp_clock_now(kvp_clock_real());
@@ -238,7 +270,7 @@ void kvp__tcpd_close(kvp_tcpd_t *t)
         {
             tcpd_in_t *c = KVP_CONTAINER_OF(pos, tcpd_in_t, link);
             close(c->fd);
-            c->state = IN_DEAD;
+            kvp__tcpd_in_set_state(c, IN_DEAD);
             kvp_list_remove(&c->link);
             kvp_list_insert_tail(&t->dead_ins, &c->link);
         }

@@ -46,7 +46,7 @@ void kvp__tcpd_in_close(kvp_tcpd_t *t, tcpd_in_t *c, const char *why)
         t->n_open--;
     close(c->fd); /* also leaves the epoll set */
     c->fd = -1;
-    c->state = IN_DEAD;
+    kvp__tcpd_in_set_state(c, IN_DEAD);
     kvp_list_remove(&c->link);
     kvp_list_insert_tail(&t->dead_ins, &c->link);
 }
@@ -75,7 +75,7 @@ static void in_auth(kvp_tcpd_t *t, tcpd_in_t *c)
     t->n_open++;
     t->st.authenticated++;
     c->src_token = p->src_token;
-    c->state = IN_HDR;
+    kvp__tcpd_in_set_state(c, IN_HDR);
     c->got = 0;
     kvp_list_remove(&c->link);
     kvp_list_insert_tail(&t->open, &c->link);
@@ -115,11 +115,11 @@ static void in_unit(kvp_tcpd_t *t, tcpd_in_t *c)
             kvp__tcpd_in_close(t, c, "bad piece header");
             return;
         }
-        c->state = IN_DATA;
+        kvp__tcpd_in_set_state(c, IN_DATA);
     } else {
         t->st.pieces_in++;
         t->st.bytes_in += c->hdr.len;
-        c->state = IN_HDR;
+        kvp__tcpd_in_set_state(c, IN_HDR);
         t->cbs.land(t->cbs.arg, c->src_token, &c->hdr, c->buf);
     }
 }
@@ -227,7 +227,7 @@ void kvp__tcpd_on_accept(kvp_tcpd_t *t)
             continue;
         }
         c->kind = K_IN;
-        c->state = IN_PREAUTH;
+        kvp__tcpd_in_set_state(c, IN_PREAUTH);
         c->fd = fd;
         c->peer = ss;
         c->deadline_ns =

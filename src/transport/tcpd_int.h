@@ -74,6 +74,11 @@ struct kvp_tcpd {
 
 /* tcpd.c */
 uint64_t kvp__tcpd_now_ns(void);
+/* The one writer of an inbound / outbound stream's state: each allowed
+ * move checked against a table (issue 31; UCX does so for its tcp
+ * endpoints). */
+void kvp__tcpd_in_set_state(tcpd_in_t *c, uint8_t to);
+void kvp__tcpd_out_set_state(kvp_tcpd_out_t *o, uint8_t to);
 void kvp__tcpd_addr_str(const struct sockaddr_storage *ss, char *buf, size_t cap);
 int kvp__tcpd_ep_set(kvp_tcpd_t *t, int op, int fd, uint32_t events, void *ptr);
 /* tcpd_in.c */

@@ -32,7 +32,7 @@ static void out_end(kvp_tcpd_out_t *o, const char *why, bool report)
     kvp_tcpd_t *t = o->t;
     if (o->state == OUT_FAILED)
         return;
-    o->state = OUT_FAILED;
+    kvp__tcpd_out_set_state(o, OUT_FAILED);
     if (o->fd >= 0) {
         close(o->fd);
         o->fd = -1;
@@ -144,7 +144,7 @@ void kvp__tcpd_out_connected(kvp_tcpd_out_t *o)
         kvp__tcpd_out_fail(o, why);
         return;
     }
-    o->state = OUT_OPEN;
+    kvp__tcpd_out_set_state(o, OUT_OPEN);
     kvp__tcpd_out_write(o);
 }
 
@@ -223,7 +223,7 @@ kvp_tcpd_out_t *kvp__tcpd_connect(kvp_tcpd_t *t, const kvp_tcpd_addr_t *a,
         return NULL;
     }
     o->events = EPOLLOUT | EPOLLRDHUP;
-    o->state = OUT_CONNECTING;
+    kvp__tcpd_out_set_state(o, OUT_CONNECTING);
     o->deadline_ns = kvp__tcpd_now_ns() + (uint64_t)t->cfg.connect_timeout_ms * KVP_NSEC_PER_MSEC;
     kvp_list_insert_tail(&t->outs, &o->link);
     return o;

@@ -63,139 +63,6 @@ static void *ucx_ep_close(ucx_xport_t *x, ucp_ep_h ep, uint32_t flags, kvp_xpeer
     return NULL;
 }
 
-ucx_peer_t *kvp__ucx_peer_find(ucx_xport_t *x, kvp_xpeer_id_t id)
-{
-    kvp_list_t *pos, *tmp;
-
-    kvp_list_foreach_safe(pos, tmp, &x->peers)
-    {
-        ucx_peer_t *p = KVP_CONTAINER_OF(pos, ucx_peer_t, link);
-        if (p->id == id)
-            return p;
-    }
-    return NULL;
-}
-
-/* Live, removed or closing: the peer a late UCX callback may still name. */
-static ucx_peer_t *ucx_peer_find_any(ucx_xport_t *x, kvp_xpeer_id_t id)
-{
-    kvp_list_t *lists[3] = {&x->peers, &x->zombies, &x->closing}, *pos, *tmp;
-
-    for (int k = 0; k < 3; k++)
-        kvp_list_foreach_safe(pos, tmp, lists[k])
-        {
-            ucx_peer_t *p = KVP_CONTAINER_OF(pos, ucx_peer_t, link);
-            if (p->id == id)
-                return p;
-        }
-    return NULL;
-}
-
-static ucx_xfer_t *ucx_xfer_find(ucx_xport_t *x, kvp_xfer_id_t id)
-{
-    uint64_t idx = id & UCX_IDX_MASK;
-
-    if (idx == 0 || idx > x->pool_cap)
-        return NULL;
-    ucx_xfer_t *r = &x->pool[idx - 1];
-    return (r->where != XF_FREE && r->id == id) ? r : NULL;
-}
-
-/* --------------------------------------------------------- transfer pool */
-
-static ucx_xfer_t *ucx_xfer_get(ucx_xport_t *x, ucx_peer_t *p)
-{
-    if (kvp_list_empty(&x->free_list))
-        return NULL;
-    kvp_list_t *n = x->free_list.next;
-    kvp_list_remove(n);
-    ucx_xfer_t *r = KVP_CONTAINER_OF(n, ucx_xfer_t, link);
-    uint64_t idx = (uint64_t)(r - x->pool) + 1;
-    r->id = (++x->next_seq << UCX_IDX_BITS) | idx;
-    r->peer = p;
-    r->pending = 0;
-    r->first_err = UCS_OK;
-    r->err_seq = p->err_seq;
-    r->where = XF_LIVE;
-    p->refs++;
-    return r;
-}
-
-/* Back to the pool. Only for pending == 0 (UCX owns nothing of it). Never
- * frees the peer here: a peer whose refs drop to 0 is reaped by progress()
- * or by the caller's public function, not inside a UCX callback. */
-static void ucx_xfer_put(ucx_xport_t *x, ucx_xfer_t *r)
-{
-    KVP_ASSERT(r->pending == 0 && r->where != XF_FREE);
-    kvp_list_remove(&r->link);
-    KVP_ASSERT(r->peer->refs > 0);
-    r->peer->refs--;
-    r->peer = NULL;
-    r->where = XF_FREE;
-    r->id = 0;
-    kvp_list_insert_tail(&x->free_list, &r->link);
-}
-
-/* Status of a terminal record, decided at hand-back time. */
-static kvp_status_t ucx_xfer_result(const ucx_xfer_t *r)
-{
-    if (r->first_err != UCS_OK)
-        return KVP_ERR_TRANSPORT;
-    if (r->peer->err_seq != r->err_seq)
-        return KVP_ERR_TRANSPORT; /* a flush can be "OK" for dropped data */
-    return KVP_OK;
-}
-
-static void ucx_xfer_count(ucx_xport_t *x, kvp_status_t s)
-{
-    if (s == KVP_OK)
-        x->st.done++;
-    else
-        x->st.failed++;
-}
-
-/* One UCX request (put or flush) of `r` completed. Runs inside
- * ucp_worker_progress (or ucp_ep_close_nbx FORCE) on the owner thread. */
-static void ucx_req_cb(void *req, ucs_status_t status, void *user_data)
-{
-    ucp_request_free(req);
-    kvp__ucx_xfer_step(user_data, status);
-}
-
-/* One request of r completed (a UCX request, or a piece of kvpeer's own tcp
- * stream: tcpd.h). */
-void kvp__ucx_xfer_step(ucx_xfer_t *r, ucs_status_t status)
-{
-    if (status != UCS_OK && r->first_err == UCS_OK)
-        r->first_err = status;
-    KVP_ASSERT(r->pending > 0);
-    if (r->x->destroying) { /* ucp_worker_destroy cancelling leftovers: peers are gone */
-        r->pending--;
-        return;
-    }
-    if (--r->pending > 0)
-        return;
-    if (r->where == XF_LIVE) {
-        kvp_list_remove(&r->link);
-        kvp_list_insert_tail(&r->peer->done, &r->link);
-    } else if (r->where == XF_DETACHED) {
-        ucx_xfer_put(r->x, r); /* tracking was released earlier */
-    }                          /* RETIRED stays on x->retired; poll_retired finds pending == 0 */
-}
-
-/* Release tracking of `r` now; if UCX still owns requests the record waits
- * as DETACHED for the completion callback. */
-static void ucx_xfer_detach(ucx_xport_t *x, ucx_xfer_t *r)
-{
-    if (r->pending == 0) {
-        ucx_xfer_put(x, r);
-        return;
-    }
-    kvp_list_remove(&r->link);
-    r->where = XF_DETACHED;
-    kvp_list_insert_tail(&x->detached, &r->link);
-}
-
 /* ------------------------------------------------------------------ peers */
 
 /* Close p's tcp data stream (tcpd.h): its queued pieces are reported not
@@ -304,7 +171,7 @@ static void ucx_peer_end_ep(ucx_xport_t *x, ucx_peer_t *p)
 }
 
 /* Removed peers with no record left: release rkey, close endpoint. */
-static bool ucx_zombies_reap(ucx_xport_t *x)
+bool kvp__ucx_zombies_reap(ucx_xport_t *x)
 {
     kvp_list_t *pos, *tmp;
     bool any = false;
@@ -339,7 +206,7 @@ static void ucx_probe_cb(void *req, ucs_status_t status, void *user_data)
     ucp_request_free(req);
     KVP_ASSERT(x->probes > 0);
     x->probes--;
-    ucx_peer_t *p = x->destroying ? NULL : ucx_peer_find_any(x, pr->peer);
+    ucx_peer_t *p = x->destroying ? NULL : kvp__ucx_peer_find_any(x, pr->peer);
     if (p != NULL && p->probe == pr) {
         p->probe = NULL;
         KVP_DEBUG(PFX(x), "peer %llu: data-path probe %s", (unsigned long long)p->id,
@@ -484,20 +351,9 @@ static kvp_status_t ucx_add_peer(kvp_xport_t *xp, const void *blob, size_t len,
     x->next_host[0] = '\0';
     if (!expect || !out)
         return KVP_ERR_INVALID;
-    st = kvp__ucx_blob_view(blob, len, &v);
-    if (st != KVP_OK) {
-        KVP_LOG_RL(&x->rl_blob, kvp_clock_now(x->clock), KVP_LOG_WARN, PFX(x),
-                   "peer blob rejected (%zu B): %s", len, kvp_status_str(st));
+    st = kvp__ucx_blob_accept(x, blob, len, expect, &v);
+    if (st != KVP_OK)
         return st;
-    }
-    if (v.layout.num_blocks != expect->num_blocks || v.layout.block_size != expect->block_size ||
-        (x->region_kind != REGION_NONE && v.layout.block_size != x->layout.block_size)) {
-        KVP_LOG_RL(&x->rl_blob, kvp_clock_now(x->clock), KVP_LOG_WARN, PFX(x),
-                   "peer blob layout %ux%u differs from expected %ux%u (local block %u)",
-                   v.layout.num_blocks, v.layout.block_size, expect->num_blocks,
-                   expect->block_size, x->layout.block_size);
-        return KVP_ERR_INCOMPATIBLE;
-    }
     ucx_peer_t *p = kvp__calloc(1, sizeof(*p));
     if (!p)
         return KVP_ERR_NOMEM;
@@ -534,230 +390,7 @@ static kvp_status_t ucx_add_peer(kvp_xport_t *xp, const void *blob, size_t len,
     return KVP_OK;
 }
 
-/* ----------------------------------------------------------------- write */
-
-static kvp_status_t ucx_write_check(ucx_xport_t *x, const ucx_peer_t *p,
-                                    const kvp_xfer_block_t *blocks, size_t n)
-{
-    if (x->region_kind == REGION_NONE)
-        return KVP_ERR_STATE;
-    if (p->status != KVP_OK || (!p->ep && !p->out))
-        return p->status != KVP_OK ? p->status : KVP_ERR_CLOSED;
-    if (p->layout.block_size != x->layout.block_size)
-        return KVP_ERR_INCOMPATIBLE;
-    for (size_t i = 0; i < n; i++)
-        if (blocks[i].src_slot >= x->layout.num_blocks ||
-            blocks[i].dst_slot >= p->layout.num_blocks)
-            return KVP_ERR_INVALID;
-    return KVP_OK;
-}
-
-/* Post one request for r; false when UCX refused it (r->first_err set). */
-static bool ucx_post_done(ucx_xfer_t *r, ucs_status_ptr_t sp)
-{
-    if (UCS_PTR_IS_PTR(sp)) {
-        r->pending++;
-        return true;
-    }
-    if (UCS_PTR_IS_ERR(sp)) {
-        if (r->first_err == UCS_OK)
-            r->first_err = UCS_PTR_STATUS(sp);
-        return false;
-    }
-    return true; /* completed in place (direct shm put) */
-}
-
-/* At most this many bytes per ucp_put_nbx. A direct shared-memory put is a
- * memcpy on the calling (node) thread, and glibc 2.36 copies up to about the
- * L2 size with `rep movsb` but larger pieces with a vector loop that is
- * slower on cold regions: here 10.3 GB/s in 64-256 KiB pieces against
- * 7.5-8.6 GB/s in 1-16 MiB pieces (same bytes, 256 MiB regions, issue 17).
- * Merged runs of adjacent slots (and blocks larger than this) therefore go
- * as several puts of at most UCX_PUT_MAX_BYTES, under the transfer's one
- * flush; the per-put cost is a few hundred ns against ~25 us of copy. */
-#define UCX_PUT_MAX_BYTES ((size_t)256 << 10)
-
-/* A transfer of at least this many bytes on a direct-shm path is copied by
- * us with streaming stores (kvp_copy_stream) into the peer's region mapped
- * here, instead of by UCX's memcpy: the same one-sided copy into the same
- * mapping that ucp_put_nbx makes on this path (which gives no fence proof
- * either way, ucx_fence_peer), without reading every destination line
- * into the cache first (common/copy.c). Smaller transfers keep UCX's
- * cached copy: their consumer may read them while still cached. */
-#define UCX_STREAM_MIN_BYTES ((size_t)1 << 20)
-
-/* Puts for each run of adjacent (src, dst) slots, in pieces of at most
- * UCX_PUT_MAX_BYTES (or streaming copies, `stream`); stops at the first
- * refusal. Returns how many puts or copies were made. */
-static size_t ucx_post_puts(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r,
-                            const kvp_xfer_block_t *blocks, size_t n,
-                            const ucp_request_param_t *prm, bool stream)
-{
-    const size_t bs = x->layout.block_size;
-    size_t posted = 0;
-
-    for (size_t i = 0; i < n;) {
-        size_t run = 1;
-        while (i + run < n && blocks[i + run].src_slot == blocks[i].src_slot + run &&
-               blocks[i + run].dst_slot == blocks[i].dst_slot + run)
-            run++;
-        const uint8_t *src = (const uint8_t *)x->region + (size_t)blocks[i].src_slot * bs;
-        uint64_t dst = p->rbase + (uint64_t)blocks[i].dst_slot * bs;
-        for (size_t off = 0, len = run * bs; off < len; off += UCX_PUT_MAX_BYTES) {
-            size_t piece = KVP_MIN(len - off, UCX_PUT_MAX_BYTES);
-            if (stream) { /* slots checked by ucx_write_check; p->rptr maps them all */
-                kvp_copy_stream(p->rptr + (size_t)(dst - p->rbase) + off, src + off, piece);
-                x->st.stream_copies++;
-            } else {
-                if (!ucx_post_done(r, ucp_put_nbx(p->ep_rma, src + off, piece, dst + off,
-                                                  p->rkey, prm)))
-                    return posted;
-                x->st.puts++;
-            }
-            posted++;
-        }
-        i += run;
-    }
-    return posted;
-}
-
-static kvp_status_t ucx_write(kvp_xport_t *xp, kvp_xpeer_id_t peer, const kvp_xfer_block_t *blocks,
-                              size_t n, kvp_xfer_id_t *out)
-{
-    ucx_xport_t *x = ucx_of(xp);
-    ucx_peer_t *p = kvp__ucx_peer_find(x, peer);
-
-    if (!blocks || n == 0 || !out)
-        return KVP_ERR_INVALID;
-    if (!p)
-        return KVP_ERR_NOT_FOUND;
-    kvp_status_t st = ucx_write_check(x, p, blocks, n); /* every index, before any put */
-    if (st != KVP_OK)
-        return st;
-    /* Puts exist only on the RMA endpoint (shm/RDMA); the AM context has
-     * no RMA, so legacy_put (bench) applies only where one exists. */
-    bool am = p->use_am &&
-              !((x->legacy_put || KVP_MUTATED(KVP_MUT_UCX_EMULATED_PUT)) && p->rkey != NULL);
-    ucx_xfer_t *r = ucx_xfer_get(x, p);
-    if (!r)
-        return KVP_ERR_LIMIT;
-    /* UCX AM headers live in the record; the tcp stream queues its own */
-    if (am && p->out == NULL && !kvp__ucx_am_reserve_hdrs(r, n, x->layout.block_size)) {
-        ucx_xfer_put(x, r);
-        return KVP_ERR_NOMEM;
-    }
-    /* Linked and biased by one while posting, so a completion UCX might
-     * deliver from inside a later post can never see pending reach 0. */
-    kvp_list_insert_tail(&p->running, &r->link);
-    r->pending = 1;
-    ucp_request_param_t prm = {.op_attr_mask =
-                                   UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
-                               .cb.send = ucx_req_cb,
-                               .user_data = r};
-    bool stream = !am && p->rptr != NULL && p->path == KVP_PATH_DIRECT_SHM &&
-                  n * x->layout.block_size >= UCX_STREAM_MIN_BYTES;
-    size_t posted = am ? kvp__ucx_am_post(x, p, r, blocks, n, &prm)
-                       : ucx_post_puts(x, p, r, blocks, n, &prm, stream);
-    /* The transfer exists once anything was posted; a later refusal makes it
-     * FAILED. Puts need the endpoint flush for remote completion (SPEC §6).
-     * Active messages do not: a completed ucp_am_send_nbx means its bytes
-     * left the source block (UCX's local completion), which is all the
-     * source's pins wait for, and the consumer trusts only what its own
-     * handler landed (LANDING). The flush would add a wait, not a proof: on
-     * tcp it completed only after the consumer's next progress, i.e. after
-     * its handler had copied the whole block (~200 us per 2 MiB block at
-     * K=1, issue 17). */
-    if (posted > 0 && !am)
-        ucx_post_done(r, ucp_ep_flush_nbx(p->ep_rma, &prm));
-    if (--r->pending == 0 && posted > 0) {
-        kvp_list_remove(&r->link);
-        kvp_list_insert_tail(&p->done, &r->link);
-    }
-    if (posted == 0) { /* nothing reached UCX: the caller may treat it as never posted */
-        KVP_WARN(PFX(x), "peer %llu: put refused: %s", (unsigned long long)peer,
-                 ucs_status_string(r->first_err));
-        ucx_xfer_put(x, r);
-        return KVP_ERR_TRANSPORT;
-    }
-    x->st.writes++;
-    x->st.blocks_written += n;
-    x->st.bytes_written += (uint64_t)n * x->layout.block_size;
-    *out = r->id;
-    return KVP_OK;
-}
-
-/* ------------------------------------------------------ poll and cancel */
-
-static kvp_status_t ucx_poll(kvp_xport_t *xp, kvp_xpeer_id_t peer, kvp_xfer_result_t *out,
-                             size_t cap, size_t *n_out)
-{
-    ucx_xport_t *x = ucx_of(xp);
-    ucx_peer_t *p = kvp__ucx_peer_find(x, peer);
-    kvp_list_t *pos, *tmp;
-    size_t n = 0;
-
-    if (!n_out || (cap && !out))
-        return KVP_ERR_INVALID;
-    if (!p)
-        return KVP_ERR_NOT_FOUND;
-    kvp_list_foreach_safe(pos, tmp, &p->done)
-    {
-        if (n == cap)
-            break;
-        ucx_xfer_t *r = KVP_CONTAINER_OF(pos, ucx_xfer_t, link);
-        out[n].id = r->id;
-        out[n].status = ucx_xfer_result(r);
-        ucx_xfer_count(x, out[n].status);
-        n++;
-        ucx_xfer_put(x, r);
-    }
-    *n_out = n;
-    return KVP_OK;
-}
-
-static kvp_status_t ucx_cancel(kvp_xport_t *xp, const kvp_xfer_id_t *ids, size_t n,
-                               kvp_cancel_mode_t mode, kvp_xfer_id_t *still_running,
-                               size_t *n_running)
-{
-    ucx_xport_t *x = ucx_of(xp);
-    size_t nr = 0;
-
-    if ((n && !ids) || (mode == KVP_CANCEL_WAIT && (!n_running || (n && !still_running))))
-        return KVP_ERR_INVALID;
-    for (size_t i = 0; i < n; i++) { /* all-or-nothing: validate first */
-        ucx_xfer_t *r = ucx_xfer_find(x, ids[i]);
-        if (!r || r->where != XF_LIVE)
-            return KVP_ERR_NOT_FOUND;
-    }
-    for (size_t i = 0; i < n; i++) {
-        ucx_xfer_t *r = ucx_xfer_find(x, ids[i]);
-        if (!r)
-            continue; /* duplicate id, already released */
-        if (r->pending == 0) {
-            ucx_xfer_count(x, ucx_xfer_result(r));
-            ucx_xfer_put(x, r);
-        } else if (mode == KVP_CANCEL_WAIT) {
-            still_running[nr++] = r->id; /* stays tracked: UCX still owns requests */
-        } else {
-            ucx_xfer_detach(x, r); /* the WRITE may go on; the callback frees it */
-        }
-    }
-    if (n_running)
-        *n_running = nr;
-    return KVP_OK;
-}
-
 /* -------------------------------------------------- removal and retirement */
-
-static void ucx_retire_list(ucx_xport_t *x, kvp_list_t *l)
-{
-    while (!kvp_list_empty(l)) {
-        ucx_xfer_t *r = KVP_CONTAINER_OF(l->next, ucx_xfer_t, link);
-        kvp_list_remove(&r->link);
-        r->where = XF_RETIRED;
-        kvp_list_insert_tail(&x->retired, &r->link);
-    }
-}
 
 /* FORCE-close p's endpoint so UCX completes (cancels) what it still owns:
  * (fence, an error, removal, shutdown). */
@@ -803,8 +436,8 @@ static kvp_status_t ucx_remove_peer(kvp_xport_t *xp, kvp_xpeer_id_t peer)
 
     if (!p)
         return KVP_ERR_NOT_FOUND;
-    ucx_retire_list(x, &p->running);
-    ucx_retire_list(x, &p->done);
+    kvp__ucx_retire_list(x, &p->running);
+    kvp__ucx_retire_list(x, &p->done);
     /* Our tcp stream to it closes now: what it has not written never will
      * be (those transfers fail at once, their pins can go). */
     ucx_peer_close_out(p);
@@ -814,61 +447,8 @@ static kvp_status_t ucx_remove_peer(kvp_xport_t *xp, kvp_xpeer_id_t peer)
     kvp_list_insert_tail(&x->zombies, &p->link);
     if (p->status != KVP_OK)
         ucx_peer_end_ep(x, p); /* errored: have UCX finish its requests */
-    ucx_zombies_reap(x);
+    kvp__ucx_zombies_reap(x);
     ucx_closing_reap(x);
-    return KVP_OK;
-}
-
-static kvp_status_t ucx_poll_retired(kvp_xport_t *xp, kvp_xfer_result_t *out, size_t cap,
-                                     size_t *n_out)
-{
-    ucx_xport_t *x = ucx_of(xp);
-    kvp_list_t *pos, *tmp;
-    size_t n = 0;
-
-    if (!n_out || (cap && !out))
-        return KVP_ERR_INVALID;
-    kvp_list_foreach_safe(pos, tmp, &x->retired)
-    {
-        if (n == cap)
-            break;
-        ucx_xfer_t *r = KVP_CONTAINER_OF(pos, ucx_xfer_t, link);
-        if (r->pending)
-            continue;
-        out[n].id = r->id;
-        out[n].status = ucx_xfer_result(r);
-        ucx_xfer_count(x, out[n].status);
-        n++;
-        ucx_xfer_put(x, r);
-    }
-    ucx_zombies_reap(x);
-    *n_out = n;
-    return KVP_OK;
-}
-
-static kvp_status_t ucx_force_release_retired(kvp_xport_t *xp, const kvp_xfer_id_t *ids, size_t n)
-{
-    ucx_xport_t *x = ucx_of(xp);
-
-    if (n && !ids)
-        return KVP_ERR_INVALID;
-    for (size_t i = 0; i < n; i++) {
-        ucx_xfer_t *r = ucx_xfer_find(x, ids[i]);
-        if (!r || r->where != XF_RETIRED)
-            return KVP_ERR_NOT_FOUND;
-    }
-    for (size_t i = 0; i < n; i++) {
-        ucx_xfer_t *r = ucx_xfer_find(x, ids[i]);
-        if (!r)
-            continue;
-        KVP_ERROR(PFX(x),
-                  "transfer %llu (peer %llu) force-released with %u UCX request(s) "
-                  "outstanding: its WRITE may still land",
-                  (unsigned long long)r->id, (unsigned long long)r->peer->id, r->pending);
-        x->st.force_released++;
-        ucx_xfer_detach(x, r);
-    }
-    ucx_zombies_reap(x);
     return KVP_OK;
 }
 
@@ -894,20 +474,6 @@ static kvp_status_t ucx_fence_peer(kvp_xport_t *xp, kvp_xpeer_id_t peer, bool *p
     KVP_DEBUG(PFX(x), "peer %llu fenced (its puts to us: %s): %s", (unsigned long long)peer,
              kvp_data_path_str(p->inbound), *proof ? "no later write can land" : "NOT a proof");
     return KVP_OK;
-}
-
-static kvp_status_t ucx_peer_status(kvp_xport_t *xp, kvp_xpeer_id_t peer)
-{
-    ucx_peer_t *p = kvp__ucx_peer_find(ucx_of(xp), peer);
-
-    return p ? p->status : KVP_ERR_NOT_FOUND;
-}
-
-static kvp_data_path_t ucx_peer_path(kvp_xport_t *xp, kvp_xpeer_id_t peer)
-{
-    ucx_peer_t *p = kvp__ucx_peer_find(ucx_of(xp), peer);
-
-    return p ? p->path : KVP_PATH_UNKNOWN;
 }
 
 /* ------------------------------------------------------------- progress */
@@ -949,7 +515,7 @@ static bool ucx_progress(kvp_xport_t *xp)
     ucx_probe_check(x);
     if (x->errored)
         ucx_force_errored(x);
-    any |= ucx_zombies_reap(x);
+    any |= kvp__ucx_zombies_reap(x);
     any |= ucx_closing_reap(x);
     return any;
 }
@@ -1030,8 +596,8 @@ static void ucx_close_all_peers(ucx_xport_t *x)
     kvp_list_foreach_safe(pos, tmp, &x->peers)
     {
         ucx_peer_t *p = KVP_CONTAINER_OF(pos, ucx_peer_t, link);
-        ucx_retire_list(x, &p->running);
-        ucx_retire_list(x, &p->done);
+        kvp__ucx_retire_list(x, &p->running);
+        kvp__ucx_retire_list(x, &p->done);
         kvp_list_remove(&p->link);
         kvp_list_insert_tail(&x->zombies, &p->link);
     }
@@ -1051,7 +617,7 @@ static void ucx_close_all_peers(ucx_xport_t *x)
         kvp_list_foreach_safe(pos, tmp, &x->retired)
         {
             ucx_xfer_t *r = KVP_CONTAINER_OF(pos, ucx_xfer_t, link);
-            ucx_xfer_detach(x, r);
+            kvp__ucx_xfer_detach(x, r);
         }
         ucx_progress(&x->base);
         if (kvp_clock_now(rc) > deadline)
@@ -1184,49 +750,10 @@ kvp_status_t kvp_ucx_xport_create(const kvp_ucx_config_t *cfg, kvp_xport_t **out
     return KVP_OK;
 }
 
-/* ---------------------------------------------------------- introspection */
+/* ------------------------------------------------------------ the ops */
 
-bool kvp_ucx_peer_same_host(kvp_xport_t *xp, kvp_xpeer_id_t peer)
-{
-    ucx_peer_t *p = kvp__ucx_peer_find(ucx_of(xp), peer);
-
-    return p && p->same_host;
-}
-
-bool kvp_ucx_peer_proven(kvp_xport_t *xp, kvp_xpeer_id_t peer)
-{
-    ucx_peer_t *p = kvp__ucx_peer_find(ucx_of(xp), peer);
-
-    return p && kvp__ucx_peer_proven(ucx_of(xp), p);
-}
-
-kvp_status_t kvp_ucx_peer_lanes(kvp_xport_t *xp, kvp_xpeer_id_t peer, char *buf, size_t cap)
-{
-    ucx_peer_t *p = kvp__ucx_peer_find(ucx_of(xp), peer);
-
-    if (!p)
-        return KVP_ERR_NOT_FOUND;
-    if (cap)
-        snprintf(buf, cap, "%s", p->lanes);
-    return KVP_OK;
-}
-
-kvp_data_path_t kvp_ucx_peer_inbound_path(kvp_xport_t *xp, kvp_xpeer_id_t peer)
-{
-    ucx_xport_t *x = ucx_of(xp);
-    ucx_peer_t *p = kvp__ucx_peer_find(x, peer);
-
-    if (p && p->inbound != KVP_PATH_DIRECT_SHM && x->region_kind == REGION_UCX &&
-        kvp__ucx_peer_proven(x, p))
-        return KVP_PATH_DIRECT_SHM; /* it shares our memory, whatever its host id says */
-    return p ? p->inbound : KVP_PATH_UNKNOWN;
-}
-
-bool kvp_ucx_region_ucx_allocated(kvp_xport_t *xp)
-{
-    return ucx_of(xp)->region_kind == REGION_UCX;
-}
-
+/* The transfer records' ops are in ucx_xfer.c, the peer table's in
+ * ucx_peer.c (issue 31). */
 const kvp_xport_ops_t kvp_ucx_xport_ops = {
     .name = "ucx",
     .caps = KVP_XPORT_CAP_ALLOCATES_REGION | KVP_XPORT_CAP_FENCE | KVP_XPORT_CAP_EVENT_FD |
@@ -1234,15 +761,15 @@ const kvp_xport_ops_t kvp_ucx_xport_ops = {
     .register_region = kvp__ucx_register_region,
     .local_blob = kvp__ucx_local_blob,
     .add_peer = ucx_add_peer,
-    .write = ucx_write,
-    .poll = ucx_poll,
-    .cancel = ucx_cancel,
+    .write = kvp__ucx_write,
+    .poll = kvp__ucx_poll,
+    .cancel = kvp__ucx_cancel,
     .remove_peer = ucx_remove_peer,
-    .poll_retired = ucx_poll_retired,
-    .force_release_retired = ucx_force_release_retired,
+    .poll_retired = kvp__ucx_poll_retired,
+    .force_release_retired = kvp__ucx_force_release_retired,
     .fence_peer = ucx_fence_peer,
-    .peer_status = ucx_peer_status,
-    .peer_path = ucx_peer_path,
+    .peer_status = kvp__ucx_peer_status,
+    .peer_path = kvp__ucx_peer_path,
     .exit_hold = kvp__ucx_exit_hold,
     .exit_drop = kvp__ucx_exit_drop,
     .exit_proven = kvp__ucx_exit_proven,

@@ -219,6 +219,10 @@ typedef struct ucx_blob_view {
 /* ucx_setup.c */
 void kvp__ucx_host_id_default(char *buf, size_t cap);
 kvp_status_t kvp__ucx_blob_view(const uint8_t *b, size_t len, ucx_blob_view_t *v);
+/* The blob parsed and its layout checked against `expect` (and our block
+ * size); refusals logged, rate-limited. */
+kvp_status_t kvp__ucx_blob_accept(ucx_xport_t *x, const void *blob, size_t len,
+                                  const kvp_layout_t *expect, ucx_blob_view_t *v);
 kvp_status_t kvp__ucx_register_region(kvp_xport_t *xp, void *base, size_t len,
                                       const kvp_layout_t *layout, void **base_out);
 kvp_status_t kvp__ucx_local_blob(kvp_xport_t *xp, const void **blob, size_t *len);
@@ -276,7 +280,32 @@ kvp_status_t kvp__ucx_expect(kvp_xport_t *xp, kvp_xpeer_id_t peer, const kvp_xsl
                              size_t n);
 void kvp__ucx_refuse(kvp_xport_t *xp, const kvp_xslot_t *slots, size_t n);
 bool kvp__ucx_is_landed(kvp_xport_t *xp, kvp_xslot_t s);
+/* ucx_peer.c: the peer table (issue 31: ucx.c cut along its seams). */
 ucx_peer_t *kvp__ucx_peer_find(ucx_xport_t *x, kvp_xpeer_id_t id);
+/* Live, removed or closing: the peer a late UCX callback may still name. */
+ucx_peer_t *kvp__ucx_peer_find_any(ucx_xport_t *x, kvp_xpeer_id_t id);
+kvp_status_t kvp__ucx_peer_status(kvp_xport_t *xp, kvp_xpeer_id_t peer);
+kvp_data_path_t kvp__ucx_peer_path(kvp_xport_t *xp, kvp_xpeer_id_t peer);
+/* ucx_xfer.c: the transfer records (pool, WRITE, poll, cancel, retired). */
+kvp_status_t kvp__ucx_write(kvp_xport_t *xp, kvp_xpeer_id_t peer, const kvp_xfer_block_t *blocks,
+                            size_t n, kvp_xfer_id_t *out);
+kvp_status_t kvp__ucx_poll(kvp_xport_t *xp, kvp_xpeer_id_t peer, kvp_xfer_result_t *out,
+                           size_t cap, size_t *n_out);
+kvp_status_t kvp__ucx_cancel(kvp_xport_t *xp, const kvp_xfer_id_t *ids, size_t n,
+                             kvp_cancel_mode_t mode, kvp_xfer_id_t *still_running,
+                             size_t *n_running);
+kvp_status_t kvp__ucx_poll_retired(kvp_xport_t *xp, kvp_xfer_result_t *out, size_t cap,
+                                   size_t *n_out);
+kvp_status_t kvp__ucx_force_release_retired(kvp_xport_t *xp, const kvp_xfer_id_t *ids, size_t n);
+/* A removed peer's records: LIVE -> RETIRED (on x->retired). */
+void kvp__ucx_retire_list(ucx_xport_t *x, kvp_list_t *l);
+/* LIVE|RETIRED -> DETACHED while UCX still owns requests (else freed). */
+void kvp__ucx_xfer_detach(ucx_xport_t *x, ucx_xfer_t *r);
+/* The one writer of r->where (checked against the table in ucx.c's header). */
+void kvp__ucx_xfer_set_where(ucx_xfer_t *r, uint8_t to);
+const char *kvp__ucx_where_str(uint8_t where);
+/* ucx.c: free removed peers no transfer refers to any more (true if any). */
+bool kvp__ucx_zombies_reap(ucx_xport_t *x);
 
 /* ucx_version.c (issue 30): the UCX this process loaded. describe() writes
  * "UCX a.b.c loaded from <libucp> (built with UCX x.y headers...)" and says

@@ -287,15 +287,42 @@ void kvp__ucx_region_release(ucx_xport_t *x)
     x->region_kind = REGION_NONE;
 }
 
+/* Our blob (ucx_blob_build) from the region's packed rkey, both workers'
+ * addresses and the probe segment's rkey; the packed buffers released
+ * either way. */
+static kvp_status_t ucx_region_blob(ucx_xport_t *x)
+{
+    void *rkey = NULL, *prkey = NULL;
+    size_t rkey_len = 0, prkey_len = 0, addr_len = 0, rma_addr_len = 0;
+    ucp_address_t *addr = NULL, *rma_addr = NULL;
+    kvp_status_t st;
+
+    if (ucp_rkey_pack(x->ctx, x->memh, &rkey, &rkey_len) != UCS_OK ||
+        ucp_worker_get_address(x->worker_am, &addr, &addr_len) != UCS_OK ||
+        ucp_worker_get_address(x->worker, &rma_addr, &rma_addr_len) != UCS_OK ||
+        (x->probe_memh && ucp_rkey_pack(x->ctx, x->probe_memh, &prkey, &prkey_len) != UCS_OK)) {
+        KVP_ERROR(PFX(x), "ucp_rkey_pack/ucp_worker_get_address failed");
+        st = KVP_ERR_TRANSPORT;
+    } else {
+        ucx_blob_in_t in = {addr,     rkey,     rma_addr,     prkey,
+                            addr_len, rkey_len, rma_addr_len, prkey_len};
+        st = ucx_blob_build(x, &in);
+    }
+    if (addr)
+        ucp_worker_release_address(x->worker_am, addr);
+    if (rma_addr)
+        ucp_worker_release_address(x->worker, rma_addr);
+    if (rkey)
+        ucp_rkey_buffer_release(rkey);
+    if (prkey)
+        ucp_rkey_buffer_release(prkey);
+    return st;
+}
+
 kvp_status_t kvp__ucx_register_region(kvp_xport_t *xp, void *base, size_t len,
                                       const kvp_layout_t *layout, void **base_out)
 {
     ucx_xport_t *x = ucx_of(xp);
-    void *rkey = NULL;
-    size_t rkey_len = 0;
-    ucp_address_t *addr = NULL, *rma_addr = NULL;
-    size_t addr_len = 0, rma_addr_len = 0, prkey_len = 0;
-    void *prkey = NULL;
     kvp_status_t st;
 
     if (!layout || !base_out || layout->num_blocks == 0 || layout->block_size == 0 ||
@@ -309,25 +336,14 @@ kvp_status_t kvp__ucx_register_region(kvp_xport_t *xp, void *base, size_t len,
     x->region_len = len;
     x->layout = *layout;
     st = kvp__ucx_acc_alloc(x);
-    if (st != KVP_OK)
-        goto err_release;
-    if (ucp_rkey_pack(x->ctx, x->memh, &rkey, &rkey_len) != UCS_OK ||
-        ucp_worker_get_address(x->worker_am, &addr, &addr_len) != UCS_OK ||
-        ucp_worker_get_address(x->worker, &rma_addr, &rma_addr_len) != UCS_OK ||
-        (x->probe_memh && ucp_rkey_pack(x->ctx, x->probe_memh, &prkey, &prkey_len) != UCS_OK)) {
-        KVP_ERROR(PFX(x), "ucp_rkey_pack/ucp_worker_get_address failed");
-        st = KVP_ERR_TRANSPORT;
-        goto err_release_addr;
+    if (st == KVP_OK)
+        st = ucx_region_blob(x);
+    if (st != KVP_OK) {
+        kvp__free(x->acc);
+        x->acc = NULL;
+        kvp__ucx_region_release(x);
+        return st;
     }
-    ucx_blob_in_t in = {addr, rkey, rma_addr, prkey, addr_len, rkey_len, rma_addr_len, prkey_len};
-    st = ucx_blob_build(x, &in);
-    if (st != KVP_OK)
-        goto err_release_addr;
-    ucp_worker_release_address(x->worker_am, addr);
-    ucp_worker_release_address(x->worker, rma_addr);
-    ucp_rkey_buffer_release(rkey);
-    if (prkey)
-        ucp_rkey_buffer_release(prkey);
     /* The address only at DEBUG (issue 27: it helped aim a foreign put). */
     KVP_INFO(PFX(x), "region %zu B (%s), blob %zu B", len,
              x->region_kind == REGION_UCX    ? "UCX-allocated"
@@ -337,21 +353,6 @@ kvp_status_t kvp__ucx_register_region(kvp_xport_t *xp, void *base, size_t len,
     KVP_DEBUG(PFX(x), "region at %p", x->region);
     *base_out = x->region;
     return KVP_OK;
-
-err_release_addr:
-    if (addr)
-        ucp_worker_release_address(x->worker_am, addr);
-    if (rma_addr)
-        ucp_worker_release_address(x->worker, rma_addr);
-    if (rkey)
-        ucp_rkey_buffer_release(rkey);
-    if (prkey)
-        ucp_rkey_buffer_release(prkey);
-err_release:
-    kvp__free(x->acc);
-    x->acc = NULL;
-    kvp__ucx_region_release(x);
-    return st;
 }
 
 kvp_status_t kvp__ucx_local_blob(kvp_xport_t *xp, const void **blob, size_t *len)
@@ -662,4 +663,26 @@ kvp_status_t kvp__ucx_ucp_open(ucx_xport_t *x, const kvp_ucx_config_t *cfg)
 void kvp_ucx_config_default(kvp_ucx_config_t *cfg)
 {
     memset(cfg, 0, sizeof(*cfg));
+}
+
+/* A peer's blob parsed and its layout checked against what the session
+ * expects (and our block size); refusals logged, rate-limited. */
+kvp_status_t kvp__ucx_blob_accept(ucx_xport_t *x, const void *blob, size_t len,
+                                  const kvp_layout_t *expect, ucx_blob_view_t *v)
+{
+    kvp_status_t st = kvp__ucx_blob_view(blob, len, v);
+    if (st != KVP_OK) {
+        KVP_LOG_RL(&x->rl_blob, kvp_clock_now(x->clock), KVP_LOG_WARN, PFX(x),
+                   "peer blob rejected (%zu B): %s", len, kvp_status_str(st));
+        return st;
+    }
+    if (v->layout.num_blocks != expect->num_blocks || v->layout.block_size != expect->block_size ||
+        (x->region_kind != REGION_NONE && v->layout.block_size != x->layout.block_size)) {
+        KVP_LOG_RL(&x->rl_blob, kvp_clock_now(x->clock), KVP_LOG_WARN, PFX(x),
+                   "peer blob layout %ux%u differs from expected %ux%u (local block %u)",
+                   v->layout.num_blocks, v->layout.block_size, expect->num_blocks,
+                   expect->block_size, x->layout.block_size);
+        return KVP_ERR_INCOMPATIBLE;
+    }
+    return KVP_OK;
 }

@@ -112,9 +112,7 @@ static void on_down(void *arg, kvp_link_t *link, kvp_down_reason_t reason, uint1
     (void)bye;
     if (s == NULL)
         return;
-    kvp_link_set_user(link, NULL);
-    s->link = NULL;
-    kvp__session_set_state(s, KVP_SESS_DOWN);
+    kvp__session_link_down(s); /* the node's own link-down entry */
     kvp__session_teardown(s, fault, "link down", &e->closed);
     e->sess = NULL;
     e->active = e->flush = false;
@@ -259,8 +257,7 @@ static void world_down(sworld_t *w)
         while (!kvp_list_empty(&e->env.retained)) {
             kvp_xfer_t *x = KVP_CONTAINER_OF(e->env.retained.next, kvp_xfer_t, link);
             e->xport->ops->force_release_retired(e->xport, &x->id, 1);
-            kvp__xfer_release(&e->env, x, KVP_PROOF_HOLD_CAP);
-            e->env.n_retained--;
+            kvp__xfer_release_retained(&e->env, x, KVP_PROOF_HOLD_CAP);
         }
         assert_null(e->sess); /* both links went down in these tests */
         kvp_ctl_destroy(e->ctl);

@@ -1,0 +1,301 @@
+/*
+ * client_outcome.c -- the consumer's loads from their answer to their end
+ * (issue 31: client.c cut along this seam): FETCH_DONE (verify, commit or
+ * land first on an AM path), ABORT_ACK, an outcome unknown (quarantine, or
+ * refuse at once on an AM path) and the proofs that release quarantined
+ * slots. The phases and the slots' states are in client.c's header.
+ */
+#include "session/session.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* AM path: FETCH_DONE is sent once the source's sends and flush completed,
+ * i.e. once the blocks left its memory; on the control connection it can
+ * overtake their tail on the data connection. Such a load waits LANDING
+ * (on env->landing; the node thread goes on serving everything else)
+ * until our handler saw every block the source sent, its endpoint fails,
+ * or the bound passes; a block not landed by then fails (refused,
+ * abandoned) instead of being committed. */
+#define KVP_AM_LAND_WAIT_NS (2 * KVP_NSEC_PER_SEC)
+
+
+/* Release a quarantined load's slots: by proof, or by the hold cap (then
+ * the slots are suspect). Frees the load. */
+void kvp__load_release_quarantine(kvp_load_t *l, kvp_proof_t proof)
+{
+    l->cap_released = proof == KVP_PROOF_HOLD_CAP;
+    for (uint32_t i = 0; i < l->n; i++) {
+        if (!l->blocks[i].reserved)
+            continue;
+        kvp__release_dst(l->env, l->peer, l->blocks[i].dst, true, proof);
+        l->blocks[i].reserved = false;
+    }
+    kvp__load_free(l);
+}
+
+static bool load_awaits_landing(const kvp_session_t *s, const kvp_msg_fetch_done_t *m)
+{
+    kvp_xport_t *x = s->env->xport;
+    /* issue 27: a direct-shm commit needs the transport's same-host proof */
+    bool need = x->ops->landing_required != NULL
+                    ? x->ops->landing_required(x, s->xpeer)
+                    : x->ops->inbound_refusable != NULL && x->ops->inbound_refusable(x, s->xpeer);
+    return m->status == KVP_OK && m->n > 0 && x->ops->is_landed != NULL && need &&
+           !KVP_MUTATED(KVP_MUT_AM_SKIP_AWAIT);
+}
+
+static bool block_landed(const kvp_load_t *l, const kvp_load_block_t *b)
+{
+    kvp_xport_t *x = l->env->xport;
+    return x->ops->is_landed(x, (kvp_xslot_t){b->dst.slot, b->dst.gen});
+}
+
+/* Advance l->land_next past the blocks that need nothing more (not
+ * reserved, not sent, or landed); true when none is left. Each block is
+ * passed once over the load's life. */
+static bool load_all_landed(kvp_load_t *l)
+{
+    while (l->land_next < l->n) {
+        const kvp_load_block_t *b = &l->blocks[l->land_next];
+        if (b->reserved && b->sent && !block_landed(l, b))
+            return false;
+        l->land_next++;
+    }
+    return true;
+}
+
+/* Apply the FETCH_DONE recorded in the load's blocks: commit the verified
+ * blocks (on a LANDING load: only those that landed), abandon the rest,
+ * publish (once), settle and free. Every block is refused before its slot
+ * leaves FILLING, so nothing can land after. */
+static void load_settle_done(kvp_load_t *l, kvp_status_t done_status, bool landing)
+{
+    kvp_session_env_t *n = l->env;
+    uint32_t ok = 0, missing = 0, k = 0;
+    kvp_status_t first_err = done_status;
+    for (uint32_t i = 0; i < l->n; i++) {
+        kvp_load_block_t *b = &l->blocks[i];
+        if (!b->reserved)
+            continue;
+        k++;
+        bool here = !landing || i < l->land_next || !b->sent || block_landed(l, b);
+        /* Not ok in a successful FETCH_DONE: the source had no supply for
+         * that key (it missed), the others were sent (F9, partial). */
+        kvp_status_t st = done_status == KVP_OK ? KVP_ERR_NOT_FOUND : KVP_ERR_TRANSPORT;
+        kvp__load_block_refuse(l, b); /* leaves FILLING below: nothing may land after */
+        if (done_status == KVP_OK && b->sent && !here) {
+            st = KVP_ERR_TRANSPORT; /* sent, but never reached us (AM path) */
+            missing++;
+        } else if (done_status == KVP_OK && b->sent) {
+            /* Verification off: the slot takes the source's digest, no hash
+             * of the block on the node thread. */
+            bool verify = n->cfg->verify_checksums && !KVP_MUTATED(KVP_MUT_SKIP_CHECKSUM);
+            st = l->external ? kvp__release_dst_lent(n, l->peer, b->dst, &b->digest, verify,
+                                                     KVP_PROOF_FETCH_DONE)
+                             : kvp__release_dst_commit(n, l->peer, b->dst, &b->digest, verify,
+                                                       KVP_PROOF_FETCH_DONE);
+        }
+        if (st == KVP_ERR_CHECKSUM)
+            KVP_ERROR(n->name, "peer %s: block %u of round %llu fails its checksum: dropped",
+                      l->peer, i, (unsigned long long)l->round);
+        if (st != KVP_OK) {
+            /* A sent block that never landed is safe to free because our
+             * handler refused it above (AM path), not because of FETCH_DONE. */
+            kvp__release_dst(n, l->peer, b->dst, false,
+                             b->sent && !here ? KVP_PROOF_AM_REFUSE : KVP_PROOF_FETCH_DONE);
+            if (first_err == KVP_OK)
+                first_err = st;
+        } else {
+            ok++;
+            if (!l->external) /* issue 29: a lent slot's block is the embedding's */
+                kvp__server_on_commit(n, b->key.data, b->key.len);
+        }
+        b->reserved = false;
+        if (l->block_status)
+            l->block_status[i] = st;
+    }
+    if (missing)
+        KVP_WARN(n->name, "peer %s: %u of %u blocks of round %llu never reached us "
+                 "after FETCH_DONE: failed", l->peer, missing, k, (unsigned long long)l->round);
+    n->st->blocks_in += ok;
+    n->st->bytes_in += (uint64_t)ok * n->cfg->block_size;
+    if (!l->published)
+        kvp__load_publish(l, first_err, ok);
+    kvp__load_set_phase(l, KVP_LOAD_SETTLED);
+    kvp__load_free(l);
+}
+
+void kvp__client_on_fetch_done(kvp_session_t *s, const kvp_msg_fetch_done_t *m)
+{
+    kvp_session_env_t *n = s->env;
+    kvp_load_t *l = kvp__load_find(s, m->round, m->request_id);
+    if (l == NULL || l->phase == KVP_LOAD_LANDING)
+        return; /* duplicate of an answer already applied (or being applied): idempotent */
+    if (l->slots == KVP_LOAD_SLOTS_REFUSED) { /* failed, released earlier (AM_REFUSE) */
+        kvp__load_set_phase(l, KVP_LOAD_SETTLED);
+        kvp__load_free(l);
+        return;
+    }
+    uint32_t want = 0;
+    for (uint32_t i = 0; i < l->n; i++)
+        want += l->blocks[i].reserved;
+    if (m->n != want) {
+        kvp__session_fault(s, KVP_BYE_PROTOCOL, "FETCH_DONE block count differs from FETCH");
+        return;
+    }
+    if (l->slots == KVP_LOAD_SLOTS_HELD) { /* proof from the live session: release */
+        kvp__load_release_quarantine(l, KVP_PROOF_FETCH_DONE);
+        return;
+    }
+    /* Record the answer in the load (no allocation): settled now, or once
+     * the blocks landed. */
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < l->n; i++) {
+        kvp_load_block_t *b = &l->blocks[i];
+        if (!b->reserved)
+            continue;
+        b->sent = m->blocks[k].ok != 0;
+        b->digest = m->blocks[k++].digest;
+    }
+    kvp_status_t done = m->status != KVP_OK ? (kvp_status_t)m->status : KVP_OK;
+    if (!load_awaits_landing(s, m)) {
+        load_settle_done(l, done, false);
+        return;
+    }
+    l->land_next = 0;
+    if (load_all_landed(l)) {
+        load_settle_done(l, done, true);
+        return;
+    }
+    l->done_status = done;
+    kvp__load_set_phase(l, KVP_LOAD_LANDING);
+    kvp_list_insert_tail(&n->landing, &l->land_link);
+    kvp_timer_stop(n->loop, &l->timer); /* the load / abort deadlines are over */
+    kvp_timer_start(n->loop, &l->timer, kvp__env_now(n) + KVP_AM_LAND_WAIT_NS);
+}
+
+void kvp__client_check_landing(kvp_session_env_t *n)
+{
+    kvp_list_t *p, *t;
+    kvp_list_foreach_safe(p, t, &n->landing)
+    {
+        kvp_load_t *l = KVP_CONTAINER_OF(p, kvp_load_t, land_link);
+        KVP_ASSERT(l->phase == KVP_LOAD_LANDING && l->sess != NULL);
+        if (load_all_landed(l) ||
+            n->xport->ops->peer_status(n->xport, l->xpeer) != KVP_OK)
+            load_settle_done(l, l->done_status, true);
+    }
+}
+
+/* A LANDING load that cannot wait any longer (bound, session down): what
+ * landed is committed, the rest fails. Frees the load. */
+void kvp__load_landing_give_up(kvp_load_t *l)
+{
+    load_all_landed(l);
+    load_settle_done(l, l->done_status, true);
+}
+
+void kvp__client_on_abort_ack(kvp_session_t *s, const kvp_msg_abort_t *m)
+{
+    kvp_load_t *l = kvp__load_find(s, m->round, m->request_id);
+    if (l == NULL || l->phase == KVP_LOAD_LANDING)
+        return; /* answered by FETCH_DONE already (a repeated ABORT's ack) */
+    if (l->phase != KVP_LOAD_ABORTING) {
+        /* We never asked: an ack for a load still being written is no proof
+         * (freeing its slots now would let the WRITE land in reused memory). */
+        kvp__session_fault(s, KVP_BYE_PROTOCOL, "ABORT_ACK for a round that was not aborted");
+        return;
+    }
+    if (l->slots == KVP_LOAD_SLOTS_HELD) {
+        kvp__load_release_quarantine(l, KVP_PROOF_ABORT_ACK);
+        return;
+    }
+    if (l->slots == KVP_LOAD_SLOTS_REFUSED) { /* released at once earlier (AM_REFUSE) */
+        kvp__load_set_phase(l, KVP_LOAD_SETTLED);
+        kvp__load_free(l);
+        return;
+    }
+    kvp__load_abandon_all(l, KVP_PROOF_ABORT_ACK);
+    if (!l->published)
+        kvp__load_publish(l, KVP_ERR_CANCELED, 0);
+    kvp__load_set_phase(l, KVP_LOAD_SETTLED);
+    kvp__load_free(l);
+}
+
+/* The outcome is unknown: publish routing failure now, quarantine the
+ * destination slots (a WRITE may still land in them). */
+void kvp__client_fail_unknown(kvp_load_t *l, kvp_status_t why)
+{
+    kvp_session_env_t *n = l->env;
+    kvp_xport_t *x = n->xport;
+    bool refusable = x->ops->inbound_refusable != NULL && x->ops->inbound_refusable(x, l->xpeer);
+    /* Issue 29: on an AM path the slots are released below, before the
+     * outcome, so a lent slot's block_status says "reusable now". */
+    if (!l->published && !(refusable && l->slots == KVP_LOAD_SLOTS_FILLING))
+        kvp__load_publish(l, why, 0);
+    if (l->slots != KVP_LOAD_SLOTS_FILLING)
+        return;
+    if (KVP_MUTATED(KVP_MUT_RELEASE_QUARANTINE_AT_ONCE)) {
+        /* The bug: claims AM_REFUSE on a path our handler cannot refuse. */
+        kvp__load_abandon_all(l, KVP_PROOF_AM_REFUSE); /* test-only mutation: a false proof */
+        if (!l->published)
+            kvp__load_publish(l, why, 0);
+        return;
+    }
+    if (refusable) {
+        /* AM path: once our handler refuses the slots nothing can land in
+         * them (no UCX-owned write into the region exists on this path):
+         * released at once, no quarantine. */
+        uint32_t k = 0;
+        for (uint32_t i = 0; i < l->n; i++)
+            k += l->blocks[i].reserved;
+        for (uint32_t i = 0; i < l->n; i++)
+            if (l->blocks[i].reserved && l->block_status != NULL)
+                l->block_status[i] = why;
+        kvp__load_abandon_all(l, KVP_PROOF_AM_REFUSE); /* refuse, then FILLING -> FREE */
+        if (!l->published)
+            kvp__load_publish(l, why, 0);
+        kvp__load_set_slots(l, KVP_LOAD_SLOTS_REFUSED);
+        n->st->am_refuse_releases += k;
+        KVP_INFO(n->name, "peer %s: load %llu failed (%s): %u slots released at once (proof=%s)",
+                 l->peer, (unsigned long long)l->op_id, kvp_status_str(why), k,
+                 kvp__proof_str(KVP_PROOF_AM_REFUSE));
+        return;
+    }
+    for (uint32_t i = 0; i < l->n; i++)
+        if (l->blocks[i].reserved) {
+            kvp__load_block_refuse(l, &l->blocks[i]);
+            kvp_status_t st = kvp_store_quarantine(n->store, l->blocks[i].dst);
+            KVP_ASSERT(st == KVP_OK); /* FILLING -> QUARANTINED: held, not released */
+        }
+    l->quarantined_ns = kvp__env_now(n);
+    kvp__load_set_slots(l, KVP_LOAD_SLOTS_HELD);
+    /* Issue 27: where the transport watches the source's process (same
+     * host, direct shm), its exit will be proof (kvp__client_release_exited). */
+    if (x->ops->exit_hold != NULL && !l->exit_held)
+        l->exit_held = x->ops->exit_hold(x, l->xpeer);
+}
+
+uint32_t kvp__client_release_exited(kvp_session_env_t *e, kvp_xpeer_id_t xpeer)
+{
+    kvp_xport_t *x = e->xport;
+    uint32_t slots = 0;
+    kvp_list_t *p, *t;
+    kvp_list_foreach_safe(p, t, &e->quarantined)
+    {
+        kvp_load_t *l = KVP_CONTAINER_OF(p, kvp_load_t, link);
+        if (!l->exit_held || (xpeer != 0 && l->xpeer != xpeer) || !x->ops->exit_proven(x, l->xpeer))
+            continue;
+        uint32_t k = 0;
+        for (uint32_t i = 0; i < l->n; i++)
+            k += l->blocks[i].reserved;
+        KVP_INFO(e->name, "peer %s: %u quarantined slots of load %llu released: its source "
+                          "process exited (proof=%s)",
+                 l->peer, k, (unsigned long long)l->op_id,
+                 kvp__proof_str(KVP_PROOF_PROCESS_EXIT));
+        slots += k;
+        kvp__load_release_quarantine(l, KVP_PROOF_PROCESS_EXIT); /* no CPU write of it can land */
+    }
+    return slots;
+}
