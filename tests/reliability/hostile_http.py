@@ -228,7 +228,7 @@ def case_fds(kvpeerd):
 def log_lines(d):
     lines = d.logtext().splitlines()
     if os.environ.get("KVPEER_DAEMON_WRAP"):
-        tool = re.compile(r"^==%d== " % d.proc.pid)
+        tool = re.compile(r"^(==|--)%d(==|--) " % d.proc.pid)  # valgrind's own lines
         lines = [l for l in lines if not tool.match(l)]
     return lines
 

@@ -212,6 +212,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("kvpeerd")
     a = ap.parse_args()
+    if any("valgrind" in w for w in relib.WRAP):
+        # valgrind 3.19 (Debian 12) does not implement pidfd_open (syscall
+        # 434): under it the proof never exists (the node logs it and keeps
+        # the hold cap), so there is nothing to test (test_pcred skips too).
+        log("SKIP: the daemons run under valgrind, which lacks pidfd_open")
+        sys.exit(77)
     common = relib.hostile_args("pidfd-exit", NB, "--hold_cap_ms", str(HOLD_CAP_MS),
                                 "--dead_after_ms", "1000", "--heartbeat_ms", "200")
     c = relib.Daemon(a.kvpeerd, "C", common).start()
