@@ -10,40 +10,28 @@ sim=$1
 seeds=${2:-2000}
 fail=0
 printf '%-28s %s\n' "mutation" "first seed caught (of $seeds)"
-for m in 1 2 3 4 5 6 9; do
-    out=$("$sim" --mutation "$m" --until-caught --first 1 --seeds "$seeds" --steps 600 --jobs 2 2>/dev/null)
+# try MODE_LABEL SWITCH [SIM FLAGS...]: the first seed that reports a violation.
+try() {
+    label=$1 m=$2
+    shift 2
+    out=$("$sim" "$@" --mutation "$m" --until-caught --first 1 --seeds "$seeds" --steps 600 --jobs 2 2>/dev/null)
     name=$(printf '%s\n' "$out" | sed -n 's/.*mutation \([a-z-]*\)$/\1/p' | head -1)
     first=$(printf '%s\n' "$out" | sed -n 's/.*first seed with one: \([0-9]*\).*/\1/p')
     if [ -z "$first" ]; then
-        printf '%-28s SURVIVED %s seeds\n' "$name" "$seeds"
+        printf '%-28s SURVIVED %s seeds%s\n' "$name" "$seeds" "$label"
         fail=1
     else
-        printf '%-28s %s\n' "$name" "$first"
+        printf '%-28s %s%s\n' "$name" "$first" "$label"
     fi
+}
+for m in 1 2 3 4 5 6 9; do
+    try "" "$m"
 done
 # Issue 29: external-slots mode (every node's region the embedding's): its own
 # switches and the teardown ones.
 for m in 10 11 1 2 3 6; do
-    out=$("$sim" --external --mutation "$m" --until-caught --first 1 --seeds "$seeds" --steps 600 --jobs 2 2>/dev/null)
-    name=$(printf '%s\n' "$out" | sed -n 's/.*mutation \([a-z-]*\)$/\1/p' | head -1)
-    first=$(printf '%s\n' "$out" | sed -n 's/.*first seed with one: \([0-9]*\).*/\1/p')
-    if [ -z "$first" ]; then
-        printf '%-28s SURVIVED %s seeds (external)\n' "$name" "$seeds"
-        fail=1
-    else
-        printf '%-28s %s (external)\n' "$name" "$first"
-    fi
+    try " (external)" "$m" --external
 done
 # Issue 29 step 2: keys wanted (the embedding answers KVP_EV_WANTED).
-for m in 12; do
-    out=$("$sim" --external --wanted --mutation "$m" --until-caught --first 1 --seeds "$seeds" --steps 600 --jobs 2 2>/dev/null)
-    name=$(printf '%s\n' "$out" | sed -n 's/.*mutation \([a-z-]*\)$/\1/p' | head -1)
-    first=$(printf '%s\n' "$out" | sed -n 's/.*first seed with one: \([0-9]*\).*/\1/p')
-    if [ -z "$first" ]; then
-        printf '%-28s SURVIVED %s seeds (wanted)\n' "$name" "$seeds"
-        fail=1
-    else
-        printf '%-28s %s (wanted)\n' "$name" "$first"
-    fi
-done
+try " (wanted)" 12 --external --wanted
 exit $fail

@@ -297,16 +297,7 @@ class Window:
         check(ready.startswith("ATTACK ready"), "the attacker did not start: %r" % ready)
 
     def run(self):
-        self.p.stdin.write("go\n")
-        self.p.stdin.flush()
-        first = self.p.stdout.readline()
-        check(first.startswith("ATTACK start"), "the attacker did not go: %r" % first)
-        t1 = time.monotonic()
-        done = self.p.stdout.readline()
-        t2 = time.monotonic()
-        rc = self.p.wait(scaled(60))
-        check(rc == 0 and done.startswith("ATTACK done"), "attacker rc %s: %r" % (rc, done))
-        return t1, t2, done[len("ATTACK done "):].strip()
+        return relib.attacker_go(self.p)
 
 
 def measure(setup, name, argv, pairs):

@@ -177,15 +177,7 @@ class Window:
 
     def run(self):
         """(t_start, t_end, done fields) of the window."""
-        self.p.stdin.write("go\n")
-        self.p.stdin.flush()
-        first = self.p.stdout.readline()
-        check(first.startswith("ATTACK start"), "the attacker did not go: %r" % first)
-        t1 = time.monotonic()
-        done = self.p.stdout.readline()
-        t2 = time.monotonic()
-        rc = self.p.wait(scaled(30))
-        check(rc == 0 and done.startswith("ATTACK done"), "attacker rc %s: %r" % (rc, done))
+        t1, t2, done = relib.attacker_go(self.p)
         return t1, t2, relib.kv(done)
 
 

@@ -365,6 +365,23 @@ def serving_pair(kvpeerd, common, d_extra=()):
     return D, G
 
 
+def attacker_go(p):
+    """One window of an attacker process (stdin/stdout pipes) that speaks the
+    hostile scripts' protocol: it printed "ATTACK ready", waits for "go",
+    prints "ATTACK start ...", attacks, prints "ATTACK done k=v ..." and
+    exits 0. Returns (t_start, t_done, the done line's fields as text)."""
+    p.stdin.write("go\n")
+    p.stdin.flush()
+    first = p.stdout.readline()
+    check(first.startswith("ATTACK start"), "the attacker did not go: %r" % first)
+    t1 = time.monotonic()
+    done = p.stdout.readline()
+    t2 = time.monotonic()
+    rc = p.wait(scaled(60))
+    check(rc == 0 and done.startswith("ATTACK done"), "attacker rc %s: %r" % (rc, done))
+    return t1, t2, done[len("ATTACK done"):].strip()
+
+
 def median(xs):
     """Median of a list of numbers (0.0 for an empty one)."""
     s = sorted(xs)
