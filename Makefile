@@ -158,6 +158,7 @@ bench-attacks: release
 # A peer's death never takes the process down (issue 14): RUNS SIGKILLs of the
 # source and of the consumer mid-fetch, on tcp (kvpeer's AM path) and on shm;
 # release build (death-loop) or the ASan+UBSan build (death-loop-asan).
+# DEATH_ARGS=--external: both processes in external-slots mode (issue 29).
 RUNS ?= 100
 death-loop: release
 	UCX_NET_DEVICES=lo /usr/bin/python3 tests/reliability/death_loop.py build/release/tests/node/e2e_node --runs $(RUNS) $(DEATH_ARGS)
@@ -186,7 +187,8 @@ partition-loop-asan: all
 # the wheel's lib/, so they load that UCX, and UCX its modules from lib/ucx).
 # test-ucx122 runs there: the UCX version check, the transport tests, the node
 # end-to-end tests, the hostile data-plane tests, a short death loop (tcp and
-# shm, both kill directions, UCX122_DEATH_RUNS runs each) and the short demo.
+# shm, both kill directions, UCX122_DEATH_RUNS runs each; and 2 in external-
+# slots mode, issue 29) and the short demo.
 UCX122_DIR ?= build/ucx122
 UCX122_TESTS ?= ^(test_ucx.*|test_node_e2e|test_node_ops|test_kvpeerd_two_nodes|reliability_hostile|reliability_hostile_fetchdone|reliability_hostile_tcpd|reliability_foreign_ucx|reliability_ucx_listen_netns|test_cli_demo)$$
 UCX122_DEATH_RUNS ?= 5
@@ -207,6 +209,10 @@ test-ucx122: ucx122
 	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitizer/lsan.supp UBSAN_OPTIONS=halt_on_error=1 \
 	  /usr/bin/python3 tests/reliability/death_loop.py $(UCX122_DIR)/tests/node/e2e_node \
 	  --runs $(UCX122_DEATH_RUNS) --blocks 400 $(DEATH_ARGS)
+	UCX_NET_DEVICES=lo KVPEER_TEST_TIME_SCALE=3 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitizer/lsan.supp UBSAN_OPTIONS=halt_on_error=1 \
+	  /usr/bin/python3 tests/reliability/death_loop.py $(UCX122_DIR)/tests/node/e2e_node \
+	  --runs 2 --blocks 400 --kill-ms 100 --external
 
 # e2e_bench --quick on the Debian UCX (release build) and on UCX 1.22 (a
 # release build in build/ucx122-release), one after the other in one run;

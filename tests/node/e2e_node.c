@@ -6,11 +6,15 @@
  *   put FIRST COUNT [REQ]            -> "ok <n-put>"
  *   add PEER                         -> "ok" once the session is up (or "err ...")
  *   fetch PEER FIRST COUNT REQ       -> lookup + fetch of the hits; waits for the
- *                                       load: "load <status> <n_ok> <hits> <us>"
+ *                                       load: "load <status> <n_ok> <hits> <us> <n_held>"
  *   fetchnw PEER FIRST COUNT REQ     -> starts lookup+fetch, answers "started" at once;
  *                                       the load event is reported by "wait"
  *   wait MS                          -> "load <status> <n_ok> <hits> <us>" or "none"
- *   verify FIRST COUNT               -> "verify <present> <bad>" (byte-exact re-read)
+ *   verify FIRST COUNT               -> "verify <present> <bad>" (byte-exact re-read);
+ *                                       external: "verify <present> <bad> <late> <view_bad>"
+ *   settle MS                        -> external: waits (at most MS) until no slot is
+ *                                       lent, held or published: "settle <lent> <held> <pub> <ms>"
+ *   unpub FIRST COUNT                -> external: "unpub <back-now> <busy>"
  *   busy MS                          -> the main (engine) thread is busy; "ok"
  *   stats                            -> "stats <ready> <filling> <quarantined> <suspect>
  *                                       <pins> <retained> <force_releases> <mismatches>
@@ -24,12 +28,15 @@
  *
  * Usage: e2e_node LISTEN_ADDR BLOCK_SIZE NUM_BLOCKS [HOLD_CAP_MS] [DEAD_AFTER_MS]
  * Environment: KVPEER_E2E_PSK=<text>: that pre-shared key (issue 27 tests).
+ * KVPEER_E2E_EXTERNAL=1: external-slots mode (issue 29; e2e_ext.c): the
+ * process owns the region, `put` publishes, `fetch` is kvp_fetch_into.
  * Blocks: key "blk-%08u", content from a seeded PRNG (as tests/node/world.h).
  */
 #include "kvpeer.h"
 #include "common/common.h"
 #include "node/node.h"
 #include "transport/transport.h"
+#include "e2e_ext.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -41,6 +48,7 @@
 static kvp_node_t *node;
 static uint32_t block_size;
 static uint64_t t_fetch_start;
+static int ext; /* KVPEER_E2E_EXTERNAL */
 
 static uint64_t now_us(void)
 {
@@ -74,6 +82,8 @@ static int wait_event(int type, uint64_t op, int ms, kvp_event_t *out)
         kvp_event_t ev;
         uint32_t n = 0;
         kvp_poll_events(node, &ev, 1, &n);
+        if (n == 1 && ext)
+            e2e_ext_event(&ev);
         if (n == 1 && ev.type == type && (op == 0 || ev.op_id == op)) {
             *out = ev;
             return 1;
@@ -90,6 +100,8 @@ typedef struct pending {
     uint8_t keys[16 * 4096];
     uint32_t lens[4096];
     uint8_t res[4096];
+    uint32_t ks[4096], slots[4096]; /* external: block k and slot of each hit */
+    int32_t status[4096];
 } pending_t;
 
 static pending_t pend;
@@ -115,6 +127,7 @@ static int start_fetch(const char *peer, uint32_t first, uint32_t count, uint64_
     for (uint32_t i = 0; i < count; i++) {
         if (pend.res[i] == 1) {
             memmove(pend.keys + dst, pend.keys + src, pend.lens[i]);
+            pend.ks[k] = first + i;
             pend.lens[k++] = pend.lens[i];
             dst += pend.lens[i];
         }
@@ -123,7 +136,9 @@ static int start_fetch(const char *peer, uint32_t first, uint32_t count, uint64_
     pend.hits = k;
     if (k == 0)
         return 0;
-    kvp_status_t st = kvp_fetch(node, peer, req, pend.keys, pend.lens, k, 0, NULL, &pend.op);
+    kvp_status_t st = ext ? e2e_ext_fetch(node, peer, req, pend.keys, pend.lens, k, pend.status,
+                                          pend.slots, &pend.op)
+                          : kvp_fetch(node, peer, req, pend.keys, pend.lens, k, 0, NULL, &pend.op);
     return st == KVP_OK ? 1 : -1;
 }
 
@@ -134,11 +149,20 @@ static void report_load(int ms)
         printf("none\n");
         return;
     }
-    printf("load %d %u %u %" PRIu64 "\n", ev.status, ev.n_ok, pend.hits, now_us() - t_fetch_start);
+    if (ext)
+        e2e_ext_load_done(pend.op, pend.slots, pend.ks, pend.hits, pend.status);
+    printf("load %d %u %u %" PRIu64 " %u\n", ev.status, ev.n_ok, pend.hits,
+           now_us() - t_fetch_start, ev.n_held);
 }
 
 static void cmd_verify(uint32_t first, uint32_t count)
 {
+    if (ext) {
+        uint32_t present, bad, late, view_bad;
+        e2e_ext_verify(node, first, count, block_fill, &present, &bad, &late, &view_bad);
+        printf("verify %u %u %u %u\n", present, bad, late, view_bad);
+        return;
+    }
     uint8_t key[16], *buf = malloc(block_size);
     uint32_t present = 0, bad = 0;
     for (uint32_t k = first; k < first + count; k++) {
@@ -161,6 +185,10 @@ static void cmd_put(uint32_t first, uint32_t count, uint64_t req)
     uint32_t ok = 0;
     for (uint32_t k = first; k < first + count; k++) {
         uint32_t kl = key_of(k, key);
+        if (ext) {
+            ok += e2e_ext_put(node, k, key, kl, block_fill);
+            continue;
+        }
         block_fill(k, buf, block_size);
         ok += kvp_put(node, key, kl, buf, block_size, req) == KVP_OK;
     }
@@ -208,6 +236,37 @@ static void cmd_path(const char *peer)
             return;
         }
     printf("path none\n");
+}
+
+/* External: read events until no slot is lent, held or published (or ms passed). */
+static void cmd_settle(uint32_t ms)
+{
+    uint64_t t0 = now_us(), end = t0 + (uint64_t)ms * 1000u;
+    uint32_t lent, held, pub;
+    kvp_event_t ev;
+    for (;;) {
+        e2e_ext_counts(&lent, &held, &pub);
+        if ((lent == 0 && held == 0 && pub == 0) || now_us() >= end)
+            break;
+        wait_event(-1, 0, 5, &ev); /* no such type: reads (and routes) events for 5 ms */
+    }
+    printf("settle %u %u %u %" PRIu64 "\n", lent, held, pub, (now_us() - t0) / 1000u);
+}
+
+static void cmd_unpub(uint32_t first, uint32_t count)
+{
+    uint32_t busy = 0, back;
+    size_t off = 0;
+    if (count > 4096) {
+        printf("err count\n");
+        return;
+    }
+    for (uint32_t i = 0; i < count; i++) {
+        pend.lens[i] = key_of(first + i, pend.keys + off);
+        off += pend.lens[i];
+    }
+    back = e2e_ext_unpublish(node, count, pend.keys, pend.lens, &busy);
+    printf("unpub %u %u\n", back, busy);
 }
 
 static void cmd_blob(void)
@@ -259,6 +318,12 @@ int main(int argc, char **argv)
         c.psk_len = (uint32_t)strlen(psk);
     }
     block_size = c.block_size;
+    const char *e = getenv("KVPEER_E2E_EXTERNAL");
+    ext = e != NULL && atoi(e) == 1;
+    if (ext && e2e_ext_init(&c) != 0) {
+        printf("err external region\n");
+        return 1;
+    }
     kvp_status_t st = kvp_node_create(&c, &node);
     if (st != KVP_OK) {
         printf("err create %s\n", kvp_status_str(st));
@@ -296,11 +361,17 @@ int main(int argc, char **argv)
             cmd_path(a);
         else if (strncmp(line, "blob", 4) == 0)
             cmd_blob();
+        else if (ext && sscanf(line, "settle %u", &n) == 1)
+            cmd_settle(n);
+        else if (ext && sscanf(line, "unpub %u %u", &f, &n) == 2)
+            cmd_unpub(f, n);
         else if (strncmp(line, "quit", 4) == 0)
             break;
         else
             printf("err unknown command\n");
     }
     kvp_node_destroy(node);
+    if (ext)
+        e2e_ext_fini();
     return 0;
 }

@@ -18,7 +18,18 @@ crashed or stopped answering. Exit status 0 only if every run of every case
 passed. Figures are printed per case; use --mutation to show what the harness
 catches (e.g. 7 = ucx-emulated-put, the pre-issue-14 data path).
 
-  death_loop.py build/release/tests/node/e2e_node --runs 100
+--external (issue 29): both processes in external-slots mode (e2e_ext.c): the
+process owns its region, the source publishes its blocks, the consumer fetches
+into slots it names (kvp_fetch_into) and reuses a slot with its own pattern the
+moment it is handed back (a failed block at once, a held one at its
+KVP_EV_SLOTS_RELEASED). On top of the checks above: every held slot is handed
+back within the bound (a proof: the source's exit, or the AM path's refusal),
+no reuse pattern is broken by a late landing, the node never holds a slot the
+embedding owns (kvp_slots_held), and the source, unpublishing everything just
+before the consumer dies (the transfer's slots answer BUSY), gets every
+published slot back (at once, or by KVP_EV_SLOT_FREE) with its blocks unchanged.
+
+  death_loop.py build/release/tests/node/e2e_node --runs 100 [--external]
 """
 import argparse
 import os
@@ -52,8 +63,11 @@ class Dead(Exception):
 
 
 class Node:
-    def __init__(self, exe, listen, bs, nb, hold_ms, dead_ms, tls, mutation):
+    def __init__(self, exe, listen, bs, nb, hold_ms, dead_ms, tls, mutation, external=False):
         env = dict(os.environ)
+        env.pop("KVPEER_E2E_EXTERNAL", None)
+        if external:
+            env["KVPEER_E2E_EXTERNAL"] = "1"
         if tls:
             env["UCX_TLS"] = tls
         else:
@@ -151,16 +165,61 @@ def stats(node):
     return d
 
 
+# The same-host paths into memory UCX did not allocate (external slots).
+EXTERNAL_SHM_PATHS = ("am-shm", "direct-cma")
+
+
+def want_paths(case, external):
+    if case == "tcp":
+        return ("am-tcp",)
+    return EXTERNAL_SHM_PATHS if external else ("direct-shm",)
+
+
+def check_external_consumer(dst, blocks, status, n_held, dead_ms):
+    """After the source's death: held slots back by a proof within the bound,
+    no late landing, the node's view and the embedding's agree. (ok, note)."""
+    bound = int(5 * dead_ms * scale())
+    r = dst.cmd("settle %d" % bound, timeout=bound / 1000.0 + 20).split()
+    if r[0] != "settle":
+        return False, "settle: %s" % " ".join(r)
+    lent, held, pub, took = (int(x) for x in r[1:5])
+    if lent or held:
+        return False, "%d lent / %d held slots not back %d ms after the load (n_held %d)" % (
+            lent, held, took, n_held)
+    v = dst.cmd("verify 0 %d" % blocks, timeout=60).split()
+    if int(v[3]) != 0:
+        return False, "%d slots reused by the embedding were written later" % int(v[3])
+    if int(v[4]) != 0:
+        return False, "the node holds %d slots the embedding owns" % int(v[4])
+    return True, "n_held %d back in %d ms" % (n_held, took)
+
+
+def check_external_source(src, blocks, dead_ms, r):
+    """The source unpublished everything just before the consumer's death (r:
+    its answer): every published slot back, its blocks unchanged."""
+    if r[0] != "unpub" or int(r[1]) + int(r[2]) != blocks:
+        return False, "unpublish: %s" % " ".join(r)
+    bound = int(5 * dead_ms * scale())
+    s = src.cmd("settle %d" % bound, timeout=bound / 1000.0 + 20).split()
+    if s[0] != "settle" or s[1:4] != ["0", "0", "0"]:
+        return False, "slots not back after unpublish: %s" % " ".join(s)
+    v = src.cmd("verify 0 %d" % blocks, timeout=60).split()
+    if v[0] != "verify" or int(v[1]) != blocks or int(v[2]) or int(v[4]):
+        return False, "the source's blocks after the consumer's death: %s" % " ".join(v)
+    return True, "unpublished %s at once, %s by SLOT_FREE (all back in %s ms)" % (r[1], r[2], s[4])
+
+
 def one_run(a, exe, case, victim, blocks, bs, kill_ms, dead_ms, mutation, rng):
     """Returns (ok, note, fail_ms)."""
     tls = "tcp" if case == "tcp" else None
-    want = "am-tcp" if case == "tcp" else "direct-shm"
+    want = want_paths(case, a.external)
     listen = "127.0.0.1:%d" % free_port()
     node_dead = int(dead_ms * scale())  # as test_node_e2e: every bound scaled
-    src = Node(exe, listen, bs, blocks + 16, 60000, node_dead, tls, mutation)
+    src = Node(exe, listen, bs, blocks + 16, 60000, node_dead, tls, mutation, a.external)
     dst = None
     try:
-        dst = Node(exe, "127.0.0.1:0", bs, blocks + 16, 60000, node_dead, tls, mutation)
+        dst = Node(exe, "127.0.0.1:0", bs, blocks + 16, 60000, node_dead, tls, mutation,
+                   a.external)
         r = src.cmd("put 0 %d" % blocks)
         if not r.startswith("ok %d" % blocks):
             return False, "put: %s" % r.strip(), None
@@ -168,8 +227,9 @@ def one_run(a, exe, case, victim, blocks, bs, kill_ms, dead_ms, mutation, rng):
         if r.strip() != "ok":
             return False, "add: %s" % r.strip(), None
         path = dst.cmd("path %s" % src.id).split()[1]
-        if path != want and not a.any_path:
-            return False, "data path %s, expected %s" % (path, want), None
+        if path not in want and not a.any_path:
+            return False, "data path %s, expected %s" % (path, " or ".join(want)), None
+        a.paths[path] = a.paths.get(path, 0) + 1
         r = dst.cmd("fetchnw %s 0 %d 1" % (src.id, blocks))
         if r.strip() != "started":
             return False, "fetchnw: %s" % r.strip(), None
@@ -178,6 +238,9 @@ def one_run(a, exe, case, victim, blocks, bs, kill_ms, dead_ms, mutation, rng):
             survivor, dead = dst, src
         else:
             survivor, dead = src, dst
+        unpub = None
+        if a.external and victim == "consumer":  # mid-transfer: pinned slots answer BUSY
+            unpub = src.cmd("unpub 0 %d" % blocks).split()
         t0 = time.monotonic()
         dead.kill()
         if victim == "source":
@@ -193,18 +256,32 @@ def one_run(a, exe, case, victim, blocks, bs, kill_ms, dead_ms, mutation, rng):
             v = dst.cmd("verify 0 %d" % blocks, timeout=60).split()
             if v[0] != "verify" or int(v[2]) != 0:
                 return False, "committed blocks fail verification: %s" % " ".join(v), fail_ms
+            n_held = int(parts[5]) if len(parts) > 5 else 0
+            ext_note = ""
+            if a.external:
+                if case == "tcp" and n_held:
+                    return False, "%d slots held on an AM path" % n_held, fail_ms
+                ok, ext_note = check_external_consumer(dst, blocks, status, n_held, dead_ms)
+                if not ok:
+                    return False, ext_note, fail_ms
             st = stats(dst)
             if st["filling"] != 0:
                 return False, "%d slots still FILLING" % st["filling"], fail_ms
             if case == "tcp" and status != 0 and st["quarantined"] != 0:
                 return False, "%d slots quarantined on an AM path" % st["quarantined"], fail_ms
-            note = "status %d ok %s verified %s quarantined %d am_refuse %d late_dropped %d" % (
-                status, parts[2], v[1], st["quarantined"], st["am_refuse"], st["late_dropped"])
+            note = "status %d ok %s verified %s quarantined %d am_refuse %d late_dropped %d %s" % (
+                status, parts[2], v[1], st["quarantined"], st["am_refuse"], st["late_dropped"],
+                ext_note)
         else:
             fail_ms = None
+            ext_note = ""
+            if a.external:
+                ok, ext_note = check_external_source(src, blocks, dead_ms, unpub)
+                if not ok:
+                    return False, ext_note, fail_ms
             time.sleep(1.5 * dead_ms * scale() / 1000.0)  # past dead-after: teardown ran
             st = stats(src)
-            note = "retained %d pins %d" % (st["retained"], st["pins"])
+            note = "retained %d pins %d %s" % (st["retained"], st["pins"], ext_note)
         rc = survivor.quit()
         if rc != 0:
             return False, "survivor did not quit cleanly (%s)" % (
@@ -238,13 +315,17 @@ def main():
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--any-path", action="store_true",
                     help="do not insist on the data path (to run an older tree's e2e_node)")
+    ap.add_argument("--external", action="store_true",
+                    help="external-slots mode (issue 29): the process owns the region")
     a = ap.parse_args()
+    a.paths = {}
     seed = a.seed if a.seed is not None else int(time.time())
     rng = random.Random(seed)
     print("death_loop: %s, %d runs per case, %d x %d B, kill after 0..%.0f ms, dead-after %d ms, "
-          "seed %d, time scale %.1f%s" % (a.e2e_node, a.runs, a.blocks, a.block_size, a.kill_ms,
-                                          a.dead_after, seed, scale(),
-                                          ", MUTATION %d" % a.mutation if a.mutation else ""))
+          "seed %d, time scale %.1f%s%s" % (a.e2e_node, a.runs, a.blocks, a.block_size, a.kill_ms,
+                                            a.dead_after, seed, scale(),
+                                            ", MUTATION %d" % a.mutation if a.mutation else "",
+                                            ", EXTERNAL slots" if a.external else ""))
     total_bad = 0
     for case in a.cases.split(","):
         for victim in a.victims.split(","):
@@ -267,8 +348,10 @@ def main():
             if fails:
                 lat = ", load reported %.0f / %.0f ms after the kill (median / max)" % (
                     fails[len(fails) // 2], fails[-1])
-            print("%s kill-%s: %d runs, %d process deaths, %d failed checks%s (%.0f s)" % (
-                case, victim, a.runs, deaths, bad - deaths, lat, time.monotonic() - t0))
+            print("%s kill-%s: %d runs, %d process deaths, %d failed checks%s (%.0f s; paths %s)" % (
+                case, victim, a.runs, deaths, bad - deaths, lat, time.monotonic() - t0,
+                ", ".join("%s %d" % kv for kv in sorted(a.paths.items()))))
+            a.paths = {}
             sys.stdout.flush()
             total_bad += bad
     print("death_loop: %s" % ("PASS" if total_bad == 0 else "FAIL (%d bad runs)" % total_bad))
