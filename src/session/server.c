@@ -20,7 +20,7 @@
  * kvp_xfer_t (the store job) and are dropped only when the transport hands
  * the transfer back as terminal, or at the hold cap.
  */
-#include "session/session.h"
+#include "session/session_int.h"
 
 #include <stdio.h>
 #include <stdlib.h>
