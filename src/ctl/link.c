@@ -569,8 +569,11 @@ kvp_status_t ctl_link_new(kvp_ctl_t *ctl, kvp_conn_t *conn, bool outbound, const
     l->ctl = ctl;
     l->outbound = outbound;
     l->created_ns = l->last_rx_ns = l->last_tx_ns = now;
-    l->state = outbound ? LINK_CONNECTING : LINK_HELLO;
     snprintf(l->peer_id, sizeof(l->peer_id), "%s", addr ? addr : "?");
+    /* Zeroed, a link is CONNECTING (an outbound connect in progress); an
+     * accepted connection is connected already: HELLO (the setter's first call). */
+    if (!outbound)
+        ctl_link_set_state(l, LINK_HELLO);
     kvp_list_init(&l->pending);
     kvp_timer_init(&l->t_handshake, "handshake", link_on_handshake_timeout, l);
     kvp_timer_init(&l->t_heartbeat, "heartbeat", link_on_heartbeat, l);

@@ -50,7 +50,7 @@ kvp_status_t kvp__session_create(kvp_session_env_t *n, kvp_link_t *link,
     }
     s->env = n;
     s->link = link;
-    s->state = KVP_SESS_READY;
+    s->state = KVP_SESS_READY; /* house: initial state (no transition leads to READY) */
     snprintf(s->peer_id, sizeof(s->peer_id), "%s", hello->peer_id);
     snprintf(s->instance_id, sizeof(s->instance_id), "%s", hello->instance_id);
     s->peer_num_blocks = hello->num_blocks;
