@@ -314,7 +314,7 @@ static kvp_status_t do_get(kvp_node_t *n, void *arg)
         return st;
     if (n->engine_pins == NULL &&
         (n->engine_pins = kvp__calloc(n->cfg.num_blocks, sizeof(*n->engine_pins))) == NULL) {
-        kvp_store_unpin(n->store, ref);
+        kvp_store_unpin(n->store, ref); /* house: the engine's own pin, no peer's (DESIGN.md) */
         return KVP_ERR_NOMEM;
     }
     n->engine_pins[ref.slot]++; /* the engine's own pins, apart from transfers' (I2) */
@@ -353,6 +353,7 @@ static kvp_status_t do_release(kvp_node_t *n, void *arg)
                    b->slot, b->gen);
         return KVP_ERR_STATE;
     }
+    /* house: the engine's own pin (engine_pins), no peer's: no proof (DESIGN.md) */
     kvp_status_t st = kvp_store_unpin(n->store, (kvp_slot_ref_t){b->slot, b->gen});
     if (st == KVP_OK)
         n->engine_pins[b->slot]--;
