@@ -108,9 +108,7 @@ kvp_sround_t *kvp__sround_new(kvp_session_t *s, uint64_t request_id, uint64_t ro
     kvp__budget_account(r, false);
     r->request_id = request_id;
     r->round = round;
-    /* Zeroed, the round is LOOKUP_PENDING; a new round starts SUPPLIED
-     * (the setter's table: its first call). */
-    kvp__sround_set_phase(r, KVP_SR_SUPPLIED);
+    kvp__sround_set_phase(r, KVP_SR_SUPPLIED); /* from the zeroed LOOKUP_PENDING */
     kvp_list_init(&r->wait_link);
     kvp_timer_init(&r->timer, "round", sround_timer_cb, r);
     kvp_list_insert_tail(&s->srounds, &r->link);
