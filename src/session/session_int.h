@@ -1,8 +1,11 @@
 /*
- * session_int.h -- the session layer's records (SPEC §2 layer 5): one session per peer,
- * with the consumer role (client.c), the source role (server.c), lifecycle,
- * dispatch and teardown (session.c) and the one place memory a WRITE may
- * touch is released (release.c).
+ * session_int.h -- the session layer's inside (SPEC §2 layer 5; issue 31):
+ * its records and the calls its files share. Included only in src/session/
+ * and by tests that look inside a session; the node sees session.h. One
+ * session per peer, with the consumer role (client.c), the source role
+ * (server.c), lifecycle, dispatch and teardown (session.c), the node's
+ * entries (session_node.c), what outlives a session (held.c) and the one
+ * place memory a WRITE may touch is released (release.c).
  *
  * Below the node: a session uses the layers under it (store, transport,
  * ctl links, wire) through kvp_session_env_t, and calls up only through the
