@@ -23,6 +23,7 @@
  * (missing bytes read as 0). See fz_ops[] for the table.
  */
 #include "fuzz_session_int.h"
+#include "session/session_int.h" /* looks inside the session */
 
 /* ------------------------------------------------------- peer-side frames */
 

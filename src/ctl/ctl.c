@@ -23,7 +23,7 @@ const char *kvp_down_reason_str(kvp_down_reason_t r)
 
 /* Encode into the ctl's buffer; measure (an extra pass over the keys) only
  * when the buffer turns out too small. */
-kvp_status_t ctl_encode(kvp_ctl_t *ctl, const kvp_msg_t *m, size_t *len)
+kvp_status_t kvp__ctl_encode(kvp_ctl_t *ctl, const kvp_msg_t *m, size_t *len)
 {
     if (ctl->ebuf_cap) {
         kvp_status_t st = kvp_wire_encode(m, ctl->ebuf, ctl->ebuf_cap, len);
@@ -48,30 +48,30 @@ kvp_status_t ctl_encode(kvp_ctl_t *ctl, const kvp_msg_t *m, size_t *len)
 
 static void ctl_want_link_gone(kvp_ctl_t *ctl, kvp_link_t *l);
 
-void ctl_link_finish(kvp_link_t *l)
+void kvp__ctl_link_finish(kvp_link_t *l)
 {
     kvp_ctl_t *ctl = l->ctl;
     KVP_ASSERT(l->state == LINK_CLOSING);
     if (l->was_ready && ctl->cfg.cb.on_down)
         ctl->cfg.cb.on_down(ctl->cfg.cb.arg, l, l->down_reason, l->down_bye, l->down_fault);
     ctl_want_link_gone(ctl, l);
-    ctl_link_free(l);
+    kvp__ctl_link_free(l);
 }
 
 static void ctl_on_reap(kvp_timer_t *t)
 {
     kvp_ctl_t *ctl = t->data;
     while (!kvp_list_empty(&ctl->closing))
-        ctl_link_finish(KVP_CONTAINER_OF(ctl->closing.next, kvp_link_t, node));
+        kvp__ctl_link_finish(KVP_CONTAINER_OF(ctl->closing.next, kvp_link_t, node));
 }
 
-void ctl_schedule_reap(kvp_ctl_t *ctl)
+void kvp__ctl_schedule_reap(kvp_ctl_t *ctl)
 {
     if (!kvp_timer_active(&ctl->t_reap))
         kvp_timer_start(ctl->loop, &ctl->t_reap, kvp_loop_now(ctl->loop));
 }
 
-void ctl_kick_checks(kvp_ctl_t *ctl, const char *peer_id)
+void kvp__ctl_kick_checks(kvp_ctl_t *ctl, const char *peer_id)
 {
     kvp_list_t *pos;
     for (pos = ctl->links.next; pos != &ctl->links; pos = pos->next) {
@@ -95,7 +95,7 @@ static bool link_same_peer(const kvp_link_t *o, const char *peer_id)
  * refused; if it stays silent, `l` waits (bounded by its handshake timer)
  * until `o` goes down by itself -- EOF, BYE or the dead-after verdict of
  * liveness, which judges silence only while we listened -- and is then
- * kicked (ctl_link_down -> ctl_kick_checks). A restarted peer thus gets in
+ * kicked (kvp__ctl_link_down -> kvp__ctl_kick_checks). A restarted peer thus gets in
  * as soon as its old session is down; a connection that merely claims the
  * id of a peer stalled for less than dead_after never does. Returns true
  * when `l` must keep waiting (or was refused). */
@@ -116,7 +116,7 @@ static bool link_claim(kvp_link_t *l, kvp_link_t *o)
         CTL_LOG_REFUSED(l, KVP_LOG_WARN, "peer %s (%s): new connection claims the id of a live "
                         "session: refused", l->peer_id, l->conn ? l->conn->remote : "?");
         ctl->st.refused_duplicate++;
-        ctl_link_refuse(l, KVP_DOWN_DUPLICATE, KVP_BYE_DUPLICATE, &ctl->st.refused_identity);
+        kvp__ctl_link_refuse(l, KVP_DOWN_DUPLICATE, KVP_BYE_DUPLICATE, &ctl->st.refused_identity);
         return true;
     }
     /* Still silent: wait for o's own verdict (the kick), re-checking at
@@ -135,7 +135,7 @@ static bool link_claim(kvp_link_t *l, kvp_link_t *o)
  * (ACKED) is waited for; with an uncommitted one, a simultaneous dial is
  * decided by the lower peer id -- only on the lower side, which never has two
  * committed links, so both sides keep the same connection. */
-void ctl_settle_identity(kvp_link_t *l)
+void kvp__ctl_settle_identity(kvp_link_t *l)
 {
     kvp_ctl_t *ctl = l->ctl;
     bool lower = strcmp(ctl->peer_id, l->peer_id) < 0;
@@ -164,22 +164,22 @@ restart:
         if (cross && !l->outbound) {
             KVP_DEBUG(ctl->prefix, "peer %s: simultaneous dial: keeping ours", l->peer_id);
             ctl->st.refused_duplicate++;
-            ctl_link_down(l, KVP_DOWN_DUPLICATE, KVP_BYE_DUPLICATE, false);
+            kvp__ctl_link_down(l, KVP_DOWN_DUPLICATE, KVP_BYE_DUPLICATE, false);
             return;
         }
         /* o loses: our own dial wins a crossing, a newer one replaces an older */
         KVP_DEBUG(ctl->prefix, "peer %s: duplicate connection in handshake closed", o->peer_id);
         ctl->st.refused_duplicate++;
-        ctl_link_down(o, KVP_DOWN_DUPLICATE, o->have_peer ? KVP_BYE_DUPLICATE : -1, false);
+        kvp__ctl_link_down(o, KVP_DOWN_DUPLICATE, o->have_peer ? KVP_BYE_DUPLICATE : -1, false);
     }
-    ctl_hs_send_ack(l);
+    kvp__ctl_hs_send_ack(l);
 }
 
-void ctl_on_check(kvp_timer_t *t)
+void kvp__ctl_on_check(kvp_timer_t *t)
 {
     kvp_link_t *l = t->data;
     if (l->state == LINK_CHECK)
-        ctl_settle_identity(l);
+        kvp__ctl_settle_identity(l);
 }
 
 /* ------------------------------------------------------------------ wants */
@@ -235,15 +235,15 @@ static kvp_status_t ctl_dial(kvp_ctl_t *ctl, const char *addr, const void *sa, u
         else
             snprintf(local, sizeof(local), "%.200s/client", ctl->peer_id);
         st = kvp_fake_dial(ctl->cfg.fake_net, ctl->loop, local, addr, ctl->cfg.wbuf_max,
-                           &ctl_link_handler, NULL, &c);
+                           &kvp__ctl_link_handler, NULL, &c);
 #endif
     } else
-        st = kvp_tcp_dial_ss(ctl->loop, sa, sslen, addr, ctl->cfg.wbuf_max, &ctl_link_handler,
+        st = kvp_tcp_dial_ss(ctl->loop, sa, sslen, addr, ctl->cfg.wbuf_max, &kvp__ctl_link_handler,
                              NULL, &c);
     if (st != KVP_OK)
         return st;
     ctl->st.dials++;
-    st = ctl_link_new(ctl, c, true, addr, out);
+    st = kvp__ctl_link_new(ctl, c, true, addr, out);
     if (st != KVP_OK)
         c->ops->close(c, false);
     return st;
@@ -275,10 +275,10 @@ static void ctl_want_dial(ctl_want_t *w)
         unsigned sslen;
         st = kvp_tcp_parse_addr_ex(w->addr, &ss, &sslen, true);
         if (st == KVP_ERR_BUSY) { /* a host name: resolved off this thread */
-            if ((st = ctl_resolve_start(ctl, w)) == KVP_OK)
+            if ((st = kvp__ctl_resolve_start(ctl, w)) == KVP_OK)
                 return;
         } else if (st == KVP_OK) {
-            ctl_want_resolved(w, st, &ss, sslen);
+            kvp__ctl_want_resolved(w, st, &ss, sslen);
             return;
         }
         ctl_want_dial_done(w, st, NULL);
@@ -288,7 +288,7 @@ static void ctl_want_dial(ctl_want_t *w)
     ctl_want_dial_done(w, st, l);
 }
 
-void ctl_want_resolved(ctl_want_t *w, kvp_status_t st, const void *sa, unsigned sslen)
+void kvp__ctl_want_resolved(ctl_want_t *w, kvp_status_t st, const void *sa, unsigned sslen)
 {
     kvp_link_t *l = NULL;
     if (st == KVP_OK && !ctl_has_link_to(w->ctl, w->addr))
@@ -321,7 +321,7 @@ static void ctl_on_redial(kvp_timer_t *t)
 /* A want stays satisfied while the link it dialed lives (whatever peer id
  * the peer announces) or while any link carries the wanted address as its
  * peer id; it redials when neither holds. */
-void ctl_want_link_ready(kvp_ctl_t *ctl, kvp_link_t *l)
+void kvp__ctl_want_link_ready(kvp_ctl_t *ctl, kvp_link_t *l)
 {
     ctl_want_t *w = ctl_want_find(ctl, l->peer_id);
     if (w) {
@@ -423,7 +423,7 @@ kvp_status_t kvp_ctl_want(kvp_ctl_t *ctl, const char *addr)
 static void ctl_want_free(kvp_ctl_t *ctl, ctl_want_t *w)
 {
     kvp_timer_stop(ctl->loop, &w->t_redial);
-    ctl_resolve_forget(w);
+    kvp__ctl_resolve_forget(w);
     if (w->link)
         w->link->want = NULL;
     kvp_list_remove(&w->node);
@@ -446,11 +446,11 @@ static void ctl_on_accept(kvp_listener_t *lis, kvp_conn_t *c)
      * caps and deadline (gate.c), apart from max_sessions. */
     kvp_link_t *l;
     c->linger_head = &ctl->lingering;
-    if (!ctl_gate_admit(ctl, c) || ctl_link_new(ctl, c, false, c->remote, &l) != KVP_OK) {
+    if (!kvp__ctl_gate_admit(ctl, c) || kvp__ctl_link_new(ctl, c, false, c->remote, &l) != KVP_OK) {
         c->ops->close(c, false);
         return;
     }
-    l->src_hash = ctl_gate_src_hash(c->remote);
+    l->src_hash = kvp__ctl_gate_src_hash(c->remote);
 }
 
 /* ---------------------------------------------------------- create/destroy */
@@ -602,16 +602,16 @@ void kvp_ctl_destroy(kvp_ctl_t *ctl)
         return;
     while (!kvp_list_empty(&ctl->wants))
         ctl_want_free(ctl, KVP_CONTAINER_OF(ctl->wants.next, ctl_want_t, node));
-    ctl_resolve_destroy(ctl);
+    kvp__ctl_resolve_destroy(ctl);
     while (!kvp_list_empty(&ctl->links)) {
         kvp_link_t *l = KVP_CONTAINER_OF(ctl->links.next, kvp_link_t, node);
         l->was_ready = false; /* destroy: no callbacks */
-        ctl_link_down(l, KVP_DOWN_LOCAL_CLOSE, -1, false);
+        kvp__ctl_link_down(l, KVP_DOWN_LOCAL_CLOSE, -1, false);
     }
     while (!kvp_list_empty(&ctl->closing)) {
         kvp_link_t *l = KVP_CONTAINER_OF(ctl->closing.next, kvp_link_t, node);
         l->want = NULL;
-        ctl_link_free(l);
+        kvp__ctl_link_free(l);
     }
     while (!kvp_list_empty(&ctl->lingering)) {
         kvp_conn_t *c = KVP_CONTAINER_OF(ctl->lingering.next, kvp_conn_t, lingering);

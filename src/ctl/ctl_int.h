@@ -140,72 +140,72 @@ static inline uint64_t ctl_link_now(const kvp_link_t *l)
 }
 
 /* link.c */
-void ctl_link_set_state(kvp_link_t *l, link_state_t to);
+void kvp__ctl_link_set_state(kvp_link_t *l, link_state_t to);
 /* Send a frame of our own (handshake, PING/PONG); a full queue closes the link. */
-void ctl_link_send_ctl(kvp_link_t *l, kvp_msg_t *m);
+void kvp__ctl_link_send_ctl(kvp_link_t *l, kvp_msg_t *m);
 /* Refuse during the handshake: count, BYE, no callback (never ready). */
-void ctl_link_refuse(kvp_link_t *l, kvp_down_reason_t reason, uint16_t bye, uint64_t *counter);
-void ctl_link_protocol_error(kvp_link_t *l, const char *why);
+void kvp__ctl_link_refuse(kvp_link_t *l, kvp_down_reason_t reason, uint16_t bye, uint64_t *counter);
+void kvp__ctl_link_protocol_error(kvp_link_t *l, const char *why);
 /* BYE INCOMPATIBLE carrying our compat string (peer of wire minor >= 1). */
-void ctl_link_send_bye_compat(kvp_link_t *l);
+void kvp__ctl_link_send_bye_compat(kvp_link_t *l);
 /* compat_wait ends (the peer's BYE, its EOF or the handshake timeout): log
  * the refusal naming what we know and take the link down INCOMPATIBLE. */
-void ctl_hs_compat_refused(kvp_link_t *l);
-void ctl_link_become_ready(kvp_link_t *l);
-kvp_status_t ctl_link_new(kvp_ctl_t *ctl, kvp_conn_t *conn, bool outbound, const char *addr,
-                          kvp_link_t **out);
-void ctl_link_free(kvp_link_t *l);
-void ctl_link_down(kvp_link_t *l, kvp_down_reason_t reason, int bye, bool fault);
-extern const kvp_conn_handler_t ctl_link_handler;
+void kvp__ctl_hs_compat_refused(kvp_link_t *l);
+void kvp__ctl_link_become_ready(kvp_link_t *l);
+kvp_status_t kvp__ctl_link_new(kvp_ctl_t *ctl, kvp_conn_t *conn, bool outbound,
+                               const char *addr, kvp_link_t **out);
+void kvp__ctl_link_free(kvp_link_t *l);
+void kvp__ctl_link_down(kvp_link_t *l, kvp_down_reason_t reason, int bye, bool fault);
+extern const kvp_conn_handler_t kvp__ctl_link_handler;
 
 /* handshake.c */
-void ctl_hs_send_hello(kvp_link_t *l);
-void ctl_hs_on_hello(kvp_link_t *l, const kvp_msg_hello_t *h);
-void ctl_hs_on_auth(kvp_link_t *l, const kvp_msg_auth_t *a);
-void ctl_hs_on_ack(kvp_link_t *l, const kvp_msg_hello_ack_t *a);
-/* HELLO_ACK with our blob: only from ctl_settle_identity(), link in CHECK. */
-void ctl_hs_send_ack(kvp_link_t *l);
+void kvp__ctl_hs_send_hello(kvp_link_t *l);
+void kvp__ctl_hs_on_hello(kvp_link_t *l, const kvp_msg_hello_t *h);
+void kvp__ctl_hs_on_auth(kvp_link_t *l, const kvp_msg_auth_t *a);
+void kvp__ctl_hs_on_ack(kvp_link_t *l, const kvp_msg_hello_ack_t *a);
+/* HELLO_ACK with our blob: only from kvp__ctl_settle_identity(), link in CHECK. */
+void kvp__ctl_hs_send_ack(kvp_link_t *l);
 /* A HELLO of another wire major: refuse it cleanly. False if not that case. */
-bool ctl_hs_refuse_version(kvp_link_t *l, const uint8_t *frame, size_t len);
+bool kvp__ctl_hs_refuse_version(kvp_link_t *l, const uint8_t *frame, size_t len);
 
 /* gate.c (issue 27): what a link must pass before it costs the node more
  * than a few hundred bytes. */
 /* Hash of the host part of "host:port" (a link's source address). */
-uint64_t ctl_gate_src_hash(const char *remote);
+uint64_t kvp__ctl_gate_src_hash(const char *remote);
 /* Inbound and not yet authenticated (HELLO or AUTH state). */
-bool ctl_link_preauth(const kvp_link_t *l);
+bool kvp__ctl_link_preauth(const kvp_link_t *l);
 /* An accepted connection: within the pre-auth caps? May close the oldest
  * pre-auth link of the heaviest source to make room. False: close c. */
-bool ctl_gate_admit(kvp_ctl_t *ctl, kvp_conn_t *c);
+bool kvp__ctl_gate_admit(kvp_ctl_t *ctl, kvp_conn_t *c);
 /* Authenticated links other than l (CHECK, ACKED, READY): max_sessions. */
-size_t ctl_gate_sessions(const kvp_ctl_t *ctl, const kvp_link_t *l);
+size_t kvp__ctl_gate_sessions(const kvp_ctl_t *ctl, const kvp_link_t *l);
 /* The peer's blob in its HELLO_ACK: refused (false, logged, counted, link
  * down) if it is ours or another live link's; else remembered. */
-bool ctl_gate_blob_ok(kvp_link_t *l, const void *blob, size_t len);
+bool kvp__ctl_gate_blob_ok(kvp_link_t *l, const void *blob, size_t len);
 /* A peer id or instance id only of printable ASCII (it reaches logs). */
-bool ctl_gate_id_ok(const char *s);
+bool kvp__ctl_gate_id_ok(const char *s);
 /* Copy for a log line: non-printable bytes as '?'. */
 
 /* resolve.c: host names resolved off the loop thread */
-kvp_status_t ctl_resolve_start(kvp_ctl_t *ctl, ctl_want_t *w);
-void ctl_resolve_forget(ctl_want_t *w); /* the want goes away */
-void ctl_resolve_destroy(kvp_ctl_t *ctl);
+kvp_status_t kvp__ctl_resolve_start(kvp_ctl_t *ctl, ctl_want_t *w);
+void kvp__ctl_resolve_forget(ctl_want_t *w); /* the want goes away */
+void kvp__ctl_resolve_destroy(kvp_ctl_t *ctl);
 /* ctl.c: a want's name resolved (st KVP_OK: dial sa) or not */
-void ctl_want_resolved(ctl_want_t *w, kvp_status_t st, const void *sa, unsigned sslen);
+void kvp__ctl_want_resolved(ctl_want_t *w, kvp_status_t st, const void *sa, unsigned sslen);
 
 /* ctl.c */
-void ctl_schedule_reap(kvp_ctl_t *ctl);
+void kvp__ctl_schedule_reap(kvp_ctl_t *ctl);
 /* Run one CLOSING link's on_down and free it now (loop context only). */
-void ctl_link_finish(kvp_link_t *l);
+void kvp__ctl_link_finish(kvp_link_t *l);
 /* Re-run identity checks of CHECK links for this peer id (from the loop). */
-void ctl_kick_checks(kvp_ctl_t *ctl, const char *peer_id);
+void kvp__ctl_kick_checks(kvp_ctl_t *ctl, const char *peer_id);
 /* Settle the identity of a validated (and authenticated) link in CHECK
  * against the other links of its peer id (SPEC §4: restart claims,
  * simultaneous dials), then send our HELLO_ACK; may refuse or wait. */
-void ctl_settle_identity(kvp_link_t *l);
-void ctl_on_check(kvp_timer_t *t); /* the identity-check timer */
-void ctl_want_link_ready(kvp_ctl_t *ctl, kvp_link_t *l);
-kvp_status_t ctl_encode(kvp_ctl_t *ctl, const kvp_msg_t *m, size_t *len);
+void kvp__ctl_settle_identity(kvp_link_t *l);
+void kvp__ctl_on_check(kvp_timer_t *t); /* the identity-check timer */
+void kvp__ctl_want_link_ready(kvp_ctl_t *ctl, kvp_link_t *l);
+kvp_status_t kvp__ctl_encode(kvp_ctl_t *ctl, const kvp_msg_t *m, size_t *len);
 
 /* A refused or timed-out handshake: anyone who can connect can cause one
  * per connection, so these lines are rate-limited (50/s, then a count). */

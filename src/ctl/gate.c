@@ -24,13 +24,13 @@
 #include <stdio.h>
 #include <string.h>
 
-bool ctl_link_preauth(const kvp_link_t *l)
+bool kvp__ctl_link_preauth(const kvp_link_t *l)
 {
     return !l->outbound && (l->state == LINK_HELLO || l->state == LINK_AUTH);
 }
 
 /* The source host of "host:port" / "[v6]:port" (the port is not part of it). */
-uint64_t ctl_gate_src_hash(const char *remote)
+uint64_t kvp__ctl_gate_src_hash(const char *remote)
 {
     const char *colon = strrchr(remote, ':');
     size_t n = colon ? (size_t)(colon - remote) : strlen(remote);
@@ -43,7 +43,7 @@ static uint32_t gate_count_src(const kvp_ctl_t *ctl, uint64_t h)
     const kvp_list_t *pos;
     for (pos = ctl->links.next; pos != &ctl->links; pos = pos->next) {
         const kvp_link_t *o = KVP_CONTAINER_OF(pos, kvp_link_t, node);
-        n += ctl_link_preauth(o) && o->src_hash == h;
+        n += kvp__ctl_link_preauth(o) && o->src_hash == h;
     }
     return n;
 }
@@ -58,7 +58,7 @@ static kvp_link_t *gate_victim(const kvp_ctl_t *ctl, uint32_t *count)
     kvp_list_t *pos;
     for (pos = ctl->links.next; pos != &ctl->links; pos = pos->next) {
         kvp_link_t *o = KVP_CONTAINER_OF(pos, kvp_link_t, node);
-        if (!ctl_link_preauth(o))
+        if (!kvp__ctl_link_preauth(o))
             continue;
         uint32_t n = gate_count_src(ctl, o->src_hash);
         if (n > best_n || (n == best_n && best && o->created_ns < best->created_ns))
@@ -68,13 +68,13 @@ static kvp_link_t *gate_victim(const kvp_ctl_t *ctl, uint32_t *count)
     return best;
 }
 
-bool ctl_gate_admit(kvp_ctl_t *ctl, kvp_conn_t *c)
+bool kvp__ctl_gate_admit(kvp_ctl_t *ctl, kvp_conn_t *c)
 {
-    uint64_t h = ctl_gate_src_hash(c->remote), now = kvp_loop_now(ctl->loop);
+    uint64_t h = kvp__ctl_gate_src_hash(c->remote), now = kvp_loop_now(ctl->loop);
     uint32_t total = 0, mine = gate_count_src(ctl, h);
     kvp_list_t *pos;
     for (pos = ctl->links.next; pos != &ctl->links; pos = pos->next)
-        total += ctl_link_preauth(KVP_CONTAINER_OF(pos, kvp_link_t, node));
+        total += kvp__ctl_link_preauth(KVP_CONTAINER_OF(pos, kvp_link_t, node));
     if (mine >= ctl->cfg.max_preauth_per_addr) {
         ctl->st.refused_preauth++;
         KVP_LOG_RL(&ctl->rl_gate, now, KVP_LOG_WARN, ctl->prefix,
@@ -96,11 +96,11 @@ bool ctl_gate_admit(kvp_ctl_t *ctl, kvp_conn_t *c)
     KVP_LOG_RL(&ctl->rl_gate, now, KVP_LOG_WARN, ctl->prefix,
                "%s: oldest of %u unauthenticated connections from this address closed "
                "(max_preauth %u reached)", v->conn ? v->conn->remote : "?", heaviest, ctl->cfg.max_preauth);
-    ctl_link_down(v, KVP_DOWN_LIMIT, -1, true);
+    kvp__ctl_link_down(v, KVP_DOWN_LIMIT, -1, true);
     return true;
 }
 
-size_t ctl_gate_sessions(const kvp_ctl_t *ctl, const kvp_link_t *l)
+size_t kvp__ctl_gate_sessions(const kvp_ctl_t *ctl, const kvp_link_t *l)
 {
     size_t n = 0;
     const kvp_list_t *pos;
@@ -112,7 +112,7 @@ size_t ctl_gate_sessions(const kvp_ctl_t *ctl, const kvp_link_t *l)
     return n;
 }
 
-bool ctl_gate_blob_ok(kvp_link_t *l, const void *blob, size_t len)
+bool kvp__ctl_gate_blob_ok(kvp_link_t *l, const void *blob, size_t len)
 {
     kvp_ctl_t *ctl = l->ctl;
     uint8_t h[32];
@@ -124,7 +124,7 @@ bool ctl_gate_blob_ok(kvp_link_t *l, const void *blob, size_t len)
     for (pos = ctl->links.next; whose == NULL && pos != &ctl->links; pos = pos->next) {
         const kvp_link_t *o = KVP_CONTAINER_OF(pos, kvp_link_t, node);
         /* the same peer id: a simultaneous dial or a restart, which the
-         * identity rules settle (ctl_settle_identity) */
+         * identity rules settle (kvp__ctl_settle_identity) */
         if (o != l && o->peer_acked && strcmp(o->peer_id, l->peer_id) != 0 &&
             sodium_memcmp(o->blob_hash, h, sizeof(h)) == 0)
             whose = "another live session's";
@@ -135,11 +135,11 @@ bool ctl_gate_blob_ok(kvp_link_t *l, const void *blob, size_t len)
     }
     CTL_LOG_REFUSED(l, KVP_LOG_ERROR, "peer %s (%s): its data-transport address is %s: refused",
                     l->peer_id, l->conn ? l->conn->remote : "?", whose);
-    ctl_link_refuse(l, KVP_DOWN_DUPLICATE, KVP_BYE_DUPLICATE, &ctl->st.refused_identity);
+    kvp__ctl_link_refuse(l, KVP_DOWN_DUPLICATE, KVP_BYE_DUPLICATE, &ctl->st.refused_identity);
     return false;
 }
 
-bool ctl_gate_id_ok(const char *s)
+bool kvp__ctl_gate_id_ok(const char *s)
 {
     for (; *s; s++)
         if ((unsigned char)*s < 0x20 || (unsigned char)*s > 0x7e)

@@ -2,8 +2,8 @@
  * field by field), AUTH (HMAC-SHA256 over both epochs, both nonces and the
  * sender's layout), then -- once ctl.c has settled the peer's identity
  * (restart claims, simultaneous dials) -- HELLO_ACK with our blob. Our blob
- * leaves only from ctl_hs_send_ack(), which runs only from
- * ctl_settle_identity() on a link in CHECK, i.e. after validation and
+ * leaves only from kvp__ctl_hs_send_ack(), which runs only from
+ * kvp__ctl_settle_identity() on a link in CHECK, i.e. after validation and
  * authentication. */
 #include "ctl/ctl_int.h"
 
@@ -13,7 +13,7 @@
 
 /* ------------------------------------------------------------- handshake */
 
-void ctl_hs_send_hello(kvp_link_t *l)
+void kvp__ctl_hs_send_hello(kvp_link_t *l)
 {
     kvp_ctl_t *ctl = l->ctl;
     kvp_msg_t m;
@@ -31,7 +31,7 @@ void ctl_hs_send_hello(kvp_link_t *l)
     h->hash_seed = ctl->cfg.hash_seed;
     memcpy(h->nonce, l->nonce, sizeof(h->nonce));
     h->flags = ctl->cfg.psk_len ? KVP_HELLO_AUTH_REQUIRED : 0;
-    ctl_link_send_ctl(l, &m);
+    kvp__ctl_link_send_ctl(l, &m);
 }
 
 /* HMAC-SHA256(psk, "kvpeer-auth-v1" | sender epoch | receiver epoch |
@@ -67,7 +67,7 @@ static void link_send_auth(kvp_link_t *l)
     m.type = KVP_MSG_AUTH;
     link_mac(ctl, &l->local_epoch, &l->remote_epoch, l->nonce, l->peer.nonce, ctl->cfg.num_blocks,
              ctl->cfg.block_size, m.u.auth.mac);
-    ctl_link_send_ctl(l, &m);
+    kvp__ctl_link_send_ctl(l, &m);
 }
 
 /* Returns false (and refuses the peer, naming the field and both values) when
@@ -88,7 +88,7 @@ static bool link_validate(kvp_link_t *l, const kvp_msg_hello_t *h)
          * waits for the other's, so both logs name both strings. */
         ctl->st.refused_incompatible++;
         l->compat_wait = true;
-        ctl_link_send_bye_compat(l);
+        kvp__ctl_link_send_bye_compat(l);
         return false;
     } else if (h->fingerprint != ctl->cfg.fingerprint)
         snprintf(why, sizeof(why), "compat string: ours '%s' (fingerprint %016llx), theirs "
@@ -102,7 +102,8 @@ static bool link_validate(kvp_link_t *l, const kvp_msg_hello_t *h)
         snprintf(why, sizeof(why), "num_blocks (theirs 0)");
     if (why[0]) {
         CTL_LOG_REFUSED(l, KVP_LOG_ERROR, "peer %s: incompatible %s: refused", h->peer_id, why);
-        ctl_link_refuse(l, KVP_DOWN_INCOMPATIBLE, KVP_BYE_INCOMPATIBLE, &ctl->st.refused_incompatible);
+        kvp__ctl_link_refuse(l, KVP_DOWN_INCOMPATIBLE, KVP_BYE_INCOMPATIBLE,
+                             &ctl->st.refused_incompatible);
         return false;
     }
     bool ours = ctl->cfg.psk_len > 0, theirs = (h->flags & KVP_HELLO_AUTH_REQUIRED) != 0;
@@ -110,13 +111,13 @@ static bool link_validate(kvp_link_t *l, const kvp_msg_hello_t *h)
         CTL_LOG_REFUSED(l, KVP_LOG_ERROR, "peer %s: authentication mismatch (%s pre-shared key, peer %s): "
                   "refused", h->peer_id, ours ? "we have a" : "we have no",
                   theirs ? "requires one" : "has none");
-        ctl_link_refuse(l, KVP_DOWN_AUTH, KVP_BYE_AUTH, &ctl->st.refused_auth);
+        kvp__ctl_link_refuse(l, KVP_DOWN_AUTH, KVP_BYE_AUTH, &ctl->st.refused_auth);
         return false;
     }
     return true;
 }
 
-void ctl_hs_compat_refused(kvp_link_t *l)
+void kvp__ctl_hs_compat_refused(kvp_link_t *l)
 {
     kvp_ctl_t *ctl = l->ctl;
     l->compat_wait = false;
@@ -131,7 +132,7 @@ void ctl_hs_compat_refused(kvp_link_t *l)
                         "refused", l->peer_id, ctl->compat,
                         (unsigned long long)ctl->cfg.fingerprint,
                         (unsigned long long)l->peer.fingerprint);
-    ctl_link_down(l, KVP_DOWN_INCOMPATIBLE, -1, true);
+    kvp__ctl_link_down(l, KVP_DOWN_INCOMPATIBLE, -1, true);
 }
 
 /* The peer proved what it had to (a valid HELLO, and with a psk a verified
@@ -142,24 +143,24 @@ void ctl_hs_compat_refused(kvp_link_t *l)
 static void hs_authenticated(kvp_link_t *l)
 {
     kvp_ctl_t *ctl = l->ctl;
-    if (ctl_gate_sessions(ctl, l) >= ctl->cfg.max_sessions) {
+    if (kvp__ctl_gate_sessions(ctl, l) >= ctl->cfg.max_sessions) {
         KVP_LOG_RL(&ctl->rl_limit, ctl_link_now(l), KVP_LOG_WARN, ctl->prefix,
                    "peer %s: session refused: max_sessions (%u) reached", l->peer_id,
                    ctl->cfg.max_sessions);
-        ctl_link_refuse(l, KVP_DOWN_LIMIT, KVP_BYE_LIMIT, &ctl->st.refused_limit);
+        kvp__ctl_link_refuse(l, KVP_DOWN_LIMIT, KVP_BYE_LIMIT, &ctl->st.refused_limit);
         return;
     }
-    ctl_link_set_state(l, LINK_CHECK);
+    kvp__ctl_link_set_state(l, LINK_CHECK);
     if (!l->outbound)
         kvp_timer_start(ctl->loop, &l->t_handshake, l->created_ns + ctl->cfg.handshake_timeout_ns);
-    ctl_settle_identity(l);
+    kvp__ctl_settle_identity(l);
 }
 
-void ctl_hs_on_hello(kvp_link_t *l, const kvp_msg_hello_t *h)
+void kvp__ctl_hs_on_hello(kvp_link_t *l, const kvp_msg_hello_t *h)
 {
     kvp_ctl_t *ctl = l->ctl;
     if (l->have_peer || l->state != LINK_HELLO) {
-        ctl_link_protocol_error(l, "unexpected HELLO");
+        kvp__ctl_link_protocol_error(l, "unexpected HELLO");
         return;
     }
     l->peer = *h;
@@ -167,37 +168,37 @@ void ctl_hs_on_hello(kvp_link_t *l, const kvp_msg_hello_t *h)
     l->remote_epoch = h->epoch;
     snprintf(l->peer_id, sizeof(l->peer_id), "%s", h->peer_id);
     l->wctx.peer_num_blocks = h->num_blocks;
-    if (!ctl_gate_id_ok(h->peer_id) || !ctl_gate_id_ok(h->instance_id)) {
+    if (!kvp__ctl_gate_id_ok(h->peer_id) || !kvp__ctl_gate_id_ok(h->instance_id)) {
         /* Logged as sent: every library log line is escaped (kvp_escape). */
         CTL_LOG_REFUSED(l, KVP_LOG_ERROR, "peer %s (%s): peer or instance id not printable ASCII: "
                         "refused", h->peer_id, l->conn ? l->conn->remote : "?");
-        ctl_link_refuse(l, KVP_DOWN_PROTOCOL, KVP_BYE_PROTOCOL, &ctl->st.refused_identity);
+        kvp__ctl_link_refuse(l, KVP_DOWN_PROTOCOL, KVP_BYE_PROTOCOL, &ctl->st.refused_identity);
         return;
     }
     if (!link_validate(l, h))
         return;
     if (!strcmp(h->peer_id, ctl->peer_id)) {
         CTL_LOG_REFUSED(l, KVP_LOG_ERROR, "peer %s: claims our own peer id: refused", h->peer_id);
-        ctl_link_refuse(l, KVP_DOWN_DUPLICATE, KVP_BYE_DUPLICATE, &ctl->st.refused_duplicate);
+        kvp__ctl_link_refuse(l, KVP_DOWN_DUPLICATE, KVP_BYE_DUPLICATE, &ctl->st.refused_duplicate);
         return;
     }
     if (ctl->cfg.psk_len) {
-        ctl_link_set_state(l, LINK_AUTH);
+        kvp__ctl_link_set_state(l, LINK_AUTH);
         link_send_auth(l);
         return;
     }
     hs_authenticated(l);
 }
 
-void ctl_hs_on_auth(kvp_link_t *l, const kvp_msg_auth_t *a)
+void kvp__ctl_hs_on_auth(kvp_link_t *l, const kvp_msg_auth_t *a)
 {
     kvp_ctl_t *ctl = l->ctl;
     if (l->state != LINK_AUTH) {
         if (!ctl->cfg.psk_len) {
             CTL_LOG_REFUSED(l, KVP_LOG_ERROR, "peer %s: sent AUTH but we have no key: refused", l->peer_id);
-            ctl_link_refuse(l, KVP_DOWN_AUTH, KVP_BYE_AUTH, &ctl->st.refused_auth);
+            kvp__ctl_link_refuse(l, KVP_DOWN_AUTH, KVP_BYE_AUTH, &ctl->st.refused_auth);
         } else {
-            ctl_link_protocol_error(l, "unexpected AUTH");
+            kvp__ctl_link_protocol_error(l, "unexpected AUTH");
         }
         return;
     }
@@ -207,34 +208,34 @@ void ctl_hs_on_auth(kvp_link_t *l, const kvp_msg_auth_t *a)
     if (crypto_verify_32(want, a->mac) != 0) {
         CTL_LOG_REFUSED(l, KVP_LOG_ERROR, "peer %s: authentication failed (wrong key): refused",
                   l->peer_id);
-        ctl_link_refuse(l, KVP_DOWN_AUTH, KVP_BYE_AUTH, &ctl->st.refused_auth);
+        kvp__ctl_link_refuse(l, KVP_DOWN_AUTH, KVP_BYE_AUTH, &ctl->st.refused_auth);
         return;
     }
     hs_authenticated(l);
 }
 
 
-void ctl_hs_on_ack(kvp_link_t *l, const kvp_msg_hello_ack_t *a)
+void kvp__ctl_hs_on_ack(kvp_link_t *l, const kvp_msg_hello_ack_t *a)
 {
     kvp_ctl_t *ctl = l->ctl;
     if (l->state == LINK_AUTH) {
         CTL_LOG_REFUSED(l, KVP_LOG_ERROR, "peer %s: HELLO_ACK without AUTH: refused", l->peer_id);
-        ctl_link_refuse(l, KVP_DOWN_AUTH, KVP_BYE_AUTH, &ctl->st.refused_auth);
+        kvp__ctl_link_refuse(l, KVP_DOWN_AUTH, KVP_BYE_AUTH, &ctl->st.refused_auth);
         return;
     }
     if ((l->state != LINK_CHECK && l->state != LINK_ACKED) || l->peer_acked) {
-        ctl_link_protocol_error(l, "unexpected HELLO_ACK");
+        kvp__ctl_link_protocol_error(l, "unexpected HELLO_ACK");
         return;
     }
     if (!kvp_epoch_eq(&a->acked_epoch, &l->local_epoch)) {
-        ctl_link_protocol_error(l, "HELLO_ACK acknowledges another epoch");
+        kvp__ctl_link_protocol_error(l, "HELLO_ACK acknowledges another epoch");
         return;
     }
-    if (!ctl_gate_blob_ok(l, a->blob, a->blob_len))
+    if (!kvp__ctl_gate_blob_ok(l, a->blob, a->blob_len))
         return; /* our own or another live link's address: refused */
     l->peer_blob = kvp__malloc(a->blob_len ? a->blob_len : 1);
     if (!l->peer_blob) {
-        ctl_link_down(l, KVP_DOWN_LOCAL_CLOSE, KVP_BYE_PROTOCOL, true);
+        kvp__ctl_link_down(l, KVP_DOWN_LOCAL_CLOSE, KVP_BYE_PROTOCOL, true);
         return;
     }
     memcpy(l->peer_blob, a->blob, a->blob_len);
@@ -242,12 +243,12 @@ void ctl_hs_on_ack(kvp_link_t *l, const kvp_msg_hello_ack_t *a)
     l->peer_acked = true;
     ctl->st.blobs_in++;
     if (l->state == LINK_ACKED)
-        ctl_link_become_ready(l);
+        kvp__ctl_link_become_ready(l);
 }
 
-/* Our blob leaves only from here, called only by ctl_settle_identity() on a
+/* Our blob leaves only from here, called only by kvp__ctl_settle_identity() on a
  * link in CHECK, i.e. after validation and authentication. */
-void ctl_hs_send_ack(kvp_link_t *l)
+void kvp__ctl_hs_send_ack(kvp_link_t *l)
 {
     kvp_ctl_t *ctl = l->ctl;
     kvp_msg_t m;
@@ -256,17 +257,17 @@ void ctl_hs_send_ack(kvp_link_t *l)
     m.u.hello_ack.acked_epoch = l->remote_epoch;
     m.u.hello_ack.blob = ctl->cfg.blob;
     m.u.hello_ack.blob_len = (uint32_t)ctl->cfg.blob_len;
-    ctl_link_set_state(l, LINK_ACKED);
+    kvp__ctl_link_set_state(l, LINK_ACKED);
     ctl->st.blobs_out++;
-    ctl_link_send_ctl(l, &m);
+    kvp__ctl_link_send_ctl(l, &m);
     if (l->state == LINK_ACKED && l->peer_acked)
-        ctl_link_become_ready(l);
+        kvp__ctl_link_become_ready(l);
 }
 
 /* A HELLO of another wire major version does not decode (its layout may
  * differ), yet it deserves a clear refusal, not a protocol error: the wire
  * layer reads the fields every version shares, we answer BYE INCOMPATIBLE. */
-bool ctl_hs_refuse_version(kvp_link_t *l, const uint8_t *f, size_t len)
+bool kvp__ctl_hs_refuse_version(kvp_link_t *l, const uint8_t *f, size_t len)
 {
     kvp_ctl_t *ctl = l->ctl;
     kvp_wire_hello_id_t id;
@@ -277,7 +278,8 @@ bool ctl_hs_refuse_version(kvp_link_t *l, const uint8_t *f, size_t len)
     l->have_peer = !kvp_epoch_is_zero(&l->remote_epoch); /* lets the BYE carry epochs */
     CTL_LOG_REFUSED(l, KVP_LOG_ERROR, "peer %s: incompatible wire major version (ours %u, theirs %u): refused",
               id.peer_id, KVP_WIRE_MAJOR, id.major);
-    ctl_link_refuse(l, KVP_DOWN_INCOMPATIBLE, KVP_BYE_INCOMPATIBLE, &ctl->st.refused_incompatible);
+    kvp__ctl_link_refuse(l, KVP_DOWN_INCOMPATIBLE, KVP_BYE_INCOMPATIBLE,
+                         &ctl->st.refused_incompatible);
     return true;
 }
 

@@ -10,7 +10,7 @@
 static const char *const link_state_names[] = {"CONNECTING", "HELLO", "AUTH", "CHECK",
                                                "ACKED",      "READY", "CLOSING"};
 
-void ctl_link_set_state(kvp_link_t *l, link_state_t to)
+void kvp__ctl_link_set_state(kvp_link_t *l, link_state_t to)
 {
     static const unsigned legal_from[] = {
         [LINK_CONNECTING] = 0,
@@ -40,7 +40,7 @@ static kvp_status_t link_write(kvp_link_t *l, kvp_msg_t *m)
         m->dst_epoch = l->remote_epoch;
     }
     size_t len;
-    kvp_status_t st = ctl_encode(ctl, m, &len);
+    kvp_status_t st = kvp__ctl_encode(ctl, m, &len);
     if (st != KVP_OK)
         return st;
     st = l->conn->ops->write(l->conn, ctl->ebuf, len);
@@ -52,13 +52,13 @@ static kvp_status_t link_write(kvp_link_t *l, kvp_msg_t *m)
     return KVP_OK;
 }
 
-void ctl_link_send_ctl(kvp_link_t *l, kvp_msg_t *m)
+void kvp__ctl_link_send_ctl(kvp_link_t *l, kvp_msg_t *m)
 {
     kvp_status_t st = link_write(l, m);
     if (st == KVP_ERR_LIMIT) {
         KVP_WARN(l->ctl->prefix, "peer %s: write queue over %zu bytes: closing slow peer",
                  l->peer_id, l->ctl->cfg.wbuf_max);
-        ctl_link_down(l, KVP_DOWN_SLOW_PEER, -1, true);
+        kvp__ctl_link_down(l, KVP_DOWN_SLOW_PEER, -1, true);
     }
 }
 
@@ -71,7 +71,7 @@ static void link_send_bye(kvp_link_t *l, uint16_t reason)
     (void)link_write(l, &m);
 }
 
-void ctl_link_send_bye_compat(kvp_link_t *l)
+void kvp__ctl_link_send_bye_compat(kvp_link_t *l)
 {
     kvp_msg_t m;
     memset(&m, 0, sizeof(m));
@@ -88,7 +88,7 @@ static void link_send_ping(kvp_link_t *l, uint16_t type, uint64_t seq, uint64_t 
     m.type = type;
     m.u.ping.seq = seq;
     m.u.ping.sent_ns = sent_ns;
-    ctl_link_send_ctl(l, &m);
+    kvp__ctl_link_send_ctl(l, &m);
 }
 
 static void link_free_pending(kvp_link_t *l)
@@ -108,7 +108,7 @@ static kvp_status_t link_queue(kvp_link_t *l, kvp_msg_t *m)
     m->src_epoch = l->local_epoch;
     m->dst_epoch = l->local_epoch; /* placeholder until the peer's HELLO: patched at flush */
     size_t len;
-    kvp_status_t st = ctl_encode(ctl, m, &len);
+    kvp_status_t st = kvp__ctl_encode(ctl, m, &len);
     if (st != KVP_OK)
         return st;
     if (l->pending_bytes + len > ctl->cfg.wbuf_max)
@@ -139,7 +139,7 @@ static void link_flush_pending(kvp_link_t *l)
         }
         kvp__free(p);
         if (st == KVP_ERR_LIMIT)
-            ctl_link_down(l, KVP_DOWN_SLOW_PEER, -1, true);
+            kvp__ctl_link_down(l, KVP_DOWN_SLOW_PEER, -1, true);
     }
 }
 
@@ -158,7 +158,7 @@ kvp_status_t kvp_link_send(kvp_link_t *l, const kvp_msg_t *msg)
     if (st == KVP_ERR_LIMIT) {
         KVP_WARN(l->ctl->prefix, "peer %s: write queue over %zu bytes: closing slow peer",
                  l->peer_id, l->ctl->cfg.wbuf_max);
-        ctl_link_down(l, KVP_DOWN_SLOW_PEER, -1, true);
+        kvp__ctl_link_down(l, KVP_DOWN_SLOW_PEER, -1, true);
     }
     return st;
 }
@@ -173,7 +173,7 @@ kvp_status_t kvp_link_send_epochs(kvp_link_t *l, const kvp_msg_t *msg, const kvp
     m.src_epoch = *src;
     m.dst_epoch = *dst;
     size_t len;
-    kvp_status_t st = ctl_encode(l->ctl, &m, &len);
+    kvp_status_t st = kvp__ctl_encode(l->ctl, &m, &len);
     if (st == KVP_OK)
         st = l->conn->ops->write(l->conn, l->ctl->ebuf, len);
     return st;
@@ -189,7 +189,7 @@ void kvp_link_ping(kvp_link_t *l)
 
 void kvp_link_close(kvp_link_t *l, kvp_bye_reason_t reason)
 {
-    ctl_link_down(l, KVP_DOWN_LOCAL_CLOSE, (int)reason, kvp_bye_reason_is_fault(reason));
+    kvp__ctl_link_down(l, KVP_DOWN_LOCAL_CLOSE, (int)reason, kvp_bye_reason_is_fault(reason));
 }
 
 /* ------------------------------------------------------------- going down */
@@ -197,7 +197,7 @@ void kvp_link_close(kvp_link_t *l, kvp_bye_reason_t reason)
 /* Decide that the link is down: BYE (if the peer's epoch is known), close the
  * connection (gracefully when a BYE must get out), stop every timer and park
  * the link on the closing list. on_down and the free come from ctl_reap(). */
-void ctl_link_down(kvp_link_t *l, kvp_down_reason_t reason, int bye, bool fault)
+void kvp__ctl_link_down(kvp_link_t *l, kvp_down_reason_t reason, int bye, bool fault)
 {
     kvp_ctl_t *ctl = l->ctl;
     if (l->state == LINK_CLOSING)
@@ -220,31 +220,31 @@ void ctl_link_down(kvp_link_t *l, kvp_down_reason_t reason, int bye, bool fault)
     kvp_timer_stop(ctl->loop, &l->t_check);
     kvp_timer_stop(ctl->loop, &l->t_resume);
     link_free_pending(l);
-    ctl_link_set_state(l, LINK_CLOSING);
+    kvp__ctl_link_set_state(l, LINK_CLOSING);
     kvp_list_remove(&l->node);
     kvp_list_insert_tail(&ctl->closing, &l->node);
-    ctl_schedule_reap(ctl);
+    kvp__ctl_schedule_reap(ctl);
     if (l->have_peer)
-        ctl_kick_checks(ctl, l->peer_id);
+        kvp__ctl_kick_checks(ctl, l->peer_id);
 }
 
 /* Refuse a peer during the handshake: counted, logged once here, BYE, no
  * callback (the link never became ready). */
-void ctl_link_refuse(kvp_link_t *l, kvp_down_reason_t reason, uint16_t bye, uint64_t *counter)
+void kvp__ctl_link_refuse(kvp_link_t *l, kvp_down_reason_t reason, uint16_t bye, uint64_t *counter)
 {
     if (counter)
         (*counter)++;
-    ctl_link_down(l, reason, bye, true);
+    kvp__ctl_link_down(l, reason, bye, true);
 }
 
-void ctl_link_protocol_error(kvp_link_t *l, const char *why)
+void kvp__ctl_link_protocol_error(kvp_link_t *l, const char *why)
 {
     kvp_ctl_t *ctl = l->ctl;
     ctl->st.protocol_errors++;
     KVP_LOG_RL(&ctl->rl_proto, ctl_link_now(l), KVP_LOG_ERROR, ctl->prefix,
                "peer %s (%s): protocol error: %s", l->peer_id,
                l->conn ? l->conn->remote : "?", why);
-    ctl_link_down(l, KVP_DOWN_PROTOCOL, l->have_peer ? KVP_BYE_PROTOCOL : -1, true);
+    kvp__ctl_link_down(l, KVP_DOWN_PROTOCOL, l->have_peer ? KVP_BYE_PROTOCOL : -1, true);
 }
 
 /* ------------------------------------------------------------ ready & live */
@@ -295,24 +295,24 @@ static void link_on_dead(kvp_timer_t *t)
     ctl->st.peers_dead++;
     KVP_WARN(ctl->prefix, "peer %s: nothing received for %llu ms: dead", l->peer_id,
              (unsigned long long)((now - l->last_rx_ns) / KVP_NSEC_PER_MSEC));
-    ctl_link_down(l, KVP_DOWN_DEAD, KVP_BYE_DEAD, true);
+    kvp__ctl_link_down(l, KVP_DOWN_DEAD, KVP_BYE_DEAD, true);
 }
 
 static void link_on_handshake_timeout(kvp_timer_t *t)
 {
     kvp_link_t *l = t->data;
     if (l->compat_wait) { /* refused already; the peer's string never came */
-        ctl_hs_compat_refused(l);
+        kvp__ctl_hs_compat_refused(l);
         return;
     }
     l->ctl->st.handshakes_timed_out++;
-    bool pre = ctl_link_preauth(l);
+    bool pre = kvp__ctl_link_preauth(l);
     l->ctl->st.refused_preauth += pre;
     CTL_LOG_REFUSED(l, KVP_LOG_WARN, "peer %s (%s): %s not complete after %llu ms (%s): closed",
              l->peer_id, l->conn ? l->conn->remote : "?", pre ? "authentication" : "handshake",
              (unsigned long long)((ctl_link_now(l) - l->created_ns) / KVP_NSEC_PER_MSEC),
              link_state_names[l->state]);
-    ctl_link_down(l, KVP_DOWN_HANDSHAKE_TIMEOUT, -1, true);
+    kvp__ctl_link_down(l, KVP_DOWN_HANDSHAKE_TIMEOUT, -1, true);
 }
 
 static uint16_t link_refusal_bye(kvp_status_t st)
@@ -327,11 +327,11 @@ static uint16_t link_refusal_bye(kvp_status_t st)
     }
 }
 
-void ctl_link_become_ready(kvp_link_t *l)
+void kvp__ctl_link_become_ready(kvp_link_t *l)
 {
     kvp_ctl_t *ctl = l->ctl;
     uint64_t now = ctl_link_now(l);
-    ctl_link_set_state(l, LINK_READY);
+    kvp__ctl_link_set_state(l, LINK_READY);
     l->wctx.handshake_done = true;
     /* dead-after counts from ready: the peer's ack may have waited in CHECK */
     l->last_rx_ns = l->last_pong_ns = now;
@@ -353,7 +353,7 @@ void ctl_link_become_ready(kvp_link_t *l)
         if (st == KVP_ERR_PROTO || st == KVP_ERR_TRUNCATED || st == KVP_ERR_INCOMPATIBLE)
             ctl->st.protocol_errors++;
         l->was_ready = false; /* never became ready for the user: no on_down */
-        ctl_link_down(l, KVP_DOWN_REFUSED, link_refusal_bye(st), true);
+        kvp__ctl_link_down(l, KVP_DOWN_REFUSED, link_refusal_bye(st), true);
         return;
     }
     if (l->state != LINK_READY)
@@ -361,8 +361,8 @@ void ctl_link_become_ready(kvp_link_t *l)
     KVP_INFO(ctl->prefix, "peer %s: ready (%s, %s)", l->peer_id, l->outbound ? "dialed" : "accepted",
              l->conn->ops->name);
     link_flush_pending(l);
-    ctl_want_link_ready(ctl, l);
-    ctl_kick_checks(ctl, l->peer_id);
+    kvp__ctl_want_link_ready(ctl, l);
+    kvp__ctl_kick_checks(ctl, l->peer_id);
 }
 
 /* -------------------------------------------------------------- receiving */
@@ -384,13 +384,13 @@ static void link_on_bye(kvp_link_t *l, const kvp_msg_bye_t *b)
     if (b->compat[0])
         snprintf(l->peer_compat, sizeof(l->peer_compat), "%s", b->compat);
     if (l->compat_wait) {
-        ctl_hs_compat_refused(l);
+        kvp__ctl_hs_compat_refused(l);
         return;
     }
     bool fault = kvp_bye_reason_is_fault(reason);
     KVP_LOG(fault && l->state == LINK_READY ? KVP_LOG_WARN : KVP_LOG_INFO, l->ctl->prefix,
             "peer %s: BYE %s", l->peer_id, kvp_bye_reason_str(reason));
-    ctl_link_down(l, KVP_DOWN_BYE, -1, fault);
+    kvp__ctl_link_down(l, KVP_DOWN_BYE, -1, fault);
     l->down_bye = reason;
 }
 
@@ -403,18 +403,18 @@ static void link_dispatch(kvp_link_t *l, const kvp_msg_t *m)
 {
     kvp_ctl_t *ctl = l->ctl;
     if (m->type == KVP_MSG_HELLO) {
-        ctl_hs_on_hello(l, &m->u.hello);
+        kvp__ctl_hs_on_hello(l, &m->u.hello);
         return;
     }
     if (!l->have_peer) {
-        ctl_link_protocol_error(l, "frame before HELLO");
+        kvp__ctl_link_protocol_error(l, "frame before HELLO");
         return;
     }
     if ((!kvp_epoch_eq(&m->src_epoch, &l->remote_epoch) ||
          !kvp_epoch_eq(&m->dst_epoch, &l->local_epoch)) &&
         !KVP_MUTATED(KVP_MUT_ACCEPT_STALE_EPOCH) /* test-only: the bug */) {
         if (l->state != LINK_READY && link_is_handshake_msg(m->type)) {
-            ctl_link_protocol_error(l, "bad epochs on a handshake frame");
+            kvp__ctl_link_protocol_error(l, "bad epochs on a handshake frame");
             return;
         }
         ctl->st.stale_frames++; /* another incarnation's frame: dropped before any effect */
@@ -423,13 +423,13 @@ static void link_dispatch(kvp_link_t *l, const kvp_msg_t *m)
     if (l->compat_wait && m->type != KVP_MSG_BYE)
         return; /* refused: only the peer's BYE still matters */
     switch (m->type) {
-    case KVP_MSG_AUTH: ctl_hs_on_auth(l, &m->u.auth); return;
-    case KVP_MSG_HELLO_ACK: ctl_hs_on_ack(l, &m->u.hello_ack); return;
+    case KVP_MSG_AUTH: kvp__ctl_hs_on_auth(l, &m->u.auth); return;
+    case KVP_MSG_HELLO_ACK: kvp__ctl_hs_on_ack(l, &m->u.hello_ack); return;
     case KVP_MSG_BYE: link_on_bye(l, &m->u.bye); return;
     default: break;
     }
     if (l->state != LINK_READY) {
-        ctl_link_protocol_error(l, "frame before the handshake completed");
+        kvp__ctl_link_protocol_error(l, "frame before the handshake completed");
         return;
     }
     if (m->type == KVP_MSG_PING)
@@ -449,8 +449,8 @@ static void link_handle(kvp_link_t *l, const uint8_t *frame, size_t len)
     char why[96] = "";
     kvp_status_t st = kvp_wire_decode(&l->wctx, frame, len, ctl->scratch, &m, why, sizeof(why));
     if (st != KVP_OK) {
-        if (!ctl_hs_refuse_version(l, frame, len))
-            ctl_link_protocol_error(l, why[0] ? why : kvp_status_str(st));
+        if (!kvp__ctl_hs_refuse_version(l, frame, len))
+            kvp__ctl_link_protocol_error(l, why[0] ? why : kvp_status_str(st));
         return;
     }
     ctl->st.frames_in++;
@@ -459,7 +459,7 @@ static void link_handle(kvp_link_t *l, const uint8_t *frame, size_t len)
     l->rx_frames++;
     if (l->claim_ping_pending) {
         l->claim_ping_pending = false;
-        ctl_kick_checks(ctl, l->peer_id); /* the restart claim is answered */
+        kvp__ctl_kick_checks(ctl, l->peer_id); /* the restart claim is answered */
     }
     link_dispatch(l, &m);
 }
@@ -476,7 +476,7 @@ static void link_on_readable(kvp_conn_t *c)
         if (st == KVP_ERR_TRUNCATED)
             break;
         if (st != KVP_OK) {
-            ctl_link_protocol_error(l, why);
+            kvp__ctl_link_protocol_error(l, why);
             return;
         }
         size_t total = KVP_WIRE_HDR_LEN + (size_t)hdr.length;
@@ -484,7 +484,7 @@ static void link_on_readable(kvp_conn_t *c)
             kvp_conn_rbuf_consume(c, off);
             off = 0;
             if (kvp_conn_rbuf_reserve(c, total) != KVP_OK)
-                ctl_link_protocol_error(l, "cannot buffer frame");
+                kvp__ctl_link_protocol_error(l, "cannot buffer frame");
             return;
         }
         link_handle(l, c->rbuf + off, total);
@@ -524,7 +524,7 @@ static void link_on_closed(kvp_conn_t *c, kvp_status_t why)
     kvp_link_t *l = c->owner;
     kvp_ctl_t *ctl = l->ctl;
     if (l->compat_wait) {
-        ctl_hs_compat_refused(l);
+        kvp__ctl_hs_compat_refused(l);
         return;
     }
     if (l->state == LINK_CONNECTING) {
@@ -534,17 +534,17 @@ static void link_on_closed(kvp_conn_t *c, kvp_status_t why)
         KVP_LOG(l->state == LINK_READY ? KVP_LOG_WARN : KVP_LOG_INFO, ctl->prefix,
                 "peer %s: connection %s", l->peer_id, why == KVP_ERR_CLOSED ? "closed" : "reset");
     }
-    ctl_link_down(l, KVP_DOWN_EOF, -1, true);
+    kvp__ctl_link_down(l, KVP_DOWN_EOF, -1, true);
 }
 
 static void link_on_connected(kvp_conn_t *c)
 {
     kvp_link_t *l = c->owner;
-    ctl_link_set_state(l, LINK_HELLO);
-    ctl_hs_send_hello(l);
+    kvp__ctl_link_set_state(l, LINK_HELLO);
+    kvp__ctl_hs_send_hello(l);
 }
 
-const kvp_conn_handler_t ctl_link_handler = {
+const kvp_conn_handler_t kvp__ctl_link_handler = {
     .connected = link_on_connected,
     .readable = link_on_readable,
     .closed = link_on_closed,
@@ -552,8 +552,8 @@ const kvp_conn_handler_t ctl_link_handler = {
 
 /* -------------------------------------------------------------- lifecycle */
 
-kvp_status_t ctl_link_new(kvp_ctl_t *ctl, kvp_conn_t *conn, bool outbound, const char *addr,
-                          kvp_link_t **out)
+kvp_status_t kvp__ctl_link_new(kvp_ctl_t *ctl, kvp_conn_t *conn, bool outbound,
+                               const char *addr, kvp_link_t **out)
 {
     kvp_link_t *l = kvp__calloc(1, sizeof(*l));
     if (!l)
@@ -569,13 +569,16 @@ kvp_status_t ctl_link_new(kvp_ctl_t *ctl, kvp_conn_t *conn, bool outbound, const
     l->ctl = ctl;
     l->outbound = outbound;
     l->created_ns = l->last_rx_ns = l->last_tx_ns = now;
-    l->state = outbound ? LINK_CONNECTING : LINK_HELLO;
     snprintf(l->peer_id, sizeof(l->peer_id), "%s", addr ? addr : "?");
+    /* Zeroed, a link is CONNECTING (an outbound connect in progress); an
+     * accepted connection is connected already: HELLO (the setter's first call). */
+    if (!outbound)
+        kvp__ctl_link_set_state(l, LINK_HELLO);
     kvp_list_init(&l->pending);
     kvp_timer_init(&l->t_handshake, "handshake", link_on_handshake_timeout, l);
     kvp_timer_init(&l->t_heartbeat, "heartbeat", link_on_heartbeat, l);
     kvp_timer_init(&l->t_dead, "dead-after", link_on_dead, l);
-    kvp_timer_init(&l->t_check, "identity-check", ctl_on_check, l);
+    kvp_timer_init(&l->t_check, "identity-check", kvp__ctl_on_check, l);
     kvp_timer_init(&l->t_resume, "read-resume", link_on_resume, l);
     /* An inbound connection has preauth_timeout to authenticate (gate.c);
      * hs_authenticated() then extends it to the handshake timeout. */
@@ -585,17 +588,17 @@ kvp_status_t ctl_link_new(kvp_ctl_t *ctl, kvp_conn_t *conn, bool outbound, const
     if (conn) {
         l->conn = conn;
         conn->owner = l;
-        conn->h = &ctl_link_handler;
+        conn->h = &kvp__ctl_link_handler;
         conn->linger_head = &ctl->lingering;
     }
     if (!outbound)
-        ctl_hs_send_hello(l);
+        kvp__ctl_hs_send_hello(l);
     *out = l;
     return KVP_OK;
 }
 
 /* The link must be CLOSING (conn already handed off, timers stopped). */
-void ctl_link_free(kvp_link_t *l)
+void kvp__ctl_link_free(kvp_link_t *l)
 {
     KVP_ASSERT(l->state == LINK_CLOSING && l->conn == NULL);
     kvp_list_remove(&l->node);

@@ -5,9 +5,9 @@
  * the address or records "cannot resolve the host name". A name that takes
  * seconds to resolve (or not to) stalls neither the loop nor other peers.
  *
- * Ownership: a request is allocated by ctl_resolve_start and freed on the
+ * Ownership: a request is allocated by kvp__ctl_resolve_start and freed on the
  * loop thread when its completion is taken (ctl_resolve_on_done) or by
- * ctl_resolve_destroy. `want` is read and written on the loop thread only
+ * kvp__ctl_resolve_destroy. `want` is read and written on the loop thread only
  * (NULL once the want is gone); the worker touches addr, st, ss and sslen,
  * and the lists under the mutex. */
 #include "ctl/ctl_int.h"
@@ -83,7 +83,7 @@ static void resolver_on_io(kvp_io_t *io, uint32_t events)
         ctl_want_t *w = q->want;
         if (w != NULL) {
             w->resolving = NULL;
-            ctl_want_resolved(w, q->st, &q->ss, q->sslen);
+            kvp__ctl_want_resolved(w, q->st, &q->ss, q->sslen);
         }
         kvp__free(q);
     }
@@ -119,7 +119,7 @@ fail:
     return KVP_ERR_IO;
 }
 
-kvp_status_t ctl_resolve_start(kvp_ctl_t *ctl, ctl_want_t *w)
+kvp_status_t kvp__ctl_resolve_start(kvp_ctl_t *ctl, ctl_want_t *w)
 {
     kvp_status_t st;
     if (ctl->resolver == NULL && (st = resolver_create(ctl)) != KVP_OK)
@@ -138,7 +138,7 @@ kvp_status_t ctl_resolve_start(kvp_ctl_t *ctl, ctl_want_t *w)
     return KVP_OK;
 }
 
-void ctl_resolve_forget(ctl_want_t *w)
+void kvp__ctl_resolve_forget(ctl_want_t *w)
 {
     if (w->resolving != NULL)
         w->resolving->want = NULL; /* freed when its completion is taken */
@@ -147,7 +147,7 @@ void ctl_resolve_forget(ctl_want_t *w)
 
 /* Joins the worker: a getaddrinfo() in progress is waited for (bounded by
  * the system resolver's timeout, resolv.conf). */
-void ctl_resolve_destroy(kvp_ctl_t *ctl)
+void kvp__ctl_resolve_destroy(kvp_ctl_t *ctl)
 {
     ctl_resolver_t *r = ctl->resolver;
     if (r == NULL)

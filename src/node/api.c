@@ -207,7 +207,7 @@ KVP_EXPORT kvp_status_t kvp_peer_add(kvp_node_t *n, const char *addr)
 static kvp_status_t do_peer_state(kvp_node_t *n, void *arg)
 {
     kvp_session_t *s = kvp__node_find_session(n, arg);
-    if (s != NULL && s->state == KVP_SESS_READY && !s->probation)
+    if (s != NULL && kvp__session_ready(s))
         return KVP_OK;
     if (s != NULL)
         return KVP_ERR_UNREACHABLE; /* closing or on probation */
@@ -314,7 +314,7 @@ static kvp_status_t do_get(kvp_node_t *n, void *arg)
         return st;
     if (n->engine_pins == NULL &&
         (n->engine_pins = kvp__calloc(n->cfg.num_blocks, sizeof(*n->engine_pins))) == NULL) {
-        kvp_store_unpin(n->store, ref);
+        kvp_store_unpin(n->store, ref); /* house: the engine's own pin, no peer's (DESIGN.md) */
         return KVP_ERR_NOMEM;
     }
     n->engine_pins[ref.slot]++; /* the engine's own pins, apart from transfers' (I2) */
@@ -353,6 +353,7 @@ static kvp_status_t do_release(kvp_node_t *n, void *arg)
                    b->slot, b->gen);
         return KVP_ERR_STATE;
     }
+    /* house: the engine's own pin (engine_pins), no peer's: no proof (DESIGN.md) */
     kvp_status_t st = kvp_store_unpin(n->store, (kvp_slot_ref_t){b->slot, b->gen});
     if (st == KVP_OK)
         n->engine_pins[b->slot]--;
@@ -370,11 +371,11 @@ KVP_EXPORT kvp_status_t kvp_release(kvp_node_t *n, const kvp_block_t *b)
 
 typedef struct remote_args remote_args_t;
 
-/* One remote call on the owner thread: the client function, whether it
+/* One remote call on the owner thread: the session's call, whether it
  * takes an op id (it completes through an event) and whether it leaves
  * frames for the session's flush. */
 typedef struct remote_call {
-    kvp_status_t (*fn)(kvp_session_t *s, uint64_t op_id, const remote_args_t *a);
+    kvp_session_call_t call;
     bool takes_op;
     bool flush;
     bool quiet; /* frames and bookkeeping only (kvp__node_exec_quiet) */
@@ -408,8 +409,8 @@ static kvp_status_t remote_session(kvp_node_t *n, const char *peer, kvp_session_
         kvp_ctl_want(n->ctl, peer); /* work for a peer: (re)dial with backoff */
         return KVP_ERR_UNREACHABLE;
     }
-    if (s->probation)
-        return KVP_ERR_UNREACHABLE;
+    if (!kvp__session_ready(s))
+        return KVP_ERR_UNREACHABLE; /* on probation */
     *out = s;
     return KVP_OK;
 }
@@ -424,11 +425,13 @@ static kvp_status_t do_remote(kvp_node_t *n, void *arg)
     if (st != KVP_OK)
         return st;
     uint64_t id = a->call->takes_op ? n->next_op_id++ : 0;
-    st = a->call->fn(s, id, a);
+    kvp_session_req_t r = {a->call->call, a->request_id, a->keys, a->lens, a->n,
+                           a->flags, a->results, a->block_status, a->slots};
+    st = kvp__session_request(s, id, &r);
     if (st != KVP_OK)
         return st;
-    if (a->call->flush && !kvp_list_linked(&s->flush_link))
-        kvp_list_insert_tail(&n->flushq, &s->flush_link);
+    if (a->call->flush && !kvp_list_linked(&kvp__session_links(s)->flush_link))
+        kvp_list_insert_tail(&n->flushq, &kvp__session_links(s)->flush_link);
     a->op_id = id;
     return KVP_OK;
 }
@@ -460,39 +463,11 @@ static kvp_status_t remote_exec(kvp_node_t *n, remote_args_t *a)
     }
 }
 
-static kvp_status_t call_lookup(kvp_session_t *s, uint64_t id, const remote_args_t *a)
-{
-    return kvp__client_lookup(s, id, a->request_id, a->keys, a->lens, a->n, a->results);
-}
-
-static kvp_status_t call_lookup_prefix(kvp_session_t *s, uint64_t id, const remote_args_t *a)
-{
-    return kvp__client_lookup_prefix(s, id, a->request_id, a->keys, a->lens, a->n, a->results);
-}
-
-static kvp_status_t call_lease_renew(kvp_session_t *s, uint64_t id, const remote_args_t *a)
-{
-    (void)id;
-    return kvp__client_lease_renew(s, a->request_id);
-}
-
-static kvp_status_t call_fetch(kvp_session_t *s, uint64_t id, const remote_args_t *a)
-{
-    return kvp__client_fetch(s, id, a->request_id, a->keys, a->lens, a->n, a->flags,
-                             a->block_status);
-}
-
-static kvp_status_t call_fetch_into(kvp_session_t *s, uint64_t id, const remote_args_t *a)
-{
-    return kvp__client_fetch_into(s, id, a->request_id, a->keys, a->lens, a->n, a->slots,
-                                  a->flags, a->block_status);
-}
-
-static const remote_call_t CALL_FETCH_INTO = {call_fetch_into, true, false, true};
-static const remote_call_t CALL_LOOKUP = {call_lookup, true, true, true};
-static const remote_call_t CALL_LOOKUP_PREFIX = {call_lookup_prefix, true, true, true};
-static const remote_call_t CALL_LEASE_RENEW = {call_lease_renew, false, false, true};
-static const remote_call_t CALL_FETCH = {call_fetch, true, false, true};
+static const remote_call_t CALL_FETCH_INTO = {KVP_CALL_FETCH_INTO, true, false, true};
+static const remote_call_t CALL_LOOKUP = {KVP_CALL_LOOKUP, true, true, true};
+static const remote_call_t CALL_LOOKUP_PREFIX = {KVP_CALL_LOOKUP_PREFIX, true, true, true};
+static const remote_call_t CALL_LEASE_RENEW = {KVP_CALL_LEASE_RENEW, false, false, true};
+static const remote_call_t CALL_FETCH = {KVP_CALL_FETCH, true, false, true};
 
 static kvp_status_t check_remote(kvp_node_t *n, const char *peer, const uint8_t *keys,
                                  const uint32_t *lens, uint32_t cnt, const uint64_t *op_id)
@@ -580,13 +555,16 @@ KVP_EXPORT kvp_status_t kvp_fetch_into(kvp_node_t *n, const char *peer, uint64_t
     return st;
 }
 
+/* Op ids are unique per node: at most one session has the load. */
 static kvp_status_t do_cancel(kvp_node_t *n, void *arg)
 {
-    kvp_load_t *l = kvp__node_find_load(n, *(uint64_t *)arg);
-    if (l == NULL || l->published)
-        return KVP_ERR_NOT_FOUND;
-    kvp__client_abort(l, KVP_ERR_CANCELED);
-    return KVP_OK;
+    kvp_list_t *p, *t;
+    kvp_list_foreach_safe(p, t, &n->sessions)
+    {
+        if (kvp__session_cancel(KVP_SESSION_OF(p, node_link), *(uint64_t *)arg) == KVP_OK)
+            return KVP_OK;
+    }
+    return KVP_ERR_NOT_FOUND;
 }
 
 KVP_EXPORT kvp_status_t kvp_cancel(kvp_node_t *n, uint64_t op_id)
@@ -602,9 +580,7 @@ static kvp_status_t do_finish(kvp_node_t *n, void *arg)
     kvp_list_t *p, *t;
     kvp_list_foreach_safe(p, t, &n->sessions)
     {
-        kvp_session_t *s = KVP_CONTAINER_OF(p, kvp_session_t, node_link);
-        kvp__client_finish_request(s, req); /* our loads: one failure outcome each (F7) */
-        kvp__server_finish_request(s, req); /* our supply and parked demand (F11) */
+        kvp__session_finish_request(KVP_SESSION_OF(p, node_link), req);
     }
     return KVP_OK;
 }

@@ -71,9 +71,9 @@ static void stats_more(kvp_node_t *n, kvp_stats_t *o)
     kvp_list_t *p, *t;
     kvp_list_foreach_safe(p, t, &n->sessions)
     {
-        kvp_session_t *s = KVP_CONTAINER_OF(p, kvp_session_t, node_link);
-        kvp_list_t *q, *u;
-        kvp_list_foreach_safe(q, u, &s->loads) inflight++;
+        kvp_session_info_t si;
+        kvp__session_info(KVP_SESSION_OF(p, node_link), &si);
+        inflight += si.loads_inflight;
     }
     o->loads_inflight = inflight;
 }
@@ -170,23 +170,18 @@ static bool held_suspect_cb(void *arg, uint32_t slot, const kvp_slot_info_t *inf
     return it->a->n < it->a->cap;
 }
 
+static void held_session_cb(void *arg, int kind, uint32_t slot, uint64_t id, uint64_t since_ns,
+                            const char *peer)
+{
+    suspect_iter_t *it = arg;
+    held_add(it->n, it->a, kind, slot, id, since_ns, peer);
+}
+
 static kvp_status_t do_held(kvp_node_t *n, void *arg)
 {
     held_args_t *a = arg;
-    kvp_list_t *p, *t;
-    kvp_list_foreach_safe(p, t, &n->env.retained)
-    {
-        kvp_xfer_t *x = KVP_CONTAINER_OF(p, kvp_xfer_t, link);
-        held_add(n, a, 1, 0, x->id, x->retained_ns, x->peer);
-    }
-    kvp_list_foreach_safe(p, t, &n->env.quarantined)
-    {
-        kvp_load_t *l = KVP_CONTAINER_OF(p, kvp_load_t, link);
-        for (uint32_t i = 0; i < l->n; i++)
-            if (l->blocks[i].reserved)
-                held_add(n, a, 2, l->blocks[i].dst.slot, l->op_id, l->quarantined_ns, l->peer);
-    }
     suspect_iter_t it = {n, a, kvp__node_now(n)};
+    kvp__session_held_foreach(&n->env, held_session_cb, &it); /* retained, quarantined */
     if (a->n < a->cap)
         kvp_store_iterate(n->store, held_suspect_cb, &it); /* age: remaining, see docs */
     return KVP_OK;
@@ -204,19 +199,19 @@ static kvp_status_t do_peers(kvp_node_t *n, void *arg)
     kvp_list_t *p, *t;
     kvp_list_foreach_safe(p, t, &n->sessions)
     {
-        kvp_session_t *s = KVP_CONTAINER_OF(p, kvp_session_t, node_link);
+        kvp_session_info_t si;
+        kvp__session_info(KVP_SESSION_OF(p, node_link), &si);
         kvp_peer_info_t *pi = list_next(a, sizeof(*pi));
         if (pi == NULL)
             break;
-        snprintf(pi->peer, sizeof(pi->peer), "%s", s->peer_id);
-        snprintf(pi->instance, sizeof(pi->instance), "%s", s->instance_id);
-        snprintf(pi->data_path, sizeof(pi->data_path), "%s", kvp_data_path_str(s->path));
-        pi->ready = kvp__session_open(s);
-        pi->probation = s->probation;
-        pi->rtt_ns = s->link ? kvp_link_rtt_ns(s->link) : 0;
-        pi->bytes_inflight = s->bytes_inflight;
-        kvp_list_t *q, *u;
-        kvp_list_foreach_safe(q, u, &s->loads) pi->loads_inflight++;
+        snprintf(pi->peer, sizeof(pi->peer), "%s", si.peer);
+        snprintf(pi->instance, sizeof(pi->instance), "%s", si.instance);
+        snprintf(pi->data_path, sizeof(pi->data_path), "%s", kvp_data_path_str(si.path));
+        pi->ready = si.open;
+        pi->probation = si.probation;
+        pi->rtt_ns = si.rtt_ns;
+        pi->bytes_inflight = si.bytes_inflight;
+        pi->loads_inflight = si.loads_inflight;
     }
     return KVP_OK;
 }
@@ -266,15 +261,16 @@ static kvp_status_t do_peer_states(kvp_node_t *n, void *arg)
     kvp_list_t *p, *t;
     kvp_list_foreach_safe(p, t, &n->sessions)
     {
-        kvp_session_t *s = KVP_CONTAINER_OF(p, kvp_session_t, node_link);
+        kvp_session_info_t si;
+        kvp__session_info(KVP_SESSION_OF(p, node_link), &si);
         kvp_peer_state_t *ps = list_next(a, sizeof(*ps));
         if (ps == NULL)
             break;
-        snprintf(ps->peer, sizeof(ps->peer), "%s", s->peer_id);
+        snprintf(ps->peer, sizeof(ps->peer), "%s", si.peer);
         snprintf(ps->state, sizeof(ps->state), "%s",
-                 s->state != KVP_SESS_READY ? "closing"
-                 : s->probation                ? "probation"
-                                               : "ready");
+                 !si.open       ? "closing"
+                 : si.probation ? "probation"
+                                : "ready");
     }
     kvp_ctl_wants_foreach(n->ctl, state_want_cb, a);
     return KVP_OK;

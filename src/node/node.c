@@ -423,8 +423,9 @@ static bool node_busy(kvp_node_t *n)
         return true;
     kvp_list_foreach_safe(p, t, &n->sessions)
     {
-        kvp_session_t *s = KVP_CONTAINER_OF(p, kvp_session_t, node_link);
-        if (!kvp_list_empty(&s->loads))
+        kvp_session_info_t si;
+        kvp__session_info(KVP_SESSION_OF(p, node_link), &si);
+        if (si.loads_inflight > 0)
             return true;
     }
     return false;
@@ -441,23 +442,17 @@ static void node_drain(kvp_node_t *n)
     kvp_list_t *p, *t;
     n->draining = true; /* sessions are torn down below; none may start after */
     kvp_list_foreach_safe(p, t, &n->sessions) /* fetches waiting for budget never start */
-        kvp__client_fail_queued(KVP_CONTAINER_OF(p, kvp_session_t, node_link), KVP_ERR_CLOSED);
+        kvp__client_fail_queued(KVP_SESSION_OF(p, node_link), KVP_ERR_CLOSED);
     while (node_busy(n) && kvp__node_now(n) < deadline && (real || rounds++ < 100))
         kvp__node_round(n, real ? 5 : 0);
     while (!kvp_list_empty(&n->sessions)) {
-        kvp_session_t *s = KVP_CONTAINER_OF(n->sessions.next, kvp_session_t, node_link);
-        kvp__session_close_now(s, KVP_BYE_SHUTDOWN);
-        kvp__node_session_down(n, s, false, "node shutdown");
+        kvp_session_t *s = KVP_SESSION_OF(n->sessions.next, node_link);
+        kvp__node_session_down(n, s, KVP_BYE_SHUTDOWN, false, "node shutdown");
     }
     rounds = 0;
     while (node_busy(n) && kvp__node_now(n) < deadline && (real || rounds++ < 100))
         kvp__node_round(n, real ? 5 : 0);
-    while (!kvp_list_empty(&n->env.retained))
-        kvp__node_force_release_retired(n, KVP_CONTAINER_OF(n->env.retained.next, kvp_xfer_t, link),
-                                   "shutdown drain over");
-    while (!kvp_list_empty(&n->env.quarantined))
-        kvp__node_force_release_quarantine(
-            n, KVP_CONTAINER_OF(n->env.quarantined.next, kvp_load_t, link), "shutdown drain over");
+    kvp__session_held_end(&n->env, "shutdown drain over");
     for (int i = 0; i < 10; i++) /* let the BYEs go out */
         kvp_loop_run_once(n->loop, 0);
 }

@@ -86,10 +86,9 @@ struct kvp_node {
     kvp_io_t xport_io;
     kvp_timer_t hold_timer;
 
-    /* scratch for frames and transport results (owner thread only) */
+    /* scratch for frames (owner thread only) */
     uint8_t *txbuf;
     size_t txcap;
-    kvp_xfer_result_t results[256];
 
     /* threads: commands in, events out. `owner` guards everything the node
      * thread owns; the node thread holds it except while it sleeps in the
@@ -135,8 +134,6 @@ void kvp__node_emit(kvp_node_t *n, const kvp_event_t *ev);
 /* Issue 29 (api_external.c): the store's unpublish callback. */
 void kvp__node_unpublished(void *arg, uint32_t slot);
 kvp_session_t *kvp__node_find_session(kvp_node_t *n, const char *peer);
-/* The load with this op id on any session (queued or in flight), or NULL. */
-kvp_load_t *kvp__node_find_load(kvp_node_t *n, uint64_t op_id);
 /* config.c: validation naming the field (kvp_last_error), the region
  * against the host's memory and /dev/shm. */
 kvp_status_t kvp__config_check(const kvp_config_t *cfg);
@@ -174,14 +171,12 @@ void kvp__node_ev_signal_locked(kvp_node_t *n);
  * of a session whose link is down (teardown; frees s). */
 extern const kvp_session_up_t kvp__node_session_up;
 void kvp__node_ctl_callbacks(kvp_node_t *n, kvp_ctl_callbacks_t *cb);
-void kvp__node_session_down(kvp_node_t *n, kvp_session_t *s, bool fault, const char *why);
-/* hold.c: the hold timer, retired transfers handed back, endpoint checks,
- * and the force releases of the hold cap and the shutdown drain. */
+/* bye < 0: the link went down; else the node ends it now with BYE bye. */
+void kvp__node_session_down(kvp_node_t *n, kvp_session_t *s, int bye, bool fault, const char *why);
+/* hold.c: the hold timer (the session's hold cap, endpoint checks, idle
+ * sessions). */
 void kvp__node_hold_init(kvp_node_t *n);
 void kvp__node_hold_start(kvp_node_t *n);
-void kvp__node_poll_retired(kvp_node_t *n);
 void kvp__node_check_endpoints(kvp_node_t *n);
-void kvp__node_force_release_retired(kvp_node_t *n, kvp_xfer_t *x, const char *why);
-void kvp__node_force_release_quarantine(kvp_node_t *n, kvp_load_t *l, const char *why);
 
 #endif /* KVP_NODE_H */

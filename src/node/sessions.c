@@ -3,7 +3,7 @@
  * ctl hands up when a link is ready (ctl_on_ready), their frames
  * (ctl_on_frame), their end (ctl_on_down -> kvp__node_session_down:
  * teardown, sibling probation, PEER_DOWN), the session layer's upcalls
- * (kvp_session_up_t) and lookups by peer id and op id.
+ * (kvp_session_up_t) and the lookup by peer id.
  */
 #include "node/node.h"
 
@@ -15,21 +15,9 @@ kvp_session_t *kvp__node_find_session(kvp_node_t *n, const char *peer)
     kvp_list_t *p, *t;
     kvp_list_foreach_safe(p, t, &n->sessions)
     {
-        kvp_session_t *s = KVP_CONTAINER_OF(p, kvp_session_t, node_link);
-        if (strcmp(s->peer_id, peer) == 0)
+        kvp_session_t *s = KVP_SESSION_OF(p, node_link);
+        if (strcmp(kvp__session_peer(s), peer) == 0)
             return s;
-    }
-    return NULL;
-}
-
-kvp_load_t *kvp__node_find_load(kvp_node_t *n, uint64_t op_id)
-{
-    kvp_list_t *p, *t;
-    kvp_list_foreach_safe(p, t, &n->sessions)
-    {
-        kvp_load_t *l = kvp__client_find_load(KVP_CONTAINER_OF(p, kvp_session_t, node_link), op_id);
-        if (l != NULL)
-            return l;
     }
     return NULL;
 }
@@ -37,8 +25,9 @@ kvp_load_t *kvp__node_find_load(kvp_node_t *n, uint64_t op_id)
 /* Have the node run the session's queued work at the end of the call. */
 static void node_schedule(kvp_node_t *n, kvp_session_t *s)
 {
-    if (!kvp_list_linked(&s->flush_link))
-        kvp_list_insert_tail(&n->flushq, &s->flush_link);
+    kvp_session_links_t *sl = kvp__session_links(s);
+    if (!kvp_list_linked(&sl->flush_link))
+        kvp_list_insert_tail(&n->flushq, &sl->flush_link);
 }
 
 /* The session layer's upcalls (kvp_session_up_t). */
@@ -50,8 +39,9 @@ static void up_emit(void *arg, const kvp_event_t *ev)
 static void up_mark_active(void *arg, kvp_session_t *s)
 {
     kvp_node_t *n = arg;
-    if (!kvp_list_linked(&s->active_link))
-        kvp_list_insert_tail(&n->active, &s->active_link);
+    kvp_session_links_t *sl = kvp__session_links(s);
+    if (!kvp_list_linked(&sl->active_link))
+        kvp_list_insert_tail(&n->active, &sl->active_link);
 }
 
 static void up_schedule(void *arg, kvp_session_t *s)
@@ -72,27 +62,32 @@ static void node_probation_siblings(kvp_node_t *n, const char *instance_id)
     kvp_list_t *p, *t;
     kvp_list_foreach_safe(p, t, &n->sessions)
     {
-        kvp_session_t *o = KVP_CONTAINER_OF(p, kvp_session_t, node_link);
-        if (strcmp(o->instance_id, instance_id) == 0)
+        kvp_session_t *o = KVP_SESSION_OF(p, node_link);
+        kvp_session_info_t si;
+        kvp__session_info(o, &si);
+        if (strcmp(si.instance, instance_id) == 0)
             kvp__session_probation(o, true);
     }
 }
 
-/* The session's link is down (s->link NULL, state DOWN): out of the tables,
- * teardown (SPEC §7), then the node's part: probation of its siblings after
- * a fault, the PEER_DOWN event. */
-void kvp__node_session_down(kvp_node_t *n, kvp_session_t *s, bool fault, const char *why)
+/* The session ends (its link went down, or the node ends it now: bye):
+ * out of the tables, its end and teardown (SPEC §7), then the node's part:
+ * probation of its siblings after a fault, the PEER_DOWN event. */
+void kvp__node_session_down(kvp_node_t *n, kvp_session_t *s, int bye, bool fault, const char *why)
 {
     char peer[KVP_WIRE_STR_MAX + 1], instance[KVP_WIRE_STR_MAX + 1];
     kvp_session_close_t closed;
-    snprintf(peer, sizeof(peer), "%s", s->peer_id);
-    snprintf(instance, sizeof(instance), "%s", s->instance_id);
-    if (kvp_list_linked(&s->flush_link))
-        kvp_list_remove(&s->flush_link);
-    kvp_list_remove(&s->node_link);
+    kvp_session_info_t si;
+    kvp_session_links_t *sl = kvp__session_links(s);
+    kvp__session_info(s, &si);
+    snprintf(peer, sizeof(peer), "%s", si.peer);
+    snprintf(instance, sizeof(instance), "%s", si.instance);
+    if (kvp_list_linked(&sl->flush_link))
+        kvp_list_remove(&sl->flush_link);
+    kvp_list_remove(&sl->node_link);
     n->n_sessions--;
     n->st.peers_down++;
-    kvp__session_teardown(s, fault, why, &closed); /* frees s */
+    kvp__session_end(s, bye, fault, why, &closed); /* frees s */
     if (fault)
         node_probation_siblings(n, instance);
     kvp_event_t ev = {.type = KVP_EV_PEER_DOWN, .status = fault ? KVP_ERR_UNREACHABLE : KVP_OK};
@@ -119,11 +114,11 @@ static kvp_status_t ctl_on_ready(void *arg, kvp_link_t *link, const kvp_msg_hell
     kvp_status_t st = kvp__session_create(&n->env, link, peer, blob, blob_len, &s);
     if (st != KVP_OK)
         return st;
-    kvp_list_insert_tail(&n->sessions, &s->node_link);
+    kvp_list_insert_tail(&n->sessions, &kvp__session_links(s)->node_link);
     n->n_sessions++;
     kvp_link_set_user(link, s);
     kvp_event_t ev = {.type = KVP_EV_PEER_UP};
-    snprintf(ev.peer, sizeof(ev.peer), "%s", s->peer_id);
+    snprintf(ev.peer, sizeof(ev.peer), "%s", kvp__session_peer(s));
     kvp__node_emit(n, &ev);
     return KVP_OK;
 }
@@ -143,22 +138,18 @@ static void ctl_on_down(void *arg, kvp_link_t *link, kvp_down_reason_t reason, u
     (void)arg;
     if (s == NULL)
         return;
-    kvp__session_link_down(s);
     char why[128];
     snprintf(why, sizeof(why), "%s%s%s", kvp_down_reason_str(reason),
              reason == KVP_DOWN_BYE ? " " : "", reason == KVP_DOWN_BYE ? kvp_bye_reason_str(bye_reason) : "");
-    kvp__node_session_down(arg, s, fault, why);
+    kvp__node_session_down(arg, s, -1, fault, why);
 }
 
 static void ctl_on_pong(void *arg, kvp_link_t *link, uint64_t rtt_ns)
 {
-    kvp_node_t *n = arg;
     kvp_session_t *s = kvp_link_user(link);
+    (void)arg;
     if (s != NULL)
-        s->peer_heard = true; /* a READY link answered: the peer's session exists */
-    /* Proof of life only from a PING sent after the probation began. */
-    if (s != NULL && s->probation && kvp__node_now(n) - rtt_ns >= s->probation_ns)
-        kvp__session_probation(s, false);
+        kvp__session_on_pong(s, rtt_ns);
 }
 
 /* The ctl's callbacks into this file (kvp_ctl_config_t.cb), for node_make_ctl. */

@@ -35,26 +35,17 @@ static void node_poll_sessions(kvp_node_t *n)
     kvp_list_t *p, *t;
     kvp_list_foreach_safe(p, t, &n->active)
     {
-        kvp_session_t *s = KVP_CONTAINER_OF(p, kvp_session_t, active_link);
-        size_t got;
-        do {
-            got = 0;
-            n->xport->ops->poll(n->xport, s->xpeer, n->results, KVP_ARRAY_SIZE(n->results), &got);
-            for (size_t i = 0; i < got; i++)
-                kvp__server_on_xfer_done(s, n->results[i].id, n->results[i].status);
-        } while (got == KVP_ARRAY_SIZE(n->results));
-        if (s->xfers_inflight == 0)
-            kvp_list_remove(&s->active_link);
+        if (!kvp__session_poll_xfers(KVP_SESSION_OF(p, active_link)))
+            kvp_list_remove(p); /* none in flight any more */
     }
 }
 
 static void node_flush_lookups(kvp_node_t *n)
 {
     while (!kvp_list_empty(&n->flushq)) {
-        kvp_session_t *s = KVP_CONTAINER_OF(n->flushq.next, kvp_session_t, flush_link);
-        kvp_list_remove(&s->flush_link);
-        kvp__client_flush_lookups(s);
-        kvp__client_start_queued(s); /* budget freed since the last call */
+        kvp_session_t *s = KVP_SESSION_OF(n->flushq.next, flush_link);
+        kvp_list_remove(&kvp__session_links(s)->flush_link);
+        kvp__session_flush(s);
     }
 }
 
@@ -102,7 +93,7 @@ static void node_settle(kvp_node_t *n)
     node_poll_sessions(n);
     if (n->xport->ep_failures != n->ep_failures_seen)
         kvp__node_check_endpoints(n);
-    kvp__node_poll_retired(n);
+    kvp__session_poll_retired(&n->env);
     node_flush_lookups(n);
 }
 
@@ -273,7 +264,7 @@ static int node_ms_until(uint64_t deadline_ns, int cap_ms)
 static bool node_lookup_due(const kvp_node_t *n)
 {
     for (const kvp_list_t *p = n->sessions.next; p != &n->sessions; p = p->next)
-        if (!kvp_list_empty(&KVP_CONTAINER_OF(p, kvp_session_t, node_link)->lookups_sent))
+        if (kvp__session_lookup_due(KVP_SESSION_OF(p, node_link)))
             return true;
     return false;
 }

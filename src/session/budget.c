@@ -22,7 +22,7 @@
  * The counters live in the session (its share) and the env (the total);
  * nothing here allocates or frees.
  */
-#include "session/session.h"
+#include "session/session_int.h"
 
 /* The node resolves every budget to its default (kvp__node_budget_defaults);
  * a session env filled by hand (tests of this layer) may leave 0: no limit. */

@@ -27,7 +27,7 @@
  *       refused with KVP_ERR_LIMIT only when the store has fewer FREE
  *       slots than the fetch needs (issue 27). Healthy peers are served.
  */
-#include "session/session.h"
+#include "session/session_int.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -142,7 +142,7 @@ kvp_creq_t *kvp__client_creq(kvp_session_t *s, uint64_t request_id, bool create)
  * current call (up->schedule), never inside the caller's chain. */
 static void fetchq_kick(kvp_session_t *s)
 {
-    if (!kvp_list_empty(&s->fetchq) && kvp__session_open(s))
+    if (!kvp_list_empty(&s->fetchq) && kvp__sess_open(s))
         s->env->up->schedule(s->env->up_arg, s);
 }
 
@@ -517,7 +517,7 @@ static void fetchq_fail(kvp_load_t *l, kvp_status_t why)
 void kvp__client_start_queued(kvp_session_t *s)
 {
     kvp_session_env_t *n = s->env;
-    while (!kvp_list_empty(&s->fetchq) && kvp__session_open(s) && !s->probation) {
+    while (!kvp_list_empty(&s->fetchq) && kvp__sess_open(s) && !s->probation) {
         kvp_load_t *l = KVP_CONTAINER_OF(s->fetchq.next, kvp_load_t, link);
         if (s->bytes_inflight + (uint64_t)l->n * n->cfg->block_size >
             n->cfg->max_inflight_bytes_per_peer)

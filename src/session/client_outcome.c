@@ -5,7 +5,7 @@
  * refuse at once on an AM path) and the proofs that release quarantined
  * slots. The phases and the slots' states are in client.c's header.
  */
-#include "session/session.h"
+#include "session/session_int.h"
 
 #include <stdio.h>
 #include <string.h>

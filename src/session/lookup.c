@@ -7,7 +7,7 @@
  * fetched yet) is kept in a kvp_creq_t for the fetch that follows
  * (client.c). No memory a WRITE may touch is held here.
  */
-#include "session/session.h"
+#include "session/session_int.h"
 
 #include <stdio.h>
 #include <string.h>

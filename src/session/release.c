@@ -19,7 +19,7 @@
  * Store calls are never made inside KVP_ASSERT: the assert checks the
  * status the call returned.
  */
-#include "session/session.h"
+#include "session/session_int.h"
 
 const char *kvp__proof_str(kvp_proof_t p)
 {

@@ -20,7 +20,7 @@
  * kvp_xfer_t (the store job) and are dropped only when the transport hands
  * the transfer back as terminal, or at the hold cap.
  */
-#include "session/session.h"
+#include "session/session_int.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -108,7 +108,7 @@ kvp_sround_t *kvp__sround_new(kvp_session_t *s, uint64_t request_id, uint64_t ro
     kvp__budget_account(r, false);
     r->request_id = request_id;
     r->round = round;
-    r->phase = KVP_SR_SUPPLIED;
+    kvp__sround_set_phase(r, KVP_SR_SUPPLIED); /* from the zeroed LOOKUP_PENDING */
     kvp_list_init(&r->wait_link);
     kvp_timer_init(&r->timer, "round", sround_timer_cb, r);
     kvp_list_insert_tail(&s->srounds, &r->link);

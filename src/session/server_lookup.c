@@ -9,7 +9,7 @@
  * rounds through kvp__sround_new and frees them through kvp__sround_free.
  * A round keeps supply entries for hits and pending keys only (issue 27).
  */
-#include "session/session.h"
+#include "session/session_int.h"
 
 #include <string.h>
 
@@ -211,7 +211,7 @@ static uint32_t lookup_keys(kvp_sround_t *r, const kvp_msg_lookup_t *m, uint32_t
                             uint32_t *pending, uint32_t *refused)
 {
     kvp_store_t *store = r->sess->env->store;
-    bool prefix = (r->lookup_flags & KVP_LOOKUP_F_PREFIX) != 0, open = kvp__session_open(r->sess);
+    bool prefix = (r->lookup_flags & KVP_LOOKUP_F_PREFIX) != 0, open = kvp__sess_open(r->sess);
     for (uint32_t base = 0; base < granted; base += LOOKUP_CHUNK) {
         uint32_t k = KVP_MIN(LOOKUP_CHUNK, granted - base);
         kvp_status_t st[LOOKUP_CHUNK];

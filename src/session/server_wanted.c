@@ -15,7 +15,7 @@
  * memory; a peer has at most max_wanted_ops_per_peer ops outstanding (past
  * it, MISS + limit).
  */
-#include "session/session.h"
+#include "session/session_int.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -29,7 +29,7 @@ struct kvp_wanted {
 uint8_t kvp__server_want_admit(kvp_session_t *s)
 {
     kvp_session_env_t *e = s->env;
-    if (!e->cfg->external_wanted || !kvp__session_open(s))
+    if (!e->cfg->external_wanted || !kvp__sess_open(s))
         return KVP_WANT_NO;
     uint32_t outstanding = 0;
     for (const struct kvp_wanted *w = e->wanted; w != NULL; w = w->next)

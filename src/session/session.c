@@ -10,7 +10,7 @@
  * new peer handle; loads of the old incarnation live on env->quarantined,
  * unreachable from the new session's frames.
  */
-#include "session/session.h"
+#include "session/session_int.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -50,7 +50,7 @@ kvp_status_t kvp__session_create(kvp_session_env_t *n, kvp_link_t *link,
     }
     s->env = n;
     s->link = link;
-    s->state = KVP_SESS_READY;
+    s->state = KVP_SESS_READY; /* house: initial state (no transition leads to READY) */
     snprintf(s->peer_id, sizeof(s->peer_id), "%s", hello->peer_id);
     snprintf(s->instance_id, sizeof(s->instance_id), "%s", hello->instance_id);
     s->peer_num_blocks = hello->num_blocks;
@@ -59,9 +59,9 @@ kvp_status_t kvp__session_create(kvp_session_env_t *n, kvp_link_t *link,
     s->last_work_ns = kvp__env_now(n);
     kvp_ratelimit_init(&s->rl, KVP_NSEC_PER_SEC, 5);
     kvp_ratelimit_init(&s->rl_limit, KVP_NSEC_PER_SEC, 5);
-    kvp_list_init(&s->node_link);
-    kvp_list_init(&s->active_link);
-    kvp_list_init(&s->flush_link);
+    kvp_list_init(&s->nl.node_link);
+    kvp_list_init(&s->nl.active_link);
+    kvp_list_init(&s->nl.flush_link);
     kvp_list_init(&s->lookups_queued);
     kvp_list_init(&s->lookups_sent);
     kvp_list_init(&s->loads);
@@ -80,7 +80,7 @@ static const char *const sess_state_names[] = {"ready", "closing", "down"};
 
 kvp_status_t kvp__session_send(kvp_session_t *s, kvp_msg_t *m)
 {
-    if (!kvp__session_open(s))
+    if (!kvp__sess_open(s))
         return KVP_ERR_CLOSED;
     return kvp_link_send(s->link, m);
 }
@@ -93,7 +93,7 @@ void kvp__session_mark_active(kvp_session_t *s)
 void kvp__session_fault(kvp_session_t *s, kvp_bye_reason_t reason, const char *why)
 {
     kvp_session_env_t *n = s->env;
-    if (!kvp__session_open(s))
+    if (!kvp__sess_open(s))
         return;
     if (reason == KVP_BYE_PROTOCOL)
         n->st->protocol_errors++;
@@ -147,7 +147,7 @@ bool kvp__session_idle(const kvp_session_t *s)
 
 void kvp__session_close(kvp_session_t *s, kvp_bye_reason_t reason)
 {
-    KVP_ASSERT(kvp__session_open(s) && s->link != NULL);
+    KVP_ASSERT(kvp__sess_open(s) && s->link != NULL);
     kvp__session_set_state(s, KVP_SESS_CLOSING);
     kvp_link_close(s->link, reason); /* the teardown follows from the link's down */
 }
@@ -173,7 +173,7 @@ void kvp__session_close_now(kvp_session_t *s, kvp_bye_reason_t reason)
 void kvp__session_on_frame(kvp_session_t *s, const kvp_msg_t *m)
 {
     s->peer_heard = true; /* sent by the peer's session: its endpoint to us exists */
-    if (!kvp__session_open(s))
+    if (!kvp__sess_open(s))
         return;
     s->last_work_ns = kvp__env_now(s->env);
     switch (m->type) {
@@ -279,8 +279,8 @@ void kvp__session_teardown(kvp_session_t *s, bool fault, const char *why,
     }
     kvp__server_teardown(s, out);
     x->ops->remove_peer(x, s->xpeer);
-    if (kvp_list_linked(&s->active_link))
-        kvp_list_remove(&s->active_link);
+    if (kvp_list_linked(&s->nl.active_link))
+        kvp_list_remove(&s->nl.active_link);
     KVP_LOG(fault ? KVP_LOG_WARN : KVP_LOG_INFO, n->name, "peer %s down (%s): %s", s->peer_id,
             fault ? "fault" : "graceful", why);
     KVP_DEBUG(n->name,

@@ -12,7 +12,7 @@ void kvp__store_fill_info(const kvp_store_t *s, uint32_t slot, kvp_slot_info_t *
 {
     const kvp_slot_meta_t *m = &s->meta[slot];
     memset(info, 0, sizeof(*info));
-    info->state = (kvp_slot_state_t)m->state;
+    info->state = (kvp_slot_state_t)m->state; /* house: a copy for the caller, no transition */
     info->gen = m->gen;
     info->pins = m->pins;
     info->key_len = m->key_len;

@@ -17,6 +17,7 @@
 #include "sim.h"
 
 #include "node/node.h"
+#include "session/session_int.h" /* the simulator looks inside sessions */
 #include "transport/fake.h"
 
 #include <stddef.h>
@@ -1282,7 +1283,7 @@ static bool node_has_work(const kvp_node_t *n)
         n->xport->ep_failures != n->ep_failures_seen)
         return true;
     for (const kvp_list_t *p = n->active.next; p != &n->active; p = p->next)
-        if (KVP_CONTAINER_OF(p, kvp_session_t, active_link)->xfers_inflight == 0)
+        if (KVP_SESSION_OF(p, active_link)->xfers_inflight == 0)
             return true; /* the round takes it off the active list */
     return false;
 }
@@ -1468,7 +1469,7 @@ static bool at_rest(sim_t *s)
             !kvp_list_empty(&n->env.waiting) || !kvp_list_empty(&n->active))
             return false;
         for (kvp_list_t *p = n->sessions.next; p != &n->sessions; p = p->next) {
-            const kvp_session_t *ss = KVP_CONTAINER_OF(p, kvp_session_t, node_link);
+            const kvp_session_t *ss = KVP_SESSION_OF(p, node_link);
             if (!kvp_list_empty(&ss->loads) || !kvp_list_empty(&ss->fetchq) ||
                 !kvp_list_empty(&ss->srounds) || !kvp_list_empty(&ss->xfers) ||
                 !kvp_list_empty(&ss->lookups_queued) || !kvp_list_empty(&ss->lookups_sent))

@@ -6,8 +6,20 @@
  * release-quarantine-at-once and skip-checksum (tests/node/test_sim.c).
  */
 #include "world.h"
+#include "session/session_int.h" /* the load behind an op id */
 
 #define MS KVP_NSEC_PER_MSEC
+
+/* The load with this op id on any session of n, or NULL. */
+static kvp_load_t *find_load(kvp_node_t *n, uint64_t op_id)
+{
+    for (kvp_list_t *p = n->sessions.next; p != &n->sessions; p = p->next) {
+        kvp_load_t *l = kvp__client_find_load(KVP_SESSION_OF(p, node_link), op_id);
+        if (l != NULL)
+            return l;
+    }
+    return NULL;
+}
 
 /* I3 with accept-stale-epoch: while a cancelled load waits for its
  * ABORT_ACK, a forged ABORT_ACK carrying another incarnation's epoch must not
@@ -31,7 +43,7 @@ static size_t stale_ack_scenario(int mutation)
     assert_int_equal(kvp_fetch(w->node[1], w->addr[0], 5, ks.buf, ks.len, 2, 0, NULL, &op), KVP_OK);
     world_run(w, 5 * MS);
     kvp_session_t *s = kvp__node_find_session(w->node[0], w->addr[1]);
-    kvp_load_t *l = kvp__node_find_load(w->node[1], op);
+    kvp_load_t *l = find_load(w->node[1], op);
     assert_non_null(s);
     assert_non_null(l);
     /* The engine cancels: ABORT is on its way and the slots wait for the

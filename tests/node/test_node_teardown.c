@@ -6,6 +6,7 @@
  * the mutation that makes it fail.
  */
 #include "world.h"
+#include "session/session_int.h" /* looks inside a session */
 
 #define MS KVP_NSEC_PER_MSEC
 

@@ -8,6 +8,7 @@
  * fails.
  */
 #include "node/world.h"
+#include "session/session_int.h" /* KVP_FETCHQ_MAX */
 
 #define MS KVP_NSEC_PER_MSEC
 

@@ -18,7 +18,7 @@
  * (pins_retained / store pins differ).
  */
 #include "testutil.h"
-#include "session/session.h"
+#include "session/session_int.h"
 #include "transport/fake.h"
 
 #include <stdio.h>

@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
-"""test_readme_example.py -- the README's C example, compiled and run.
+"""test_readme_example.py -- the C API's example program, compiled and run.
 
     test_readme_example.py KVPEERD LIBDIR SOURCE_DIR "SANITIZE_FLAGS"
 
-Extracts the first ```c block of README.md verbatim, compiles it against
+The README's first ```c block is an excerpt of the program (issue 31: the
+README a front door): each of its lines but the `/* ...` elisions must be a
+line of the program, in order (spaces aside). The program, the first ```c
+block of docs/API.md, is extracted verbatim, compiled against
 include/kvpeer.h and the built libkvpeer (with the build's sanitizers, if
 any), starts a kvpeerd holding two blocks, and runs the example against it
 with two keys that hit and one that misses: it must connect (kvp_peer_wait),
@@ -45,16 +48,30 @@ def fail(msg):
     sys.exit(1)
 
 
-readme = open(os.path.join(SRC, "README.md")).read()
-m = re.search(r"```c\n(.*?)```", readme, re.S)
-if not m:
-    fail("README.md has no ```c block")
-code = m.group(1)
+def c_block(rel):
+    m = re.search(r"```c\n(.*?)```", open(os.path.join(SRC, rel)).read(), re.S)
+    if not m:
+        fail(rel + " has no ```c block")
+    return m.group(1)
+
+
+code = c_block(os.path.join("docs", "API.md"))
+prog = [" ".join(ln.split()) for ln in code.splitlines()]
+at = 0
+for ln in c_block("README.md").splitlines():
+    ln = " ".join(ln.split())
+    if not ln or ln.startswith("/* ..."):
+        continue
+    try:
+        at = prog.index(ln, at) + 1
+    except ValueError:
+        fail("the README's C excerpt line %r is not a line of docs/API.md's program "
+             "(in order)" % ln)
 # The variant without kvp_peer_wait: its call and the if-block after it.
 nowait, k = re.subn(r"\n *kvp_status_t st = kvp_peer_wait\(.*?\n    \}\n", "\n    kvp_status_t st;\n",
                     code, flags=re.S)
 if k != 1 or "kvp_peer_wait(" in nowait:
-    fail("cannot cut the kvp_peer_wait block out of the README example")
+    fail("cannot cut the kvp_peer_wait block out of the example program")
 cc = os.environ.get("CC", "cc")
 exes = []
 for name, text in (("example", code), ("example_nowait", nowait)):
@@ -65,7 +82,7 @@ for name, text in (("example", code), ("example_nowait", nowait)):
                         "-I", os.path.join(SRC, "include"), src, "-o", exe, "-L", LIBDIR,
                         "-lkvpeer", "-Wl,-rpath," + LIBDIR], capture_output=True, text=True)
     if r.returncode != 0:
-        fail("the README example (%s) does not compile:\n%s" % (name, r.stderr))
+        fail("the example program (%s) does not compile:\n%s" % (name, r.stderr))
     exes.append(exe)
 
 ready = os.path.join(TMP, "d.ready")
