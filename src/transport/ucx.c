@@ -366,6 +366,7 @@ static kvp_status_t ucx_add_peer(kvp_xport_t *xp, const void *blob, size_t len,
     p->rlen = v.len;
     p->layout = v.layout;
     p->cma_offered = (v.flags & 2u) != 0; /* issue 29 item 4: it takes direct-cma */
+    p->cma_src = (v.flags & 4u) != 0;     /* ... and writes it where taken */
     p->cma_pidfd = -1;
     p->same_host = v.host_len == strlen(x->host_id) && !memcmp(v.host, x->host_id, v.host_len);
     p->token = p->dst_token = v.secret; /* checked non-zero by blob_view */

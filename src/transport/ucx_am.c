@@ -152,7 +152,8 @@ bool kvp__ucx_landing_required(kvp_xport_t *xp, kvp_xpeer_id_t peer)
     if (p == NULL)
         return true;
     /* direct shm into UCX's shm, or direct-cma into memory our blob offers */
-    return !((x->region_kind == REGION_UCX || x->cma_in) && kvp__ucx_peer_proven(x, p));
+    return !((x->region_kind == REGION_UCX || (x->cma_in && p->cma_src)) &&
+             kvp__ucx_peer_proven(x, p));
 }
 
 kvp_status_t kvp__ucx_expect(kvp_xport_t *xp, kvp_xpeer_id_t peer, const kvp_xslot_t *slots,

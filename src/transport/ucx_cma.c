@@ -9,9 +9,14 @@
  * over active messages, which aborts the target when the source dies).
  *
  * Who may be written into, and where (every rule checked here):
- *   - only a consumer whose blob (authenticated, HELLO_ACK) offers it (flag
- *     2: its region is not UCX shared memory, shm transports on, its pcred
- *     listener and probe segment exist, direct-cma allowed there);
+ *   - only a consumer whose blob (authenticated, HELLO_ACK) offers it (bit
+ *     1: its region is not UCX shared memory, shm transports on, its pcred
+ *     listener and probe segment exist, direct-cma allowed there), from a
+ *     source whose blob says it writes direct-cma (bit 2) and that marked
+ *     the consumer's probe segment: the consumer then sees the source
+ *     proven and trusts its FETCH_DONE without seeing blocks land, so from
+ *     then on every write to it is direct-cma or refused (nothing written),
+ *     never our AM path (an AM block could land after the commit);
  *   - only a process the kernel names: the pid of the consumer's pcred
  *     listener from SO_PEERCRED on our own connection to it (pcred.c; same
  *     uid, same pid namespace), never the pid in its blob; a pidfd taken on
@@ -21,8 +26,7 @@
  *     pidfd, still not readable after the read, names that process;
  *   - only while the consumer is PROVEN same host (its mark, bound to this
  *     control connection, in our probe segment: kvp__ucx_peer_proven), so a
- *     relayed blob of another node gets no direct write; not proven yet:
- *     the write goes by our AM path (its handler decides what lands);
+ *     relayed blob of another node gets no write (refused);
  *   - only while its pidfd is not readable (the process has not exited),
  *     checked right before each process_vm_writev. The window left: the
  *     process exits, is reaped and its pid reused by another process of
@@ -79,10 +83,17 @@ void kvp__ucx_cma_open(ucx_xport_t *x)
     }
 }
 
-bool kvp__ucx_cma_offer(const ucx_xport_t *x)
+uint32_t kvp__ucx_cma_flags(ucx_xport_t *x)
 {
-    return x->cma_ok && x->region_kind != REGION_UCX && x->region_kind != REGION_NONE &&
-           x->shm_enabled && x->pcred != NULL && x->probe_cells != NULL;
+    x->cma_out = x->cma_ok && x->shm_enabled && x->pcred != NULL;
+    x->cma_in = x->cma_out && x->region_kind != REGION_UCX && x->region_kind != REGION_NONE &&
+                x->probe_cells != NULL;
+    return (x->cma_in ? 2u : 0u) | (x->cma_out ? 4u : 0u);
+}
+
+bool kvp__ucx_cma_bound(const ucx_xport_t *x, const ucx_peer_t *p)
+{
+    return x->cma_out && p->cma_offered && p->mark_cell != NULL;
 }
 
 static int cma_pidfd_open(int pid)
@@ -105,14 +116,16 @@ static bool cma_exited(int pidfd)
 
 void kvp__ucx_cma_add_peer(ucx_xport_t *x, ucx_peer_t *p, int lpid)
 {
-    if (!x->cma_ok || !p->cma_offered || lpid <= 0 || p->mark_cell == NULL ||
-        p->mark_raddr == 0 || p->cma_pidfd >= 0)
+    if (!kvp__ucx_cma_bound(x, p) || p->cma_pidfd >= 0)
         return;
     const char *why = NULL;
-    int fd = cma_pidfd_open(lpid);
+    int fd = lpid > 0 && p->mark_raddr != 0 ? cma_pidfd_open(lpid) : -1;
     if (fd < 0) {
-        KVP_INFO(PFX(x), "peer %llu: direct-cma not used: pidfd_open: %s (active messages)",
-                 (unsigned long long)p->id, strerror(errno));
+        /* It will see us proven and trust FETCH_DONE without landing: our
+         * AM path is no fallback, our writes to it are refused. */
+        KVP_WARN(PFX(x), "peer %llu: direct-cma impossible (%s): our writes to it are refused",
+                 (unsigned long long)p->id,
+                 lpid <= 0 ? "no pid from its unix listener" : strerror(errno));
         return;
     }
     uint64_t got = 0;
@@ -129,7 +142,7 @@ void kvp__ucx_cma_add_peer(ucx_xport_t *x, ucx_peer_t *p, int lpid)
     else if (cma_exited(fd))
         why = "its process exited";
     if (why != NULL) {
-        KVP_WARN(PFX(x), "peer %llu: direct-cma not used: %s (active messages)",
+        KVP_WARN(PFX(x), "peer %llu: direct-cma impossible (%s): our writes to it are refused",
                  (unsigned long long)p->id, why);
         close(fd);
         return;
@@ -149,10 +162,8 @@ void kvp__ucx_cma_remove_peer(ucx_peer_t *p)
 
 int kvp__ucx_cma_ready(ucx_xport_t *x, ucx_peer_t *p)
 {
-    if (p->cma_pidfd < 0)
-        return 0;
-    if (!kvp__ucx_peer_proven(x, p))
-        return 0;
+    if (p->cma_pidfd < 0 || !kvp__ucx_peer_proven(x, p))
+        return -1;
     return cma_exited(p->cma_pidfd) ? -1 : 1;
 }
 
@@ -234,5 +245,6 @@ bool kvp__ucx_inbound_direct(ucx_xport_t *x, ucx_peer_t *p)
 {
     if (p->inbound == KVP_PATH_DIRECT_SHM || p->inbound == KVP_PATH_DIRECT_CMA)
         return true;
-    return (x->region_kind == REGION_UCX || x->cma_in) && kvp__ucx_peer_proven(x, p);
+    return (x->region_kind == REGION_UCX || (x->cma_in && p->cma_src)) &&
+           kvp__ucx_peer_proven(x, p);
 }

@@ -139,7 +139,8 @@ struct ucx_peer {
      * (blob); where our mark sits in its address space; its process as the
      * kernel names it (SO_PEERCRED of its pcred listener) and a pidfd on it
      * (-1: no direct-cma to it). */
-    bool cma_offered;
+    bool cma_offered; /* its blob: bit 1, it takes direct-cma writes (consumer role) */
+    bool cma_src;     /* its blob: bit 2, it writes direct-cma where offered (source role) */
     uint64_t rlen;
     uint64_t mark_raddr;
     int cma_pid, cma_pidfd;
@@ -207,8 +208,9 @@ typedef struct ucx_xport {
     kvp_pcred_t *pcred; /* issue 27 item 8: same-host processes (pcred.h); NULL: no exit proof */
     /* issue 29 item 4 (ucx_cma.c): direct-cma allowed here (KVPEER_UCX_CMA
      * not 0, no Yama restriction); cma_in: our blob offers it (caller memory,
-     * shm on, pcred and probe segment present) */
-    bool cma_ok, cma_in;
+     * shm on, pcred and probe segment present: bit 1); cma_out: our blob
+     * says we write direct-cma where offered (shm on, pcred: bit 2) */
+    bool cma_ok, cma_in, cma_out;
     kvp_ratelimit_t rl_cma;
 } ucx_xport_t;
 
@@ -265,13 +267,20 @@ bool kvp__ucx_exit_proven(kvp_xport_t *xp, kvp_xpeer_id_t peer);
 /* ucx_cma.c (issue 29 item 4): direct-cma, a same-host source's
  * process_vm_writev straight into a consumer region UCX did not allocate. */
 void kvp__ucx_cma_open(ucx_xport_t *x);
-bool kvp__ucx_cma_offer(const ucx_xport_t *x); /* our blob's flag 2 */
+/* Our blob's direct-cma bits (ucx_setup.c): 2 = we take it, 4 = we write it. */
+uint32_t kvp__ucx_cma_flags(ucx_xport_t *x);
 /* Source side, at add_peer after our mark and our pcred connection: make
  * the peer's process (the kernel's pid of its listener) our cma target. */
 void kvp__ucx_cma_add_peer(ucx_xport_t *x, ucx_peer_t *p, int listener_pid);
 void kvp__ucx_cma_remove_peer(ucx_peer_t *p);
-/* Whether a write to p may go direct-cma now: -1 its process exited (write
- * nothing), 0 not now (not proven: our AM path), 1 yes. */
+/* Source side: our writes to p must go direct-cma (it offers it, our blob
+ * says we write it, and we marked its probe segment: it will see us proven
+ * and trust FETCH_DONE without landing). */
+bool kvp__ucx_cma_bound(const ucx_xport_t *x, const ucx_peer_t *p);
+/* Whether a write to p (path direct-cma) may go now: 1 yes; -1 no, and
+ * nothing may be written (its process exited, not proven, or its process
+ * could not be proven at add_peer): the consumer trusts FETCH_DONE without
+ * our AM landing, so AM is no fallback. */
 int kvp__ucx_cma_ready(ucx_xport_t *x, ucx_peer_t *p);
 /* Write blocks into p's region with process_vm_writev; how many were
  * written (0: nothing was; r->first_err set on a failure after any call). */

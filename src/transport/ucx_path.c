@@ -42,13 +42,13 @@ void kvp__ucx_peer_classify(ucx_xport_t *x, ucx_peer_t *p)
     /* issue 29 item 4: into a region UCX did not allocate, a same-host
      * consumer whose process we proved (ucx_cma.c) gets direct-cma; a write
      * falls back to AM only while the consumer is not proven yet. */
-    bool cma = !direct && p->cma_pidfd >= 0;
+    bool cma = !direct && kvp__ucx_cma_bound(x, p);
     p->path = direct ? KVP_PATH_DIRECT_SHM : cma ? KVP_PATH_DIRECT_CMA : am;
     p->use_am = !direct;
     /* inbound: a superset of what the peer's rule can choose (ucx_cma.c
      * writes only into a consumer whose blob offers it: ours, cma_in) */
     p->inbound = x->region_kind == REGION_UCX && p->same_host ? KVP_PATH_DIRECT_SHM
-                 : x->cma_in && p->same_host                  ? KVP_PATH_DIRECT_CMA
+                 : x->cma_in && p->cma_src && p->same_host    ? KVP_PATH_DIRECT_CMA
                                                               : am;
     p->rptr = NULL;
     if (direct) {
@@ -73,7 +73,10 @@ void kvp__ucx_peer_classify(ucx_xport_t *x, ucx_peer_t *p)
     snprintf(p->lanes, sizeof(p->lanes), "out=%s in=%s rkey_ptr=%s shm=%s cma=%s%s",
              kvp_data_path_str(p->path), kvp_data_path_str(p->inbound),
              p->rkey_ptr_ok ? "ok" : "no", x->shm_enabled ? "on" : "off",
-             cma ? "pid-proven" : p->cma_offered ? "offered" : "no",
+             cma && p->cma_pidfd >= 0 ? "pid-proven"
+             : cma                    ? "REFUSED"
+             : p->cma_offered         ? "offered"
+                                      : "no",
              x->legacy_put && p->use_am ? " legacy-put(bench)" : "");
     KVP_INFO(PFX(x), "peer %llu: data path %s [%s]%s", (unsigned long long)p->id,
              kvp_data_path_str(p->path), p->lanes, p->same_host ? " (same host)" : "");

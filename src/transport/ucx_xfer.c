@@ -282,17 +282,16 @@ kvp_status_t kvp__ucx_write(kvp_xport_t *xp, kvp_xpeer_id_t peer, const kvp_xfer
     kvp_status_t st = ucx_write_check(x, p, blocks, n); /* every index, before any put */
     if (st != KVP_OK)
         return st;
-    /* Issue 29 item 4: direct-cma while the consumer is proven and its
-     * process alive; its process gone: nothing is written. */
-    bool cma = false;
-    if (p->path == KVP_PATH_DIRECT_CMA) {
-        int ready = kvp__ucx_cma_ready(x, p);
-        if (ready < 0) {
-            KVP_WARN(PFX(x), "peer %llu: its process exited: write refused",
-                     (unsigned long long)peer);
-            return KVP_ERR_TRANSPORT;
-        }
-        cma = ready > 0;
+    /* Issue 29 item 4: direct-cma only while the consumer is proven and its
+     * proven process alive; else nothing is written (AM is no fallback:
+     * ucx_cma.c). */
+    bool cma = p->path == KVP_PATH_DIRECT_CMA;
+    if (cma && kvp__ucx_cma_ready(x, p) < 0) {
+        KVP_LOG_RL(&x->rl_cma, kvp_clock_now(x->clock), KVP_LOG_WARN, PFX(x),
+                   "peer %llu: direct-cma write refused (its process exited, is not proven "
+                   "same host or was not proven at add_peer): nothing written",
+                   (unsigned long long)peer);
+        return KVP_ERR_TRANSPORT;
     }
     /* Puts exist only on the RMA endpoint (shm/RDMA); the AM context has
      * no RMA, so legacy_put (bench) applies only where one exists. */

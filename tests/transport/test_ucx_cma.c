@@ -8,8 +8,8 @@
  *   direct:    the target asleep, 4 blocks land byte-exact (one-sided), no
  *              AM byte, the source counts its writes; fence: no proof.
  *   unproven:  the target never imported our blob (its mark is not in our
- *              segment): our writes go by AM, which the target refuses:
- *              nothing lands (mutation: cma without the proof -> lands).
+ *              segment): our write is refused, nothing is written, by cma
+ *              or by AM (mutation: cma without the proof -> lands).
  *   bounds:    a blob claiming one slot fewer: a write into the last real
  *              slot is refused, the slot unchanged (mutation: no bounds
  *              check -> written).
@@ -124,15 +124,19 @@ static void test_cma_unproven(void **state)
     open_cma(&p); /* the target never imports our blob: not proven */
     assert_false(kvp_ucx_peer_proven(p.x, p.peer));
     assert_true(ut_call(&p.child, UT_FILL, 0xAA, 0, NULL, 0, &r, NULL, 0));
-    assert_true(ut_call(&p.child, UT_REFUSE, 0, UT_NB, NULL, 0, &r, NULL, 0));
-    kvp_xfer_id_t id = ut_post4(&p, 0);
-    assert_true(ut_wait_xfer(p.x, p.peer, id, SC(5 * SEC), &st));
+    kvp_xfer_block_t b[4] = {{0, 0, 0, 0}, {1, 0, 1, 0}, {2, 0, 2, 0}, {3, 0, 3, 0}};
+    kvp_xfer_id_t id = 0;
+    kvp_test_logcap_start(&cap);
+    st = p.x->ops->write(p.x, p.peer, b, 4, &id); /* refused: not by AM either */
+    kvp_test_logcap_stop();
     int64_t landed = child_count_not(&p, 0xAA);
     assert_true(ut_call(&p.child, UT_DROPPED, 0, 0, NULL, 0, &r, NULL, 0));
-    print_message("  unproven: %lld B landed, %lld B dropped by its handler, %llu cma writes\n",
-                  (long long)landed, (long long)r.v1, (unsigned long long)xstats(p.x).cma_writes);
+    print_message("  unproven: write %s, %lld B landed, %lld B by AM, %llu cma writes\n",
+                  kvp_status_str(st), (long long)landed, (long long)(r.v1 + r.v2),
+                  (unsigned long long)xstats(p.x).cma_writes);
+    assert_int_equal(st, KVP_ERR_TRANSPORT);
     assert_int_equal(landed, 0);
-    assert_int_equal(r.v1, 4 * (int64_t)UT_BS); /* they went by AM and were refused */
+    assert_int_equal(r.v1 + r.v2, 0); /* no AM byte either (its handler expects all) */
     assert_int_equal(xstats(p.x).cma_writes, 0);
     ut_pair_close(&p);
     KVP_TEST_ASSERT_NO_LEAKS();
