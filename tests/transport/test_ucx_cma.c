@@ -24,6 +24,7 @@
 
 #include <signal.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -215,6 +216,7 @@ static void test_cma_other_pid(void **state)
     uint8_t b[KVP_UCX_BLOB_MAX];
     pid_t victim = fork(); /* a process of ours that maps nothing at the target's region */
     if (victim == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlives a failed test */
         for (;;)
             pause();
     }
