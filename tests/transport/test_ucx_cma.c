@@ -16,7 +16,11 @@
  *   outside:   a blob whose region lies where the target maps nothing: the
  *              write fails cleanly (EFAULT), both alive, region unchanged.
  *   other pid: a blob naming another process's pid: ignored, the write
- *              lands in the process SO_PEERCRED named.
+ *              lands in the process SO_PEERCRED named (mutation: the blob's
+ *              pid used -> "does not map its probe segment", write refused).
+ * Mutations tried (report): cma_ready() without the proven check ->
+ * "unproven" lands 256 KiB; no bounds check (write()'s slot check and
+ * cma_bounds_ok) -> "bounds" answers OK for the slot past its layout.
  *   dead:      the target SIGKILLed: the next write is refused, no crash.
  */
 #include "testutil.h"
