@@ -58,6 +58,17 @@
 
 #define CMA_IOV 256 /* iovecs per process_vm_writev (the kernel takes up to 1024) */
 
+static int cma_pidfd_open(int pid)
+{
+#ifdef SYS_pidfd_open
+    return (int)syscall(SYS_pidfd_open, pid, 0);
+#else
+    (void)pid;
+    errno = ENOSYS;
+    return -1;
+#endif
+}
+
 void kvp__ucx_cma_open(ucx_xport_t *x)
 {
     const char *e = getenv("KVPEER_UCX_CMA");
@@ -67,6 +78,15 @@ void kvp__ucx_cma_open(ucx_xport_t *x)
         KVP_INFO(PFX(x), "direct-cma off (KVPEER_UCX_CMA=0)");
         return;
     }
+    /* No pidfd_open (Linux < 5.3, valgrind 3.19): no process can be proven
+     * alive: neither offered nor written (a bound source could only refuse). */
+    int self = cma_pidfd_open((int)getpid());
+    if (self < 0) {
+        x->cma_ok = false;
+        KVP_INFO(PFX(x), "direct-cma off: pidfd_open: %s", strerror(errno));
+        return;
+    }
+    close(self);
     /* Yama: with ptrace_scope >= 1 a same-uid sibling may not write into us
      * unless we name it (PR_SET_PTRACER takes one pid): not offered. */
     FILE *f = fopen("/proc/sys/kernel/yama/ptrace_scope", "r");
@@ -94,17 +114,6 @@ uint32_t kvp__ucx_cma_flags(ucx_xport_t *x)
 bool kvp__ucx_cma_bound(const ucx_xport_t *x, const ucx_peer_t *p)
 {
     return x->cma_out && p->cma_offered && p->mark_cell != NULL;
-}
-
-static int cma_pidfd_open(int pid)
-{
-#ifdef SYS_pidfd_open
-    return (int)syscall(SYS_pidfd_open, pid, 0);
-#else
-    (void)pid;
-    errno = ENOSYS;
-    return -1;
-#endif
 }
 
 /* Readable pidfd: the process exited (or the poll failed: treated alike). */
