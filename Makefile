@@ -190,12 +190,12 @@ partition-loop-asan: all
 # shm, both kill directions, UCX122_DEATH_RUNS runs each; and 2 in external-
 # slots mode, issue 29) and the short demo.
 UCX122_DIR ?= build/ucx122
-UCX122_TESTS ?= ^(test_ucx.*|test_node_e2e|test_node_ops|test_kvpeerd_two_nodes|reliability_hostile|reliability_hostile_fetchdone|reliability_hostile_tcpd|reliability_foreign_ucx|reliability_ucx_listen_netns|test_cli_demo)$$
+UCX122_TESTS ?= ^(test_ucx.*|test_node_e2e|test_node_ops|test_node_cma_ucx|test_kvpeerd_two_nodes|reliability_hostile|reliability_hostile_fetchdone|reliability_hostile_tcpd|reliability_foreign_ucx|reliability_ucx_listen_netns|test_cli_demo)$$
 UCX122_DEATH_RUNS ?= 5
 # Only what those tests run is built (CI time): a test added to UCX122_TESTS
 # whose program is not listed here fails as "Not Run" (UCX122_TARGETS= builds all).
 UCX122_TARGETS ?= test_ucx test_ucx_fail test_ucx_wedge test_ucx_blob test_ucx_version test_ucx_proof test_ucx_log \
-  test_node_e2e e2e_node test_node_ops kvpeerd kvpeer_cli kvpeer foreign_ucx foreign_uct
+  test_ucx_cma test_node_cma_ucx test_node_e2e e2e_node test_node_ops kvpeerd kvpeer_cli kvpeer foreign_ucx foreign_uct
 ucx122: deps-c
 	@pc=$$(./scripts/install-ucx122.sh) && PKG_CONFIG_PATH="$$pc" cmake -S . -B $(UCX122_DIR) \
 	  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVP_SANITIZE=address,undefined $(CMAKE_FLAGS) >/dev/null

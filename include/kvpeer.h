@@ -552,6 +552,11 @@ typedef struct kvp_stats {
     uint64_t wanted_keys_missed;
     uint64_t wanted_expired;
     uint64_t wanted_refused;
+    /* Issue 29 item 4 (direct-cma, source side): bytes this node wrote into
+     * same-host consumers' regions with process_vm_writev, and such writes
+     * that failed (their transfers failed). */
+    uint64_t cma_bytes_written;
+    uint64_t cma_writes_failed;
 } kvp_stats_t;
 
 KVP_EXPORT kvp_status_t kvp_node_stats(kvp_node_t *node, kvp_stats_t *out);

@@ -208,7 +208,8 @@ STATS_FIELDS = (
     "lookup_keys_refused data_streams_open data_streams_refused "
     "released_process_exit "  # issue 27
     "bytes_copied_in bytes_copied_out "  # issue 29
-    "wanted_ops wanted_keys wanted_keys_missed wanted_expired wanted_refused"  # 29 step 2
+    "wanted_ops wanted_keys wanted_keys_missed wanted_expired wanted_refused "  # 29 step 2
+    "cma_bytes_written cma_writes_failed"  # issue 29 item 4
 ).split()
 
 

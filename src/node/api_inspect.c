@@ -57,6 +57,8 @@ static void stats_more(kvp_node_t *n, kvp_stats_t *o)
     o->am_bytes_landed = xs.am_bytes_landed;
     o->data_streams_open = xs.tcpd_open; /* issue 27: kvpeer's own tcp data stream */
     o->data_streams_refused = xs.tcpd_refused + xs.tcpd_emfile;
+    o->cma_bytes_written = xs.cma_bytes; /* issue 29 item 4: direct-cma */
+    o->cma_writes_failed = xs.cma_failed;
     o->released_terminal = n->env.releases[KVP_PROOF_TERMINAL];
     o->released_fetch_done = n->env.releases[KVP_PROOF_FETCH_DONE];
     o->released_abort_ack = n->env.releases[KVP_PROOF_ABORT_ACK];

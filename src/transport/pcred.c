@@ -409,8 +409,11 @@ bool kvp__pcred_exited(kvp_pcred_t *pc, uint64_t id)
 
 /* --------------------------------------------------------- source side */
 
-void kvp__pcred_tell(kvp_pcred_t *pc, uint64_t id, uint64_t peer_secret, uint64_t claim)
+void kvp__pcred_tell(kvp_pcred_t *pc, uint64_t id, uint64_t peer_secret, uint64_t claim,
+                     int *listener_pid)
 {
+    if (listener_pid != NULL)
+        *listener_pid = 0;
     struct sockaddr_un a;
     socklen_t alen = pc_addr(peer_secret, &a);
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -426,6 +429,11 @@ void kvp__pcred_tell(kvp_pcred_t *pc, uint64_t id, uint64_t peer_secret, uint64_
         close(fd);
         return;
     }
+    struct ucred cr;
+    socklen_t crlen = sizeof(cr);
+    if (listener_pid != NULL && getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &crlen) == 0 &&
+        crlen == sizeof(cr) && cr.uid == pc->uid && cr.pid > 0)
+        *listener_pid = (int)cr.pid;
     pc_out_t *o = kvp__calloc(1, sizeof(*o));
     if (o == NULL) {
         close(fd);

@@ -99,8 +99,13 @@ void kvp__pcred_drop(kvp_pcred_t *pc, uint64_t id);
 bool kvp__pcred_exited(kvp_pcred_t *pc, uint64_t id);
 
 /* Source side: tell the node whose secret is `peer_secret` our `claim`
- * for our peer `id` (connect, send, wait for its close). untell: id gone. */
-void kvp__pcred_tell(kvp_pcred_t *pc, uint64_t id, uint64_t peer_secret, uint64_t claim);
+ * for our peer `id` (connect, send, wait for its close). untell: id gone.
+ * Issue 29 item 4: *listener_pid (NULL: not asked) gets the pid of the
+ * process that listens there, the kernel's word (SO_PEERCRED of the
+ * connected socket: the listener's credentials at listen()), only when it
+ * runs under our uid and is visible in our pid namespace; else 0. */
+void kvp__pcred_tell(kvp_pcred_t *pc, uint64_t id, uint64_t peer_secret, uint64_t claim,
+                     int *listener_pid);
 void kvp__pcred_untell(kvp_pcred_t *pc, uint64_t id);
 
 #endif /* KVP_TRANSPORT_PCRED_H */

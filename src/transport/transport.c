@@ -20,6 +20,8 @@ const char *kvp_data_path_str(kvp_data_path_t p)
         return "fake-unfenceable";
     case KVP_PATH_FAKE_AM:
         return "fake-am";
+    case KVP_PATH_DIRECT_CMA:
+        return "direct-cma";
     }
     return "invalid";
 }

@@ -48,6 +48,10 @@ typedef enum kvp_data_path {
     /* The fake's model of the AM path: blocks into us land only in slots we
      * expect (expect/refuse/is_landed), so refusal is proof. */
     KVP_PATH_FAKE_AM = 7,
+    /* Issue 29 item 4: same host, into a consumer region UCX did not
+     * allocate: the source writes the blocks straight into the consumer's
+     * slots with process_vm_writev (ucx_cma.c). Unfenceable, as direct shm. */
+    KVP_PATH_DIRECT_CMA = 8,
 } kvp_data_path_t;
 
 const char *kvp_data_path_str(kvp_data_path_t p);
@@ -106,6 +110,9 @@ typedef struct kvp_xport_stats {
     uint64_t tcpd_open;    /* authenticated inbound streams now */
     uint64_t tcpd_refused; /* connections refused or closed: caps, bad preface, deadline, framing */
     uint64_t tcpd_emfile;  /* accept() out of file descriptors */
+    /* issue 29 item 4: direct-cma (source side): process_vm_writev calls,
+     * bytes they wrote, calls that failed (the transfer FAILED) */
+    uint64_t cma_writes, cma_bytes, cma_failed;
 } kvp_xport_stats_t;
 
 typedef struct kvp_xport_ops {

@@ -105,6 +105,7 @@ static void ucx_ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
 static void ucx_peer_start_close(ucx_xport_t *x, ucx_peer_t *p, bool force)
 {
     ucx_peer_close_out(p);
+    kvp__ucx_cma_remove_peer(p);
     kvp__ucx_probe_unmark(p);
     if (p->rkey) {
         ucp_rkey_destroy(p->rkey);
@@ -362,7 +363,11 @@ static kvp_status_t ucx_add_peer(kvp_xport_t *xp, const void *blob, size_t len,
     kvp_list_init(&p->running);
     kvp_list_init(&p->done);
     p->rbase = v.base;
+    p->rlen = v.len;
     p->layout = v.layout;
+    p->cma_offered = (v.flags & 2u) != 0; /* issue 29 item 4: it takes direct-cma */
+    p->cma_src = (v.flags & 4u) != 0;     /* ... and writes it where taken */
+    p->cma_pidfd = -1;
     p->same_host = v.host_len == strlen(x->host_id) && !memcmp(v.host, x->host_id, v.host_len);
     p->token = p->dst_token = v.secret; /* checked non-zero by blob_view */
     p->mark_ours = kvp__ucx_proof_mark_value(x->token, binding);
@@ -442,6 +447,7 @@ static kvp_status_t ucx_remove_peer(kvp_xport_t *xp, kvp_xpeer_id_t peer)
      * be (those transfers fail at once, their pins can go). */
     ucx_peer_close_out(p);
     kvp__ucx_exit_remove_peer(x, p);
+    kvp__ucx_cma_remove_peer(p); /* no write of ours reaches it any more */
     p->removed = true;
     kvp_list_remove(&p->link);
     kvp_list_insert_tail(&x->zombies, &p->link);
@@ -645,6 +651,7 @@ static void ucx_destroy(ucx_xport_t *x)
         KVP_ERROR(PFX(x), "peer %llu: endpoint still referenced at close; leaking it to UCX",
                   (unsigned long long)p->id);
         ucx_peer_close_out(p);
+        kvp__ucx_cma_remove_peer(p);
         kvp__ucx_probe_unmark(p);
         if (p->rkey)
             ucp_rkey_destroy(p->rkey);

@@ -24,9 +24,10 @@
  *     sends and the flush completed OK and no endpoint error was reported
  *     since the transfer was posted (on the AM path that is local: the
  *     consumer's own handler decides what lands, see expect/refuse);
- *   - the data path of every peer (direct-shm / am-shm / am-tcp) is decided
- *     from rkey_ptr and our own configuration (ucx_path.c), logged once per
- *     peer, with a loud warning when a same-host peer ended up on tcp (F28).
+ *   - the data path of every peer (direct-shm / direct-cma / am-shm /
+ *     am-tcp) is decided from rkey_ptr, both blobs' direct-cma bits and our
+ *     own configuration (ucx_path.c, ucx_cma.c), logged once per peer, with
+ *     a loud warning when a same-host peer ended up on tcp (F28).
  *
  * Threading: the transport is driven by one owner thread. UCX itself starts
  * an internal `async` thread; all kvpeer callbacks run inside progress() on
@@ -119,8 +120,10 @@ bool kvp_ucx_peer_proven(kvp_xport_t *x, kvp_xpeer_id_t peer);
 kvp_status_t kvp_ucx_peer_lanes(kvp_xport_t *x, kvp_xpeer_id_t peer, char *buf, size_t cap);
 
 /* How the PEER's puts reach OUR region (the mirror of peer_path): direct
- * shm only when our region is UCX-allocated shared memory. This is what
- * fence_peer() proof depends on. KVP_PATH_UNKNOWN for an unknown peer. */
+ * shm only when our region is UCX-allocated shared memory; direct-cma when
+ * our blob offers it and the peer's says it writes it (issue 29 item 4).
+ * This is what fence_peer() proof depends on. KVP_PATH_UNKNOWN for an
+ * unknown peer. */
 kvp_data_path_t kvp_ucx_peer_inbound_path(kvp_xport_t *x, kvp_xpeer_id_t peer);
 
 /* True when register_region() got its memory from UCX (UCP_MEM_MAP_ALLOCATE)

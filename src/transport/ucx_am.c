@@ -129,16 +129,15 @@ kvp_status_t kvp__ucx_acc_alloc(ucx_xport_t *x)
 }
 
 /* Release rule (conservative): a peer that COULD write our region directly
- * -- it claims our host, or proved it shares our memory -- is not refusable
+ * -- it claims our host, or proved it shares our memory; by direct shm, or
+ * by direct-cma where our blob offers it (ucx_cma.c) -- is not refusable
  * (its loads are quarantined, not released, on an unknown outcome). */
 bool kvp__ucx_inbound_refusable(kvp_xport_t *xp, kvp_xpeer_id_t peer)
 {
     ucx_xport_t *x = ucx_of(xp);
     ucx_peer_t *p = kvp__ucx_peer_find(x, peer);
 
-    if (p == NULL || p->inbound == KVP_PATH_DIRECT_SHM)
-        return false;
-    return !(x->region_kind == REGION_UCX && kvp__ucx_peer_proven(x, p));
+    return p != NULL && !kvp__ucx_inbound_direct(x, p);
 }
 
 /* Commit rule (issue 27): a FETCH_DONE is trusted without our handler
@@ -152,7 +151,9 @@ bool kvp__ucx_landing_required(kvp_xport_t *xp, kvp_xpeer_id_t peer)
 
     if (p == NULL)
         return true;
-    return !(x->region_kind == REGION_UCX && kvp__ucx_peer_proven(x, p));
+    /* direct shm into UCX's shm, or direct-cma into memory our blob offers */
+    return !((x->region_kind == REGION_UCX || (x->cma_in && p->cma_src)) &&
+             kvp__ucx_peer_proven(x, p));
 }
 
 kvp_status_t kvp__ucx_expect(kvp_xport_t *xp, kvp_xpeer_id_t peer, const kvp_xslot_t *slots,

@@ -48,8 +48,11 @@ void kvp__ucx_exit_add_peer(ucx_xport_t *x, ucx_peer_t *p, bool marked)
         return;
     if (p->ep_rma != NULL && p->mark_theirs != 0)
         kvp__pcred_watch(x->pcred, p->id, kvp__pcred_claim(p->mark_theirs));
-    if (marked)
-        kvp__pcred_tell(x->pcred, p->id, p->token, kvp__pcred_claim(p->mark_ours));
+    if (marked) {
+        int lpid = 0; /* issue 29 item 4: its listener's pid, the kernel's word */
+        kvp__pcred_tell(x->pcred, p->id, p->token, kvp__pcred_claim(p->mark_ours), &lpid);
+        kvp__ucx_cma_add_peer(x, p, lpid);
+    }
 }
 
 void kvp__ucx_exit_remove_peer(ucx_xport_t *x, ucx_peer_t *p)
@@ -64,7 +67,8 @@ bool kvp__ucx_exit_hold(kvp_xport_t *xp, kvp_xpeer_id_t peer)
 {
     ucx_xport_t *x = ucx_of(xp);
     ucx_peer_t *p = kvp__ucx_peer_find(x, peer);
-    if (x->pcred == NULL || p == NULL || p->inbound != KVP_PATH_DIRECT_SHM ||
+    if (x->pcred == NULL || p == NULL ||
+        (p->inbound != KVP_PATH_DIRECT_SHM && p->inbound != KVP_PATH_DIRECT_CMA) ||
         !kvp__ucx_peer_proven(x, p))
         return false;
     return kvp__pcred_hold(x->pcred, peer);

@@ -134,6 +134,16 @@ struct ucx_peer {
     uint64_t token;        /* its secret (from its blob): expected in its AM headers */
     uint64_t dst_token;    /* = token: the consumer secret we put in our headers */
     char lanes[192];
+    /* issue 29 item 4, direct-cma (ucx_cma.c). Source side: the consumer's
+     * blob says it takes direct-cma writes (blob flag 2); its region length
+     * (blob); where our mark sits in its address space; its process as the
+     * kernel names it (SO_PEERCRED of its pcred listener) and a pidfd on it
+     * (-1: no direct-cma to it). */
+    bool cma_offered; /* its blob: bit 1, it takes direct-cma writes (consumer role) */
+    bool cma_src;     /* its blob: bit 2, it writes direct-cma where offered (source role) */
+    uint64_t rlen;
+    uint64_t mark_raddr;
+    int cma_pid, cma_pidfd;
     struct ucx_probe *probe;    /* data-path probe still owned by UCX, or NULL */
     uint64_t probe_deadline_ns; /* real clock */
 };
@@ -196,6 +206,12 @@ typedef struct ucx_xport {
     kvp_tcpd_t *tcpd;   /* kvpeer's own tcp data stream: listener and streams */
     ucx_acc_t *acc;    /* consumer side: layout.num_blocks entries, from register_region */
     kvp_pcred_t *pcred; /* issue 27 item 8: same-host processes (pcred.h); NULL: no exit proof */
+    /* issue 29 item 4 (ucx_cma.c): direct-cma allowed here (KVPEER_UCX_CMA
+     * not 0, no Yama restriction); cma_in: our blob offers it (caller memory,
+     * shm on, pcred and probe segment present: bit 1); cma_out: our blob
+     * says we write direct-cma where offered (shm on, pcred: bit 2) */
+    bool cma_ok, cma_in, cma_out;
+    kvp_ratelimit_t rl_cma;
 } ucx_xport_t;
 
 #define PFX(x) ((x)->base.log_prefix)
@@ -248,6 +264,31 @@ void kvp__ucx_exit_remove_peer(ucx_xport_t *x, ucx_peer_t *p);
 bool kvp__ucx_exit_hold(kvp_xport_t *xp, kvp_xpeer_id_t peer);
 void kvp__ucx_exit_drop(kvp_xport_t *xp, kvp_xpeer_id_t peer);
 bool kvp__ucx_exit_proven(kvp_xport_t *xp, kvp_xpeer_id_t peer);
+/* ucx_cma.c (issue 29 item 4): direct-cma, a same-host source's
+ * process_vm_writev straight into a consumer region UCX did not allocate. */
+void kvp__ucx_cma_open(ucx_xport_t *x);
+/* Our blob's direct-cma bits (ucx_setup.c): 2 = we take it, 4 = we write it. */
+uint32_t kvp__ucx_cma_flags(ucx_xport_t *x);
+/* Source side, at add_peer after our mark and our pcred connection: make
+ * the peer's process (the kernel's pid of its listener) our cma target. */
+void kvp__ucx_cma_add_peer(ucx_xport_t *x, ucx_peer_t *p, int listener_pid);
+void kvp__ucx_cma_remove_peer(ucx_peer_t *p);
+/* Source side: our writes to p must go direct-cma (it offers it, our blob
+ * says we write it, and we marked its probe segment: it will see us proven
+ * and trust FETCH_DONE without landing). */
+bool kvp__ucx_cma_bound(const ucx_xport_t *x, const ucx_peer_t *p);
+/* Whether a write to p (path direct-cma) may go now: 1 yes; -1 no, and
+ * nothing may be written (its process exited, not proven, or its process
+ * could not be proven at add_peer): the consumer trusts FETCH_DONE without
+ * our AM landing, so AM is no fallback. */
+int kvp__ucx_cma_ready(ucx_xport_t *x, ucx_peer_t *p);
+/* Write blocks into p's region with process_vm_writev; how many were
+ * written (0: nothing was; r->first_err set on a failure after any call). */
+size_t kvp__ucx_cma_post(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r,
+                         const kvp_xfer_block_t *blocks, size_t n);
+/* Consumer side: a peer that could write our region directly (the inbound
+ * path rule of ucx_path.c / ucx_am.c). */
+bool kvp__ucx_inbound_direct(ucx_xport_t *x, ucx_peer_t *p);
 /* ucx_netdev.c: UCX_NET_DEVICES for a control listen address. */
 kvp_status_t kvp__ucx_net_devices(const char *listen_host, char *buf, size_t cap, bool *all);
 

@@ -39,9 +39,17 @@ void kvp__ucx_peer_classify(ucx_xport_t *x, ucx_peer_t *p)
     bool direct = p->rkey_ptr_ok && x->shm_enabled;
     /* AM over UCX shm where that endpoint exists, else kvpeer's tcp stream */
     kvp_data_path_t am = p->out == NULL ? KVP_PATH_AM_SHM : KVP_PATH_AM_TCP;
-    p->path = direct ? KVP_PATH_DIRECT_SHM : am;
+    /* issue 29 item 4: into a region UCX did not allocate, a same-host
+     * consumer whose process we proved (ucx_cma.c) gets direct-cma; a write
+     * falls back to AM only while the consumer is not proven yet. */
+    bool cma = !direct && kvp__ucx_cma_bound(x, p);
+    p->path = direct ? KVP_PATH_DIRECT_SHM : cma ? KVP_PATH_DIRECT_CMA : am;
     p->use_am = !direct;
-    p->inbound = x->region_kind == REGION_UCX && p->same_host ? KVP_PATH_DIRECT_SHM : am;
+    /* inbound: a superset of what the peer's rule can choose (ucx_cma.c
+     * writes only into a consumer whose blob offers it: ours, cma_in) */
+    p->inbound = x->region_kind == REGION_UCX && p->same_host ? KVP_PATH_DIRECT_SHM
+                 : x->cma_in && p->cma_src && p->same_host    ? KVP_PATH_DIRECT_CMA
+                                                              : am;
     p->rptr = NULL;
     if (direct) {
         /* Our large writes copy into that mapping ourselves (ucx.c,
@@ -62,9 +70,13 @@ void kvp__ucx_peer_classify(ucx_xport_t *x, ucx_peer_t *p)
             KVP_DEBUG(PFX(x), "peer %llu: pre-fault of its segment failed",
                       (unsigned long long)p->id);
     }
-    snprintf(p->lanes, sizeof(p->lanes), "out=%s in=%s rkey_ptr=%s shm=%s%s",
+    snprintf(p->lanes, sizeof(p->lanes), "out=%s in=%s rkey_ptr=%s shm=%s cma=%s%s",
              kvp_data_path_str(p->path), kvp_data_path_str(p->inbound),
              p->rkey_ptr_ok ? "ok" : "no", x->shm_enabled ? "on" : "off",
+             cma && p->cma_pidfd >= 0 ? "pid-proven"
+             : cma                    ? "REFUSED"
+             : p->cma_offered         ? "offered"
+                                      : "no",
              x->legacy_put && p->use_am ? " legacy-put(bench)" : "");
     KVP_INFO(PFX(x), "peer %llu: data path %s [%s]%s", (unsigned long long)p->id,
              kvp_data_path_str(p->path), p->lanes, p->same_host ? " (same host)" : "");
@@ -77,7 +89,7 @@ void kvp__ucx_peer_classify(ucx_xport_t *x, ucx_peer_t *p)
                  "peer %llu is on this host but its data goes over tcp: the configured "
                  "transports (UCX_TLS=%s) include no shared memory (%s)",
                  (unsigned long long)p->id, x->tls[0] ? x->tls : "(default)", p->lanes);
-    else if (p->same_host && p->path == KVP_PATH_AM_SHM)
+    else if (p->same_host && p->path == KVP_PATH_AM_SHM && !p->cma_offered)
         KVP_WARN(PFX(x),
                  "peer %llu: same-host writes go by active messages over shm "
                  "(its region is not UCX-allocated shared memory?) [%s]",

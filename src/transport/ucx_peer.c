@@ -83,6 +83,9 @@ kvp_data_path_t kvp_ucx_peer_inbound_path(kvp_xport_t *xp, kvp_xpeer_id_t peer)
     if (p && p->inbound != KVP_PATH_DIRECT_SHM && x->region_kind == REGION_UCX &&
         kvp__ucx_peer_proven(x, p))
         return KVP_PATH_DIRECT_SHM; /* it shares our memory, whatever its host id says */
+    if (p && p->inbound != KVP_PATH_DIRECT_CMA && x->cma_in && p->cma_src &&
+        kvp__ucx_peer_proven(x, p))
+        return KVP_PATH_DIRECT_CMA; /* issue 29 item 4: it may write us by process_vm_writev */
     return p ? p->inbound : KVP_PATH_UNKNOWN;
 }
 

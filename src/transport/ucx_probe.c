@@ -103,6 +103,7 @@ bool kvp__ucx_probe_mark(ucx_xport_t *x, ucx_peer_t *p, const ucx_blob_view_t *v
                                                             __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))) {
                 ok = true;
                 p->mark_cell = &cells[c];
+                p->mark_raddr = v->probe_base + (uint64_t)c * sizeof(uint64_t); /* ucx_cma.c */
             }
         }
         if (!ok)

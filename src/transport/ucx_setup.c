@@ -5,7 +5,9 @@
  *
  * Blob layout (little-endian; strict: every length checked, no trailing
  * bytes):
- *   0 magic u32 "KVPU" | 4 version u16 (5) | 6 flags u16 (bit0: UCX-allocated)
+ *   0 magic u32 "KVPU" | 4 version u16 (5) | 6 flags u16 (bit0: UCX-allocated;
+ *     bit1: takes direct-cma writes; bit2: writes direct-cma where taken,
+ *     ucx_cma.c; other bits ignored)
  *   8 num_blocks u32 | 12 block_size u32 | 16 region base u64 | 24 region len u64
  *   32 pid u32 | 36 host_len u16 | 38 addr_len u16 | 40 rkey_len u16
  *   42 rma_addr_len u16 | 44 secret u64 | 52 probe base u64 | 60 probe_rkey_len u16
@@ -150,7 +152,7 @@ static kvp_status_t ucx_blob_build(ucx_xport_t *x, const ucx_blob_in_t *in)
         return KVP_ERR_NOMEM;
     le_put(b, UCX_BLOB_MAGIC, 4);
     le_put(b + 4, UCX_BLOB_VERSION, 2);
-    le_put(b + 6, x->region_kind == REGION_UCX ? 1 : 0, 2);
+    le_put(b + 6, (x->region_kind == REGION_UCX ? 1u : 0u) | kvp__ucx_cma_flags(x), 2);
     le_put(b + 8, x->layout.num_blocks, 4);
     le_put(b + 12, x->layout.block_size, 4);
     le_put(b + 16, (uintptr_t)x->region, 8);
@@ -656,6 +658,7 @@ kvp_status_t kvp__ucx_ucp_open(ucx_xport_t *x, const kvp_ucx_config_t *cfg)
     while (x->token == 0);
     (void)kvp__ucx_probe_alloc(x); /* without it: no same-host proof (logged) */
     kvp__ucx_exit_open(x);         /* without it: no process-exit proof (logged) */
+    kvp__ucx_cma_open(x);          /* issue 29 item 4: direct-cma allowed here? */
     st = kvp__ucx_tcpd_open(x, cfg);
     return st == KVP_OK ? kvp__ucx_am_init(x) : st;
 }

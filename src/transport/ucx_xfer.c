@@ -235,7 +235,7 @@ static size_t ucx_post_puts(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r,
 /* Post the puts (and the flush) or the AM sends of r: how many were
  * posted; r ends on p->running, or on p->done if already complete. */
 static size_t ucx_write_post(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r,
-                             const kvp_xfer_block_t *blocks, size_t n, bool am)
+                             const kvp_xfer_block_t *blocks, size_t n, bool am, bool cma)
 {
     /* Linked and biased by one while posting, so a completion UCX might
      * deliver from inside a later post can never see pending reach 0. */
@@ -247,8 +247,10 @@ static size_t ucx_write_post(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r,
                                .user_data = r};
     bool stream = !am && p->rptr != NULL && p->path == KVP_PATH_DIRECT_SHM &&
                   n * x->layout.block_size >= UCX_STREAM_MIN_BYTES;
-    size_t posted = am ? kvp__ucx_am_post(x, p, r, blocks, n, &prm)
-                       : ucx_post_puts(x, p, r, blocks, n, &prm, stream);
+    /* direct-cma (ucx_cma.c): synchronous process_vm_writev, no UCX request */
+    size_t posted = cma  ? kvp__ucx_cma_post(x, p, r, blocks, n)
+                    : am ? kvp__ucx_am_post(x, p, r, blocks, n, &prm)
+                         : ucx_post_puts(x, p, r, blocks, n, &prm, stream);
     /* The transfer exists once anything was posted; a later refusal makes it
      * FAILED. Puts need the endpoint flush for remote completion (SPEC §6).
      * Active messages do not: a completed ucp_am_send_nbx means its bytes
@@ -258,7 +260,7 @@ static size_t ucx_write_post(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r,
      * tcp it completed only after the consumer's next progress, i.e. after
      * its handler had copied the whole block (~200 us per 2 MiB block at
      * K=1, issue 17). */
-    if (posted > 0 && !am)
+    if (posted > 0 && !am && !cma)
         ucx_post_done(r, ucp_ep_flush_nbx(p->ep_rma, &prm));
     if (--r->pending == 0 && posted > 0) {
         kvp_list_remove(&r->link);
@@ -280,9 +282,20 @@ kvp_status_t kvp__ucx_write(kvp_xport_t *xp, kvp_xpeer_id_t peer, const kvp_xfer
     kvp_status_t st = ucx_write_check(x, p, blocks, n); /* every index, before any put */
     if (st != KVP_OK)
         return st;
+    /* Issue 29 item 4: direct-cma only while the consumer is proven and its
+     * proven process alive; else nothing is written (AM is no fallback:
+     * ucx_cma.c). */
+    bool cma = p->path == KVP_PATH_DIRECT_CMA;
+    if (cma && kvp__ucx_cma_ready(x, p) < 0) {
+        KVP_LOG_RL(&x->rl_cma, kvp_clock_now(x->clock), KVP_LOG_WARN, PFX(x),
+                   "peer %llu: direct-cma write refused (its process exited, is not proven "
+                   "same host or was not proven at add_peer): nothing written",
+                   (unsigned long long)peer);
+        return KVP_ERR_TRANSPORT;
+    }
     /* Puts exist only on the RMA endpoint (shm/RDMA); the AM context has
      * no RMA, so legacy_put (bench) applies only where one exists. */
-    bool am = p->use_am &&
+    bool am = !cma && p->use_am &&
               !((x->legacy_put || KVP_MUTATED(KVP_MUT_UCX_EMULATED_PUT)) && p->rkey != NULL);
     ucx_xfer_t *r = ucx_xfer_get(x, p);
     if (!r)
@@ -292,10 +305,10 @@ kvp_status_t kvp__ucx_write(kvp_xport_t *xp, kvp_xpeer_id_t peer, const kvp_xfer
         ucx_xfer_put(x, r);
         return KVP_ERR_NOMEM;
     }
-    size_t posted = ucx_write_post(x, p, r, blocks, n, am);
+    size_t posted = ucx_write_post(x, p, r, blocks, n, am, cma);
     if (posted == 0) { /* nothing reached UCX: the caller may treat it as never posted */
-        KVP_WARN(PFX(x), "peer %llu: put refused: %s", (unsigned long long)peer,
-                 ucs_status_string(r->first_err));
+        KVP_WARN(PFX(x), "peer %llu: %s refused: %s", (unsigned long long)peer,
+                 cma ? "direct-cma write" : "put", ucs_status_string(r->first_err));
         ucx_xfer_put(x, r);
         return KVP_ERR_TRANSPORT;
     }

@@ -162,6 +162,9 @@ static void test_ext_ucx_fetch_into_zero_copy(void **state)
     assert_int_equal(s1.bytes_in, 4ull * BS);
     assert_int_equal(s0.bytes_copied_in + s0.bytes_copied_out, 0);
     assert_int_equal(s1.bytes_copied_in + s1.bytes_copied_out, 0);
+    /* issue 29 item 4: same host, the source wrote them with direct-cma */
+    assert_int_equal(s0.cma_bytes_written, 4ull * BS);
+    assert_int_equal(s0.cma_writes_failed, 0);
     kvp_peer_info_t pi;
     uint32_t np = 0;
     assert_int_equal(kvp_node_peers(dst.n, &pi, 1, &np), KVP_OK);

@@ -231,12 +231,15 @@ static void test_tell(void **state)
     assert_int_equal(kvp__pcred_open(&sc, &s), KVP_OK);
     uint64_t claim = kvp__pcred_claim(46);
     kvp__pcred_watch(c, 11, claim);
-    kvp__pcred_tell(s, 3, SECRET_C, claim);
+    int lp = -1; /* issue 29 item 4: the listener's pid, the kernel's word */
+    kvp__pcred_tell(s, 3, SECRET_C, claim, &lp);
+    assert_int_equal(lp, (int)getpid());
     assert_int_equal(stats(s).told, 1);
     PROGRESS_UNTIL(c, stats(c).watched == 1);
     assert_int_equal(stats(c).watched, 1);
     assert_false(kvp__pcred_exited(c, 11));
-    kvp__pcred_tell(s, 4, 0xdeadull, claim); /* nobody listens there: nothing */
+    kvp__pcred_tell(s, 4, 0xdeadull, claim, &lp); /* nobody listens there: nothing */
+    assert_int_equal(lp, 0);
     assert_int_equal(stats(s).told, 1);
     kvp__pcred_progress(s);
     kvp__pcred_untell(s, 3);

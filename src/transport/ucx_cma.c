@@ -1,0 +1,259 @@
+/*
+ * ucx_cma.c -- direct-cma (issue 29 item 4): a same-host source writes the
+ * blocks straight into a consumer region that UCX did not allocate (an
+ * embedding's memory, e.g. vLLM's mmap of /dev/shm files), with one copy
+ * from its own memory: process_vm_writev(2), what UCX's `cma` transport
+ * does, but called by kvpeer (docs/DESIGN.md "direct-cma" says why not
+ * UCX's: its cma endpoint writes into the pid the PEER's worker address
+ * names, and a put into memory UCX did not allocate is emulated by UCX
+ * over active messages, which aborts the target when the source dies).
+ *
+ * Who may be written into, and where (every rule checked here):
+ *   - only a consumer whose blob (authenticated, HELLO_ACK) offers it (bit
+ *     1: its region is not UCX shared memory, shm transports on, its pcred
+ *     listener and probe segment exist, direct-cma allowed there), from a
+ *     source whose blob says it writes direct-cma (bit 2) and that marked
+ *     the consumer's probe segment: the consumer then sees the source
+ *     proven and trusts its FETCH_DONE without seeing blocks land, so from
+ *     then on every write to it is direct-cma or refused (nothing written),
+ *     never our AM path (an AM block could land after the commit);
+ *   - only a process the kernel names: the pid of the consumer's pcred
+ *     listener from SO_PEERCRED on our own connection to it (pcred.c; same
+ *     uid, same pid namespace), never the pid in its blob; a pidfd taken on
+ *     it, then process_vm_readv of OUR mark at the place of the consumer's
+ *     probe segment where we wrote it (its address from the blob): that
+ *     process maps the very segment we share with the consumer, and the
+ *     pidfd, still not readable after the read, names that process;
+ *   - only while the consumer is PROVEN same host (its mark, bound to this
+ *     control connection, in our probe segment: kvp__ucx_peer_proven), so a
+ *     relayed blob of another node gets no write (refused);
+ *   - only while its pidfd is not readable (the process has not exited),
+ *     checked right before each process_vm_writev. The window left: the
+ *     process exits, is reaped and its pid reused by another process of
+ *     our uid between that poll and the syscall (microseconds; the write
+ *     then goes to the addresses of the consumer's region in that process,
+ *     or fails with EFAULT);
+ *   - only inside [region, region + len) of the blob and slots below its
+ *     num_blocks: checked for every block before the first syscall, so a
+ *     refused write wrote nothing.
+ * A syscall that fails (EFAULT: the region unmapped; ESRCH: gone; EPERM)
+ * or writes short fails the transfer (FAILED, its outcome unknown to the
+ * consumer): never a crash, never a retry.
+ *
+ * The consumer cannot fence or refuse such a write: it is treated exactly
+ * as direct shm (inbound DIRECT_CMA: not refusable, no fence proof,
+ * FETCH_DONE trusted only from a proven peer, quarantined slots released
+ * by FETCH_DONE / ABORT_ACK, the process-exit proof or the hold cap).
+ */
+#include "transport/ucx_int.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#define CMA_IOV 256 /* iovecs per process_vm_writev (the kernel takes up to 1024) */
+
+static int cma_pidfd_open(int pid)
+{
+#ifdef SYS_pidfd_open
+    return (int)syscall(SYS_pidfd_open, pid, 0);
+#else
+    (void)pid;
+    errno = ENOSYS;
+    return -1;
+#endif
+}
+
+void kvp__ucx_cma_open(ucx_xport_t *x)
+{
+    const char *e = getenv("KVPEER_UCX_CMA");
+    kvp_ratelimit_init(&x->rl_cma, KVP_NSEC_PER_SEC, 10);
+    x->cma_ok = !(e != NULL && strcmp(e, "0") == 0);
+    if (!x->cma_ok) {
+        KVP_INFO(PFX(x), "direct-cma off (KVPEER_UCX_CMA=0)");
+        return;
+    }
+    /* No pidfd_open (Linux < 5.3, valgrind 3.19): no process can be proven
+     * alive: neither offered nor written (a bound source could only refuse). */
+    int self = cma_pidfd_open((int)getpid());
+    if (self < 0) {
+        x->cma_ok = false;
+        KVP_INFO(PFX(x), "direct-cma off: pidfd_open: %s", strerror(errno));
+        return;
+    }
+    close(self);
+    /* Yama: with ptrace_scope >= 1 a same-uid sibling may not write into us
+     * unless we name it (PR_SET_PTRACER takes one pid): not offered. */
+    FILE *f = fopen("/proc/sys/kernel/yama/ptrace_scope", "r");
+    if (f != NULL) {
+        int v = -1;
+        if (fscanf(f, "%d", &v) != 1)
+            v = -1;
+        fclose(f);
+        if (v != 0) {
+            x->cma_ok = false;
+            KVP_INFO(PFX(x), "direct-cma off: kernel.yama.ptrace_scope=%d (same-host writes "
+                             "into memory UCX did not allocate go by active messages)", v);
+        }
+    }
+}
+
+uint32_t kvp__ucx_cma_flags(ucx_xport_t *x)
+{
+    x->cma_out = x->cma_ok && x->shm_enabled && x->pcred != NULL;
+    x->cma_in = x->cma_out && x->region_kind != REGION_UCX && x->region_kind != REGION_NONE &&
+                x->probe_cells != NULL;
+    return (x->cma_in ? 2u : 0u) | (x->cma_out ? 4u : 0u);
+}
+
+bool kvp__ucx_cma_bound(const ucx_xport_t *x, const ucx_peer_t *p)
+{
+    return x->cma_out && p->cma_offered && p->mark_cell != NULL;
+}
+
+/* Readable pidfd: the process exited (or the poll failed: treated alike). */
+static bool cma_exited(int pidfd)
+{
+    struct pollfd pf = {.fd = pidfd, .events = POLLIN};
+    return poll(&pf, 1, 0) != 0;
+}
+
+void kvp__ucx_cma_add_peer(ucx_xport_t *x, ucx_peer_t *p, int lpid)
+{
+    if (!kvp__ucx_cma_bound(x, p) || p->cma_pidfd >= 0)
+        return;
+    const char *why = NULL;
+    int fd = lpid > 0 && p->mark_raddr != 0 ? cma_pidfd_open(lpid) : -1;
+    if (fd < 0) {
+        /* It will see us proven and trust FETCH_DONE without landing: our
+         * AM path is no fallback, our writes to it are refused. */
+        KVP_WARN(PFX(x), "peer %llu: direct-cma impossible (%s): our writes to it are refused",
+                 (unsigned long long)p->id,
+                 lpid <= 0 ? "no pid from its unix listener" : strerror(errno));
+        return;
+    }
+    uint64_t got = 0;
+    struct iovec l = {.iov_base = &got, .iov_len = sizeof(got)};
+    struct iovec r = {.iov_base = (void *)(uintptr_t)p->mark_raddr, .iov_len = sizeof(got)};
+    ssize_t n = process_vm_readv(lpid, &l, 1, &r, 1, 0);
+    int err = errno;
+    if (n != (ssize_t)sizeof(got))
+        why = err == EPERM ? "the kernel does not let us write into its process (ptrace "
+                             "access: another uid, not dumpable, or a Yama scope)"
+                           : "its process does not map its probe segment where its blob says";
+    else if (got != p->mark_ours)
+        why = "the process behind its listener does not hold our mark";
+    else if (cma_exited(fd))
+        why = "its process exited";
+    if (why != NULL) {
+        KVP_WARN(PFX(x), "peer %llu: direct-cma impossible (%s): our writes to it are refused",
+                 (unsigned long long)p->id, why);
+        close(fd);
+        return;
+    }
+    p->cma_pid = lpid;
+    p->cma_pidfd = fd;
+    KVP_DEBUG(PFX(x), "peer %llu: direct-cma target pid %d (SO_PEERCRED, pidfd)",
+              (unsigned long long)p->id, lpid);
+}
+
+void kvp__ucx_cma_remove_peer(ucx_peer_t *p)
+{
+    if (p->cma_pidfd >= 0)
+        close(p->cma_pidfd);
+    p->cma_pidfd = -1;
+}
+
+int kvp__ucx_cma_ready(ucx_xport_t *x, ucx_peer_t *p)
+{
+    if (p->cma_pidfd < 0 || !kvp__ucx_peer_proven(x, p))
+        return -1;
+    return cma_exited(p->cma_pidfd) ? -1 : 1;
+}
+
+/* Every block inside the consumer's region (its blob): slot below its
+ * num_blocks, bytes inside [rbase, rbase + rlen). */
+static bool cma_bounds_ok(const ucx_peer_t *p, const kvp_xfer_block_t *blocks, size_t n,
+                          size_t bs)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint64_t off = (uint64_t)blocks[i].dst_slot * bs;
+        if (blocks[i].dst_slot >= p->layout.num_blocks || off + bs > p->rlen ||
+            p->rbase + off + bs < p->rbase)
+            return false;
+    }
+    return true;
+}
+
+static void cma_fail(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r, int err, size_t done,
+                     size_t want)
+{
+    x->st.cma_failed++;
+    if (r->first_err == UCS_OK)
+        r->first_err = err == ESRCH ? UCS_ERR_CONNECTION_RESET : UCS_ERR_IO_ERROR;
+    KVP_LOG_RL(&x->rl_cma, kvp_clock_now(x->clock), KVP_LOG_WARN, PFX(x),
+               "peer %llu: direct-cma write failed (%s; %zu of %zu bytes): transfer failed",
+               (unsigned long long)p->id, err ? strerror(err) : "short write", done, want);
+}
+
+size_t kvp__ucx_cma_post(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r,
+                         const kvp_xfer_block_t *blocks, size_t n)
+{
+    const size_t bs = x->layout.block_size;
+    struct iovec lv[CMA_IOV], rv[CMA_IOV];
+    size_t posted = 0;
+
+    if (!cma_bounds_ok(p, blocks, n, bs)) {
+        r->first_err = UCS_ERR_INVALID_PARAM;
+        return 0; /* nothing written */
+    }
+    for (size_t i = 0; i < n;) {
+        size_t k = 0, bytes = 0;
+        while (i < n && k < CMA_IOV) { /* runs of adjacent (src, dst) slots */
+            size_t run = 1;
+            while (i + run < n && blocks[i + run].src_slot == blocks[i].src_slot + run &&
+                   blocks[i + run].dst_slot == blocks[i].dst_slot + run)
+                run++;
+            lv[k].iov_base = (uint8_t *)x->region + (size_t)blocks[i].src_slot * bs;
+            rv[k].iov_base = (void *)(uintptr_t)(p->rbase + (uint64_t)blocks[i].dst_slot * bs);
+            lv[k].iov_len = rv[k].iov_len = run * bs;
+            bytes += run * bs;
+            k++;
+            i += run;
+        }
+        /* Right before each batch: the process is still the one we proved
+         * (its pidfd not readable), so its pid is not anyone else's. */
+        if (cma_exited(p->cma_pidfd)) {
+            cma_fail(x, p, r, ESRCH, 0, bytes);
+            return posted;
+        }
+        ssize_t w = process_vm_writev(p->cma_pid, lv, (unsigned long)k, rv, (unsigned long)k, 0);
+        int err = w < 0 ? errno : 0;
+        x->st.cma_writes++;
+        if (w > 0) {
+            x->st.cma_bytes += (uint64_t)w;
+            posted++; /* something reached its memory */
+        }
+        if (w != (ssize_t)bytes) {
+            cma_fail(x, p, r, err, w > 0 ? (size_t)w : 0, bytes);
+            return posted;
+        }
+    }
+    return posted;
+}
+
+/* Consumer side: a peer that could write our region without our handler
+ * (release rule: conservative). Direct shm into UCX's shared memory, or
+ * direct-cma into memory UCX did not allocate when our blob offers it. */
+bool kvp__ucx_inbound_direct(ucx_xport_t *x, ucx_peer_t *p)
+{
+    if (p->inbound == KVP_PATH_DIRECT_SHM || p->inbound == KVP_PATH_DIRECT_CMA)
+        return true;
+    return (x->region_kind == REGION_UCX || (x->cma_in && p->cma_src)) &&
+           kvp__ucx_peer_proven(x, p);
+}

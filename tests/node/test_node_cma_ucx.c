@@ -1,0 +1,366 @@
+/*
+ * test_node_cma_ucx.c -- issue 29 item 4: direct-cma between two nodes in
+ * two processes (this test re-executes itself as the source: a clean
+ * process, no UCX state inherited), each region the embedding's memory.
+ *
+ *   plain / devshm: the consumer's region is plain anonymous memory, or a
+ *       /dev/shm file mapped MAP_SHARED, unlinked and its fd closed (what
+ *       vLLM's shared_offload_region does); 8 blocks land byte-exact in the
+ *       slots named, the data path is direct-cma, no byte came by AM, no
+ *       copy is counted on the consumer.
+ *   killed: a fetch parked on the source (WAIT_FOR_SUPPLY) when the source
+ *       is SIGKILLed: its slots are held (KVP_ERR_BUSY, n_held) -- a direct
+ *       write cannot be refused -- and released by the process-exit proof
+ *       (KVP_EV_SLOTS_RELEASED with KVP_OK, long before the 60 s hold cap),
+ *       never handed back before it.
+ *   source off: KVPEER_UCX_CMA=0 in the source only: am-shm, every block
+ *       through the consumer's AM handler (it does not trust that source's
+ *       FETCH_DONE without them).
+ *   tcp: UCX_TLS=tcp in both processes: no shared memory, the source is not
+ *       proven, the path is am-tcp, never direct-cma; the blocks still land.
+ *
+ * Mutation tried (report): inbound_refusable() answering true for
+ * direct-cma (held slots released at once) -> "killed" fails (0 held).
+ */
+#include "testutil.h"
+#include "node/node.h"
+#include "transport/transport.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define NB 16u
+#define BS (256u * 1024u)
+#define NPUB 8u
+
+static const char *g_self;
+static bool g_env_once; /* KVPEER_UCX_CMA=0 for the next source process only */
+
+static uint64_t real_ms(void)
+{
+    return kvp_clock_now(kvp_clock_real()) / KVP_NSEC_PER_MSEC;
+}
+
+static uint32_t scaled(uint32_t ms)
+{
+    return (uint32_t)(ms * kvp_test_time_scale());
+}
+
+/* The embedding's memory: anonymous, or a /dev/shm file the way vLLM maps
+ * it (MAP_SHARED, then unlinked and its fd closed: only the mapping is left). */
+static uint8_t *region_map(bool devshm)
+{
+    size_t len = (size_t)NB * BS;
+    if (!devshm) {
+        void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        return p == MAP_FAILED ? NULL : p;
+    }
+    char name[64];
+    snprintf(name, sizeof(name), "/dev/shm/kvpeer-cma-test-%d", (int)getpid());
+    int fd = open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0)
+        return NULL;
+    void *p = ftruncate(fd, (off_t)len) == 0
+                  ? mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                  : MAP_FAILED;
+    unlink(name);
+    close(fd);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+static kvp_node_t *node_start(uint8_t *region, uint32_t hold_cap_ms)
+{
+    kvp_config_t c;
+    kvp_node_t *n = NULL;
+    kvp_config_init(&c);
+    c.num_blocks = NB;
+    c.block_size = BS;
+    c.listen_addr = "127.0.0.1:0";
+    c.dead_after_ms = scaled(2000);
+    c.handshake_timeout_ms = c.dead_after_ms;
+    if (hold_cap_ms)
+        c.hold_cap_ms = hold_cap_ms;
+    c.external_slots = 1;
+    c.region = region;
+    c.region_len = (uint64_t)NB * BS;
+    return kvp_node_create(&c, &n) == KVP_OK ? n : NULL;
+}
+
+static void fill(uint32_t k, uint8_t *p)
+{
+    for (uint32_t i = 0; i < BS; i += 8) {
+        uint64_t v = (uint64_t)k * 0x9e3779b97f4a7c15ull ^ i;
+        memcpy(p + i, &v, 8);
+    }
+}
+
+static void keys_make(uint32_t k0, uint32_t n, uint8_t *buf, uint32_t *lens)
+{
+    for (uint32_t i = 0; i < n; i++)
+        lens[i] = (uint32_t)snprintf((char *)buf + 8 * i, 9, "cma%05u", k0 + i);
+}
+
+/* ----------------------------------------------------------- the source */
+
+/* argv: self --source devshm(0|1). Publishes NPUB blocks (slots 2.., keys
+ * 0..), prints its peer id, serves until stdin closes. */
+static int source_main(bool devshm)
+{
+    uint8_t *region = region_map(devshm);
+    kvp_node_t *n = region ? node_start(region, 0) : NULL;
+    if (n == NULL)
+        return 2;
+    uint8_t keys[8 * NPUB + 1];
+    uint32_t lens[NPUB];
+    keys_make(0, NPUB, keys, lens);
+    for (uint32_t i = 0; i < NPUB; i++) {
+        fill(i, region + (size_t)(2 + i) * BS);
+        if (kvp_publish(n, keys + 8 * i, lens[i], 2 + i) != KVP_OK)
+            return 3;
+    }
+    printf("%s\n", kvp_node_peer_id(n));
+    fflush(stdout);
+    char b[16];
+    while (read(0, b, sizeof(b)) > 0) {
+    }
+    kvp_node_destroy(n);
+    munmap(region, (size_t)NB * BS);
+    return 0;
+}
+
+typedef struct src {
+    pid_t pid;
+    int in; /* its stdin: closing it ends it */
+    char peer[128];
+} src_t;
+
+static void src_spawn(src_t *s, bool devshm)
+{
+    int to[2], from[2];
+    assert_int_equal(pipe(to), 0);
+    assert_int_equal(pipe(from), 0);
+    fflush(stdout);
+    s->pid = fork();
+    assert_true(s->pid >= 0);
+    if (s->pid == 0) {
+        dup2(to[0], 0);
+        dup2(from[1], 1);
+        close(to[1]);
+        close(from[0]);
+        execl(g_self, g_self, "--source", devshm ? "1" : "0", (char *)NULL);
+        _exit(127);
+    }
+    close(to[0]);
+    close(from[1]);
+    s->in = to[1];
+    FILE *f = fdopen(from[0], "r");
+    assert_non_null(f);
+    assert_non_null(fgets(s->peer, sizeof(s->peer), f));
+    fclose(f);
+    s->peer[strcspn(s->peer, "\n")] = '\0';
+}
+
+static void src_end(src_t *s, bool kill_it)
+{
+    int status = 0;
+    if (s->pid <= 0)
+        return;
+    if (kill_it)
+        kill(s->pid, SIGKILL);
+    close(s->in);
+    waitpid(s->pid, &status, 0);
+    if (!kill_it)
+        assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    s->pid = 0;
+}
+
+/* ------------------------------------------------------------- consumer */
+
+static bool wait_event(kvp_node_t *n, int type, uint64_t op_id, uint32_t timeout_ms,
+                       kvp_event_t *out)
+{
+    uint64_t end = real_ms() + timeout_ms;
+    while (real_ms() < end) {
+        kvp_event_t ev;
+        uint32_t got = 0;
+        struct pollfd p = {kvp_node_fd(n), POLLIN, 0};
+        poll(&p, 1, 20);
+        while (kvp_poll_events(n, &ev, 1, &got) == KVP_OK && got == 1)
+            if (ev.type == type && (op_id == 0 || ev.op_id == op_id)) {
+                *out = ev;
+                return true;
+            }
+    }
+    return false;
+}
+
+static void fetch_case(bool devshm, const char *want_path)
+{
+    src_t s;
+    uint8_t *region = region_map(devshm);
+    assert_non_null(region);
+    src_spawn(&s, devshm);
+    if (g_env_once)
+        unsetenv("KVPEER_UCX_CMA");
+    g_env_once = false;
+    kvp_node_t *n = node_start(region, 0);
+    assert_non_null(n);
+    assert_int_equal(kvp_peer_add(n, s.peer), KVP_OK);
+    assert_int_equal(kvp_peer_wait(n, s.peer, (int32_t)scaled(10000)), KVP_OK);
+    uint8_t keys[8 * NPUB + 1], res[NPUB], want[BS];
+    uint32_t lens[NPUB], slots[NPUB] = {15, 0, 7, 8, 9, 3, 12, 1};
+    int32_t bs[NPUB];
+    uint64_t op;
+    kvp_event_t ev;
+    keys_make(0, NPUB, keys, lens);
+    assert_int_equal(kvp_lookup(n, s.peer, 1, keys, lens, NPUB, res, &op), KVP_OK);
+    assert_true(wait_event(n, KVP_EV_LOOKUP, op, scaled(5000), &ev));
+    assert_int_equal(ev.n_ok, NPUB);
+    assert_int_equal(kvp_fetch_into(n, s.peer, 1, keys, lens, NPUB, slots, 0, bs, &op), KVP_OK);
+    assert_true(wait_event(n, KVP_EV_LOAD, op, scaled(10000), &ev));
+    assert_int_equal(ev.status, KVP_OK);
+    for (uint32_t i = 0; i < NPUB; i++) {
+        assert_int_equal(bs[i], KVP_OK);
+        fill(i, want);
+        assert_memory_equal(region + (size_t)slots[i] * BS, want, BS);
+    }
+    kvp_peer_info_t pi;
+    uint32_t np = 0;
+    kvp_stats_t st;
+    kvp_xport_stats_t xs;
+    assert_int_equal(kvp_node_peers(n, &pi, 1, &np), KVP_OK);
+    assert_int_equal(np, 1);
+    assert_int_equal(kvp_node_stats(n, &st), KVP_OK);
+    kvp_xport_t *x = kvp__node_xport(n);
+    x->ops->get_stats(x, &xs);
+    printf("%s region: %u x %u B byte-exact, data path %s, %llu B by AM, copied %llu B\n",
+           devshm ? "/dev/shm" : "anonymous", NPUB, BS, pi.data_path,
+           (unsigned long long)xs.am_bytes_landed,
+           (unsigned long long)(st.bytes_copied_in + st.bytes_copied_out));
+    assert_string_equal(pi.data_path, want_path);
+    if (strcmp(want_path, "direct-cma") == 0)
+        assert_int_equal(xs.am_bytes_landed, 0); /* nothing came through our handler */
+    else
+        assert_int_equal(xs.am_bytes_landed, (uint64_t)NPUB * BS); /* all through it */
+    assert_int_equal(st.bytes_copied_in + st.bytes_copied_out, 0);
+    kvp_finish_request(n, 1);
+    kvp_node_destroy(n);
+    src_end(&s, false);
+    munmap(region, (size_t)NB * BS);
+}
+
+static void test_cma_fetch_plain(void **state)
+{
+    (void)state;
+    fetch_case(false, "direct-cma");
+}
+
+static void test_cma_fetch_devshm(void **state)
+{
+    (void)state;
+    fetch_case(true, "direct-cma");
+}
+
+/* The source does not write direct-cma (KVPEER_UCX_CMA=0 there only): the
+ * consumer, which offers it, must not trust that proven source's FETCH_DONE
+ * without seeing its AM blocks land (its blob says it does not write cma). */
+static void test_cma_source_off(void **state)
+{
+    (void)state;
+    setenv("KVPEER_UCX_CMA", "0", 1);
+    g_env_once = true; /* fetch_case unsets it once the source runs */
+    fetch_case(true, "am-shm");
+}
+
+static void test_cma_tcp_not_proven(void **state)
+{
+    (void)state;
+    setenv("UCX_TLS", "tcp", 1); /* both processes: no shared memory at all */
+    fetch_case(true, "am-tcp");
+    unsetenv("UCX_TLS");
+}
+
+static void test_cma_source_killed(void **state)
+{
+    (void)state;
+    src_t s;
+    uint8_t *region = region_map(true);
+    assert_non_null(region);
+    src_spawn(&s, true);
+    kvp_node_t *n = node_start(region, scaled(60000));
+    assert_non_null(n);
+    assert_int_equal(kvp_peer_add(n, s.peer), KVP_OK);
+    assert_int_equal(kvp_peer_wait(n, s.peer, (int32_t)scaled(10000)), KVP_OK);
+    uint8_t keys[25], held[NB];
+    uint32_t lens[3], slots[3] = {4, 11, 13};
+    int32_t bs[3];
+    uint64_t op;
+    kvp_event_t ev;
+    keys_make(500, 3, keys, lens); /* never published: the FETCH parks on the source */
+    for (uint32_t i = 0; i < 3; i++)
+        memset(region + (size_t)slots[i] * BS, 0x5a, BS);
+    assert_int_equal(kvp_fetch_into(n, s.peer, 2, keys, lens, 3, slots,
+                                     KVP_FETCH_FLAG_WAIT_FOR_SUPPLY, bs, &op),
+                     KVP_OK);
+    uint64_t t = real_ms() + 300;
+    while (real_ms() < t)
+        poll(NULL, 0, 10);
+    uint64_t t_kill = real_ms();
+    src_end(&s, true);
+    assert_true(wait_event(n, KVP_EV_LOAD, op, scaled(5000), &ev));
+    assert_int_not_equal(ev.status, KVP_OK);
+    uint32_t busy = 0;
+    for (uint32_t i = 0; i < 3; i++)
+        busy += bs[i] == KVP_ERR_BUSY;
+    printf("source SIGKILLed: load %s, %u of 3 slots held\n",
+           kvp_status_str((kvp_status_t)ev.status), busy);
+    assert_int_equal(busy, 3); /* a direct write cannot be refused: held */
+    assert_int_equal(ev.n_held, 3);
+    /* Held until the proof, all three in one step: either still held, or the
+     * proof came already (the pidfd is often readable by now) and then its
+     * KVP_EV_SLOTS_RELEASED is already in the ring (emitted in that step). */
+    assert_int_equal(kvp_slots_held(n, 0, NB, held), KVP_OK);
+    uint32_t still = held[slots[0]] + held[slots[1]] + held[slots[2]];
+    printf("  at the LOAD event: %u of 3 still held\n", still);
+    assert_true(still == 3 || still == 0);
+    assert_true(wait_event(n, KVP_EV_SLOTS_RELEASED, op, still ? scaled(10000) : 100, &ev));
+    uint64_t took = real_ms() - t_kill;
+    printf("  released %llu ms after the kill: status %s\n", (unsigned long long)took,
+           kvp_status_str((kvp_status_t)ev.status));
+    assert_int_equal(ev.status, KVP_OK); /* a proof (process exit), not the hold cap */
+    assert_int_equal(ev.n_keys, 3);
+    kvp_stats_t st;
+    assert_int_equal(kvp_node_stats(n, &st), KVP_OK);
+    assert_true(st.released_process_exit >= 3);
+    assert_int_equal(kvp_slots_held(n, 0, NB, held), KVP_OK);
+    for (uint32_t i = 0; i < NB; i++)
+        assert_int_equal(held[i], 0);
+    for (uint32_t i = 0; i < 3; i++) /* nothing wrote them: the source never had the keys */
+        for (size_t b = 0; b < BS; b += 4096)
+            assert_int_equal(region[(size_t)slots[i] * BS + b], 0x5a);
+    kvp_finish_request(n, 2);
+    kvp_node_destroy(n);
+    munmap(region, (size_t)NB * BS);
+}
+
+int main(int argc, char **argv)
+{
+    g_self = argv[0];
+    if (argc == 3 && strcmp(argv[1], "--source") == 0)
+        return source_main(strcmp(argv[2], "1") == 0);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cma_fetch_plain),
+        cmocka_unit_test(test_cma_fetch_devshm),
+        cmocka_unit_test(test_cma_source_killed),
+        cmocka_unit_test(test_cma_source_off),
+        cmocka_unit_test(test_cma_tcp_not_proven),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

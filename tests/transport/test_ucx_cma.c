@@ -1,0 +1,294 @@
+/*
+ * test_ucx_cma.c -- direct-cma (issue 29 item 4): a same-host source writes
+ * into a consumer region UCX did not allocate with process_vm_writev, into
+ * the process the kernel names, only while the consumer is proven, only
+ * inside its region. A forked target (ucx_testlib) registers plain caller
+ * memory; this process is the source.
+ *
+ *   direct:    the target asleep, 4 blocks land byte-exact (one-sided), no
+ *              AM byte, the source counts its writes; fence: no proof.
+ *   unproven:  the target never imported our blob (its mark is not in our
+ *              segment): our write is refused, nothing is written, by cma
+ *              or by AM (mutation: cma without the proof -> lands).
+ *   bounds:    a blob claiming one slot fewer: a write into the last real
+ *              slot is refused, the slot unchanged (mutation: no bounds
+ *              check -> written).
+ *   outside:   a blob whose region lies where the target maps nothing: the
+ *              write fails cleanly (EFAULT), both alive, region unchanged.
+ *   other pid: a blob naming another process's pid: ignored, the write
+ *              lands in the process SO_PEERCRED named (mutation: the blob's
+ *              pid used -> "does not map its probe segment", write refused).
+ * Mutations tried (report): cma_ready() without the proven check ->
+ * "unproven" lands 256 KiB; no bounds check (write()'s slot check and
+ * cma_bounds_ok) -> "bounds" answers OK for the slot past its layout.
+ *   dead:      the target SIGKILLed: the next write is refused, no crash.
+ */
+#include "testutil.h"
+#include "ucx_testlib.h"
+
+#include <signal.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define SEC KVP_NSEC_PER_SEC
+#define MSEC KVP_NSEC_PER_MSEC
+#define SC(ns) kvp_test_scaled_ns(ns)
+#define BLOB_MAGIC 0x5550564Bu /* ucx_setup.c: the digest's seed */
+
+static kvp_test_logcap_t cap;
+
+static void consumer_add_producer(ut_pair_t *p)
+{
+    const void *b;
+    size_t len;
+    ut_reply_t r;
+    assert_int_equal(p->x->ops->local_blob(p->x, &b, &len), KVP_OK);
+    assert_true(ut_call(&p->child, UT_ADD_PEER, UT_NB, UT_BS, b, (uint32_t)len, &r, NULL, 0));
+    assert_int_equal(r.status, KVP_OK);
+    ut_progress_for(p->x, SC(20 * MSEC));
+}
+
+static int64_t child_count_not(ut_pair_t *p, uint8_t byte)
+{
+    ut_reply_t r;
+    assert_true(ut_call(&p->child, UT_COUNT_NOT, byte, 0, NULL, 0, &r, NULL, 0));
+    return r.v1;
+}
+
+static kvp_xport_stats_t xstats(kvp_xport_t *x)
+{
+    kvp_xport_stats_t s;
+    x->ops->get_stats(x, &s);
+    return s;
+}
+
+/* The child's blob with u32 field at `off` set to v (u64 when wide), its
+ * digest recomputed (a forger can: the digest is no authentication). */
+static void forge(const ut_pair_t *p, uint8_t *out, size_t off, uint64_t v, bool wide)
+{
+    memcpy(out, p->blob, p->blob_len);
+    for (int i = 0; i < (wide ? 8 : 4); i++)
+        out[off + (size_t)i] = (uint8_t)(v >> (8 * i));
+    uint64_t d = kvp_hash64(out, p->blob_len - 8, BLOB_MAGIC);
+    memcpy(out + p->blob_len - 8, &d, 8);
+}
+
+static void open_cma(ut_pair_t *p)
+{
+    ut_pair_open_ex(p, "", KVP_PATH_DIRECT_CMA, true);
+    char lanes[192];
+    assert_int_equal(kvp_ucx_peer_lanes(p->x, p->peer, lanes, sizeof(lanes)), KVP_OK);
+    assert_non_null(strstr(lanes, "cma=pid-proven"));
+}
+
+static void test_cma_direct(void **state)
+{
+    (void)state;
+    ut_pair_t p;
+    ut_reply_t r;
+    kvp_status_t st;
+    open_cma(&p);
+    consumer_add_producer(&p);
+    for (uint32_t s = 0; s < 4; s++)
+        ut_pattern_fill(p.region + (size_t)s * UT_BS, UT_BS, s, 51);
+    assert_true(ut_send(&p.child, UT_PAUSE, 300, 0, NULL, 0)); /* the target asleep */
+    uint64_t t0 = ut_now_ns();
+    kvp_xfer_id_t id = ut_post4(&p, 0);
+    assert_true(ut_wait_xfer(p.x, p.peer, id, SC(5 * SEC), &st));
+    uint64_t took = ut_now_ns() - t0;
+    assert_int_equal(st, KVP_OK);
+    assert_true(took < 250 * MSEC); /* done while the target slept: nobody else wrote */
+    assert_true(ut_recv_reply(&p.child, &r, NULL, 0));
+    uint32_t pairs[8] = {0, 0, 1, 1, 2, 2, 3, 3};
+    assert_true(ut_call(&p.child, UT_VERIFY, 0, 51, pairs, sizeof(pairs), &r, NULL, 0));
+    assert_int_equal(r.v1, 0);
+    assert_true(ut_call(&p.child, UT_DROPPED, 0, 0, NULL, 0, &r, NULL, 0));
+    assert_int_equal(r.v2, 0); /* no AM byte landed: the target's handler saw nothing */
+    kvp_xport_stats_t xs = xstats(p.x);
+    print_message("  direct-cma: 4 x %u B in %.3f ms while the target slept, %llu writes, "
+                  "%llu B\n", UT_BS, (double)took / 1e6, (unsigned long long)xs.cma_writes,
+                  (unsigned long long)xs.cma_bytes);
+    assert_int_equal(xs.cma_bytes, 4ull * UT_BS);
+    assert_int_equal(xs.cma_writes, 1); /* 4 adjacent slots: one run, one syscall */
+    assert_int_equal(xs.puts, 0);
+    assert_true(ut_call(&p.child, UT_FENCE, 0, 0, NULL, 0, &r, NULL, 0));
+    assert_int_equal(r.status, KVP_OK);
+    assert_int_equal(r.v1, 0); /* unfenceable: no proof, as direct shm */
+    ut_pair_close(&p);
+    KVP_TEST_ASSERT_NO_LEAKS();
+}
+
+static void test_cma_unproven(void **state)
+{
+    (void)state;
+    ut_pair_t p;
+    ut_reply_t r;
+    kvp_status_t st;
+    open_cma(&p); /* the target never imports our blob: not proven */
+    assert_false(kvp_ucx_peer_proven(p.x, p.peer));
+    assert_true(ut_call(&p.child, UT_FILL, 0xAA, 0, NULL, 0, &r, NULL, 0));
+    kvp_xfer_block_t b[4] = {{0, 0, 0, 0}, {1, 0, 1, 0}, {2, 0, 2, 0}, {3, 0, 3, 0}};
+    kvp_xfer_id_t id = 0;
+    kvp_test_logcap_start(&cap);
+    st = p.x->ops->write(p.x, p.peer, b, 4, &id); /* refused: not by AM either */
+    kvp_test_logcap_stop();
+    int64_t landed = child_count_not(&p, 0xAA);
+    assert_true(ut_call(&p.child, UT_DROPPED, 0, 0, NULL, 0, &r, NULL, 0));
+    print_message("  unproven: write %s, %lld B landed, %lld B by AM, %llu cma writes\n",
+                  kvp_status_str(st), (long long)landed, (long long)(r.v1 + r.v2),
+                  (unsigned long long)xstats(p.x).cma_writes);
+    assert_int_equal(st, KVP_ERR_TRANSPORT);
+    assert_int_equal(landed, 0);
+    assert_int_equal(r.v1 + r.v2, 0); /* no AM byte either (its handler expects all) */
+    assert_int_equal(xstats(p.x).cma_writes, 0);
+    ut_pair_close(&p);
+    KVP_TEST_ASSERT_NO_LEAKS();
+}
+
+/* A forged blob of the target as a second peer; the caller checks. */
+static kvp_xpeer_id_t add_forged(ut_pair_t *p, const uint8_t *b, kvp_layout_t lay)
+{
+    kvp_xpeer_id_t id = 0;
+    assert_int_equal(p->x->ops->add_peer(p->x, b, p->blob_len, &lay, &id), KVP_OK);
+    return id;
+}
+
+static void test_cma_bounds(void **state)
+{
+    (void)state;
+    ut_pair_t p;
+    ut_reply_t r;
+    uint8_t b[KVP_UCX_BLOB_MAX];
+    open_cma(&p);
+    consumer_add_producer(&p);
+    assert_true(ut_call(&p.child, UT_FILL, 0xAA, 0, NULL, 0, &r, NULL, 0));
+    forge(&p, b, 8, UT_NB - 1, false); /* num_blocks: one slot fewer than its region */
+    kvp_xpeer_id_t f = add_forged(&p, b, (kvp_layout_t){UT_NB - 1, UT_BS});
+    assert_int_equal(p.x->ops->peer_path(p.x, f), KVP_PATH_DIRECT_CMA);
+    kvp_xfer_block_t blk = {0, 0, UT_NB - 1, 0}, ok = {0, 0, UT_NB - 2, 0};
+    kvp_xfer_id_t id = 0;
+    kvp_status_t st;
+    assert_int_equal(p.x->ops->write(p.x, f, &blk, 1, &id), KVP_ERR_INVALID);
+    assert_int_equal(child_count_not(&p, 0xAA), 0); /* nothing written */
+    assert_int_equal(p.x->ops->write(p.x, f, &ok, 1, &id), KVP_OK); /* the control: inside */
+    assert_true(ut_wait_xfer(p.x, f, id, SC(5 * SEC), &st));
+    assert_int_equal(st, KVP_OK);
+    assert_int_equal(child_count_not(&p, 0xAA), (int64_t)UT_BS);
+    assert_int_equal(p.x->ops->remove_peer(p.x, f), KVP_OK);
+    ut_pair_close(&p);
+    KVP_TEST_ASSERT_NO_LEAKS();
+}
+
+static void test_cma_outside(void **state)
+{
+    (void)state;
+    ut_pair_t p;
+    ut_reply_t r;
+    uint8_t b[KVP_UCX_BLOB_MAX];
+    kvp_test_logcap_start(&cap);
+    open_cma(&p);
+    consumer_add_producer(&p);
+    assert_true(ut_call(&p.child, UT_FILL, 0xAA, 0, NULL, 0, &r, NULL, 0));
+    forge(&p, b, 16, 0x010000000000ull, true); /* region base: nothing mapped there (ASan: its
+                                                 * shadow gap) */
+    kvp_xpeer_id_t f = add_forged(&p, b, ut_layout);
+    kvp_xfer_id_t id = 0;
+    kvp_status_t st = p.x->ops->write(p.x, f, &(kvp_xfer_block_t){0, 0, 3, 0}, 1, &id);
+    if (st == KVP_OK) { /* posted: it must fail */
+        assert_true(ut_wait_xfer(p.x, f, id, SC(5 * SEC), &st));
+        assert_int_not_equal(st, KVP_OK);
+    }
+    print_message("  outside its region: %s, %llu failed cma writes\n", kvp_status_str(st),
+                  (unsigned long long)xstats(p.x).cma_failed);
+    assert_int_not_equal(st, KVP_OK);
+    assert_int_equal(xstats(p.x).cma_bytes, 0);
+    assert_int_equal(child_count_not(&p, 0xAA), 0); /* alive, unchanged */
+    assert_int_equal(p.x->ops->remove_peer(p.x, f), KVP_OK);
+    ut_pair_close(&p);
+    kvp_test_logcap_stop();
+    KVP_TEST_ASSERT_NO_LEAKS();
+}
+
+static void test_cma_other_pid(void **state)
+{
+    (void)state;
+    ut_pair_t p;
+    ut_reply_t r;
+    kvp_status_t st;
+    uint8_t b[KVP_UCX_BLOB_MAX];
+    pid_t victim = fork(); /* a process of ours that maps nothing at the target's region */
+    if (victim == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlives a failed test */
+        for (;;)
+            pause();
+    }
+    assert_true(victim > 0);
+    open_cma(&p);
+    consumer_add_producer(&p);
+    forge(&p, b, 32, (uint64_t)victim, false); /* the blob's pid: the peer's word only */
+    kvp_xpeer_id_t f = add_forged(&p, b, ut_layout);
+    assert_int_equal(p.x->ops->peer_path(p.x, f), KVP_PATH_DIRECT_CMA);
+    ut_pattern_fill(p.region + 5 * (size_t)UT_BS, UT_BS, 5, 77);
+    kvp_xfer_id_t id = 0;
+    assert_int_equal(p.x->ops->write(p.x, f, &(kvp_xfer_block_t){5, 0, 9, 0}, 1, &id), KVP_OK);
+    assert_true(ut_wait_xfer(p.x, f, id, SC(5 * SEC), &st));
+    assert_int_equal(st, KVP_OK); /* into the kernel's pid: the target */
+    uint32_t pairs[2] = {9, 5};
+    assert_true(ut_call(&p.child, UT_VERIFY, 0, 77, pairs, sizeof(pairs), &r, NULL, 0));
+    assert_int_equal(r.v1, 0);
+    kill(victim, SIGKILL);
+    waitpid(victim, NULL, 0);
+    assert_int_equal(p.x->ops->remove_peer(p.x, f), KVP_OK);
+    ut_pair_close(&p);
+    KVP_TEST_ASSERT_NO_LEAKS();
+}
+
+static void test_cma_dead(void **state)
+{
+    (void)state;
+    ut_pair_t p;
+    kvp_status_t st;
+    kvp_test_logcap_start(&cap);
+    open_cma(&p);
+    consumer_add_producer(&p);
+    kvp_xfer_id_t id = ut_post4(&p, 0);
+    assert_true(ut_wait_xfer(p.x, p.peer, id, SC(5 * SEC), &st));
+    assert_int_equal(st, KVP_OK);
+    ut_child_kill(&p.child);
+    kvp_xfer_block_t b[4] = {{0, 0, 4, 0}, {1, 0, 5, 0}, {2, 0, 6, 0}, {3, 0, 7, 0}};
+    st = p.x->ops->write(p.x, p.peer, b, 4, &id);
+    if (st == KVP_OK) {
+        assert_true(ut_wait_xfer(p.x, p.peer, id, SC(5 * SEC), &st));
+        assert_int_not_equal(st, KVP_OK);
+    }
+    print_message("  target killed: next write %s\n", kvp_status_str(st));
+    assert_int_not_equal(st, KVP_OK);
+    assert_int_equal(xstats(p.x).cma_bytes, 4ull * UT_BS); /* only the first */
+    assert_int_equal(p.x->ops->remove_peer(p.x, p.peer), KVP_OK);
+    kvp_xfer_result_t res[16];
+    size_t n;
+    kvp_xport_stats_t xs;
+    uint64_t end = ut_now_ns() + SC(2 * SEC);
+    do {
+        ut_progress_for(p.x, 2 * MSEC);
+        assert_int_equal(p.x->ops->poll_retired(p.x, res, 16, &n), KVP_OK);
+        xs = xstats(p.x);
+    } while ((xs.retired || xs.zombie_peers) && ut_now_ns() < end);
+    assert_int_equal(p.x->ops->close(p.x, false), KVP_OK);
+    kvp_test_logcap_stop();
+    KVP_TEST_ASSERT_NO_LEAKS();
+}
+
+int main(int argc, char **argv)
+{
+    (void)argc;
+    ut_main_init(argv);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cma_direct),   cmocka_unit_test(test_cma_unproven),
+        cmocka_unit_test(test_cma_bounds),   cmocka_unit_test(test_cma_outside),
+        cmocka_unit_test(test_cma_other_pid), cmocka_unit_test(test_cma_dead),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
