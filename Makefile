@@ -212,7 +212,7 @@ test-ucx122: ucx122
 	UCX_NET_DEVICES=lo KVPEER_TEST_TIME_SCALE=3 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitizer/lsan.supp UBSAN_OPTIONS=halt_on_error=1 \
 	  /usr/bin/python3 tests/reliability/death_loop.py $(UCX122_DIR)/tests/node/e2e_node \
-	  --runs 2 --blocks 400 --kill-ms 100 --external
+	  --runs 2 --blocks 400 --kill-ms 10 --external
 
 # e2e_bench --quick on the Debian UCX (release build) and on UCX 1.22 (a
 # release build in build/ucx122-release), one after the other in one run;
