@@ -110,6 +110,12 @@ class Child:
         self.p.stdin.flush()
         return self._read(scaled(timeout) + scaled(30))
 
+    def peers(self) -> Dict[str, str]:
+        """peer -> the data path of A's session with it (its WRITEs)."""
+        self.p.stdin.write(json.dumps({"op": "peers"}) + "\n")
+        self.p.stdin.flush()
+        return self._read(scaled(10))
+
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.p.poll() is None:
             self.p.send_signal(sig)
@@ -258,14 +264,33 @@ def test_vllm_lookups_batched_per_step(engine_a, psk, engines):
     b.finish(d)
 
 
-def test_vllm_sigkill_mid_load_then_reconnect(procs, engines):
+# A path whose handler lands only into expected slots (issue 29): a failed
+# load's slots come back at once (AM_REFUSE), none is held.
+AM_PATHS = ("am-shm", "am-tcp")
+
+
+@pytest.mark.parametrize("zero_copy", [False, True], ids=["staging", "zero-copy"])
+def test_vllm_sigkill_mid_load_then_reconnect(procs, engines, zero_copy):
     """A answers the lookup, is stopped, B's promotion is submitted, A is
     SIGKILLed: the job fails exactly once, the keys answer MISS at once, the
     primary chunks B reserved go back to the free pool untouched. A new A on
-    the same address: B reconnects and the load succeeds."""
+    the same address: B reconnects and the load succeeds.
+
+    Zero copy (issue 29): B's promotion lands straight in its primary chunks,
+    so whether they are reusable at the failure depends on A's data path into
+    B (A's kvp peer info data_path). On an active-message path (AM_PATHS) the
+    handler lands only into expected slots: none is held, the job has no
+    deferred_release, the chunks are free at once. On a direct path (a
+    WRITE of A's may still land) the LOAD reports held slots: the JobResult
+    carries deferred_release, vLLM keeps the chunks out of use, and the event
+    is set only at KVP_EV_SLOTS_RELEASED (the tier's slot_records give the
+    order), after which vLLM frees them."""
     port = free_port()
-    a = procs(tier_cfg(listen=f"127.0.0.1:{port}"))
-    b = engines(tier_cfg(peers=[a.peer_id]))
+    extra = {"kvpeer_zero_copy": True} if zero_copy else {}
+    # zero copy: A serves B's LOOKUP from its primary tier on vLLM's tier-poll thread
+    spec = {"tier_poll_interval_s": 0.001} if zero_copy else None
+    a = procs(tier_cfg(listen=f"127.0.0.1:{port}", **extra), spec)
+    b = engines(tier_cfg(peers=[a.peer_id], **extra))
     b.tier._tier.node.wait_peer(a.peer_id, scaled(10))
     keys = [make_key(i) for i in range(4)]
     assert a.store(keys, seed=2) == [True] * 4
@@ -273,36 +298,50 @@ def test_vllm_sigkill_mid_load_then_reconnect(procs, engines):
     until(lambda: b.tier.lookup(keys[0], c) is LookupResult.HIT or b.step(), scaled(10))
     for k in keys[1:]:
         until(lambda: b.tier.lookup(k, c) is LookupResult.HIT or b.step(), scaled(10))
+    a_path = a.peers().get(b.peer_id)  # A's WRITEs into B go this way
     a.kill(signal.SIGSTOP)
     finished: List[Any] = []
+    set_at_result: List[bool] = []
     orig = b.tier.get_finished_jobs
 
     def spy():
         out = list(orig())
         finished.extend(out)
+        set_at_result.extend(r.deferred_release is not None and r.deferred_release.is_set()
+                             for r in out)
         return out
 
     b.tier.get_finished_jobs = spy  # type: ignore[method-assign]
+    chunks: List[int] = []
+    orig_load = b.tier.submit_load
+
+    def spy_load(job):
+        chunks.extend(int(x) for x in job.chunk_ids)
+        return orig_load(job)
+
+    b.tier.submit_load = spy_load  # type: ignore[method-assign]
     with b.manager.lock:  # the scheduler's lookups: HIT -> promotion queued
         assert [b.manager.lookup(k, c) for k in keys] == [LookupResult.HIT_PENDING] * 4
     b.step()  # on_schedule_end: submit_load
-    assert b.tier.has_pending_work()
+    assert b.tier.has_pending_work() and len(chunks) == 4
     a.kill(signal.SIGKILL)
     t0 = time.monotonic()
     assert until(lambda: (b.step(), bool(finished))[1], scaled(10))
     took = time.monotonic() - t0
+    if zero_copy:
+        check_zero_copy_failure(b, finished[0], set_at_result[0], chunks, a_path)
     time.sleep(0.3)
     b.step()
     assert len(finished) == 1 and not finished[0].success, finished  # failed, once
     assert took < scaled(5), f"load failure took {took:.2f}s"
-    # vllm 0.34's deferred release (0.33 has none): kvpeer never defers one
+    # vllm 0.34's deferred release (0.33 has none): none left over
     assert getattr(b.manager.primary_tier, "num_deferred_release_chunks", 0) == 0
     # MISS at once now: the dead peer is not waited for.
     with b.manager.lock:
         assert [b.manager.lookup(k, c) for k in keys] == [LookupResult.MISS] * 4
     b.finish(c)
     # Reconnect: a new engine A on the same address.
-    a2 = procs(tier_cfg(listen=f"127.0.0.1:{port}"))
+    a2 = procs(tier_cfg(listen=f"127.0.0.1:{port}", **extra), spec)
     b.tier._tier.node.wait_peer(a2.peer_id, scaled(10))
     assert a2.store(keys, seed=3) == [True] * 4
     c2 = b.ctx()
@@ -310,6 +349,52 @@ def test_vllm_sigkill_mid_load_then_reconnect(procs, engines):
     assert res == [LookupResult.HIT] * 4, res
     assert b.read(keys, c2) == [block_bytes(k, 3) for k in keys]
     b.finish(c2)
+    if zero_copy:  # nothing lent, nothing held, nothing left to release
+        assert b.tier._tier.node.slots_held() == bytes(b.num_chunks)
+        assert b.tier._tier.deferred_pending() == 0
+
+
+def check_zero_copy_failure(b: Engine, res: Any, set_at_result: bool, chunks: List[int],
+                            a_path: Optional[str]) -> None:
+    """issue 29: the failed zero-copy promotion's chunks are never reused
+    while a WRITE of the dead source may land (see the test above)."""
+    node = b.tier._tier.node
+    recs = list(b.tier._tier.slot_records)
+    loads = [r for r in recs if r[0] == "load"]  # the job's fetch ops (one per round)
+    assert loads and all(r[3] != 0 for r in loads), recs  # every one failed
+    ops = {r[1] for r in loads if r[2]}  # those with slots held
+    n_held = sum(r[2] for r in loads)
+    prim = b.manager.primary_tier
+    if a_path in AM_PATHS:  # refused at once: every chunk is vLLM's now
+        assert n_held == 0, (a_path, recs)
+        assert res.deferred_release is None, recs
+        assert not any(r[0] in ("deferred", "deferred_set") for r in recs), recs
+        assert prim.num_deferred_release_chunks == 0
+        assert all(node.slots_held(ch, 1) == b"\x00" for ch in chunks)
+        return
+    # A direct path: the slots a late WRITE may reach are held until proof
+    # or the hold cap, and vLLM does not reuse them until then.
+    assert a_path is not None and n_held > 0, (a_path, recs)
+    ev = res.deferred_release
+    assert ev is not None and not set_at_result, recs  # not set at the LOAD outcome
+    assert prim.num_deferred_release_chunks == len(chunks)  # every failed key deferred
+    held_chunks = [ch for ch in chunks if node.slots_held(ch, 1) == b"\x01"]
+    assert len(held_chunks) == n_held
+    deadline = time.monotonic() + scaled(10)  # proof, or the hold cap (3 s)
+    while not ev.is_set() and time.monotonic() < deadline:
+        # held: the node still has them and vLLM still keeps them out of use
+        assert prim.num_deferred_release_chunks == len(chunks) or ev.is_set()
+        b.step()
+        time.sleep(0.02)
+    assert ev.is_set(), "deferred_release never set"
+    recs = list(b.tier._tier.slot_records)
+    order = [r[0] for r in recs
+             if (r[0] == "released" and r[1] in ops)
+             or (r[0] in ("deferred", "deferred_set") and r[1] == res.job_id)]
+    assert order == ["deferred"] + ["released"] * len(ops) + ["deferred_set"], recs
+    assert all(node.slots_held(ch, 1) == b"\x00" for ch in held_chunks)
+    b.step()  # vLLM frees the chunks at its next poll
+    assert prim.num_deferred_release_chunks == 0
 
 
 def test_vllm_failed_load_never_writes_primary(engine_a, psk, engines):
