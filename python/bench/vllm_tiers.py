@@ -19,7 +19,9 @@ a CPU primary tier in /dev/shm, one secondary tier):
 Per request: lookup latency = first lookup() until no key answers RETRY;
 load latency = from there until every key answers HIT; sched/req = the time
 B's scheduler thread spent inside the manager for the request (its lookup()
-calls and step ends, which run the tier's polling and copies). Throughput = blocks
+calls and step ends, which run the tier's polling and copies; it grows with
+the number of steps a slow load takes), /step = that time per step (p50, us:
+what one scheduler step costs while a request waits). Throughput = blocks
 (and bytes) of all measured requests over their total wall time. A warm-up
 request opens the sessions first (p2p answers MISS until its NIXL handshake
 is done; kvpeer dials at start-up).
@@ -246,6 +248,7 @@ def run_loads(eng: Engine, tier: str, a_addr: str, keys: List[bytes], seed: int,
     lookup_ms: List[float] = []
     load_ms: List[float] = []
     sched_ms: List[float] = []
+    pass_us: List[float] = []  # scheduler time per pass (a step's lookups + its end)
     misses = mismatches = 0
     t_start = time.perf_counter()
     for r in range(0, len(keys), req_blocks):
@@ -263,7 +266,9 @@ def run_loads(eng: Engine, tier: str, a_addr: str, keys: List[bytes], seed: int,
         t_res: Optional[float] = None
         deadline = time.monotonic() + timeout
         busy = 0.0  # scheduler-thread time in the manager (lookups + step ends)
+        passes = 0
         while True:
+            passes += 1
             tb = time.perf_counter()
             with eng.manager.lock:
                 res = [eng.manager.lookup(k, c) for k in rk]
@@ -287,6 +292,7 @@ def run_loads(eng: Engine, tier: str, a_addr: str, keys: List[bytes], seed: int,
         t1 = time.perf_counter()
         _T('req_done', r)
         sched_ms.append(busy * 1e3)
+        pass_us.append(busy * 1e6 / passes)
         if not any(x is LR.MISS for x in res):
             lookup_ms.append((t_res - t0) * 1e3)
             load_ms.append((t1 - t_res) * 1e3)
@@ -304,7 +310,8 @@ def run_loads(eng: Engine, tier: str, a_addr: str, keys: List[bytes], seed: int,
     n_ok = len(lookup_ms) * req_blocks
     return {"requests": len(lookup_ms), "blocks": n_ok, "misses": misses,
             "mismatches": mismatches, "wall_s": wall,
-            "lookup_ms": lookup_ms, "load_ms": load_ms, "sched_ms": sched_ms}
+            "lookup_ms": lookup_ms, "load_ms": load_ms, "sched_ms": sched_ms,
+            "pass_us": pass_us}
 
 
 def idle_steps(eng: Engine, f: Any, step_s: float = 0.001) -> Any:
@@ -516,7 +523,7 @@ def row(tier: str, r: Dict[str, Any], chunk: int, blocks: int) -> Tuple[str, boo
             f"{bps * chunk / 1e9:>6.2f} {pct(r['lookup_ms'], 50):>10.2f} "
             f"{pct(r['lookup_ms'], 99):>7.2f} {pct(r['load_ms'], 50):>9.2f} "
             f"{pct(r['load_ms'], 99):>7.2f} {pct(r['sched_ms'], 50):>13.2f} "
-            f"{pct(r['sched_ms'], 99):>7.2f}")
+            f"{pct(r['sched_ms'], 99):>7.2f} {pct(r.get('pass_us', []), 50):>7.0f}")
     if not ok:
         line += (f"\n              misses {r['misses']}, byte mismatches {r['mismatches']}, "
                  f"blocks {r['blocks']} of {blocks}")
@@ -563,7 +570,7 @@ def orchestrate(a: argparse.Namespace) -> int:
     rc = 0
     hdr = (f"{'tier':13} {'blocks':>6} {'bytes ok':>8} {'blocks/s':>9} {'GB/s':>6} "
            f"{'lookup p50':>10} {'p99 ms':>7} {'load p50':>9} {'p99 ms':>7} "
-           f"{'sched/req p50':>13} {'p99 ms':>7}")
+           f"{'sched/req p50':>13} {'p99 ms':>7} {'/step us':>7}")
     for kib in sizes:
         n = blocks_for(a, kib)
         print(f"\n{kib} KiB chunks, {n} blocks")
