@@ -365,6 +365,8 @@ def check_zero_copy_failure(b: Engine, res: Any, set_at_result: bool, chunks: Li
     ops = {r[1] for r in loads if r[2]}  # those with slots held
     n_held = sum(r[2] for r in loads)
     prim = b.manager.primary_tier
+    # which branch ran (pytest -s shows it): held only on a direct path
+    print(f"zero-copy SIGKILL: A->B data path {a_path}, {n_held} slot(s) held")
     if a_path in AM_PATHS:  # refused at once: every chunk is vLLM's now
         assert n_held == 0, (a_path, recs)
         assert res.deferred_release is None, recs
