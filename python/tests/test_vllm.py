@@ -244,12 +244,25 @@ def test_vllm_lookups_batched_per_step(engine_a, psk, engines):
     keys = [make_key(400 + i) for i in range(8)]
     assert a.store(keys, seed=7) == [True] * 8
     sent = spy_lookups(b)
+    pumps: List[int] = []  # the tier taking the node's events
+    orig_pump = b.tier._tier._pump
+    b.tier._tier._pump = lambda *a, **kw: (pumps.append(1), orig_pump(*a, **kw))[1]
     c = b.ctx()
     with b.manager.lock:
         assert [b.manager.lookup(k, c) for k in keys] == [LookupResult.RETRY] * 8
+        # events are taken at the step's first lookup only (issue 29: an
+        # answer taken mid-pass split a request over two steps)
+        n = len(pumps)
+        assert 1 <= n <= 2, n  # vLLM's per-step poll + the first lookup
+        b.manager.lookup(keys[0], c)
+        assert len(pumps) == n
     assert sent == []  # queued until the step ends
     assert b.tier.has_pending_work()
     b.step()
+    m = len(pumps)
+    with b.manager.lock:
+        b.tier.lookup(keys[0], c)  # a new step: its first lookup takes them again
+    assert len(pumps) == m + 1
     assert [s for s in sent if s[0] == a.peer_id] == [(a.peer_id, 8)], sent
     res = b.lookup_all(keys, c, timeout=scaled(10))
     assert res == [LookupResult.HIT] * 8, res
