@@ -412,6 +412,41 @@ def check_zero_copy_failure(b: Engine, res: Any, set_at_result: bool, chunks: Li
     assert prim.num_deferred_release_chunks == 0
 
 
+def test_vllm_zero_copy_drain_waits_for_cancelled_loads(procs, engines):
+    """drain_jobs (vLLM's cache reset) cancels the loads still running at its
+    bound. In zero copy their slots are vLLM's promotion chunks, lent to the
+    node until each load's LOAD event (and held ones until SLOTS_RELEASED):
+    drain_jobs returns only once those are in, so nothing is lent afterwards
+    (no WRITE can land in a chunk vLLM resets). A is stopped with B's FETCH
+    sent, so the cancel is decided only when B gives up on A (dead_after)."""
+    zc = {"kvpeer_zero_copy": True}
+    a = procs(tier_cfg(**zc), {"tier_poll_interval_s": 0.001})
+    b = engines(tier_cfg(peers=[a.peer_id], **zc))
+    b.tier._tier.node.wait_peer(a.peer_id, scaled(10))
+    keys = [make_key(600 + i) for i in range(4)]
+    assert a.store(keys, seed=6) == [True] * 4
+    c = b.ctx()
+    for k in keys:
+        until(lambda: b.tier.lookup(k, c) is LookupResult.HIT or b.step(), scaled(10))
+    a.kill(signal.SIGSTOP)
+    with b.manager.lock:
+        assert [b.manager.lookup(k, c) for k in keys] == [LookupResult.HIT_PENDING] * 4
+    b.step()  # submit_load: the FETCH goes to the stopped A
+    node = b.tier._tier.node
+    assert b.tier._tier.pending_jobs() and 1 in node.slots_held()
+    b.tier._load_bound_s = lambda: 0.0  # drain's bound has passed: cancel at once
+    with b.manager.lock:
+        b.tier.drain_jobs()
+    assert b.tier._tier.pending_jobs() == []
+    assert b.tier._tier.deferred_pending() == 0
+    assert node.slots_held() == bytes(b.num_chunks)  # nothing lent or held any more
+    res = list(b.tier.get_finished_jobs())
+    assert len(res) == 1 and not res[0].success, res  # its one outcome, failed
+    with b.manager.lock:
+        b.manager._process_finished_jobs()
+    b.finish(c)
+
+
 def test_vllm_failed_load_never_writes_primary(engine_a, psk, engines):
     """Late landings: A is stopped while B's load is in flight; B declares it
     dead (dead_after), the job fails; then A resumes and may still WRITE. The
