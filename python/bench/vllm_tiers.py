@@ -19,7 +19,9 @@ a CPU primary tier in /dev/shm, one secondary tier):
 Per request: lookup latency = first lookup() until no key answers RETRY;
 load latency = from there until every key answers HIT; sched/req = the time
 B's scheduler thread spent inside the manager for the request (its lookup()
-calls and step ends, which run the tier's polling and copies). Throughput = blocks
+calls and step ends, which run the tier's polling and copies; it grows with
+the number of steps a slow load takes), /step = that time per step (p50, us:
+what one scheduler step costs while a request waits). Throughput = blocks
 (and bytes) of all measured requests over their total wall time. A warm-up
 request opens the sessions first (p2p answers MISS until its NIXL handshake
 is done; kvpeer dials at start-up).
@@ -78,7 +80,9 @@ import time
 import traceback
 import uuid
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import trace_phases
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -218,7 +222,7 @@ def kvcr_hint(a_host: str, a_port: int, keys: Sequence[bytes]) -> Dict[str, Any]
                                                       for k in keys]}}]}
 
 
-def tier_entry(tier: str, port: int, peers: Sequence[str]) -> Dict[str, Any]:
+def tier_entry(tier: str, port: int, peers: Sequence[str], num_chunks: int) -> Dict[str, Any]:
     if tier == "p2p":
         return {"type": "p2p", "host": "127.0.0.1", "port": port}
     if tier in KVCR_TIERS:
@@ -226,8 +230,11 @@ def tier_entry(tier: str, port: int, peers: Sequence[str]) -> Dict[str, Any]:
                 "control_host": "127.0.0.1", "control_ports": [port],
                 "control_advertise_host": "127.0.0.1"}
     if tier in KVPEER_VARIANTS:
+        # staging: kvpeer's store as large as the CPU tier (not its default
+        # 1024 blocks: 2 GiB per engine at 2 MiB chunks); zero copy has none
         return {"type": "KVPeerSecondaryTier", "module_path": "kvpeer.vllm",
-                "listen": f"127.0.0.1:{port}", "peers": list(peers), **KVPEER_VARIANTS[tier]}
+                "listen": f"127.0.0.1:{port}", "peers": list(peers), "num_blocks": num_chunks,
+                **KVPEER_VARIANTS[tier]}
     raise ValueError(f"unknown tier {tier!r}")
 
 
@@ -236,10 +243,12 @@ def run_loads(eng: Engine, tier: str, a_addr: str, keys: List[bytes], seed: int,
               req_blocks: int, step_s: float, timeout: float, tag: str) -> Dict[str, Any]:
     """Requests of ``req_blocks`` keys one after the other (see module doc)."""
     from vllm.v1.kv_offload.base import LookupResult as LR
+    from kvpeer._trace import t as _T  # --trace: timestamps through each request
     host, port = a_addr.rsplit(":", 1)
     lookup_ms: List[float] = []
     load_ms: List[float] = []
     sched_ms: List[float] = []
+    pass_us: List[float] = []  # scheduler time per pass (a step's lookups + its end)
     misses = mismatches = 0
     t_start = time.perf_counter()
     for r in range(0, len(keys), req_blocks):
@@ -252,11 +261,14 @@ def run_loads(eng: Engine, tier: str, a_addr: str, keys: List[bytes], seed: int,
         elif tier in KVCR_TIERS:
             hints = kvcr_hint(host, int(port), rk)
         c = eng.ctx(params, rid, hints)
+        _T('req_start', f"{tag}{r}")
         t0 = time.perf_counter()
         t_res: Optional[float] = None
         deadline = time.monotonic() + timeout
         busy = 0.0  # scheduler-thread time in the manager (lookups + step ends)
+        passes = 0
         while True:
+            passes += 1
             tb = time.perf_counter()
             with eng.manager.lock:
                 res = [eng.manager.lookup(k, c) for k in rk]
@@ -264,6 +276,7 @@ def run_loads(eng: Engine, tier: str, a_addr: str, keys: List[bytes], seed: int,
             busy += now - tb
             if t_res is None and all(x is not LR.RETRY for x in res):
                 t_res = now
+                _T('req_resolved', r)
             if any(x is LR.MISS for x in res):
                 misses += sum(x is LR.MISS for x in res)
                 break
@@ -277,7 +290,9 @@ def run_loads(eng: Engine, tier: str, a_addr: str, keys: List[bytes], seed: int,
             busy += time.perf_counter() - tb
             time.sleep(step_s)
         t1 = time.perf_counter()
+        _T('req_done', r)
         sched_ms.append(busy * 1e3)
+        pass_us.append(busy * 1e6 / passes)
         if not any(x is LR.MISS for x in res):
             lookup_ms.append((t_res - t0) * 1e3)
             load_ms.append((t1 - t_res) * 1e3)
@@ -295,7 +310,8 @@ def run_loads(eng: Engine, tier: str, a_addr: str, keys: List[bytes], seed: int,
     n_ok = len(lookup_ms) * req_blocks
     return {"requests": len(lookup_ms), "blocks": n_ok, "misses": misses,
             "mismatches": mismatches, "wall_s": wall,
-            "lookup_ms": lookup_ms, "load_ms": load_ms, "sched_ms": sched_ms}
+            "lookup_ms": lookup_ms, "load_ms": load_ms, "sched_ms": sched_ms,
+            "pass_us": pass_us}
 
 
 def idle_steps(eng: Engine, f: Any, step_s: float = 0.001) -> Any:
@@ -333,7 +349,7 @@ def child(args: argparse.Namespace) -> None:
     try:
         if args.tier in KVCR_TIERS:
             kvcr_import(args.tier)
-        eng = Engine(tier_entry(args.tier, args.port, args.peer or []), chunk, args.num_chunks)
+        eng = Engine(tier_entry(args.tier, args.port, args.peer or [], args.num_chunks), chunk, args.num_chunks)
     except Exception as e:  # reported as the tier's result: the exact error
         print(json.dumps({"error": f"{type(e).__name__}: {e}",
                           "trace": traceback.format_exc()}), file=out, flush=True)
@@ -364,10 +380,11 @@ def child(args: argparse.Namespace) -> None:
 
 # ---------------------------------------------------------------- orchestrator
 class Proc:
-    def __init__(self, argv: List[str], log: Path) -> None:
+    def __init__(self, argv: List[str], log: Path, trace: Optional[str] = None) -> None:
         self.log = open(log, "w")
+        env = dict(os.environ, KVPEER_TRACE=trace) if trace else None
         self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=self.log, text=True)
+                                  stderr=self.log, text=True, env=env)
 
     def read(self, timeout: float) -> Dict[str, Any]:
         sel = selectors.DefaultSelector()
@@ -418,15 +435,22 @@ class Proc:
 exit_notes: Dict[str, List[str]] = {}
 
 
-def run_tier(tier: str, a: argparse.Namespace, outdir: Path) -> Dict[str, Any]:
-    """A and B for one tier; returns B's figures or {"error": ...}."""
+def run_tier(tier: str, a: argparse.Namespace, outdir: Path, kib: int,
+             blocks: int) -> Dict[str, Any]:
+    """A and B for one tier, ``blocks`` blocks of ``kib`` KiB; returns B's
+    figures or {"error": ...}."""
     py = a.kvcr_python if tier in KVCR_TIERS and a.kvcr_python else sys.executable
     me = [py, str(Path(__file__).resolve()), "--role", "engine", "--tier", tier,
-          "--block-kib", str(a.block_kib)]
-    n_total = a.blocks + a.req_blocks  # measured blocks + the warm-up request
+          "--block-kib", str(kib)]
+    n_total = blocks + a.req_blocks  # measured blocks + the warm-up request
     pa, pb = free_port(), free_port()
+    tag = f"{tier}-{kib}k"
+    trace = str(outdir / f"trace-{tag}") if a.trace else None
+    if trace:
+        for f in outdir.glob(f"trace-{tag}.*"):
+            f.unlink()
     A = Proc(me + ["--port", str(pa), "--num-chunks", str(n_total + 8)],
-             outdir / f"vllm-tiers-{tier}-A.log")
+             outdir / f"vllm-tiers-{tag}-A.log", trace)
     procs = [A]
     try:
         hello = A.read(a.timeout)
@@ -439,7 +463,7 @@ def run_tier(tier: str, a: argparse.Namespace, outdir: Path) -> Dict[str, Any]:
         if st["stored"] != n_total:
             return {"error": f"engine A stored {st['stored']} of {n_total} blocks"}
         B = Proc(me + ["--port", str(pb), "--num-chunks", str(n_total + 8),
-                       "--peer", hello["addr"]], outdir / f"vllm-tiers-{tier}-B.log")
+                       "--peer", hello["addr"]], outdir / f"vllm-tiers-{tag}-B.log", trace)
         procs.append(B)
         hello_b = B.read(a.timeout)
         if "error" in hello_b:
@@ -451,7 +475,7 @@ def run_tier(tier: str, a: argparse.Namespace, outdir: Path) -> Dict[str, Any]:
         deadline = time.monotonic() + a.timeout
         w = 0
         while True:
-            warm = B.call(dict(common, first=a.blocks, n=a.req_blocks, tag=f"warm{w}-"),
+            warm = B.call(dict(common, first=blocks, n=a.req_blocks, tag=f"warm{w}-"),
                           a.timeout * 2)
             if "error" in warm:
                 return warm
@@ -461,66 +485,121 @@ def run_tier(tier: str, a: argparse.Namespace, outdir: Path) -> Dict[str, Any]:
             time.sleep(0.2)
         if warm["blocks"] != a.req_blocks:
             return {"error": f"warm-up request never hit ({warm})"}
-        res = B.call(dict(common, first=0, n=a.blocks, tag="run-"), a.timeout * 4)
+        res = B.call(dict(common, first=0, n=blocks, tag="run-"), a.timeout * 4)
         res["store_s"] = st["store_s"]
         res["warmups"] = w + 1
+        if trace and "error" not in res:  # the files are line-buffered: complete
+            res["phases"] = trace_phases.phases(trace)
         return res
     finally:
         exits = [(name, p.close()) for name, p in reversed(list(zip("AB", procs)))]
         notes = [f"engine {name} {how}" for name, how in exits if how]
         if notes:
-            exit_notes.setdefault(tier, []).extend(notes)
+            exit_notes.setdefault(tag, []).extend(notes)
         for f in Path("/dev/shm").glob(SHM_PREFIX + "*"):
             pid = f.name[len(SHM_PREFIX):].split("-")[0]
             if not Path(f"/proc/{pid}").exists():
                 f.unlink(missing_ok=True)
 
 
+def blocks_for(a: argparse.Namespace, kib: int) -> int:
+    """Measured blocks at ``kib`` KiB: --blocks, fewer where that would move
+    more than --max-mib (a multiple of --req-blocks, at least one request);
+    the same count for every tier of a size."""
+    n = min(a.blocks, (a.max_mib * 1024) // kib)
+    return max(a.req_blocks, n - n % a.req_blocks)
+
+
+def row(tier: str, r: Dict[str, Any], chunk: int, blocks: int) -> Tuple[str, bool]:
+    """One line of a size's table; False if the tier failed the run."""
+    if "error" in r:
+        # kvcr as shipped does not import under vllm 0.34.0 (see
+        # KVCR_TIERS): reported, not a failure of the run.
+        known = tier == "kvcr" and r["error"].startswith("ImportError")
+        return f"{tier:13} ERROR: {r['error']}", known
+    ok = r["mismatches"] == 0 and r["misses"] == 0 and r["blocks"] == blocks
+    bps = rate(r)
+    line = (f"{tier:13} {r['blocks']:>6} {('yes' if ok else 'NO'):>8} {bps:>9.0f} "
+            f"{bps * chunk / 1e9:>6.2f} {pct(r['lookup_ms'], 50):>10.2f} "
+            f"{pct(r['lookup_ms'], 99):>7.2f} {pct(r['load_ms'], 50):>9.2f} "
+            f"{pct(r['load_ms'], 99):>7.2f} {pct(r['sched_ms'], 50):>13.2f} "
+            f"{pct(r['sched_ms'], 99):>7.2f} {pct(r.get('pass_us', []), 50):>7.0f}")
+    if not ok:
+        line += (f"\n              misses {r['misses']}, byte mismatches {r['mismatches']}, "
+                 f"blocks {r['blocks']} of {blocks}")
+    return line, ok
+
+
+def rate(r: Dict[str, Any]) -> float:
+    return r["blocks"] / r["wall_s"] if r.get("wall_s", 0) > 0 else float("nan")
+
+
+def goal_line(kib: int, res: Dict[str, Dict[str, Any]]) -> Optional[str]:
+    """issue 29's goal at this size: kvpeer-zc >= 2x p2p's blocks/s (at >=
+    256 KiB chunks) and a lower load p99. Printed, never asserted."""
+    zc, p2p = res.get("kvpeer-zc"), res.get("p2p")
+    if not zc or not p2p or "error" in zc or "error" in p2p:
+        return None
+    ratio = rate(zc) / rate(p2p)
+    zp, pp = pct(zc["load_ms"], 99), pct(p2p["load_ms"], 99)
+    goal = kib >= 256
+    met = "met" if ratio >= 2 and zp < pp else "NOT met"
+    return (f"goal {kib} KiB: kvpeer-zc / p2p blocks/s = {ratio:.2f}x, load p99 "
+            f"{zp:.2f} vs {pp:.2f} ms" + (f" (>= 2x and lower p99: {met})" if goal
+                                          else " (no goal below 256 KiB)"))
+
+
 def orchestrate(a: argparse.Namespace) -> int:
     outdir = Path(a.out)
     outdir.mkdir(parents=True, exist_ok=True)
-    chunk = a.block_kib * 1024
-    print(f"vllm_tiers: {a.blocks} blocks of {a.block_kib} KiB A -> B, requests of "
-          f"{a.req_blocks} blocks, scheduler step sleep {a.step_ms} ms; "
-          f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} "
-          f"{os.getloadavg()[2]:.2f} ({os.cpu_count()} CPUs)", flush=True)
-    results: Dict[str, Dict[str, Any]] = {}
-    for tier in a.tiers.split(","):
-        t0 = time.monotonic()
-        results[tier] = run_tier(tier, a, outdir)
-        print(f"  {tier}: done in {time.monotonic() - t0:.1f} s", flush=True)
+    sizes = [int(x) for x in a.sizes.split(",")]
+    la = os.getloadavg()
+    print(f"vllm_tiers: tiers {a.tiers}; chunks of {a.sizes} KiB "
+          f"({', '.join(f'{blocks_for(a, k)} blocks of {k} KiB' for k in sizes)}) A -> B, "
+          f"requests of {a.req_blocks} blocks, scheduler step sleep {a.step_ms} ms; "
+          f"load average {la[0]:.2f} {la[1]:.2f} {la[2]:.2f} ({os.cpu_count()} CPUs)",
+          flush=True)
+    t_all = time.monotonic()
+    results: Dict[int, Dict[str, Dict[str, Any]]] = {}
+    for kib in sizes:
+        results[kib] = {}
+        for tier in a.tiers.split(","):
+            t0 = time.monotonic()
+            results[kib][tier] = run_tier(tier, a, outdir, kib, blocks_for(a, kib))
+            print(f"  {kib} KiB {tier}: done in {time.monotonic() - t0:.1f} s", flush=True)
     rc = 0
     hdr = (f"{'tier':13} {'blocks':>6} {'bytes ok':>8} {'blocks/s':>9} {'GB/s':>6} "
            f"{'lookup p50':>10} {'p99 ms':>7} {'load p50':>9} {'p99 ms':>7} "
-           f"{'sched/req p50':>13} {'p99 ms':>7}")
-    print(hdr)
-    for tier, r in results.items():
-        if "error" in r:
-            # kvcr as shipped does not import under vllm 0.34.0 (see
-            # KVCR_TIERS): reported, not a failure of the run.
-            known = tier == "kvcr" and r["error"].startswith("ImportError")
-            rc = rc if known else 1
-            print(f"{tier:13} ERROR: {r['error']}")
-            continue
-        ok = r["mismatches"] == 0 and r["misses"] == 0 and r["blocks"] == a.blocks
-        rc |= 0 if ok else 1
-        bps = r["blocks"] / r["wall_s"] if r["wall_s"] > 0 else float("nan")
-        print(f"{tier:13} {r['blocks']:>6} {('yes' if ok else 'NO'):>8} {bps:>9.0f} "
-              f"{bps * chunk / 1e9:>6.2f} {pct(r['lookup_ms'], 50):>10.2f} "
-              f"{pct(r['lookup_ms'], 99):>7.2f} {pct(r['load_ms'], 50):>9.2f} "
-              f"{pct(r['load_ms'], 99):>7.2f} {pct(r['sched_ms'], 50):>13.2f} "
-              f"{pct(r['sched_ms'], 99):>7.2f}")
-        if not ok:
-            print(f"              misses {r['misses']}, byte mismatches {r['mismatches']}, "
-                  f"blocks {r['blocks']} of {a.blocks}")
+           f"{'sched/req p50':>13} {'p99 ms':>7} {'/step us':>7}")
+    for kib in sizes:
+        n = blocks_for(a, kib)
+        print(f"\n{kib} KiB chunks, {n} blocks")
+        print(hdr)
+        for tier, r in results[kib].items():
+            line, ok = row(tier, r, kib * 1024, n)
+            rc |= 0 if ok else 1
+            print(line)
+        g = goal_line(kib, results[kib])
+        if g:
+            print(g)
+    if a.trace:
+        print("\nphases of a request, p50 ms (kvpeer._trace; python/bench/trace_phases.py)")
+        for kib in sizes:
+            for tier, r in results[kib].items():
+                ph = r.get("phases")
+                if ph:
+                    print(f"  {kib:>5} KiB {tier:13} " + "  ".join(
+                        f"{k} {pct(v, 50):.2f}" for k, v in ph.items()))
     la = os.getloadavg()
-    print(f"load average at the end {la[0]:.2f} {la[1]:.2f} {la[2]:.2f}")
-    for tier, notes in exit_notes.items():
+    print(f"\ntotal {time.monotonic() - t_all:.0f} s; load average at the end "
+          f"{la[0]:.2f} {la[1]:.2f} {la[2]:.2f}")
+    for tag, notes in exit_notes.items():
         for n in notes:
-            print(f"note: {tier} {n}")
-    for tier, r in results.items():
-        if "error" in r and r.get("trace"):
-            print(f"--- {tier}: {r['trace']}")
+            print(f"note: {tag} {n}")
+    for kib in sizes:
+        for tier, r in results[kib].items():
+            if "error" in r and r.get("trace"):
+                print(f"--- {kib} KiB {tier}: {r['trace']}")
     if a.json:
         Path(a.json).write_text(json.dumps({"args": vars(a), "results": results}, indent=1))
     return rc
@@ -528,9 +607,16 @@ def orchestrate(a: argparse.Namespace) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tiers", default="p2p,kvcr,kvcr-shim,kvpeer")
-    ap.add_argument("--blocks", type=int, default=256, help="measured blocks")
-    ap.add_argument("--block-kib", type=int, default=256, help="KiB per block (vLLM chunk)")
+    ap.add_argument("--tiers", default="kvpeer-zc,kvpeer,p2p,kvcr,kvcr-shim")
+    ap.add_argument("--sizes", default="64,256,2048",
+                    help="KiB per block (vLLM chunk), one table per size")
+    ap.add_argument("--blocks", type=int, default=256, help="measured blocks per size")
+    ap.add_argument("--max-mib", type=int, default=128,
+                    help="fewer blocks at a size where --blocks would move more than this")
+    ap.add_argument("--block-kib", type=int, help="one size only (as --sizes N)")
+    ap.add_argument("--trace", action="store_true",
+                    help="kvpeer tiers: timestamps through each request (kvpeer._trace), "
+                    "per-phase medians printed")
     ap.add_argument("--req-blocks", type=int, default=16, help="blocks per request")
     ap.add_argument("--step-ms", type=float, default=1.0,
                     help="B's sleep between scheduler steps")
@@ -552,9 +638,16 @@ def main() -> int:
         child(a)
         return 0
     if a.quick:
-        a.blocks, a.block_kib, a.req_blocks = 32, 64, 8
-    if a.blocks <= 0 or a.req_blocks <= 0 or a.block_kib <= 0 or a.blocks % a.req_blocks:
-        ap.error("--blocks, --req-blocks, --block-kib must be positive and --blocks a "
+        a.blocks, a.sizes, a.req_blocks = 32, "64", 8
+    if a.block_kib is not None:
+        a.sizes = str(a.block_kib)
+    try:
+        sizes = [int(x) for x in a.sizes.split(",")]
+    except ValueError:
+        ap.error(f"--sizes: a list of KiB, got {a.sizes!r}")
+    if a.blocks <= 0 or a.req_blocks <= 0 or min(sizes) <= 0 or a.blocks % a.req_blocks \
+            or a.max_mib <= 0:
+        ap.error("--blocks, --req-blocks, --sizes, --max-mib must be positive and --blocks a "
                  "multiple of --req-blocks")
     return orchestrate(a)
 

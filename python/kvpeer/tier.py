@@ -37,15 +37,17 @@ Semantics (SPEC §5, §7):
 """
 from __future__ import annotations
 
+import collections
 import ctypes
 import enum
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Dict, Hashable, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Deque, Dict, Hashable, List, Optional, Sequence, Set, Tuple, Union
 
 from . import _lib as L
+from ._trace import t as _T
 from .dialer import DEFAULT_MAX_HINTED, Dialer
 from .dns_peers import DnsPeers
 from .node import Buffer, Error, Event, EventType, Node
@@ -249,6 +251,10 @@ class KVPeerTier:
         self._wanted: List[Event] = []
         self._slot_free: List[int] = []
         self._held_ops: Dict[int, _Load] = {}  # fetch op -> its job, slots still held
+        # The last zero-copy slot events, in order, for tests and debugging:
+        # ("load", op, n_held, status), ("released", op, status),
+        # ("deferred", job_id, held ops), ("deferred_set", job_id).
+        self.slot_records: Deque[Tuple[Any, ...]] = collections.deque(maxlen=1024)
 
     # ---------------------------------------------------------- lookup
     def lookup(self, key: bytes, request: RequestLike) -> LookupResult:
@@ -256,17 +262,21 @@ class KVPeerTier:
         return self.lookup_many([key], request)[0]
 
     def lookup_many(self, keys: Sequence[bytes], request: RequestLike,
-                    defer: bool = False) -> List[LookupResult]:
+                    defer: bool = False, pump: bool = True) -> List[LookupResult]:
         """lookup() for several keys, with one LOOKUP per peer for the new ones.
 
         ``defer=True`` (an engine that looks keys up one call at a time within
         a step): the new keys are queued instead, and flush_lookups() (at the
         end of the step) sends one LOOKUP per (request, peer) for every key
         queued since the last flush; a queued key answers RETRY. Peers without
-        a ready session are answered MISS at once, as without defer."""
+        a ready session are answered MISS at once, as without defer.
+        ``pump=False``: answer from the events taken so far (an engine that
+        looks a request's keys up one call at a time takes events once per
+        step, so that one LOOKUP's answer reaches all of them in one step)."""
         self._check_open()
         rid = _rid(request)
-        self._pump()
+        if pump:
+            self._pump()
         out: List[Optional[LookupResult]] = []
         ask: List[bytes] = []
         for k in keys:
@@ -424,6 +434,7 @@ class KVPeerTier:
                     ans[p] = False
             return
         self._lookup_ops[op] = (rid, p)
+        _T('lookup_sent', op, rid, len(keys))
         self._rounds[(rid, p)] = _Round(op, set(keys))
         for k in keys:
             ans = self._answers.get((rid, k))
@@ -479,6 +490,7 @@ class KVPeerTier:
                     continue
                 return self._fail_load(ld, e.status, f"fetch from {peer}: {e}")
             ld.ops.add(op)
+            _T('fetch', op, wait, len(ks))
             self._load_ops[op] = job.job_id
             rnd = self._rounds.get((rid, peer))
             if not wait and rnd is not None:
@@ -648,6 +660,7 @@ class KVPeerTier:
         elif ev.type == EventType.SLOTS_RELEASED:
             self._on_released(ev)
         elif ev.type == EventType.WANTED:
+            _T('wanted_ev', ev.op_id)
             self._wanted.append(ev)
         elif ev.type == EventType.SLOT_FREE:
             self._slot_free.append(ev.op_id)
@@ -674,11 +687,14 @@ class KVPeerTier:
         ld = self._held_ops.pop(ev.op_id, None)
         if ld is None:
             return
+        self.slot_records.append(("released", ev.op_id, ev.status))
         ld.held.discard(ev.op_id)
         if not ld.held and ld.deferred is not None:
+            self.slot_records.append(("deferred_set", ld.job.job_id))
             ld.deferred.set()  # every slot of the job the engine's again
 
     def _on_lookup(self, ev: Event) -> None:
+        _T('lookup_ev', ev.op_id, ev.status)
         rid, peer = self._lookup_ops.pop(ev.op_id, (None, None))
         if rid is None:
             return
@@ -702,6 +718,7 @@ class KVPeerTier:
                 ans[peer] = False
 
     def _on_load(self, ev: Event) -> None:
+        _T('load_ev', ev.op_id, ev.status, ev.n_held)
         job_id = self._load_ops.pop(ev.op_id, None)
         if job_id is None:
             return
@@ -715,6 +732,8 @@ class KVPeerTier:
         if ld is None:
             return  # the job already had its outcome (failed at once)
         ld.ops.discard(ev.op_id)
+        if self._zc:
+            self.slot_records.append(("load", ev.op_id, ev.n_held, ev.status))
         if ev.n_held:  # zero_copy: slots a WRITE may still reach until SLOTS_RELEASED
             ld.held.add(ev.op_id)
             self._held_ops[ev.op_id] = ld
@@ -847,5 +866,6 @@ class KVPeerTier:
             n_ok = len(good)
         if ld.held:  # zero_copy: some failed slots are the engine's only at SLOTS_RELEASED
             ld.deferred = threading.Event()
+            self.slot_records.append(("deferred", ld.job.job_id, tuple(sorted(ld.held))))
         self._done.append(FinishedJob(ld.job.job_id, "load", ok, status, n_ok, bst, detail,
                                       ok_keys=good, deferred_release=ld.deferred))

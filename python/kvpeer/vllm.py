@@ -101,6 +101,7 @@ from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, Tra
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from . import _lib as L
+from ._trace import t as _T
 from . import psk
 from . import vllm_metrics as metrics
 from . import vllm_compat as compat
@@ -285,6 +286,7 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         # and the hash seed, so engines of different models never share a block.
         self._hash_seed = setup.hash_seed()
         self._seed_checked = self._seed_mismatch = False
+        self._pumped = False  # events taken since the last step end (lookup)
         if compat is not None and not (isinstance(compat, str) and compat):
             raise ValueError(f"kvpeer: compat must be a non-empty string, got {compat!r}")
         self.compat = compat if compat is not None else setup.fingerprint(offloading_spec,
@@ -313,7 +315,12 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         req = st.request
         # vLLM looks keys up one call at a time: the asks are queued and
         # on_schedule_end sends one LOOKUP per (request, peer) for the step.
-        r = self._tier.lookup_many([bytes(key)], req, defer=self._defer_lookups)[0]
+        # Events are taken at the step's first lookup only: a LOOKUP answer
+        # arriving mid-step would otherwise split a request's keys over two
+        # steps (two promotions, two fetches, one step later for the rest).
+        r = self._tier.lookup_many([bytes(key)], req, defer=self._defer_lookups,
+                                   pump=not self._pumped)[0]
+        self._pumped = True
         if r is HIT or r is MISS:
             k = bytes(key)
             if k not in st.counted:  # once per (request, key), as vLLM's own
@@ -340,7 +347,9 @@ class KVPeerSecondaryTier(SecondaryTierManager):
     def on_schedule_end(self, context: ScheduleEndContext) -> None:
         """End of the scheduler step: send this step's lookups, one LOOKUP
         per (request, peer) with all the keys asked for it."""
+        _T('step')
         self._tier.flush_lookups()
+        self._pumped = False
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         req_context.set_state(_ReqParams(_parse_params(req_context)))
@@ -394,6 +403,7 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         dst = [self._chunk(c) for c in job_metadata.chunk_ids]
         if len(dst) != len(keys):
             raise ValueError("kvpeer: a load job needs one chunk id per key")
+        _T('submit_load', job_metadata.job_id, len(job_metadata.keys))
         self._submitted[job_metadata.job_id] = time.monotonic()
         self._load_keys[job_metadata.job_id] = list(job_metadata.keys)
         if self._zc:  # straight into the promotion chunks (issue 29)
@@ -414,6 +424,7 @@ class KVPeerSecondaryTier(SecondaryTierManager):
     def _collect(self, done: Iterable[Any]) -> None:
         now = time.monotonic()
         for f in done:
+            _T('job_result', f.job_id, f.kind, f.ok)
             t0 = self._submitted.pop(f.job_id, now)
             keys = self._load_keys.pop(f.job_id, ())
             self._metrics.on_job(f, now - t0, self.block_size_bytes)
@@ -450,7 +461,8 @@ class KVPeerSecondaryTier(SecondaryTierManager):
             parent.on_request_finished(ctx)
         node = self._tier.node
         for ev in self._tier.take_wanted():
-            keys = node.wanted_keys(ev.op_id)
+            _T('serve_start', ev.op_id)
+            keys = node.wanted_keys(ev.op_id, max(1, ev.n_keys))  # never more than raised
             if keys is None:  # answered already (its deadline)
                 continue
             ctx = ReqContext(req_id=f"kvpeer:{ev.peer}:{ev.request_id}:w{ev.op_id}")
@@ -468,6 +480,7 @@ class KVPeerSecondaryTier(SecondaryTierManager):
                         log.debug("kvpeer tier %s: chunk %d not published: %s", self.peer_id,
                                   int(c), e)
             node.wanted_done(ev.op_id)
+            _T('serve_done', ev.op_id, len(published))
             # [job, ctx, slots waiting for SLOT_FREE, keys still published, unpublish at]
             self._serves.append([job, ctx, set(), published,
                                  time.monotonic() + self._serve_hold_s])

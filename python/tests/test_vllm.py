@@ -110,6 +110,12 @@ class Child:
         self.p.stdin.flush()
         return self._read(scaled(timeout) + scaled(30))
 
+    def peers(self) -> Dict[str, str]:
+        """peer -> the data path of A's session with it (its WRITEs)."""
+        self.p.stdin.write(json.dumps({"op": "peers"}) + "\n")
+        self.p.stdin.flush()
+        return self._read(scaled(10))
+
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.p.poll() is None:
             self.p.send_signal(sig)
@@ -238,12 +244,25 @@ def test_vllm_lookups_batched_per_step(engine_a, psk, engines):
     keys = [make_key(400 + i) for i in range(8)]
     assert a.store(keys, seed=7) == [True] * 8
     sent = spy_lookups(b)
+    pumps: List[int] = []  # the tier taking the node's events
+    orig_pump = b.tier._tier._pump
+    b.tier._tier._pump = lambda *a, **kw: (pumps.append(1), orig_pump(*a, **kw))[1]
     c = b.ctx()
     with b.manager.lock:
         assert [b.manager.lookup(k, c) for k in keys] == [LookupResult.RETRY] * 8
+        # events are taken at the step's first lookup only (issue 29: an
+        # answer taken mid-pass split a request over two steps)
+        n = len(pumps)
+        assert 1 <= n <= 2, n  # vLLM's per-step poll + the first lookup
+        b.manager.lookup(keys[0], c)
+        assert len(pumps) == n
     assert sent == []  # queued until the step ends
     assert b.tier.has_pending_work()
     b.step()
+    m = len(pumps)
+    with b.manager.lock:
+        b.tier.lookup(keys[0], c)  # a new step: its first lookup takes them again
+    assert len(pumps) == m + 1
     assert [s for s in sent if s[0] == a.peer_id] == [(a.peer_id, 8)], sent
     res = b.lookup_all(keys, c, timeout=scaled(10))
     assert res == [LookupResult.HIT] * 8, res
@@ -258,14 +277,33 @@ def test_vllm_lookups_batched_per_step(engine_a, psk, engines):
     b.finish(d)
 
 
-def test_vllm_sigkill_mid_load_then_reconnect(procs, engines):
+# A path whose handler lands only into expected slots (issue 29): a failed
+# load's slots come back at once (AM_REFUSE), none is held.
+AM_PATHS = ("am-shm", "am-tcp")
+
+
+@pytest.mark.parametrize("zero_copy", [False, True], ids=["staging", "zero-copy"])
+def test_vllm_sigkill_mid_load_then_reconnect(procs, engines, zero_copy):
     """A answers the lookup, is stopped, B's promotion is submitted, A is
     SIGKILLed: the job fails exactly once, the keys answer MISS at once, the
     primary chunks B reserved go back to the free pool untouched. A new A on
-    the same address: B reconnects and the load succeeds."""
+    the same address: B reconnects and the load succeeds.
+
+    Zero copy (issue 29): B's promotion lands straight in its primary chunks,
+    so whether they are reusable at the failure depends on A's data path into
+    B (A's kvp peer info data_path). On an active-message path (AM_PATHS) the
+    handler lands only into expected slots: none is held, the job has no
+    deferred_release, the chunks are free at once. On a direct path (a
+    WRITE of A's may still land) the LOAD reports held slots: the JobResult
+    carries deferred_release, vLLM keeps the chunks out of use, and the event
+    is set only at KVP_EV_SLOTS_RELEASED (the tier's slot_records give the
+    order), after which vLLM frees them."""
     port = free_port()
-    a = procs(tier_cfg(listen=f"127.0.0.1:{port}"))
-    b = engines(tier_cfg(peers=[a.peer_id]))
+    extra = {"kvpeer_zero_copy": True} if zero_copy else {}
+    # zero copy: A serves B's LOOKUP from its primary tier on vLLM's tier-poll thread
+    spec = {"tier_poll_interval_s": 0.001} if zero_copy else None
+    a = procs(tier_cfg(listen=f"127.0.0.1:{port}", **extra), spec)
+    b = engines(tier_cfg(peers=[a.peer_id], **extra))
     b.tier._tier.node.wait_peer(a.peer_id, scaled(10))
     keys = [make_key(i) for i in range(4)]
     assert a.store(keys, seed=2) == [True] * 4
@@ -273,36 +311,50 @@ def test_vllm_sigkill_mid_load_then_reconnect(procs, engines):
     until(lambda: b.tier.lookup(keys[0], c) is LookupResult.HIT or b.step(), scaled(10))
     for k in keys[1:]:
         until(lambda: b.tier.lookup(k, c) is LookupResult.HIT or b.step(), scaled(10))
+    a_path = a.peers().get(b.peer_id)  # A's WRITEs into B go this way
     a.kill(signal.SIGSTOP)
     finished: List[Any] = []
+    set_at_result: List[bool] = []
     orig = b.tier.get_finished_jobs
 
     def spy():
         out = list(orig())
         finished.extend(out)
+        set_at_result.extend(r.deferred_release is not None and r.deferred_release.is_set()
+                             for r in out)
         return out
 
     b.tier.get_finished_jobs = spy  # type: ignore[method-assign]
+    chunks: List[int] = []
+    orig_load = b.tier.submit_load
+
+    def spy_load(job):
+        chunks.extend(int(x) for x in job.chunk_ids)
+        return orig_load(job)
+
+    b.tier.submit_load = spy_load  # type: ignore[method-assign]
     with b.manager.lock:  # the scheduler's lookups: HIT -> promotion queued
         assert [b.manager.lookup(k, c) for k in keys] == [LookupResult.HIT_PENDING] * 4
     b.step()  # on_schedule_end: submit_load
-    assert b.tier.has_pending_work()
+    assert b.tier.has_pending_work() and len(chunks) == 4
     a.kill(signal.SIGKILL)
     t0 = time.monotonic()
     assert until(lambda: (b.step(), bool(finished))[1], scaled(10))
     took = time.monotonic() - t0
+    if zero_copy:
+        check_zero_copy_failure(b, finished[0], set_at_result[0], chunks, a_path)
     time.sleep(0.3)
     b.step()
     assert len(finished) == 1 and not finished[0].success, finished  # failed, once
     assert took < scaled(5), f"load failure took {took:.2f}s"
-    # vllm 0.34's deferred release (0.33 has none): kvpeer never defers one
+    # vllm 0.34's deferred release (0.33 has none): none left over
     assert getattr(b.manager.primary_tier, "num_deferred_release_chunks", 0) == 0
     # MISS at once now: the dead peer is not waited for.
     with b.manager.lock:
         assert [b.manager.lookup(k, c) for k in keys] == [LookupResult.MISS] * 4
     b.finish(c)
     # Reconnect: a new engine A on the same address.
-    a2 = procs(tier_cfg(listen=f"127.0.0.1:{port}"))
+    a2 = procs(tier_cfg(listen=f"127.0.0.1:{port}", **extra), spec)
     b.tier._tier.node.wait_peer(a2.peer_id, scaled(10))
     assert a2.store(keys, seed=3) == [True] * 4
     c2 = b.ctx()
@@ -310,16 +362,106 @@ def test_vllm_sigkill_mid_load_then_reconnect(procs, engines):
     assert res == [LookupResult.HIT] * 4, res
     assert b.read(keys, c2) == [block_bytes(k, 3) for k in keys]
     b.finish(c2)
+    if zero_copy:  # nothing lent, nothing held, nothing left to release
+        assert b.tier._tier.node.slots_held() == bytes(b.num_chunks)
+        assert b.tier._tier.deferred_pending() == 0
 
 
-def test_vllm_failed_load_never_writes_primary(engine_a, psk, engines):
+def check_zero_copy_failure(b: Engine, res: Any, set_at_result: bool, chunks: List[int],
+                            a_path: Optional[str]) -> None:
+    """issue 29: the failed zero-copy promotion's chunks are never reused
+    while a WRITE of the dead source may land (see the test above)."""
+    node = b.tier._tier.node
+    recs = list(b.tier._tier.slot_records)
+    loads = [r for r in recs if r[0] == "load"]  # the job's fetch ops (one per round)
+    assert loads and all(r[3] != 0 for r in loads), recs  # every one failed
+    ops = {r[1] for r in loads if r[2]}  # those with slots held
+    n_held = sum(r[2] for r in loads)
+    prim = b.manager.primary_tier
+    # which branch ran (pytest -s shows it): held only on a direct path
+    print(f"zero-copy SIGKILL: A->B data path {a_path}, {n_held} slot(s) held")
+    if a_path in AM_PATHS:  # refused at once: every chunk is vLLM's now
+        assert n_held == 0, (a_path, recs)
+        assert res.deferred_release is None, recs
+        assert not any(r[0] in ("deferred", "deferred_set") for r in recs), recs
+        assert prim.num_deferred_release_chunks == 0
+        assert all(node.slots_held(ch, 1) == b"\x00" for ch in chunks)
+        return
+    # A direct path: the slots a late WRITE may reach are held until proof
+    # or the hold cap, and vLLM does not reuse them until then.
+    assert a_path is not None and n_held > 0, (a_path, recs)
+    ev = res.deferred_release
+    assert ev is not None and not set_at_result, recs  # not set at the LOAD outcome
+    assert prim.num_deferred_release_chunks == len(chunks)  # every failed key deferred
+    held_chunks = [ch for ch in chunks if node.slots_held(ch, 1) == b"\x01"]
+    assert len(held_chunks) == n_held
+    deadline = time.monotonic() + scaled(10)  # proof, or the hold cap (3 s)
+    while not ev.is_set() and time.monotonic() < deadline:
+        # held: the node still has them and vLLM still keeps them out of use
+        assert prim.num_deferred_release_chunks == len(chunks) or ev.is_set()
+        b.step()
+        time.sleep(0.02)
+    assert ev.is_set(), "deferred_release never set"
+    recs = list(b.tier._tier.slot_records)
+    order = [r[0] for r in recs
+             if (r[0] == "released" and r[1] in ops)
+             or (r[0] in ("deferred", "deferred_set") and r[1] == res.job_id)]
+    assert order == ["deferred"] + ["released"] * len(ops) + ["deferred_set"], recs
+    assert all(node.slots_held(ch, 1) == b"\x00" for ch in held_chunks)
+    b.step()  # vLLM frees the chunks at its next poll
+    assert prim.num_deferred_release_chunks == 0
+
+
+def test_vllm_zero_copy_drain_waits_for_cancelled_loads(procs, engines):
+    """drain_jobs (vLLM's cache reset) cancels the loads still running at its
+    bound. In zero copy their slots are vLLM's promotion chunks, lent to the
+    node until each load's LOAD event (and held ones until SLOTS_RELEASED):
+    drain_jobs returns only once those are in, so nothing is lent afterwards
+    (no WRITE can land in a chunk vLLM resets). A is stopped with B's FETCH
+    sent, so the cancel is decided only when B gives up on A (dead_after)."""
+    zc = {"kvpeer_zero_copy": True}
+    a = procs(tier_cfg(**zc), {"tier_poll_interval_s": 0.001})
+    b = engines(tier_cfg(peers=[a.peer_id], **zc))
+    b.tier._tier.node.wait_peer(a.peer_id, scaled(10))
+    keys = [make_key(600 + i) for i in range(4)]
+    assert a.store(keys, seed=6) == [True] * 4
+    c = b.ctx()
+    for k in keys:
+        until(lambda: b.tier.lookup(k, c) is LookupResult.HIT or b.step(), scaled(10))
+    a.kill(signal.SIGSTOP)
+    with b.manager.lock:
+        assert [b.manager.lookup(k, c) for k in keys] == [LookupResult.HIT_PENDING] * 4
+    b.step()  # submit_load: the FETCH goes to the stopped A
+    node = b.tier._tier.node
+    assert b.tier._tier.pending_jobs() and 1 in node.slots_held()
+    b.tier._load_bound_s = lambda: 0.0  # drain's bound has passed: cancel at once
+    with b.manager.lock:
+        b.tier.drain_jobs()
+    assert b.tier._tier.pending_jobs() == []
+    assert b.tier._tier.deferred_pending() == 0
+    assert node.slots_held() == bytes(b.num_chunks)  # nothing lent or held any more
+    res = list(b.tier.get_finished_jobs())
+    assert len(res) == 1 and not res[0].success, res  # its one outcome, failed
+    with b.manager.lock:
+        b.manager._process_finished_jobs()
+    b.finish(c)
+
+
+@pytest.mark.parametrize("zero_copy", [False, True], ids=["staging", "zero-copy"])
+def test_vllm_failed_load_never_writes_primary(engine_a, psk, engines, procs, zero_copy):
     """Late landings: A is stopped while B's load is in flight; B declares it
     dead (dead_after), the job fails; then A resumes and may still WRITE. The
     primary chunks vLLM had reserved for that promotion (returned to the free
     pool at the failure) never change: kvpeer only writes its own (then
-    quarantined) slots and copies into vLLM's chunks after a verified load."""
-    a = engine_a
-    b = engines(tier_cfg(peers=[a.peer_id], psk_file=psk))
+    quarantined) slots and copies into vLLM's chunks after a verified load.
+    Zero copy (issue 29): the load lands in those chunks themselves; a chunk
+    vLLM got back at the failure (no slot held: this host's am-shm path,
+    whose handler drops a late WRITE) never changes; a held one comes with
+    deferred_release and vLLM keeps it out of use until it is set."""
+    zc = {"kvpeer_zero_copy": True} if zero_copy else {}
+    a = procs(tier_cfg(psk_file=psk, **zc), {"tier_poll_interval_s": 0.001}) if zero_copy \
+        else engine_a
+    b = engines(tier_cfg(peers=[a.peer_id], psk_file=psk, **zc))
     b.tier._tier.node.wait_peer(a.peer_id, scaled(10))
     keys = [make_key(300 + i) for i in range(4)]
     assert a.store(keys, seed=4) == [True] * 4
@@ -347,10 +489,23 @@ def test_vllm_failed_load_never_writes_primary(engine_a, psk, engines):
             assert [b.manager.lookup(k, c) for k in keys] == [LookupResult.MISS] * 4
     finally:
         a.kill(signal.SIGCONT)  # A's late WRITEs, if any, may land now
+    held = 0
+    if zero_copy:
+        recs = list(b.tier._tier.slot_records)
+        held = sum(r[2] for r in recs if r[0] == "load")
+        assert held == 0 or any(r[0] == "deferred" for r in recs), recs
     time.sleep(scaled(1.5))
     b.step()
-    for chunk in loads[0]:
-        assert b.chunk(chunk) == sentinel, f"primary chunk {chunk} was written"
+    if held:  # a direct path: held chunks may be written until released, never reused
+        assert b.manager.primary_tier.num_deferred_release_chunks == 4 or \
+            any(r[0] == "deferred_set" for r in b.tier._tier.slot_records)
+    else:
+        for chunk in loads[0]:
+            assert b.chunk(chunk) == sentinel, f"primary chunk {chunk} was written"
+    if zero_copy:  # which way it went (pytest -s): late WRITEs dropped by the handler
+        st = b.tier._tier.node.stats()
+        print(f"zero-copy late landing: held {held}, am_refuse_releases "
+              f"{st['am_refuse_releases']}, late_bytes_dropped {st['late_bytes_dropped']}")
     b.finish(c)
 
 

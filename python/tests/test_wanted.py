@@ -52,6 +52,9 @@ def test_wanted_answered_then_fetched_into():
         assert (w.request_id, w.n_keys, w.peer) == (9, 2, dst.peer_id)
         keys = src.wanted_keys(w.op_id)
         assert keys == [held, other]
+        # the tier asks for the event's n_keys (a small buffer), or fewer
+        assert src.wanted_keys(w.op_id, w.n_keys) == keys
+        assert src.wanted_keys(w.op_id, 1) == [held]
         ms[5 * BS:6 * BS] = chunk  # the embedding's chunk 5 holds it
         src.publish(held, 5)
         assert src.slots_held(5, 1) == b"\x02"

@@ -57,8 +57,9 @@ class Engine:
         ``tiers_before``: secondary tiers listed before kvpeer's."""
         self.engine_id = f"kvpeer-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         tier = {"type": "KVPeerSecondaryTier", "module_path": "kvpeer.vllm", **tier_config}
+        spec.setdefault("tier_poll_interval_s", 0)  # no tier-poll thread unless asked
         cfg = offloading_config(self.engine_id, CHUNK, num_chunks, [*tiers_before, tier],
-                                tier_poll_interval_s=0, **spec)
+                                **spec)
         self.spec = OffloadingSpecFactory.create_spec(cfg)
         self.manager = self.spec.get_manager()
         self.tier = self.manager.secondary_tiers[len(tiers_before)]
@@ -98,6 +99,10 @@ class Engine:
         self.wait_idle(timeout)
         with self.manager.lock:
             self.manager.on_request_finished(c)
+        if self.tier._zc:  # zero copy: served from the primary tier itself
+            with self.manager.lock:
+                return [self.manager.primary_tier.lookup(k, c) is LookupResult.HIT
+                        for k in keys]
         return [self.tier._tier.node.contains(k) for k in keys]
 
     def wait_idle(self, timeout: float) -> bool:
@@ -184,6 +189,9 @@ def main() -> None:
             print(json.dumps({"results": [r.name for r in res],
                               "digests": [hashlib.sha256(d).hexdigest() for d in data],
                               "blocks_in": st["blocks_in"]}), flush=True)
+        elif op == "peers":  # the data path of each session (its WRITEs to the peer)
+            print(json.dumps({p.peer: p.data_path for p in eng.tier._tier.node.peers()}),
+                  flush=True)
         elif op == "quit":
             break
     eng.close()
