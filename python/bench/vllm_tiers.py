@@ -443,17 +443,28 @@ def run_tier(tier: str, a: argparse.Namespace, outdir: Path, kib: int,
     me = [py, str(Path(__file__).resolve()), "--role", "engine", "--tier", tier,
           "--block-kib", str(kib)]
     n_total = blocks + a.req_blocks  # measured blocks + the warm-up request
-    pa, pb = free_port(), free_port()
     tag = f"{tier}-{kib}k"
     trace = str(outdir / f"trace-{tag}") if a.trace else None
     if trace:
         for f in outdir.glob(f"trace-{tag}.*"):
             f.unlink()
-    A = Proc(me + ["--port", str(pa), "--num-chunks", str(n_total + 8)],
-             outdir / f"vllm-tiers-{tag}-A.log", trace)
-    procs = [A]
+    procs: List[Tuple[str, Proc]] = []
+
+    def start(name: str, extra: List[str]) -> Tuple[Proc, Dict[str, Any]]:
+        """An engine on a free port: a port picked free can be taken before
+        the engine binds it (the other engine's own sockets open meanwhile),
+        so an engine that could not listen is started again on another."""
+        for attempt in range(3):
+            p = Proc(me + ["--port", str(free_port()), "--num-chunks", str(n_total + 8)] + extra,
+                     outdir / f"vllm-tiers-{tag}-{name}.log", trace)
+            procs.append((name, p))
+            hello = p.read(a.timeout)
+            if "Address already in use" not in str(hello.get("error", "")) or attempt == 2:
+                return p, hello
+        raise AssertionError("unreachable")
+
     try:
-        hello = A.read(a.timeout)
+        A, hello = start("A", [])
         if "error" in hello:
             return hello
         st = A.call({"op": "store", "n": n_total, "seed": a.seed, "timeout": a.timeout},
@@ -462,10 +473,7 @@ def run_tier(tier: str, a: argparse.Namespace, outdir: Path, kib: int,
             return st
         if st["stored"] != n_total:
             return {"error": f"engine A stored {st['stored']} of {n_total} blocks"}
-        B = Proc(me + ["--port", str(pb), "--num-chunks", str(n_total + 8),
-                       "--peer", hello["addr"]], outdir / f"vllm-tiers-{tag}-B.log", trace)
-        procs.append(B)
-        hello_b = B.read(a.timeout)
+        B, hello_b = start("B", ["--peer", hello["addr"]])
         if "error" in hello_b:
             return hello_b
         common = {"op": "load", "peer": hello["addr"], "seed": a.seed,
@@ -492,7 +500,7 @@ def run_tier(tier: str, a: argparse.Namespace, outdir: Path, kib: int,
             res["phases"] = trace_phases.phases(trace)
         return res
     finally:
-        exits = [(name, p.close()) for name, p in reversed(list(zip("AB", procs)))]
+        exits = [(name, p.close()) for name, p in reversed(procs)]
         notes = [f"engine {name} {how}" for name, how in exits if how]
         if notes:
             exit_notes.setdefault(tag, []).extend(notes)
