@@ -241,7 +241,7 @@ static void pc_accept(kvp_pcred_t *pc)
     }
 }
 
-static int pc_pidfd_open(pid_t pid)
+int kvp__pidfd_open(pid_t pid)
 {
 #ifdef SYS_pidfd_open
     return (int)syscall(SYS_pidfd_open, pid, 0);
@@ -283,7 +283,7 @@ static bool conn_match(kvp_pcred_t *pc, pc_conn_t *c)
                    (unsigned long long)w->id, pc->max_watches);
         return true;
     }
-    int pidfd = pc_pidfd_open(c->pid);
+    int pidfd = kvp__pidfd_open(c->pid);
     if (pidfd < 0) {
         if (errno == ENOSYS && !pc->no_pidfd)
             KVP_WARN(pc->pfx, "process-exit proof: pidfd_open unsupported by this kernel: "

@@ -47,6 +47,8 @@
 
 #include "common/common.h"
 
+#include <sys/types.h>
+
 #define KVP_PCRED_MAGIC 0x4350564bu /* "KVPC" */
 #define KVP_PCRED_VERSION 1u
 #define KVP_PCRED_NAME_MAX 64
@@ -85,6 +87,8 @@ uint64_t kvp__pcred_claim(uint64_t mark);
  * caller runs without exit proofs (logged). */
 kvp_status_t kvp__pcred_open(const kvp_pcred_config_t *cfg, kvp_pcred_t **out);
 void kvp__pcred_close(kvp_pcred_t *pc); /* every fd and watch; NULL ok */
+/* pidfd_open(2) (-1 with errno ENOSYS where the system or valgrind lacks it). */
+int kvp__pidfd_open(pid_t pid);
 int kvp__pcred_fd(const kvp_pcred_t *pc); /* readable (level) when progress() has work */
 bool kvp__pcred_progress(kvp_pcred_t *pc);
 void kvp__pcred_stats(const kvp_pcred_t *pc, kvp_pcred_stats_t *st);

@@ -58,17 +58,6 @@
 
 #define CMA_IOV 256 /* iovecs per process_vm_writev (the kernel takes up to 1024) */
 
-static int cma_pidfd_open(int pid)
-{
-#ifdef SYS_pidfd_open
-    return (int)syscall(SYS_pidfd_open, pid, 0);
-#else
-    (void)pid;
-    errno = ENOSYS;
-    return -1;
-#endif
-}
-
 void kvp__ucx_cma_open(ucx_xport_t *x)
 {
     const char *e = getenv("KVPEER_UCX_CMA");
@@ -80,7 +69,7 @@ void kvp__ucx_cma_open(ucx_xport_t *x)
     }
     /* No pidfd_open (Linux < 5.3, valgrind 3.19): no process can be proven
      * alive: neither offered nor written (a bound source could only refuse). */
-    int self = cma_pidfd_open((int)getpid());
+    int self = kvp__pidfd_open((int)getpid());
     if (self < 0) {
         x->cma_ok = false;
         KVP_INFO(PFX(x), "direct-cma off: pidfd_open: %s", strerror(errno));
@@ -128,7 +117,7 @@ void kvp__ucx_cma_add_peer(ucx_xport_t *x, ucx_peer_t *p, int lpid)
     if (!kvp__ucx_cma_bound(x, p) || p->cma_pidfd >= 0)
         return;
     const char *why = NULL;
-    int fd = lpid > 0 && p->mark_raddr != 0 ? cma_pidfd_open(lpid) : -1;
+    int fd = lpid > 0 && p->mark_raddr != 0 ? kvp__pidfd_open(lpid) : -1;
     if (fd < 0) {
         /* It will see us proven and trust FETCH_DONE without landing: our
          * AM path is no fallback, our writes to it are refused. */
