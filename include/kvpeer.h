@@ -374,6 +374,22 @@ KVP_EXPORT kvp_status_t kvp_fetch_into(kvp_node_t *node, const char *peer, uint6
  * published, KVP_ERR_EXISTS if the key is published in another slot. */
 KVP_EXPORT kvp_status_t kvp_publish(kvp_node_t *node, const void *key, uint32_t key_len,
                                     uint32_t slot);
+/* The checksum kvp_publish would compute of slot `slot` (KVP_CHECKSUM_LEN
+ * opaque bytes into sum), computed on the calling thread without the
+ * node's lock: an embedding hashes a block when it writes it, off every
+ * request's path, and publishes it later with kvp_publish_checksum. The
+ * slot must not be written meanwhile. */
+#define KVP_CHECKSUM_LEN 16
+KVP_EXPORT kvp_status_t kvp_slot_checksum(kvp_node_t *node, uint32_t slot,
+                                          uint8_t sum[KVP_CHECKSUM_LEN]);
+/* kvp_publish with the block's checksum given (kvp_slot_checksum of this
+ * node, taken since the slot was last written): the node hashes nothing.
+ * The embedding vouches for it: a stale one (the slot rewritten since)
+ * makes every consumer that verifies (verify_checksums, the default) fail
+ * that block with KVP_ERR_CHECKSUM -- never commit it. */
+KVP_EXPORT kvp_status_t kvp_publish_checksum(kvp_node_t *node, const void *key,
+                                             uint32_t key_len, uint32_t slot,
+                                             const uint8_t sum[KVP_CHECKSUM_LEN]);
 /* Stop serving `key`. KVP_OK: the node will not read its slot again (the
  * slot is the embedding's now). KVP_ERR_BUSY: pinned by a lookup or a
  * transfer; no new pin is taken, and KVP_EV_SLOT_FREE (op_id = the slot)

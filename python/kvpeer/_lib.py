@@ -83,6 +83,7 @@ KVP_EV_SLOTS_RELEASED = 6  # issue 29: external slots
 KVP_EV_SLOT_FREE = 7
 KVP_EV_WANTED = 8          # issue 29 step 2: keys wanted
 
+CHECKSUM_LEN = 16  # kvpeer.h KVP_CHECKSUM_LEN
 KEY_MAX = 64         # SPEC §1: keys are 1..64 bytes
 PEER_MAX = 255       # SPEC §4: strings <= 255 bytes
 LIST_MAX = 65536     # SPEC §4: every list <= 65 536 items
@@ -404,6 +405,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "kvp_publish": (st, [node_p, c_void_p, c_uint32, c_uint32]),
         "kvp_unpublish": (st, [node_p, c_void_p, c_uint32, u32p]),
         "kvp_slots_held": (st, [node_p, c_uint32, c_uint32, u8p]),
+        "kvp_slot_checksum": (st, [node_p, c_uint32, u8p]),
+        "kvp_publish_checksum": (st, [node_p, c_void_p, c_uint32, c_uint32, u8p]),
         # issue 29 step 2: keys wanted
         "kvp_wanted_keys": (st, [node_p, c_uint64, u8p, u32p, c_uint32, u32p]),
         "kvp_wanted_done": (st, [node_p, c_uint64]),

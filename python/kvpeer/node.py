@@ -920,12 +920,30 @@ class Node:
             self._ops[op.value] = _Op(EventType.LOAD, peer, rid, ks, block_status=bst)
         return op.value
 
-    def publish(self, key: bytes, slot: int) -> None:
+    def publish(self, key: bytes, slot: int, checksum: Optional[bytes] = None) -> None:
         """Serve the block of ``key`` from region slot ``slot`` (written,
-        and not written again while published)."""
+        and not written again while published). ``checksum``: the slot's
+        slot_checksum() taken since it was last written (the node then
+        hashes nothing; a stale one fails the consumers' verify of it)."""
         k = _key_bytes(key)
-        _check(L.lib().kvp_publish(self._handle(), k, len(k), _int_field("slot", slot, 32)),
-               "kvp_publish")
+        slot = _int_field("slot", slot, 32)
+        if checksum is None:
+            _check(L.lib().kvp_publish(self._handle(), k, len(k), slot), "kvp_publish")
+            return
+        if not isinstance(checksum, bytes) or len(checksum) != L.CHECKSUM_LEN:
+            raise ValueError(f"checksum must be {L.CHECKSUM_LEN} bytes from slot_checksum()")
+        sum_ = (c_uint8 * L.CHECKSUM_LEN).from_buffer_copy(checksum)
+        _check(L.lib().kvp_publish_checksum(self._handle(), k, len(k), slot, sum_),
+               "kvp_publish_checksum")
+
+    def slot_checksum(self, slot: int) -> bytes:
+        """The checksum publish() would compute of region slot ``slot``,
+        computed on this thread without the node's lock (the GIL is
+        released): hash a block when it is written, publish it later."""
+        sum_ = (c_uint8 * L.CHECKSUM_LEN)()
+        _check(L.lib().kvp_slot_checksum(self._handle(), _int_field("slot", slot, 32), sum_),
+               "kvp_slot_checksum")
+        return bytes(sum_)
 
     def unpublish(self, key: bytes) -> Tuple[bool, int]:
         """Stop serving ``key``: (True, slot) when the slot is the caller's

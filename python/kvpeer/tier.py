@@ -739,7 +739,9 @@ class KVPeerTier:
             self._held_ops[ev.op_id] = ld
         bst = ev.block_status or [ev.status] * len(ev.keys)
         for k, s in zip(ev.keys, bst):
-            ld.status[k] = s if ev.ok or s != L.KVP_OK else ev.status
+            # zero copy: a block the node reports OK is verified and in its
+            # slot, in a failed op too (one block's checksum failed, say)
+            ld.status[k] = s if ev.ok or s != L.KVP_OK or self._zc else ev.status
         if not ev.ok and self._partial:
             self._part_failed(ld, [], ev.status, f"load from {ev.peer}")
             if not ld.ops:

@@ -228,6 +228,11 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         self._zc = kvpeer_zero_copy
         self._serves: List[Any] = []   # zero copy: store jobs whose chunks are unpublishing
         self._serve_done: List[Any] = []  # their ReqContexts, finished at the next serve
+        # zero copy: each cascaded chunk's checksum, taken at its store job (key -> (chunk,
+        # checksum); chunk -> key keeps it one entry per chunk, so at most num_chunks)
+        self._sums: Dict[bytes, Tuple[int, bytes]] = {}
+        self._sum_key: Dict[int, bytes] = {}
+        self.serve_sums = [0, 0]  # chunks served with the store job's checksum / hashed then
         if self._zc:  # issue 29: the node's slots are vLLM's chunks
             if self._pad_blocks and chunk != self.block_size_bytes:
                 raise ValueError("kvpeer: kvpeer_zero_copy needs a primary chunk of whole pages")
@@ -380,6 +385,12 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         Zero copy: nothing to copy -- peers are served from vLLM's own chunks
         on demand (serve_external_requests) -- so the job is done at once."""
         if self._zc:
+            # Hash each chunk now, while vLLM pins it for this job, off every
+            # request's path: a LOOKUP it serves later publishes it with this
+            # checksum (the node hashes nothing then; 2 MiB is ~0.1 ms here).
+            node = self._tier.node
+            for k, c in zip(job_metadata.keys, job_metadata.chunk_ids):
+                self._remember_sum(bytes(k), int(c), node.slot_checksum(int(c)))
             self._results.append(JobResult(job_id=job_metadata.job_id, success=True,
                                            transfer_time=0.0, transfer_bytes=0))
             return
@@ -395,6 +406,27 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         finally:
             for d in data:
                 d.release()
+
+    def _remember_sum(self, key: bytes, chunk: int, checksum: bytes) -> None:
+        """The checksum of ``chunk``, which holds ``key`` (zero copy). vLLM
+        cascades what it writes into a chunk, so a rewritten chunk is hashed
+        again here; one rewritten without that would serve a stale checksum,
+        which every consumer that verifies (the default) refuses: that block
+        fails, nothing wrong is committed."""
+        old = self._sum_key.pop(chunk, None)
+        if old is not None:
+            self._sums.pop(old, None)
+        prev = self._sums.pop(key, None)
+        if prev is not None:
+            self._sum_key.pop(prev[0], None)
+        self._sums[key] = (chunk, checksum)
+        self._sum_key[chunk] = key
+
+    def _stored_sum(self, key: bytes, chunk: int) -> Optional[bytes]:
+        got = self._sums.get(key)
+        hit = got is not None and got[0] == chunk
+        self.serve_sums[0 if hit else 1] += 1
+        return got[1] if hit else None
 
     def submit_load(self, job_metadata: TransferJob) -> None:
         """Fetch the keys into kvpeer's own slots; on success copy them into
@@ -474,7 +506,7 @@ class KVPeerSecondaryTier(SecondaryTierManager):
             if job is not None:
                 for k, c in zip(job.keys, job.chunk_ids):
                     try:
-                        node.publish(bytes(k), int(c))
+                        node.publish(bytes(k), int(c), self._stored_sum(bytes(k), int(c)))
                         published.append(bytes(k))
                     except L_Error as e:  # served already (another op's pin): a MISS here
                         log.debug("kvpeer tier %s: chunk %d not published: %s", self.peer_id,

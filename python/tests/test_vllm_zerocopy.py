@@ -104,3 +104,46 @@ def test_vllm_zero_copy_served_from_and_landed_in_primary(engines):
     assert sb["bytes_copied_in"] + sb["bytes_copied_out"] == 0
     assert a.tier._tier.node.slots_held() == bytes(a.num_chunks)  # nothing published left
     assert b.tier._tier.node.slots_held() == bytes(b.num_chunks)  # nothing lent left
+    # A hashed each chunk at its cascade and published it with that checksum
+    # (nothing hashed on the LOOKUP's path); B verified all three with it.
+    assert a.tier.serve_sums == [3, 0], a.tier.serve_sums
+    assert sb["checksum_mismatches"] == 0
+
+
+def chunk_of(e: Engine, key: bytes) -> int:
+    c = e.ctx()
+    with e.manager.lock:
+        spec = e.manager.prepare_load([key], c)
+        e.manager.complete_load([key], c)
+        e.manager.on_request_finished(c)
+    return int(spec.chunk_ids[0])
+
+
+def test_vllm_zero_copy_stale_checksum_never_committed(engines):
+    """A chunk rewritten after its cascade (no new store job: its checksum
+    is stale) is served with the stale checksum: B's verify refuses that
+    block (checksum mismatch, the key not loaded), the others load."""
+    a = engines(zc_cfg())
+    b = engines(zc_cfg(peers=[a.peer_id]))
+    keys = [make_key(i) for i in range(3)]
+    put_primary(a, keys, seed=7)
+    ch = chunk_of(a, keys[1])
+    a.view[ch * CHUNK:(ch + 1) * CHUNK] = block_bytes(keys[1], 99)  # behind the tier's back
+    c = b.ctx()
+    deadline = time.monotonic() + scaled(20)
+    while True:  # vLLM asks again for the refused key each step: stop at the first refusal
+        with b.manager.lock:
+            res = [b.manager.lookup(k, c) for k in keys]
+        sb = b.tier._tier.node.stats()
+        if (res[0] is res[2] is LookupResult.HIT and sb["checksum_mismatches"] >= 1) or \
+                time.monotonic() >= deadline:
+            break
+        b.step()
+        a.step()
+        time.sleep(0.005)
+    assert sb["checksum_mismatches"] >= 1, (res, sb["checksum_mismatches"], sb["blocks_in"])
+    assert res[0] is res[2] is LookupResult.HIT, (res, sb["checksum_mismatches"], sb["blocks_in"])
+    assert res[1] is not LookupResult.HIT, res  # never committed, never a HIT
+    assert a.tier.serve_sums[0] >= 3 and a.tier.serve_sums[1] == 0, a.tier.serve_sums
+    assert b.read([keys[0], keys[2]], c) == [block_bytes(keys[0], 7), block_bytes(keys[2], 7)]
+    b.finish(c)

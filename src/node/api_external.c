@@ -20,29 +20,62 @@ typedef struct publish_args {
     const void *key;
     uint32_t key_len;
     uint32_t slot;
+    const kvp_digest_t *digest; /* NULL: hash the slot here */
 } publish_args_t;
 
 static kvp_status_t do_publish(kvp_node_t *n, void *arg)
 {
     publish_args_t *a = arg;
     kvp_slot_ref_t ref;
-    kvp_status_t st = kvp_store_publish(n->store, a->slot, a->key, a->key_len, &ref);
+    kvp_status_t st = kvp_store_publish_digest(n->store, a->slot, a->key, a->key_len, a->digest,
+                                               &ref);
     if (st != KVP_OK)
         return st;
     kvp__server_on_commit(&n->env, a->key, a->key_len); /* pending lookups, parked demand */
     return KVP_OK;
 }
 
-KVP_EXPORT kvp_status_t kvp_publish(kvp_node_t *n, const void *key, uint32_t key_len,
-                                    uint32_t slot)
+static kvp_status_t publish(kvp_node_t *n, const void *key, uint32_t key_len, uint32_t slot,
+                            const kvp_digest_t *digest)
 {
     if (n == NULL || key == NULL || key_len == 0 || key_len > KVP_KEY_MAX ||
         slot >= n->cfg.num_blocks)
         return KVP_ERR_INVALID;
     if (!n->cfg.external_slots)
         return KVP_ERR_UNSUPPORTED;
-    publish_args_t a = {key, key_len, slot};
+    publish_args_t a = {key, key_len, slot, digest};
     return kvp__node_exec(n, do_publish, &a);
+}
+
+KVP_EXPORT kvp_status_t kvp_publish(kvp_node_t *n, const void *key, uint32_t key_len,
+                                    uint32_t slot)
+{
+    return publish(n, key, key_len, slot, NULL);
+}
+
+KVP_EXPORT kvp_status_t kvp_publish_checksum(kvp_node_t *n, const void *key, uint32_t key_len,
+                                             uint32_t slot, const uint8_t sum[KVP_CHECKSUM_LEN])
+{
+    if (sum == NULL)
+        return KVP_ERR_INVALID;
+    kvp_digest_t d;
+    memcpy(&d, sum, sizeof d);
+    return publish(n, key, key_len, slot, &d);
+}
+
+/* On the caller's thread, no lock: the store's region, geometry and seed
+ * are fixed from create to destroy, and the slot's bytes are the
+ * embedding's to keep still (kvpeer.h). */
+KVP_EXPORT kvp_status_t kvp_slot_checksum(kvp_node_t *n, uint32_t slot,
+                                          uint8_t sum[KVP_CHECKSUM_LEN])
+{
+    if (n == NULL || sum == NULL || slot >= n->cfg.num_blocks)
+        return KVP_ERR_INVALID;
+    if (!n->cfg.external_slots)
+        return KVP_ERR_UNSUPPORTED;
+    kvp_digest_t d = kvp_store_slot_digest(n->store, slot);
+    memcpy(sum, &d, sizeof d);
+    return KVP_OK;
 }
 
 static kvp_status_t do_unpublish(kvp_node_t *n, void *arg)
@@ -58,7 +91,7 @@ KVP_EXPORT kvp_status_t kvp_unpublish(kvp_node_t *n, const void *key, uint32_t k
         return KVP_ERR_INVALID;
     if (!n->cfg.external_slots)
         return KVP_ERR_UNSUPPORTED;
-    publish_args_t a = {key, key_len, UINT32_MAX};
+    publish_args_t a = {key, key_len, UINT32_MAX, NULL};
     kvp_status_t st = kvp__node_exec(n, do_unpublish, &a);
     if ((st == KVP_OK || st == KVP_ERR_BUSY) && slot != NULL)
         *slot = a.slot;

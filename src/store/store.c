@@ -610,6 +610,18 @@ kvp_status_t kvp_store_verify(kvp_store_t *s, kvp_slot_ref_t ref, const kvp_dige
 kvp_status_t kvp_store_publish(kvp_store_t *s, uint32_t slot, const void *key, size_t key_len,
                                kvp_slot_ref_t *ref)
 {
+    return kvp_store_publish_digest(s, slot, key, key_len, NULL, ref);
+}
+
+kvp_digest_t kvp_store_slot_digest(const kvp_store_t *s, uint32_t slot)
+{
+    return slot_digest(s, slot);
+}
+
+kvp_status_t kvp_store_publish_digest(kvp_store_t *s, uint32_t slot, const void *key,
+                                      size_t key_len, const kvp_digest_t *digest,
+                                      kvp_slot_ref_t *ref)
+{
     if (!s || !s->external || slot >= s->n || !key_ok(key, key_len) || !ref)
         return KVP_ERR_INVALID;
     uint32_t h32 = (uint32_t)kvp__store_hash(s, key, key_len);
@@ -622,7 +634,7 @@ kvp_status_t kvp_store_publish(kvp_store_t *s, uint32_t slot, const void *key, s
     kvp__store_index_insert(s, slot, h32);
     set_state(s, slot, KVP_SLOT_FILLING);
     s->st.reserves++;
-    kvp_digest_t d = slot_digest(s, slot);
+    kvp_digest_t d = digest != NULL ? *digest : slot_digest(s, slot);
     commit_digest(s, slot, &d); /* READY: serves pending lookups and parked demand */
     *ref = ref_of(s, slot);
     return KVP_OK;

@@ -220,6 +220,16 @@ kvp_status_t kvp_store_verify(kvp_store_t *s, kvp_slot_ref_t ref, const kvp_dige
  * key is READY or FILLING in another slot, KVP_ERR_INVALID bad arguments. */
 kvp_status_t kvp_store_publish(kvp_store_t *s, uint32_t slot, const void *key, size_t key_len,
                                kvp_slot_ref_t *ref);
+/* kvp_store_publish with the block's digest given (kvp_store_slot_digest,
+ * taken when the embedding wrote the slot): nothing hashed here. A stale
+ * one (the slot rewritten since) fails the consumer's verify of the block. */
+kvp_status_t kvp_store_publish_digest(kvp_store_t *s, uint32_t slot, const void *key,
+                                      size_t key_len, const kvp_digest_t *digest,
+                                      kvp_slot_ref_t *ref);
+/* The digest of slot's bytes (slot < num_blocks). Reads nothing of the
+ * store's state but its geometry and seed, fixed at create: any thread may
+ * call it, while the caller keeps the slot unwritten. */
+kvp_digest_t kvp_store_slot_digest(const kvp_store_t *s, uint32_t slot);
 /* Unpublish the READY block of `key`: unpinned -> FREE at once (KVP_OK, the
  * slot is the embedding's again); pinned -> no new pin, KVP_ERR_BUSY, and
  * the unpublish callback fires with the slot when the last pin drops.

@@ -145,12 +145,42 @@ static void test_ext_unpublish_pinned(void **state)
     kvp_store_destroy(f.s);
 }
 
+/* kvp_store_slot_digest is what publish computes; publish_digest takes the
+ * digest it is given (the embedding's, from when it wrote the slot) and
+ * hashes nothing: a stale one is served as given (the consumer's verify
+ * refuses it; tests/python test_vllm_zerocopy). */
+static void test_ext_publish_digest(void **state)
+{
+    (void)state;
+    fix_t f;
+    fix_open(&f);
+    kvp_slot_ref_t ref;
+    kvp_digest_t got, want = kvp_digest("", 0, 1);
+    memset(kvp_store_slot_ptr(f.s, 1), 0x5a, BS);
+    memset(kvp_store_slot_ptr(f.s, 2), 0x5a, BS);
+    kvp_digest_t d1 = kvp_store_slot_digest(f.s, 1), h = kvp_digest(kvp_store_slot_ptr(f.s, 1), BS, 7);
+    assert_true(kvp_digest_eq(&d1, &h)); /* the store's seed (7) */
+    assert_int_equal(kvp_store_publish(f.s, 1, "h", 1, &ref), KVP_OK); /* hashed here */
+    assert_int_equal(kvp_store_lookup(f.s, "h", 1, &ref, NULL, &got), KVP_OK);
+    assert_true(kvp_digest_eq(&got, &d1));
+    assert_int_equal(kvp_store_unpin(f.s, ref), KVP_OK);
+    assert_int_equal(kvp_store_publish_digest(f.s, 2, "g", 1, &want, &ref), KVP_OK);
+    assert_int_equal(kvp_store_lookup(f.s, "g", 1, &ref, NULL, &got), KVP_OK);
+    assert_true(kvp_digest_eq(&got, &want)); /* as given, not the bytes' */
+    assert_false(kvp_digest_eq(&got, &d1));
+    assert_int_equal(kvp_store_unpin(f.s, ref), KVP_OK);
+    assert_int_equal(kvp_store_publish_digest(f.s, 3, "g", 1, &want, &ref), KVP_ERR_EXISTS);
+    CHECK_OK(f.s);
+    kvp_store_destroy(f.s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ext_no_reserve_no_eviction),
         cmocka_unit_test(test_ext_lend_is_not_indexed),
         cmocka_unit_test(test_ext_unpublish_pinned),
+        cmocka_unit_test(test_ext_publish_digest),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
