@@ -61,8 +61,14 @@ project venv: a .pth names .venv's site-packages; nixl installed from PyPI),
 never the system python. A tier that cannot start here is reported with its
 exact error and the other one still runs.
 
+With --inflight N, B keeps N requests open at a time (each pass looks up
+every key of every open request, as vLLM's scheduler does for its waiting
+requests): their lookups and loads overlap, and blocks/s is what the tier
+moves when the data path, not one request's passes, is the limit. A list
+(--inflight 1,4) gives a table per size and count in one run.
+
     vllm_tiers.py [--tiers p2p,kvpeer] [--blocks 256] [--block-kib 256]
-                  [--req-blocks 16] [--step-ms 1] [--quick] [--json OUT]
+                  [--req-blocks 16] [--inflight 1] [--step-ms 1] [--quick] [--json OUT]
 """
 from __future__ import annotations
 
@@ -240,8 +246,13 @@ def tier_entry(tier: str, port: int, peers: Sequence[str], num_chunks: int) -> D
 
 # ---------------------------------------------------------------- engine B
 def run_loads(eng: Engine, tier: str, a_addr: str, keys: List[bytes], seed: int,
-              req_blocks: int, step_s: float, timeout: float, tag: str) -> Dict[str, Any]:
-    """Requests of ``req_blocks`` keys one after the other (see module doc)."""
+              req_blocks: int, step_s: float, timeout: float, tag: str,
+              inflight: int = 1) -> Dict[str, Any]:
+    """Requests of ``req_blocks`` keys, ``inflight`` of them open at a time
+    (1: one after the other), the scheduler's way (see module doc): every
+    pass looks up each key of every open request, then a step end, then a
+    sleep. A request's bytes are compared with A's once all are done (the
+    chunks are not reused: B's CPU tier holds every block of the run)."""
     from vllm.v1.kv_offload.base import LookupResult as LR
     from kvpeer._trace import t as _T  # --trace: timestamps through each request
     host, port = a_addr.rsplit(":", 1)
@@ -250,63 +261,70 @@ def run_loads(eng: Engine, tier: str, a_addr: str, keys: List[bytes], seed: int,
     sched_ms: List[float] = []
     pass_us: List[float] = []  # scheduler time per pass (a step's lookups + its end)
     misses = mismatches = 0
+    todo = [(r, keys[r:r + req_blocks]) for r in range(0, len(keys), req_blocks)]
+    todo.reverse()
+    active: List[Dict[str, Any]] = []
+    loaded: List[Tuple[List[bytes], List[int]]] = []  # compared at the end
     t_start = time.perf_counter()
-    for r in range(0, len(keys), req_blocks):
-        rk = keys[r:r + req_blocks]
-        rid = f"{eng.engine_id}-{tag}{r}"
-        params = hints = None
-        if tier == "p2p":
-            params = {"remote_kv_source": {"kv_request_id": rid, "remote_host": host,
-                                           "remote_port": int(port)}}
-        elif tier in KVCR_TIERS:
-            hints = kvcr_hint(host, int(port), rk)
-        c = eng.ctx(params, rid, hints)
-        _T('req_start', f"{tag}{r}")
-        t0 = time.perf_counter()
-        t_res: Optional[float] = None
-        deadline = time.monotonic() + timeout
-        busy = 0.0  # scheduler-thread time in the manager (lookups + step ends)
-        passes = 0
-        while True:
-            passes += 1
-            tb = time.perf_counter()
-            with eng.manager.lock:
-                res = [eng.manager.lookup(k, c) for k in rk]
-            now = time.perf_counter()
-            busy += now - tb
-            if t_res is None and all(x is not LR.RETRY for x in res):
-                t_res = now
-                _T('req_resolved', r)
-            if any(x is LR.MISS for x in res):
-                misses += sum(x is LR.MISS for x in res)
-                break
-            if all(x is LR.HIT for x in res):
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{tier}: request {r // req_blocks} still {res[:4]}... "
-                                   f"after {timeout} s")
-            tb = time.perf_counter()
-            eng.step()
-            busy += time.perf_counter() - tb
-            time.sleep(step_s)
-        t1 = time.perf_counter()
-        _T('req_done', r)
-        sched_ms.append(busy * 1e3)
-        pass_us.append(busy * 1e6 / passes)
-        if not any(x is LR.MISS for x in res):
-            lookup_ms.append((t_res - t0) * 1e3)
-            load_ms.append((t1 - t_res) * 1e3)
-            with eng.manager.lock:
-                spec = eng.manager.prepare_load(rk, c)
-                for k, ch in zip(rk, spec.chunk_ids):
-                    o = int(ch) * eng.chunk
-                    if bytes(eng.view[o:o + eng.chunk]) != block_bytes(k, seed, eng.chunk):
-                        mismatches += 1
-                eng.manager.complete_load(rk, c)
+    while todo or active:
+        while todo and len(active) < inflight:
+            r, rk = todo.pop()
+            rid = f"{eng.engine_id}-{tag}{r}"
+            params = hints = None
+            if tier == "p2p":
+                params = {"remote_kv_source": {"kv_request_id": rid, "remote_host": host,
+                                               "remote_port": int(port)}}
+            elif tier in KVCR_TIERS:
+                hints = kvcr_hint(host, int(port), rk)
+            _T('req_start', f"{tag}{r}")
+            active.append({"r": r, "rk": rk, "c": eng.ctx(params, rid, hints),
+                           "t0": time.perf_counter(), "t_res": None, "busy": 0.0, "passes": 0,
+                           "deadline": time.monotonic() + timeout})
+        tb = time.perf_counter()
         with eng.manager.lock:
-            eng.manager.on_request_finished(c)
-        t_start += time.perf_counter() - t1  # the byte check is not timed
+            results = [[eng.manager.lookup(k, q["c"]) for k in q["rk"]] for q in active]
+        now = time.perf_counter()
+        still = []
+        for q, res in zip(active, results):
+            q["busy"] += (now - tb) / len(active)  # a pass's time, shared by its requests
+            q["passes"] += 1
+            if q["t_res"] is None and all(x is not LR.RETRY for x in res):
+                q["t_res"] = now
+                _T('req_resolved', q["r"])
+            miss = sum(x is LR.MISS for x in res)
+            if not miss and not all(x is LR.HIT for x in res):
+                if time.monotonic() > q["deadline"]:
+                    raise TimeoutError(f"{tier}: request {q['r'] // req_blocks} still "
+                                       f"{res[:4]}... after {timeout} s")
+                still.append(q)
+                continue
+            _T('req_done', q["r"])
+            sched_ms.append(q["busy"] * 1e3)
+            pass_us.append(q["busy"] * 1e6 / q["passes"])
+            misses += miss
+            with eng.manager.lock:
+                if not miss:
+                    lookup_ms.append((q["t_res"] - q["t0"]) * 1e3)
+                    load_ms.append((now - q["t_res"]) * 1e3)
+                    spec = eng.manager.prepare_load(q["rk"], q["c"])
+                    loaded.append((q["rk"], [int(ch) for ch in spec.chunk_ids]))
+                    eng.manager.complete_load(q["rk"], q["c"])
+                eng.manager.on_request_finished(q["c"])
+        active = still
+        if not active:
+            continue
+        tb = time.perf_counter()
+        eng.step()
+        dt = time.perf_counter() - tb
+        for q in active:
+            q["busy"] += dt / len(active)
+        time.sleep(step_s)
     wall = time.perf_counter() - t_start
+    for rk, chunks in loaded:  # the byte check is not timed
+        for k, ch in zip(rk, chunks):
+            o = ch * eng.chunk
+            if bytes(eng.view[o:o + eng.chunk]) != block_bytes(k, seed, eng.chunk):
+                mismatches += 1
     n_ok = len(lookup_ms) * req_blocks
     return {"requests": len(lookup_ms), "blocks": n_ok, "misses": misses,
             "mismatches": mismatches, "wall_s": wall,
@@ -366,7 +384,8 @@ def child(args: argparse.Namespace) -> None:
             elif cmd["op"] == "load":
                 keys = [make_key(i) for i in range(cmd["first"], cmd["first"] + cmd["n"])]
                 reply = run_loads(eng, args.tier, cmd["peer"], keys, cmd["seed"],
-                                  cmd["req_blocks"], cmd["step_s"], cmd["timeout"], cmd["tag"])
+                                  cmd["req_blocks"], cmd["step_s"], cmd["timeout"], cmd["tag"],
+                                  cmd.get("inflight", 1))
             elif cmd["op"] == "quit":
                 break
             else:
@@ -436,14 +455,19 @@ exit_notes: Dict[str, List[str]] = {}
 
 
 def run_tier(tier: str, a: argparse.Namespace, outdir: Path, kib: int,
-             blocks: int) -> Dict[str, Any]:
+             blocks: int, inflight: int = 1) -> Dict[str, Any]:
     """A and B for one tier, ``blocks`` blocks of ``kib`` KiB; returns B's
     figures or {"error": ...}."""
     py = a.kvcr_python if tier in KVCR_TIERS and a.kvcr_python else sys.executable
     me = [py, str(Path(__file__).resolve()), "--role", "engine", "--tier", tier,
           "--block-kib", str(kib)]
     n_total = blocks + a.req_blocks  # measured blocks + the warm-up request
-    tag = f"{tier}-{kib}k"
+    # Each engine's CPU tier: every block of the run (no eviction), and with
+    # requests in flight room for kvpeer's per-peer supply-pin budget (half
+    # the source's region) to cover all of them at once -- a CPU tier of a
+    # real engine is far larger than what a few requests load.
+    chunks = max(n_total + 8, 2 * inflight * a.req_blocks + 8)
+    tag = f"{tier}-{kib}k" + (f"-x{inflight}" if inflight > 1 else "")
     trace = str(outdir / f"trace-{tag}") if a.trace else None
     if trace:
         for f in outdir.glob(f"trace-{tag}.*"):
@@ -455,7 +479,7 @@ def run_tier(tier: str, a: argparse.Namespace, outdir: Path, kib: int,
         the engine binds it (the other engine's own sockets open meanwhile),
         so an engine that could not listen is started again on another."""
         for attempt in range(3):
-            p = Proc(me + ["--port", str(free_port()), "--num-chunks", str(n_total + 8)] + extra,
+            p = Proc(me + ["--port", str(free_port()), "--num-chunks", str(chunks)] + extra,
                      outdir / f"vllm-tiers-{tag}-{name}.log", trace)
             procs.append((name, p))
             hello = p.read(a.timeout)
@@ -493,7 +517,8 @@ def run_tier(tier: str, a: argparse.Namespace, outdir: Path, kib: int,
             time.sleep(0.2)
         if warm["blocks"] != a.req_blocks:
             return {"error": f"warm-up request never hit ({warm})"}
-        res = B.call(dict(common, first=0, n=blocks, tag="run-"), a.timeout * 4)
+        res = B.call(dict(common, first=0, n=blocks, tag="run-", inflight=inflight),
+                     a.timeout * 4)
         res["store_s"] = st["store_s"]
         res["warmups"] = w + 1
         if trace and "error" not in res:  # the files are line-buffered: complete
@@ -561,41 +586,47 @@ def orchestrate(a: argparse.Namespace) -> int:
     outdir = Path(a.out)
     outdir.mkdir(parents=True, exist_ok=True)
     sizes = [int(x) for x in a.sizes.split(",")]
+    infl = [int(x) for x in a.inflight.split(",")]
     la = os.getloadavg()
     print(f"vllm_tiers: tiers {a.tiers}; chunks of {a.sizes} KiB "
           f"({', '.join(f'{blocks_for(a, k)} blocks of {k} KiB' for k in sizes)}) A -> B, "
-          f"requests of {a.req_blocks} blocks, scheduler step sleep {a.step_ms} ms; "
+          f"requests of {a.req_blocks} blocks, {a.inflight} open at a time, "
+          f"scheduler step sleep {a.step_ms} ms; "
           f"load average {la[0]:.2f} {la[1]:.2f} {la[2]:.2f} ({os.cpu_count()} CPUs)",
           flush=True)
     t_all = time.monotonic()
-    results: Dict[int, Dict[str, Dict[str, Any]]] = {}
-    for kib in sizes:
-        results[kib] = {}
-        for tier in a.tiers.split(","):
-            t0 = time.monotonic()
-            results[kib][tier] = run_tier(tier, a, outdir, kib, blocks_for(a, kib))
-            print(f"  {kib} KiB {tier}: done in {time.monotonic() - t0:.1f} s", flush=True)
+    results: Dict[Tuple[int, int], Dict[str, Dict[str, Any]]] = {}
+    for n_in in infl:
+        for kib in sizes:
+            results[kib, n_in] = {}
+            for tier in a.tiers.split(","):
+                t0 = time.monotonic()
+                results[kib, n_in][tier] = run_tier(tier, a, outdir, kib, blocks_for(a, kib), n_in)
+                print(f"  {kib} KiB {tier}, {n_in} open: done in {time.monotonic() - t0:.1f} s",
+                      flush=True)
     rc = 0
     hdr = (f"{'tier':13} {'blocks':>6} {'bytes ok':>8} {'blocks/s':>9} {'GB/s':>6} "
            f"{'lookup p50':>10} {'p99 ms':>7} {'load p50':>9} {'p99 ms':>7} "
            f"{'sched/req p50':>13} {'p99 ms':>7} {'/step us':>7}")
-    for kib in sizes:
+    for (kib, n_in), res in results.items():
         n = blocks_for(a, kib)
-        print(f"\n{kib} KiB chunks, {n} blocks")
+        open_ = "one request at a time" if n_in == 1 else f"{n_in} requests open at a time"
+        print(f"\n{kib} KiB chunks, {n} blocks, {open_}")
         print(hdr)
-        for tier, r in results[kib].items():
+        for tier, r in res.items():
             line, ok = row(tier, r, kib * 1024, n)
             rc |= 0 if ok else 1
             print(line)
-        g = goal_line(kib, results[kib])
+        g = goal_line(kib, res)
         if g:
             print(g)
     if a.trace:
-        print("\nphases of a request, p50 ms (kvpeer._trace; python/bench/trace_phases.py)")
-        for kib in sizes:
-            for tier, r in results[kib].items():
+        print("\nphases of a request, p50 ms (kvpeer._trace; python/bench/trace_phases.py; "
+              "one request at a time only)")
+        for (kib, n_in), res in results.items():
+            for tier, r in res.items():
                 ph = r.get("phases")
-                if ph:
+                if ph and n_in == 1:
                     print(f"  {kib:>5} KiB {tier:13} " + "  ".join(
                         f"{k} {pct(v, 50):.2f}" for k, v in ph.items()))
     la = os.getloadavg()
@@ -604,12 +635,14 @@ def orchestrate(a: argparse.Namespace) -> int:
     for tag, notes in exit_notes.items():
         for n in notes:
             print(f"note: {tag} {n}")
-    for kib in sizes:
-        for tier, r in results[kib].items():
+    for (kib, n_in), res in results.items():
+        for tier, r in res.items():
             if "error" in r and r.get("trace"):
-                print(f"--- {kib} KiB {tier}: {r['trace']}")
+                print(f"--- {kib} KiB {tier}, {n_in} open: {r['trace']}")
     if a.json:
-        Path(a.json).write_text(json.dumps({"args": vars(a), "results": results}, indent=1))
+        Path(a.json).write_text(json.dumps(
+            {"args": vars(a), "results": {f"{k}k-x{i}": v for (k, i), v in results.items()}},
+            indent=1))
     return rc
 
 
@@ -626,6 +659,9 @@ def main() -> int:
                     help="kvpeer tiers: timestamps through each request (kvpeer._trace), "
                     "per-phase medians printed")
     ap.add_argument("--req-blocks", type=int, default=16, help="blocks per request")
+    ap.add_argument("--inflight", default="1",
+                    help="B's requests open at a time (1: one after the other); a list: a "
+                    "table per size and count")
     ap.add_argument("--step-ms", type=float, default=1.0,
                     help="B's sleep between scheduler steps")
     ap.add_argument("--seed", type=int, default=7)
@@ -654,9 +690,10 @@ def main() -> int:
     except ValueError:
         ap.error(f"--sizes: a list of KiB, got {a.sizes!r}")
     if a.blocks <= 0 or a.req_blocks <= 0 or min(sizes) <= 0 or a.blocks % a.req_blocks \
-            or a.max_mib <= 0:
-        ap.error("--blocks, --req-blocks, --sizes, --max-mib must be positive and --blocks a "
-                 "multiple of --req-blocks")
+            or a.max_mib <= 0 or not all(x.isdigit() and int(x) > 0
+                                         for x in a.inflight.split(",")):
+        ap.error("--blocks, --req-blocks, --sizes, --max-mib, --inflight must be positive and "
+                 "--blocks a multiple of --req-blocks")
     return orchestrate(a)
 
 
