@@ -80,8 +80,9 @@ bench-peers: release
 # .pth naming its site-packages, so only nixl's own wheels (~0.5 GB) are added
 # (--no-deps: numpy and torch, nixl's requirements, come from .venv).
 # VLLM_TIERS_ARGS=--quick for a small run. issue 29: by default kvpeer-zc,
-# kvpeer, p2p, kvcr, kvcr-shim at 64 KiB, 256 KiB and 2 MiB chunks, one table
-# per size with the zero-copy goal line (~5 min on the 2-core VM).
+# kvpeer, p2p, kvcr, kvcr-shim at 64 KiB, 256 KiB and 2 MiB chunks, one
+# request at a time and 4 open at a time (--inflight 1,4): a table per size and
+# count with the zero-copy goal line (~7 min on the 2-core VM).
 NIXL_VENV ?= build/nixl-venv
 NIXL_VERSION ?= 1.5.1
 # issue 28: vLLM's KVCR tier (PyPI kvcr; pins nixl 1.5.0) in its own venv,

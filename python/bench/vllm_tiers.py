@@ -68,7 +68,7 @@ moves when the data path, not one request's passes, is the limit. A list
 (--inflight 1,4) gives a table per size and count in one run.
 
     vllm_tiers.py [--tiers p2p,kvpeer] [--blocks 256] [--block-kib 256]
-                  [--req-blocks 16] [--inflight 1] [--step-ms 1] [--quick] [--json OUT]
+                  [--req-blocks 16] [--inflight 1,4] [--step-ms 1] [--quick] [--json OUT]
 """
 from __future__ import annotations
 
@@ -659,7 +659,7 @@ def main() -> int:
                     help="kvpeer tiers: timestamps through each request (kvpeer._trace), "
                     "per-phase medians printed")
     ap.add_argument("--req-blocks", type=int, default=16, help="blocks per request")
-    ap.add_argument("--inflight", default="1",
+    ap.add_argument("--inflight", default="1,4",
                     help="B's requests open at a time (1: one after the other); a list: a "
                     "table per size and count")
     ap.add_argument("--step-ms", type=float, default=1.0,
