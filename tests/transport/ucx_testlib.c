@@ -541,6 +541,19 @@ void ut_pair_close(ut_pair_t *p)
     assert_true(ut_child_stop(&p->child));
 }
 
+void ut_consumer_add_producer(ut_pair_t *p, int want_path)
+{
+    const void *b;
+    size_t len;
+    ut_reply_t r;
+    assert_int_equal(p->x->ops->local_blob(p->x, &b, &len), KVP_OK);
+    assert_true(ut_call(&p->child, UT_ADD_PEER, UT_NB, UT_BS, b, (uint32_t)len, &r, NULL, 0));
+    assert_int_equal(r.status, KVP_OK);
+    if (want_path >= 0)
+        assert_int_equal(r.v1, want_path);
+    ut_progress_for(p->x, kvp_test_scaled_ns(20 * KVP_NSEC_PER_MSEC)); /* wire-up both ways */
+}
+
 kvp_xfer_id_t ut_post4(ut_pair_t *p, uint32_t k)
 {
     kvp_xfer_block_t b[4];

@@ -104,6 +104,10 @@ void ut_pair_close(ut_pair_t *p);
 /* Post transfer number k to the pair's peer: 4 adjacent blocks (slots
  * 4k..4k+3, cycling over the UT_NB-slot region); asserts the post. */
 kvp_xfer_id_t ut_post4(ut_pair_t *p, uint32_t k);
+/* The child (the consumer) imports our blob, so it owns a PEER endpoint to
+ * us: asserts its add_peer and, if want_path >= 0, the data path it reports
+ * (a kvp_data_path_t); then both sides wire up (20 ms, scaled). */
+void ut_consumer_add_producer(ut_pair_t *p, int want_path);
 /* ut_pair_open with the target paused for pause_ms (UT_PAUSE, its reply
  * left to the caller) before our endpoint is created: over tcp nothing we
  * send can complete until it wakes (the wire-up waits for it). With the
