@@ -259,15 +259,7 @@ static void test_cma_dead(void **state)
     assert_int_not_equal(st, KVP_OK);
     assert_int_equal(xstats(p.x).cma_bytes, 4ull * UT_BS); /* only the first */
     assert_int_equal(p.x->ops->remove_peer(p.x, p.peer), KVP_OK);
-    kvp_xfer_result_t res[16];
-    size_t n;
-    kvp_xport_stats_t xs;
-    uint64_t end = ut_now_ns() + SC(2 * SEC);
-    do {
-        ut_progress_for(p.x, 2 * MSEC);
-        assert_int_equal(p.x->ops->poll_retired(p.x, res, 16, &n), KVP_OK);
-        xs = xstats(p.x);
-    } while ((xs.retired || xs.zombie_peers) && ut_now_ns() < end);
+    (void)ut_drain_retired(p.x, 2 * MSEC, SC(2 * SEC));
     assert_int_equal(p.x->ops->close(p.x, false), KVP_OK);
     kvp_test_logcap_stop();
     KVP_TEST_ASSERT_NO_LEAKS();

@@ -79,17 +79,8 @@ static bool wait_peer_error(kvp_xport_t *x, kvp_xpeer_id_t peer, uint64_t ns)
 /* Close after the target died: remove the peer, release, no leaks. */
 static void close_after_death(ut_pair_t *p)
 {
-    kvp_xfer_result_t res[16];
-    size_t n;
-    kvp_xport_stats_t st;
-
     assert_int_equal(p->x->ops->remove_peer(p->x, p->peer), KVP_OK);
-    uint64_t end = ut_now_ns() + kvp_test_scaled_ns(2 * SEC);
-    do {
-        ut_progress_for(p->x, 2 * MSEC);
-        assert_int_equal(p->x->ops->poll_retired(p->x, res, 16, &n), KVP_OK);
-        p->x->ops->get_stats(p->x, &st);
-    } while ((st.retired || st.zombie_peers) && ut_now_ns() < end);
+    kvp_xport_stats_t st = ut_drain_retired(p->x, 2 * MSEC, kvp_test_scaled_ns(2 * SEC));
     assert_int_equal(st.retired, 0);
     assert_int_equal(st.zombie_peers, 0);
     assert_int_equal(p->x->ops->close(p->x, false), KVP_OK);

@@ -554,6 +554,20 @@ void ut_consumer_add_producer(ut_pair_t *p, int want_path)
     ut_progress_for(p->x, kvp_test_scaled_ns(20 * KVP_NSEC_PER_MSEC)); /* wire-up both ways */
 }
 
+kvp_xport_stats_t ut_drain_retired(kvp_xport_t *x, uint64_t step_ns, uint64_t timeout_ns)
+{
+    kvp_xfer_result_t res[16];
+    size_t n;
+    kvp_xport_stats_t st;
+    uint64_t end = ut_now_ns() + timeout_ns;
+    do {
+        ut_progress_for(x, step_ns);
+        assert_int_equal(x->ops->poll_retired(x, res, 16, &n), KVP_OK);
+        x->ops->get_stats(x, &st);
+    } while ((st.retired || st.zombie_peers) && ut_now_ns() < end);
+    return st;
+}
+
 kvp_xfer_id_t ut_post4(ut_pair_t *p, uint32_t k)
 {
     kvp_xfer_block_t b[4];
