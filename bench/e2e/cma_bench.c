@@ -18,16 +18,14 @@
  *    fetched per size and path)
  */
 #include "kvpeer.h"
+#include "realnode.h" /* tests/node: the region, the node, the source process */
 
-#include <fcntl.h>
 #include <stdbool.h>
 #include <poll.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -42,47 +40,20 @@ static double now_s(void)
 
 static uint8_t *region_map(size_t len)
 {
-    char name[64];
-    snprintf(name, sizeof(name), "/dev/shm/kvpeer-cma-bench-%d", (int)getpid());
-    int fd = open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
-    if (fd < 0)
-        return NULL;
-    void *p = ftruncate(fd, (off_t)len) == 0
-                  ? mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
-                  : MAP_FAILED;
-    unlink(name);
-    close(fd);
-    if (p == MAP_FAILED)
-        return NULL;
-    memset(p, 0, len); /* faulted in before timing, as a running engine's tier */
+    uint8_t *p = rn_region_map(len, "kvpeer-cma-bench");
+    if (p != NULL)
+        memset(p, 0, len); /* faulted in before timing, as a running engine's tier */
     return p;
 }
 
 static kvp_node_t *node_start(uint8_t *region, uint32_t nb, uint32_t bs)
 {
-    kvp_config_t c;
-    kvp_node_t *n = NULL;
-    kvp_config_init(&c);
-    c.num_blocks = nb;
-    c.block_size = bs;
-    c.listen_addr = "127.0.0.1:0";
-    c.external_slots = 1;
-    c.region = region;
-    c.region_len = (uint64_t)nb * bs;
-    return kvp_node_create(&c, &n) == KVP_OK ? n : NULL;
+    return rn_node_start(region, nb, bs, 0, 0);
 }
 
 static void key(uint32_t i, uint8_t *k, uint32_t *len)
 {
     *len = (uint32_t)snprintf((char *)k, 16, "cb%08u", i);
-}
-
-static void fill(uint8_t *p, size_t bs, uint32_t i)
-{
-    for (size_t o = 0; o < bs; o += 8) {
-        uint64_t v = (uint64_t)i * 0x9e3779b97f4a7c15ull ^ o;
-        memcpy(p + o, &v, 8);
-    }
 }
 
 static int source_main(uint32_t nb, uint32_t bs)
@@ -95,15 +66,11 @@ static int source_main(uint32_t nb, uint32_t bs)
         uint8_t k[16];
         uint32_t kl;
         key(i, k, &kl);
-        fill(r + (size_t)i * bs, bs, i);
+        rn_fill(i, r + (size_t)i * bs, bs);
         if (kvp_publish(n, k, kl, i) != KVP_OK)
             return 3;
     }
-    printf("%s\n", kvp_node_peer_id(n));
-    fflush(stdout);
-    char b[16];
-    while (read(0, b, sizeof(b)) > 0) {
-    }
+    rn_source_serve(n);
     kvp_node_destroy(n);
     munmap(r, (size_t)nb * bs);
     return 0;
@@ -140,27 +107,10 @@ static bool run(bool cma, uint32_t bs, size_t region, uint32_t batch, size_t tot
         setenv("KVPEER_UCX_CMA", "0", 1); /* both processes */
     snprintf(nbs, sizeof(nbs), "%u", nb);
     snprintf(bss, sizeof(bss), "%u", bs);
-    int to[2], from[2];
-    if (pipe(to) != 0 || pipe(from) != 0)
-        return false;
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid == 0) {
-        dup2(to[0], 0);
-        dup2(from[1], 1);
-        close(to[1]);
-        close(from[0]);
-        execl(g_self, g_self, "--source", nbs, bss, (char *)NULL);
-        _exit(127);
-    }
-    close(to[0]);
-    close(from[1]);
-    char peer[128] = "";
-    FILE *f = fdopen(from[0], "r");
-    bool ok = f != NULL && fgets(peer, sizeof(peer), f) != NULL;
-    if (f)
-        fclose(f);
-    peer[strcspn(peer, "\n")] = '\0';
+    char *argv[] = {(char *)g_self, "--source", nbs, bss, NULL};
+    rn_src_t src;
+    bool ok = rn_src_spawn(&src, argv);
+    const char *peer = src.peer;
     uint8_t *r = ok ? region_map(region) : NULL;
     kvp_node_t *n = r ? node_start(r, nb, bs) : NULL;
     ok = n != NULL && kvp_peer_add(n, peer) == KVP_OK && kvp_peer_wait(n, peer, 10000) == KVP_OK;
@@ -190,7 +140,7 @@ static bool run(bool cma, uint32_t bs, size_t region, uint32_t batch, size_t tot
         kvp_finish_request(n, req);
         done += (size_t)k * bs;
         if (ok && req == 1) { /* byte-exact, once */
-            fill(want, bs, slots[0]);
+            rn_fill(slots[0], want, bs);
             ok = memcmp(r + (size_t)slots[0] * bs, want, bs) == 0;
         }
     }
@@ -213,9 +163,7 @@ static bool run(bool cma, uint32_t bs, size_t region, uint32_t batch, size_t tot
         kvp_node_destroy(n);
     if (r)
         munmap(r, region);
-    close(to[1]);
-    int st = 0;
-    waitpid(pid, &st, 0);
+    rn_src_end(&src, false);
     unsetenv("KVPEER_UCX_CMA");
     return ok;
 }

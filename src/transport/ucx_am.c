@@ -122,6 +122,30 @@ kvp_status_t kvp__ucx_am_init(ucx_xport_t *x)
     return KVP_OK;
 }
 
+/* The accept slot's life, its one writer (as ucx_xfer.c's set_where):
+ * IDLE -> EXPECT (expect), EXPECT -> EXPECT (expected again: the block is
+ * sent again), EXPECT -> IDLE (refuse, fence_peer: counted as refused).
+ * A refused slot stays IDLE until expected again. */
+static const char *const acc_state_names[] = {[ACC_IDLE] = "IDLE", [ACC_EXPECT] = "EXPECT"};
+
+static const char *ucx_acc_state_str(uint8_t s)
+{
+    return s < KVP_ARRAY_SIZE(acc_state_names) ? acc_state_names[s] : "?";
+}
+
+static void ucx_acc_set_state(ucx_xport_t *x, ucx_acc_t *e, uint8_t to)
+{
+    static const uint8_t legal[] = {
+        [ACC_IDLE] = 1u << ACC_EXPECT,
+        [ACC_EXPECT] = (1u << ACC_IDLE) | (1u << ACC_EXPECT),
+    };
+    if (to >= KVP_ARRAY_SIZE(legal) || !(legal[to] & (1u << e->state)))
+        kvp__assert_fail(ucx_acc_state_str(to), __FILE__, __LINE__, ucx_acc_state_str(e->state));
+    if (to == ACC_IDLE)
+        x->st.am_refused_slots++;
+    e->state = to;
+}
+
 kvp_status_t kvp__ucx_acc_alloc(ucx_xport_t *x)
 {
     x->acc = kvp__calloc(x->layout.num_blocks, sizeof(*x->acc));
@@ -179,8 +203,14 @@ kvp_status_t kvp__ucx_expect(kvp_xport_t *xp, kvp_xpeer_id_t peer, const kvp_xsl
     for (size_t i = 0; i < n; i++)
         if (slots[i].slot >= x->layout.num_blocks)
             return KVP_ERR_INVALID;
-    for (size_t i = 0; i < n; i++)
-        x->acc[slots[i].slot] = (ucx_acc_t){token, peer, slots[i].gen, 0, ACC_EXPECT};
+    for (size_t i = 0; i < n; i++) {
+        ucx_acc_t *e = &x->acc[slots[i].slot];
+        ucx_acc_set_state(x, e, ACC_EXPECT);
+        e->token = token;
+        e->peer = peer;
+        e->gen = slots[i].gen;
+        e->next = 0;
+    }
     return KVP_OK;
 }
 
@@ -194,10 +224,8 @@ void kvp__ucx_refuse(kvp_xport_t *xp, const kvp_xslot_t *slots, size_t n)
         if (slots[i].slot >= x->layout.num_blocks)
             continue;
         ucx_acc_t *e = &x->acc[slots[i].slot];
-        if (e->state == ACC_EXPECT && e->gen == slots[i].gen) {
-            e->state = ACC_IDLE;
-            x->st.am_refused_slots++;
-        }
+        if (e->state == ACC_EXPECT && e->gen == slots[i].gen)
+            ucx_acc_set_state(x, e, ACC_IDLE);
     }
 }
 
@@ -209,10 +237,8 @@ void kvp__ucx_acc_refuse_peer(ucx_xport_t *x, kvp_xpeer_id_t peer)
     if (!x->acc || peer == 0)
         return;
     for (uint32_t i = 0; i < x->layout.num_blocks; i++)
-        if (x->acc[i].state == ACC_EXPECT && x->acc[i].peer == peer) {
-            x->acc[i].state = ACC_IDLE;
-            x->st.am_refused_slots++;
-        }
+        if (x->acc[i].state == ACC_EXPECT && x->acc[i].peer == peer)
+            ucx_acc_set_state(x, &x->acc[i], ACC_IDLE);
 }
 
 /* The source's flush completing means its blocks left its memory, not that

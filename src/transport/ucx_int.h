@@ -76,7 +76,7 @@ typedef struct ucx_acc {
     uint64_t peer;   /* kvp_xpeer_id_t that expect() named (0: any) */
     uint32_t gen;
     uint32_t next;   /* bytes landed since expect(): pieces arrive in order */
-    uint8_t state;   /* ACC_* */
+    uint8_t state;   /* ACC_*: written only by ucx_acc_set_state (ucx_am.c) */
 } ucx_acc_t;
 
 enum { XF_FREE = 0, XF_LIVE, XF_RETIRED, XF_DETACHED };

@@ -25,16 +25,13 @@
 #include "testutil.h"
 #include "node/node.h"
 #include "transport/transport.h"
+#include "realnode.h"
 
-#include <fcntl.h>
 #include <poll.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #define NB 16u
 #define BS (256u * 1024u)
@@ -43,68 +40,30 @@
 static const char *g_self;
 static bool g_env_once; /* KVPEER_UCX_CMA=0 for the next source process only */
 
-static uint64_t real_ms(void)
-{
-    return kvp_clock_now(kvp_clock_real()) / KVP_NSEC_PER_MSEC;
-}
-
 static uint32_t scaled(uint32_t ms)
 {
     return (uint32_t)(ms * kvp_test_time_scale());
 }
 
-/* The embedding's memory: anonymous, or a /dev/shm file the way vLLM maps
- * it (MAP_SHARED, then unlinked and its fd closed: only the mapping is left). */
+/* The embedding's memory: anonymous, or a /dev/shm file the way vLLM maps it. */
 static uint8_t *region_map(bool devshm)
 {
-    size_t len = (size_t)NB * BS;
-    if (!devshm) {
-        void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        return p == MAP_FAILED ? NULL : p;
-    }
-    char name[64];
-    snprintf(name, sizeof(name), "/dev/shm/kvpeer-cma-test-%d", (int)getpid());
-    int fd = open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
-    if (fd < 0)
-        return NULL;
-    void *p = ftruncate(fd, (off_t)len) == 0
-                  ? mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
-                  : MAP_FAILED;
-    unlink(name);
-    close(fd);
-    return p == MAP_FAILED ? NULL : p;
+    return rn_region_map((size_t)NB * BS, devshm ? "kvpeer-cma-test" : NULL);
 }
 
 static kvp_node_t *node_start(uint8_t *region, uint32_t hold_cap_ms)
 {
-    kvp_config_t c;
-    kvp_node_t *n = NULL;
-    kvp_config_init(&c);
-    c.num_blocks = NB;
-    c.block_size = BS;
-    c.listen_addr = "127.0.0.1:0";
-    c.dead_after_ms = scaled(2000);
-    c.handshake_timeout_ms = c.dead_after_ms;
-    if (hold_cap_ms)
-        c.hold_cap_ms = hold_cap_ms;
-    c.external_slots = 1;
-    c.region = region;
-    c.region_len = (uint64_t)NB * BS;
-    return kvp_node_create(&c, &n) == KVP_OK ? n : NULL;
+    return rn_node_start(region, NB, BS, scaled(2000), hold_cap_ms);
 }
 
 static void fill(uint32_t k, uint8_t *p)
 {
-    for (uint32_t i = 0; i < BS; i += 8) {
-        uint64_t v = (uint64_t)k * 0x9e3779b97f4a7c15ull ^ i;
-        memcpy(p + i, &v, 8);
-    }
+    rn_fill(k, p, BS);
 }
 
 static void keys_make(uint32_t k0, uint32_t n, uint8_t *buf, uint32_t *lens)
 {
-    for (uint32_t i = 0; i < n; i++)
-        lens[i] = (uint32_t)snprintf((char *)buf + 8 * i, 9, "cma%05u", k0 + i);
+    rn_keys_make("cma", k0, n, buf, lens);
 }
 
 /* ----------------------------------------------------------- the source */
@@ -125,85 +84,30 @@ static int source_main(bool devshm)
         if (kvp_publish(n, keys + 8 * i, lens[i], 2 + i) != KVP_OK)
             return 3;
     }
-    printf("%s\n", kvp_node_peer_id(n));
-    fflush(stdout);
-    char b[16];
-    while (read(0, b, sizeof(b)) > 0) {
-    }
+    rn_source_serve(n);
     kvp_node_destroy(n);
     munmap(region, (size_t)NB * BS);
     return 0;
 }
 
-typedef struct src {
-    pid_t pid;
-    int in; /* its stdin: closing it ends it */
-    char peer[128];
-} src_t;
-
-static void src_spawn(src_t *s, bool devshm)
+static void src_spawn(rn_src_t *s, bool devshm)
 {
-    int to[2], from[2];
-    assert_int_equal(pipe(to), 0);
-    assert_int_equal(pipe(from), 0);
-    fflush(stdout);
-    s->pid = fork();
-    assert_true(s->pid >= 0);
-    if (s->pid == 0) {
-        dup2(to[0], 0);
-        dup2(from[1], 1);
-        close(to[1]);
-        close(from[0]);
-        execl(g_self, g_self, "--source", devshm ? "1" : "0", (char *)NULL);
-        _exit(127);
-    }
-    close(to[0]);
-    close(from[1]);
-    s->in = to[1];
-    FILE *f = fdopen(from[0], "r");
-    assert_non_null(f);
-    assert_non_null(fgets(s->peer, sizeof(s->peer), f));
-    fclose(f);
-    s->peer[strcspn(s->peer, "\n")] = '\0';
+    char *argv[] = {(char *)g_self, "--source", devshm ? "1" : "0", NULL};
+    assert_true(rn_src_spawn(s, argv));
 }
 
-static void src_end(src_t *s, bool kill_it)
+static void src_end(rn_src_t *s, bool kill_it)
 {
-    int status = 0;
-    if (s->pid <= 0)
-        return;
-    if (kill_it)
-        kill(s->pid, SIGKILL);
-    close(s->in);
-    waitpid(s->pid, &status, 0);
+    bool clean = rn_src_end(s, kill_it);
     if (!kill_it)
-        assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    s->pid = 0;
+        assert_true(clean);
 }
 
 /* ------------------------------------------------------------- consumer */
 
-static bool wait_event(kvp_node_t *n, int type, uint64_t op_id, uint32_t timeout_ms,
-                       kvp_event_t *out)
-{
-    uint64_t end = real_ms() + timeout_ms;
-    while (real_ms() < end) {
-        kvp_event_t ev;
-        uint32_t got = 0;
-        struct pollfd p = {kvp_node_fd(n), POLLIN, 0};
-        poll(&p, 1, 20);
-        while (kvp_poll_events(n, &ev, 1, &got) == KVP_OK && got == 1)
-            if (ev.type == type && (op_id == 0 || ev.op_id == op_id)) {
-                *out = ev;
-                return true;
-            }
-    }
-    return false;
-}
-
 static void fetch_case(bool devshm, const char *want_path)
 {
-    src_t s;
+    rn_src_t s;
     uint8_t *region = region_map(devshm);
     assert_non_null(region);
     src_spawn(&s, devshm);
@@ -221,10 +125,10 @@ static void fetch_case(bool devshm, const char *want_path)
     kvp_event_t ev;
     keys_make(0, NPUB, keys, lens);
     assert_int_equal(kvp_lookup(n, s.peer, 1, keys, lens, NPUB, res, &op), KVP_OK);
-    assert_true(wait_event(n, KVP_EV_LOOKUP, op, scaled(5000), &ev));
+    assert_true(rn_wait_event(n, KVP_EV_LOOKUP, op, scaled(5000), &ev));
     assert_int_equal(ev.n_ok, NPUB);
     assert_int_equal(kvp_fetch_into(n, s.peer, 1, keys, lens, NPUB, slots, 0, bs, &op), KVP_OK);
-    assert_true(wait_event(n, KVP_EV_LOAD, op, scaled(10000), &ev));
+    assert_true(rn_wait_event(n, KVP_EV_LOAD, op, scaled(10000), &ev));
     assert_int_equal(ev.status, KVP_OK);
     for (uint32_t i = 0; i < NPUB; i++) {
         assert_int_equal(bs[i], KVP_OK);
@@ -290,7 +194,7 @@ static void test_cma_tcp_not_proven(void **state)
 static void test_cma_source_killed(void **state)
 {
     (void)state;
-    src_t s;
+    rn_src_t s;
     uint8_t *region = region_map(true);
     assert_non_null(region);
     src_spawn(&s, true);
@@ -309,12 +213,12 @@ static void test_cma_source_killed(void **state)
     assert_int_equal(kvp_fetch_into(n, s.peer, 2, keys, lens, 3, slots,
                                      KVP_FETCH_FLAG_WAIT_FOR_SUPPLY, bs, &op),
                      KVP_OK);
-    uint64_t t = real_ms() + 300;
-    while (real_ms() < t)
+    uint64_t t = rn_real_ms() + 300;
+    while (rn_real_ms() < t)
         poll(NULL, 0, 10);
-    uint64_t t_kill = real_ms();
+    uint64_t t_kill = rn_real_ms();
     src_end(&s, true);
-    assert_true(wait_event(n, KVP_EV_LOAD, op, scaled(5000), &ev));
+    assert_true(rn_wait_event(n, KVP_EV_LOAD, op, scaled(5000), &ev));
     assert_int_not_equal(ev.status, KVP_OK);
     uint32_t busy = 0;
     for (uint32_t i = 0; i < 3; i++)
@@ -330,8 +234,8 @@ static void test_cma_source_killed(void **state)
     uint32_t still = held[slots[0]] + held[slots[1]] + held[slots[2]];
     printf("  at the LOAD event: %u of 3 still held\n", still);
     assert_true(still == 3 || still == 0);
-    assert_true(wait_event(n, KVP_EV_SLOTS_RELEASED, op, still ? scaled(10000) : 100, &ev));
-    uint64_t took = real_ms() - t_kill;
+    assert_true(rn_wait_event(n, KVP_EV_SLOTS_RELEASED, op, still ? scaled(10000) : 100, &ev));
+    uint64_t took = rn_real_ms() - t_kill;
     printf("  released %llu ms after the kill: status %s\n", (unsigned long long)took,
            kvp_status_str((kvp_status_t)ev.status));
     assert_int_equal(ev.status, KVP_OK); /* a proof (process exit), not the hold cap */

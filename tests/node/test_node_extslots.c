@@ -29,20 +29,6 @@ static void tweak_ext_am(kvp_config_t *c, kvp_node_seams_t *s, int i)
     s->fake_path = KVP_PATH_FAKE_AM;
 }
 
-static uint8_t *slot_ptr(world_t *w, int i, uint32_t slot)
-{
-    return (uint8_t *)kvp_store_slot_ptr(kvp__node_store(w->node[i]), slot);
-}
-
-/* The embedding of node i writes block k into its slot and publishes it. */
-static void publish(world_t *w, int i, uint32_t k, uint32_t slot)
-{
-    uint8_t key[32];
-    uint32_t kl = world_key(k, key);
-    world_block(k, slot_ptr(w, i, slot), BS);
-    assert_int_equal(kvp_publish(w->node[i], key, kl, slot), KVP_OK);
-}
-
 static uint8_t held(world_t *w, int i, uint32_t slot)
 {
     uint8_t h = 9;
@@ -60,36 +46,58 @@ static uint32_t held_count(world_t *w, int i)
     return c;
 }
 
-static bool slot_is_block(world_t *w, int i, uint32_t slot, uint32_t k)
+/* Two nodes, node 1 connected to node 0, whose embedding published blocks
+ * 1 and 2 in slots 10 and 11. */
+static world_t *ext_world(void **state, world_tweak_fn tweak)
 {
-    uint8_t buf[BS];
-    world_block(k, buf, BS);
-    return memcmp(slot_ptr(w, i, slot), buf, BS) == 0;
+    world_t *w = world_new(state, 2, tweak);
+    world_connect(w, 1, 0);
+    world_publish(w, 0, 1, 10);
+    world_publish(w, 0, 2, 11);
+    return w;
 }
 
-static void ext_world(world_t *w, world_tweak_fn tweak)
+/* Node 1 looks keys k1..kn up at node 0 (request 7, every one a hit), node
+ * 0's next transfer follows `sc` (NULL: the world's default), and node 1
+ * fetches the keys into `slots`: the load's op. */
+static uint64_t ext_fetch(world_t *w, wkeys_t *ks, uint32_t n, const kvp_fake_script_t *sc,
+                          const uint32_t *slots, int32_t *bs)
 {
-    world_init(w, 2, tweak);
-    world_connect(w, 1, 0);
-    publish(w, 0, 1, 10);
-    publish(w, 0, 2, 11);
+    uint64_t op;
+    wkeys_make(ks, 1, n);
+    world_lookup_hits(w, 1, 0, ks, 7);
+    if (sc != NULL)
+        assert_int_equal(kvp_fake_script_next(kvp__node_xport(w->node[0]), sc), KVP_OK);
+    assert_int_equal(kvp_fetch_into(w->node[1], w->addr[0], 7, ks->buf, ks->len, n, slots, 0, bs,
+                                    &op),
+                     KVP_OK);
+    return op;
+}
+
+/* ext_fetch of k1, k2 into `slots` while node 0's WRITE is wedged (its
+ * late copy lands copy_ns later); node 0 is killed 5 ms in: the LOAD. */
+static const kvp_event_t *ext_fetch_source_killed(world_t *w, uint64_t copy_ns,
+                                                  const uint32_t *slots, int32_t *bs, uint64_t *op)
+{
+    wkeys_t ks;
+    kvp_fake_script_t sc = kvp_fake_script_wedge_then_copy(copy_ns);
+    *op = ext_fetch(w, &ks, 2, &sc, slots, bs);
+    world_run(w, 5 * MS);
+    kvp_fake_net_kill(w->net, w->addr[0]);
+    const kvp_event_t *e = world_wait(w, 1, KVP_EV_LOAD, *op, 500 * MS);
+    assert_non_null(e);
+    return e;
 }
 
 /* The blocks land byte-exact in the slots the consumer named, which are the
  * embedding's again at the event; nothing is indexed or copied. */
 static void test_ext_fetch_into_lands(void **state)
 {
-    world_t *w = *state = malloc(sizeof(world_t));
-    ext_world(w, tweak_ext);
+    world_t *w = ext_world(state, tweak_ext);
     wkeys_t ks;
-    wkeys_make(&ks, 1, 2);
-    world_lookup_hits(w, 1, 0, &ks, 7);
     uint32_t slots[2] = {40, 3};
     int32_t bs[2] = {99, 99};
-    uint64_t op;
-    assert_int_equal(kvp_fetch_into(w->node[1], w->addr[0], 7, ks.buf, ks.len, 2, slots, 0, bs,
-                                    &op),
-                     KVP_OK);
+    uint64_t op = ext_fetch(w, &ks, 2, NULL, slots, bs);
     assert_int_equal(held(w, 1, 40), 1);
     const kvp_event_t *e = world_wait(w, 1, KVP_EV_LOAD, op, 200 * MS);
     assert_non_null(e);
@@ -98,8 +106,8 @@ static void test_ext_fetch_into_lands(void **state)
     assert_int_equal(e->n_held, 0);
     assert_int_equal(bs[0], KVP_OK);
     assert_int_equal(bs[1], KVP_OK);
-    assert_true(slot_is_block(w, 1, 40, 1));
-    assert_true(slot_is_block(w, 1, 3, 2));
+    assert_true(world_slot_is_block(w, 1, 40, 1));
+    assert_true(world_slot_is_block(w, 1, 3, 2));
     assert_int_equal(held_count(w, 1), 0);                /* every slot the embedding's */
     assert_int_equal(held(w, 0, 10), 2);                  /* still published at the source */
     assert_int_equal(world_event_count(w, 1, KVP_EV_SLOTS_RELEASED, op), 0);
@@ -119,8 +127,7 @@ static void test_ext_fetch_into_lands(void **state)
  * normal-mode calls answer UNSUPPORTED; a good fetch still works after. */
 static void test_ext_fetch_into_refusals(void **state)
 {
-    world_t *w = *state = malloc(sizeof(world_t));
-    ext_world(w, tweak_ext);
+    world_t *w = ext_world(state, tweak_ext);
     wkeys_t ks;
     wkeys_make(&ks, 1, 2);
     uint64_t op, op2;
@@ -152,7 +159,7 @@ static void test_ext_fetch_into_refusals(void **state)
     assert_int_equal(held(w, 1, 22), 0); /* all or nothing */
     assert_int_equal(kvp_fetch(w->node[1], w->addr[0], 7, ks.buf, ks.len, 2, 0, NULL, &op2),
                      KVP_ERR_UNSUPPORTED);
-    assert_int_equal(kvp_put(w->node[1], key, kl, slot_ptr(w, 1, 6), BS, 0), KVP_ERR_UNSUPPORTED);
+    assert_int_equal(kvp_put(w->node[1], key, kl, world_slot_ptr(w, 1, 6), BS, 0), KVP_ERR_UNSUPPORTED);
     kvp_block_t b;
     assert_int_equal(kvp_get(w->node[1], key, kl, &b), KVP_ERR_UNSUPPORTED);
     assert_int_equal(kvp_publish(w->node[1], key, kl, 7), KVP_ERR_EXISTS);
@@ -162,8 +169,8 @@ static void test_ext_fetch_into_refusals(void **state)
     const kvp_event_t *e = world_wait(w, 1, KVP_EV_LOAD, op, 300 * MS);
     assert_non_null(e);
     assert_int_equal(e->status, KVP_OK);
-    assert_true(slot_is_block(w, 1, 20, 1));
-    assert_true(slot_is_block(w, 1, 21, 2));
+    assert_true(world_slot_is_block(w, 1, 20, 1));
+    assert_true(world_slot_is_block(w, 1, 21, 2));
     assert_int_equal(kvp_unpublish(w->node[1], key, kl, NULL), KVP_OK);
     assert_int_equal(held_count(w, 1), 0);
     world_fini(w, false);
@@ -174,19 +181,12 @@ static void test_ext_fetch_into_refusals(void **state)
  * transfer completes byte-exact, then KVP_EV_SLOT_FREE names the slot. */
 static void test_ext_unpublish_busy_then_free(void **state)
 {
-    world_t *w = *state = malloc(sizeof(world_t));
-    ext_world(w, tweak_ext);
+    world_t *w = ext_world(state, tweak_ext);
     wkeys_t ks;
-    wkeys_make(&ks, 1, 1);
-    world_lookup_hits(w, 1, 0, &ks, 7); /* k1 (slot 10) pinned as supply */
     kvp_fake_script_t sc = kvp_fake_script_complete(80 * MS);
-    assert_int_equal(kvp_fake_script_next(kvp__node_xport(w->node[0]), &sc), KVP_OK);
     uint32_t slots[1] = {30};
     int32_t bs[1];
-    uint64_t op;
-    assert_int_equal(kvp_fetch_into(w->node[1], w->addr[0], 7, ks.buf, ks.len, 1, slots, 0, bs,
-                                    &op),
-                     KVP_OK);
+    uint64_t op = ext_fetch(w, &ks, 1, &sc, slots, bs); /* k1 (slot 10) pinned as supply */
     world_run(w, 10 * MS); /* the transfer is running */
     uint8_t key[32];
     uint32_t kl = world_key(1, key), slot = 0;
@@ -203,7 +203,7 @@ static void test_ext_unpublish_busy_then_free(void **state)
     const kvp_event_t *e = world_wait(w, 1, KVP_EV_LOAD, op, 300 * MS);
     assert_non_null(e);
     assert_int_equal(e->status, KVP_OK);
-    assert_true(slot_is_block(w, 1, 30, 1));
+    assert_true(world_slot_is_block(w, 1, 30, 1));
     const kvp_event_t *fe = world_wait(w, 0, KVP_EV_SLOT_FREE, 10, 50 * MS);
     assert_non_null(fe);
     assert_int_equal(held(w, 0, 10), 0);
@@ -225,23 +225,11 @@ static void test_ext_unpublish_busy_then_free(void **state)
  * back with KVP_EV_SLOTS_RELEASED (status TIMEOUT: no proof). */
 static void test_ext_source_killed_deferred_to_cap(void **state)
 {
-    world_t *w = *state = malloc(sizeof(world_t));
-    ext_world(w, tweak_ext_unfenceable);
-    wkeys_t ks;
-    wkeys_make(&ks, 1, 2);
-    world_lookup_hits(w, 1, 0, &ks, 7);
-    kvp_fake_script_t sc = kvp_fake_script_wedge_then_copy(600 * MS);
-    assert_int_equal(kvp_fake_script_next(kvp__node_xport(w->node[0]), &sc), KVP_OK);
+    world_t *w = ext_world(state, tweak_ext_unfenceable);
     uint32_t slots[2] = {12, 13};
     int32_t bs[2];
     uint64_t op;
-    assert_int_equal(kvp_fetch_into(w->node[1], w->addr[0], 7, ks.buf, ks.len, 2, slots, 0, bs,
-                                    &op),
-                     KVP_OK);
-    world_run(w, 5 * MS);
-    kvp_fake_net_kill(w->net, w->addr[0]);
-    const kvp_event_t *e = world_wait(w, 1, KVP_EV_LOAD, op, 500 * MS);
-    assert_non_null(e);
+    const kvp_event_t *e = ext_fetch_source_killed(w, 600 * MS, slots, bs, &op);
     assert_int_equal(e->status, KVP_ERR_UNREACHABLE);
     assert_int_equal(e->n_held, 2);
     assert_int_equal(bs[0], KVP_ERR_BUSY);
@@ -265,19 +253,12 @@ static void test_ext_source_killed_deferred_to_cap(void **state)
  * ABORT_ACK proves its transfer stopped, then released (status OK). */
 static void test_ext_cancel_deferred_to_abort_ack(void **state)
 {
-    world_t *w = *state = malloc(sizeof(world_t));
-    ext_world(w, tweak_ext);
+    world_t *w = ext_world(state, tweak_ext);
     wkeys_t ks;
-    wkeys_make(&ks, 1, 2);
-    world_lookup_hits(w, 1, 0, &ks, 7);
     kvp_fake_script_t sc = kvp_fake_script_complete(150 * MS);
-    assert_int_equal(kvp_fake_script_next(kvp__node_xport(w->node[0]), &sc), KVP_OK);
     uint32_t slots[2] = {14, 15};
     int32_t bs[2];
-    uint64_t op;
-    assert_int_equal(kvp_fetch_into(w->node[1], w->addr[0], 7, ks.buf, ks.len, 2, slots, 0, bs,
-                                    &op),
-                     KVP_OK);
+    uint64_t op = ext_fetch(w, &ks, 2, &sc, slots, bs);
     world_run(w, 10 * MS);
     assert_int_equal(kvp_cancel(w->node[1], op), KVP_OK);
     const kvp_event_t *e = world_wait(w, 1, KVP_EV_LOAD, op, 5 * MS);
@@ -303,12 +284,11 @@ static void test_ext_cancel_deferred_to_abort_ack(void **state)
  * held) and keeps the other. No corrupt block is reported OK. */
 static void test_ext_rewritten_published_chunk_fails_verify(void **state)
 {
-    world_t *w = *state = malloc(sizeof(world_t));
-    ext_world(w, tweak_ext);
+    world_t *w = ext_world(state, tweak_ext);
     wkeys_t ks;
     wkeys_make(&ks, 1, 2);
     world_lookup_hits(w, 1, 0, &ks, 7);
-    slot_ptr(w, 0, 11)[100] ^= 0x5a; /* k2's chunk, after publish */
+    world_slot_ptr(w, 0, 11)[100] ^= 0x5a; /* k2's chunk, after publish */
     uint32_t slots[2] = {16, 17};
     int32_t bs[2];
     uint64_t op;
@@ -322,7 +302,7 @@ static void test_ext_rewritten_published_chunk_fails_verify(void **state)
     assert_int_equal(e->n_held, 0);
     assert_int_equal(bs[0], KVP_OK);
     assert_int_equal(bs[1], KVP_ERR_CHECKSUM);
-    assert_true(slot_is_block(w, 1, 16, 1));
+    assert_true(world_slot_is_block(w, 1, 16, 1));
     assert_int_equal(held_count(w, 1), 0);
     assert_int_equal(world_stats(w, 1).checksum_mismatches, 1);
     world_fini(w, false);
@@ -336,32 +316,20 @@ static void test_ext_rewritten_published_chunk_fails_verify(void **state)
  * unchanged and the landing checker saw nothing. */
 static void test_ext_am_late_write_dropped(void **state)
 {
-    world_t *w = *state = malloc(sizeof(world_t));
-    ext_world(w, tweak_ext_am);
-    wkeys_t ks;
-    wkeys_make(&ks, 1, 2);
-    world_lookup_hits(w, 1, 0, &ks, 7);
-    kvp_fake_script_t sc = kvp_fake_script_wedge_then_copy(300 * MS);
-    assert_int_equal(kvp_fake_script_next(kvp__node_xport(w->node[0]), &sc), KVP_OK);
+    world_t *w = ext_world(state, tweak_ext_am);
     uint32_t slots[2] = {18, 19};
     int32_t bs[2];
     uint64_t op;
-    assert_int_equal(kvp_fetch_into(w->node[1], w->addr[0], 7, ks.buf, ks.len, 2, slots, 0, bs,
-                                    &op),
-                     KVP_OK);
-    world_run(w, 5 * MS);
-    kvp_fake_net_kill(w->net, w->addr[0]);
-    const kvp_event_t *e = world_wait(w, 1, KVP_EV_LOAD, op, 500 * MS);
-    assert_non_null(e);
+    const kvp_event_t *e = ext_fetch_source_killed(w, 300 * MS, slots, bs, &op);
     assert_true(e->status != KVP_OK);
     assert_int_equal(e->n_held, 0);
     assert_true(bs[0] != KVP_OK && bs[0] != KVP_ERR_BUSY);
     assert_int_equal(held_count(w, 1), 0);
-    memset(slot_ptr(w, 1, 18), 0xee, BS); /* the embedding reuses them at once */
-    memset(slot_ptr(w, 1, 19), 0xee, BS);
+    memset(world_slot_ptr(w, 1, 18), 0xee, BS); /* the embedding reuses them at once */
+    memset(world_slot_ptr(w, 1, 19), 0xee, BS);
     world_run(w, 600 * MS); /* the late copy comes */
     for (uint32_t i = 0; i < BS; i++)
-        if (slot_ptr(w, 1, 18)[i] != 0xee || slot_ptr(w, 1, 19)[i] != 0xee)
+        if (world_slot_ptr(w, 1, 18)[i] != 0xee || world_slot_ptr(w, 1, 19)[i] != 0xee)
             fail_msg("byte %u of a slot the embedding got back was written", i);
     assert_true(world_stats(w, 1).late_bytes_dropped >= 2 * BS);
     assert_int_equal(world_stats(w, 1).released_am_refuse, 2);

@@ -10,6 +10,7 @@
  * never lost.
  */
 #include "testutil.h"
+#include "realnode.h"
 
 #include <poll.h>
 #include <stdio.h>
@@ -24,37 +25,21 @@ typedef struct ext_node {
     uint8_t *region;
 } ext_node_t;
 
-static uint64_t real_ms(void)
-{
-    return kvp_clock_now(kvp_clock_real()) / KVP_NSEC_PER_MSEC;
-}
-
 static uint32_t scaled(uint32_t ms)
 {
     return (uint32_t)(ms * kvp_test_time_scale());
 }
 
+/* A node on 127.0.0.1; external: on memory this test mapped. */
 static void ext_start(ext_node_t *e, bool external, uint32_t hold_cap_ms)
 {
-    kvp_config_t c;
-    kvp_config_init(&c);
-    c.num_blocks = NB;
-    c.block_size = BS;
-    c.listen_addr = "127.0.0.1:0";
-    c.dead_after_ms = scaled(2000);
-    c.handshake_timeout_ms = c.dead_after_ms;
-    if (hold_cap_ms != 0)
-        c.hold_cap_ms = hold_cap_ms;
     e->region = NULL;
     if (external) {
-        e->region = mmap(NULL, (size_t)NB * BS, PROT_READ | PROT_WRITE,
-                         MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        assert_true(e->region != MAP_FAILED);
-        c.external_slots = 1;
-        c.region = e->region;
-        c.region_len = (uint64_t)NB * BS;
+        e->region = rn_region_map((size_t)NB * BS, NULL);
+        assert_non_null(e->region);
     }
-    assert_int_equal(kvp_node_create(&c, &e->n), KVP_OK);
+    e->n = rn_node_start(e->region, NB, BS, scaled(2000), hold_cap_ms);
+    assert_non_null(e->n);
 }
 
 static void ext_stop(ext_node_t *e)
@@ -69,35 +54,12 @@ static void ext_stop(ext_node_t *e)
 
 static void fill(uint32_t k, uint8_t *p)
 {
-    for (uint32_t i = 0; i < BS; i += 8) {
-        uint64_t v = (uint64_t)k * 0x9e3779b97f4a7c15ull ^ i;
-        memcpy(p + i, &v, 8);
-    }
+    rn_fill(k, p, BS);
 }
 
 static void keys_make(uint32_t k0, uint32_t n, uint8_t *buf, uint32_t *lens)
 {
-    for (uint32_t i = 0; i < n; i++)
-        lens[i] = (uint32_t)snprintf((char *)buf + 8 * i, 9, "ext%05u", k0 + i);
-}
-
-/* The next event of `type` (for op_id, 0 = any) within timeout_ms. */
-static bool wait_event(kvp_node_t *n, int type, uint64_t op_id, uint32_t timeout_ms,
-                       kvp_event_t *out)
-{
-    uint64_t end = real_ms() + timeout_ms;
-    while (real_ms() < end) {
-        kvp_event_t ev;
-        uint32_t got = 0;
-        struct pollfd p = {kvp_node_fd(n), POLLIN, 0};
-        poll(&p, 1, 20);
-        while (kvp_poll_events(n, &ev, 1, &got) == KVP_OK && got == 1)
-            if (ev.type == type && (op_id == 0 || ev.op_id == op_id)) {
-                *out = ev;
-                return true;
-            }
-    }
-    return false;
+    rn_keys_make("ext", k0, n, buf, lens);
 }
 
 static void connect_pair(ext_node_t *src, ext_node_t *dst)
@@ -115,7 +77,7 @@ static void lookup_all(ext_node_t *dst, ext_node_t *src, uint64_t req, uint8_t *
     kvp_event_t ev;
     assert_int_equal(kvp_lookup(dst->n, kvp_node_peer_id(src->n), req, keys, lens, n, res, &op),
                      KVP_OK);
-    assert_true(wait_event(dst->n, KVP_EV_LOOKUP, op, scaled(5000), &ev));
+    assert_true(rn_wait_event(dst->n, KVP_EV_LOOKUP, op, scaled(5000), &ev));
     assert_int_equal(ev.n_ok, n);
 }
 
@@ -143,7 +105,7 @@ static void test_ext_ucx_fetch_into_zero_copy(void **state)
     assert_int_equal(kvp_fetch_into(dst.n, kvp_node_peer_id(src.n), 5, keys, lens, 4, slots, 0,
                                     bs, &op),
                      KVP_OK);
-    assert_true(wait_event(dst.n, KVP_EV_LOAD, op, scaled(10000), &ev));
+    assert_true(rn_wait_event(dst.n, KVP_EV_LOAD, op, scaled(10000), &ev));
     assert_int_equal(ev.status, KVP_OK);
     assert_int_equal(ev.n_ok, 4);
     assert_int_equal(ev.n_held, 0);
@@ -186,7 +148,7 @@ static void test_ext_ucx_fetch_into_zero_copy(void **state)
     lookup_all(&sdst, &ssrc, 6, keys, lens, 4);
     assert_int_equal(kvp_fetch(sdst.n, kvp_node_peer_id(ssrc.n), 6, keys, lens, 4, 0, NULL, &op),
                      KVP_OK);
-    assert_true(wait_event(sdst.n, KVP_EV_LOAD, op, scaled(10000), &ev));
+    assert_true(rn_wait_event(sdst.n, KVP_EV_LOAD, op, scaled(10000), &ev));
     assert_int_equal(ev.status, KVP_OK);
     uint8_t *chunk = malloc(BS);
     for (uint32_t i = 0; i < 4; i++) { /* the embedding's copy into its own chunk */
@@ -236,17 +198,17 @@ static void test_ext_ucx_unpublish_busy_then_free(void **state)
     kvp_event_t ev;
     assert_int_equal(kvp_lookup(dst.n, kvp_node_peer_id(src.n), 10, keys, lens, 1, res, &op),
                      KVP_OK);
-    assert_true(wait_event(dst.n, KVP_EV_LOOKUP, op, scaled(5000), &ev));
+    assert_true(rn_wait_event(dst.n, KVP_EV_LOOKUP, op, scaled(5000), &ev));
     assert_int_equal(ev.n_ok, 0);
     int32_t bs[1];
     assert_int_equal(kvp_fetch_into(dst.n, kvp_node_peer_id(src.n), 9, keys, lens, 1, dslot, 0,
                                     bs, &op),
                      KVP_OK);
-    assert_true(wait_event(dst.n, KVP_EV_LOAD, op, scaled(10000), &ev));
+    assert_true(rn_wait_event(dst.n, KVP_EV_LOAD, op, scaled(10000), &ev));
     assert_int_equal(ev.status, KVP_OK);
     fill(40, want);
     assert_memory_equal(dst.region + 3 * (size_t)BS, want, BS);
-    assert_true(wait_event(src.n, KVP_EV_SLOT_FREE, 6, scaled(5000), &ev));
+    assert_true(rn_wait_event(src.n, KVP_EV_SLOT_FREE, 6, scaled(5000), &ev));
     assert_int_equal(kvp_slots_held(src.n, 6, 1, &h), KVP_OK);
     assert_int_equal(h, 0);
     kvp_finish_request(dst.n, 9);
@@ -277,8 +239,8 @@ static void source_gone(bool destroy)
     uint8_t held[NB];
     assert_int_equal(kvp_slots_held(dst.n, 0, NB, held), KVP_OK);
     assert_int_equal(held[0] + held[15] + held[8], 3);
-    uint64_t t_wait = real_ms() + 200;
-    while (real_ms() < t_wait) /* the FETCH parks on the source */
+    uint64_t t_wait = rn_real_ms() + 200;
+    while (rn_real_ms() < t_wait) /* the FETCH parks on the source */
         poll(NULL, 0, 10);
     if (destroy) {
         kvp_node_destroy(src.n);
@@ -286,7 +248,7 @@ static void source_gone(bool destroy)
     } else {
         assert_int_equal(kvp_peer_remove(dst.n, kvp_node_peer_id(src.n)), KVP_OK);
     }
-    assert_true(wait_event(dst.n, KVP_EV_LOAD, op, scaled(5000), &ev));
+    assert_true(rn_wait_event(dst.n, KVP_EV_LOAD, op, scaled(5000), &ev));
     assert_true(ev.status != KVP_OK);
     uint32_t busy = 0;
     assert_int_equal(kvp_slots_held(dst.n, 0, NB, held), KVP_OK);
@@ -298,7 +260,7 @@ static void source_gone(bool destroy)
     printf("source %s: load %s, %u slots held past the outcome\n",
            destroy ? "destroyed" : "removed", kvp_status_str((kvp_status_t)ev.status), busy);
     if (busy > 0) {
-        assert_true(wait_event(dst.n, KVP_EV_SLOTS_RELEASED, op, scaled(5000), &ev));
+        assert_true(rn_wait_event(dst.n, KVP_EV_SLOTS_RELEASED, op, scaled(5000), &ev));
         assert_int_equal(ev.n_keys, busy);
         printf("  released: %s\n", ev.status == KVP_OK ? "by proof" : "by the hold cap");
     }

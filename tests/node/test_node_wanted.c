@@ -15,7 +15,6 @@
 #include <stdlib.h>
 
 #define MS KVP_NSEC_PER_MSEC
-#define BS 4096
 
 static void tweak_wanted(kvp_config_t *c, kvp_node_seams_t *s, int i)
 {
@@ -26,25 +25,26 @@ static void tweak_wanted(kvp_config_t *c, kvp_node_seams_t *s, int i)
     c->max_wanted_ops_per_peer = 4;
 }
 
-static uint8_t *slot_ptr(world_t *w, int i, uint32_t slot)
-{
-    return (uint8_t *)kvp_store_slot_ptr(kvp__node_store(w->node[i]), slot);
-}
-
 /* The embedding of node i holds block k in slot 10 + k; publish it. */
 static void publish(world_t *w, int i, uint32_t k)
 {
-    uint8_t key[32];
-    uint32_t kl = world_key(k, key);
-    world_block(k, slot_ptr(w, i, 10 + k), BS);
-    assert_int_equal(kvp_publish(w->node[i], key, kl, 10 + k), KVP_OK);
+    world_publish(w, i, k, 10 + k);
 }
 
-static bool slot_is_block(world_t *w, int i, uint32_t slot, uint32_t k)
+/* Two nodes in "keys wanted" mode, node 1 connected to node 0. */
+static world_t *wanted_world(void **state)
 {
-    uint8_t buf[BS];
-    world_block(k, buf, BS);
-    return memcmp(slot_ptr(w, i, slot), buf, BS) == 0;
+    world_t *w = world_new(state, 2, tweak_wanted);
+    world_connect(w, 1, 0);
+    return w;
+}
+
+/* The next KVP_EV_WANTED node 0 raises (within 100 ms). */
+static const kvp_event_t *wanted_next(world_t *w)
+{
+    const kvp_event_t *we = world_wait(w, 0, KVP_EV_WANTED, 0, 100 * MS);
+    assert_non_null(we);
+    return we;
 }
 
 /* Answer a WANTED op of node i the way an embedding does: read the keys,
@@ -86,14 +86,11 @@ static uint64_t lookup(world_t *w, int cons, int src, uint32_t k0, uint32_t n, u
  * answer and hits exactly those; a fetch_into lands them byte-exact. */
 static void test_wanted_answered_with_what_was_published(void **state)
 {
-    world_t *w = *state = malloc(sizeof(world_t));
-    world_init(w, 2, tweak_wanted);
-    world_connect(w, 1, 0);
+    world_t *w = wanted_world(state);
     uint8_t res[4];
     memset(res, 7, sizeof(res));
     uint64_t lop = lookup(w, 1, 0, 1, 4, 77, res);
-    const kvp_event_t *we = world_wait(w, 0, KVP_EV_WANTED, 0, 100 * MS);
-    assert_non_null(we);
+    const kvp_event_t *we = wanted_next(w);
     assert_int_equal(we->n_keys, 4);
     assert_int_equal(we->request_id, 77);
     assert_string_equal(we->peer, w->addr[1]);
@@ -127,8 +124,8 @@ static void test_wanted_answered_with_what_was_published(void **state)
     const kvp_event_t *fe = world_wait(w, 1, KVP_EV_LOAD, fop, 200 * MS);
     assert_non_null(fe);
     assert_int_equal(fe->status, KVP_OK);
-    assert_true(slot_is_block(w, 1, 40, 1));
-    assert_true(slot_is_block(w, 1, 41, 3));
+    assert_true(world_slot_is_block(w, 1, 40, 1));
+    assert_true(world_slot_is_block(w, 1, 41, 3));
     kvp_stats_t s0 = world_stats(w, 0);
     assert_int_equal(s0.wanted_ops, 1);
     assert_int_equal(s0.wanted_keys, 4);
@@ -142,13 +139,10 @@ static void test_wanted_answered_with_what_was_published(void **state)
 /* No answer: every key MISS at lookup_pending_ms, counted; the op is gone. */
 static void test_wanted_unanswered_is_miss_at_deadline(void **state)
 {
-    world_t *w = *state = malloc(sizeof(world_t));
-    world_init(w, 2, tweak_wanted);
-    world_connect(w, 1, 0);
+    world_t *w = wanted_world(state);
     uint8_t res[3];
     uint64_t lop = lookup(w, 1, 0, 5, 3, 8, res);
-    const kvp_event_t *we = world_wait(w, 0, KVP_EV_WANTED, 0, 100 * MS);
-    assert_non_null(we);
+    const kvp_event_t *we = wanted_next(w);
     uint64_t wop = we->op_id;
     uint64_t t0 = kvp_clock_now(&w->mc.clock);
     const kvp_event_t *le = world_wait(w, 1, KVP_EV_LOOKUP, lop, 1000 * MS);
@@ -170,14 +164,11 @@ static void test_wanted_unanswered_is_miss_at_deadline(void **state)
 /* Everything wanted published before done: answered at the last publish. */
 static void test_wanted_all_published_answers_at_once(void **state)
 {
-    world_t *w = *state = malloc(sizeof(world_t));
-    world_init(w, 2, tweak_wanted);
-    world_connect(w, 1, 0);
+    world_t *w = wanted_world(state);
     publish(w, 0, 2); /* already published: a plain hit, not wanted */
     uint8_t res[3];
     uint64_t lop = lookup(w, 1, 0, 1, 3, 9, res);
-    const kvp_event_t *we = world_wait(w, 0, KVP_EV_WANTED, 0, 100 * MS);
-    assert_non_null(we);
+    const kvp_event_t *we = wanted_next(w);
     assert_int_equal(we->n_keys, 2);
     publish(w, 0, 1);
     publish(w, 0, 3);
@@ -197,8 +188,7 @@ static void test_wanted_all_published_answers_at_once(void **state)
  * reconnect-free run past the deadline. */
 static void test_wanted_flood_bounded_good_peer_served(void **state)
 {
-    world_t *w = *state = malloc(sizeof(world_t));
-    world_init(w, 3, tweak_wanted);
+    world_t *w = world_new(state, 3, tweak_wanted);
     world_connect(w, 1, 0);
     world_connect(w, 2, 0);
     publish(w, 0, 30);
@@ -236,8 +226,8 @@ static void test_wanted_flood_bounded_good_peer_served(void **state)
     const kvp_event_t *le = world_wait(w, 1 + 1, KVP_EV_LOOKUP, gop, 50 * MS);
     assert_non_null(le);
     assert_int_equal(le->n_ok, 2);
-    assert_true(slot_is_block(w, 0, 40, 30)); /* the published blocks unchanged */
-    assert_true(slot_is_block(w, 0, 41, 31));
+    assert_true(world_slot_is_block(w, 0, 40, 30)); /* the published blocks unchanged */
+    assert_true(world_slot_is_block(w, 0, 41, 31));
     uint32_t slots[2] = {50, 51};
     wkeys_t ks;
     wkeys_make(&ks, 30, 2);
@@ -248,8 +238,8 @@ static void test_wanted_flood_bounded_good_peer_served(void **state)
     const kvp_event_t *fe = world_wait(w, 2, KVP_EV_LOAD, fop, 200 * MS);
     assert_non_null(fe);
     assert_int_equal(fe->status, KVP_OK);
-    assert_true(slot_is_block(w, 2, 50, 30));
-    assert_true(slot_is_block(w, 2, 51, 31));
+    assert_true(world_slot_is_block(w, 2, 50, 30));
+    assert_true(world_slot_is_block(w, 2, 51, 31));
     world_run(w, 300 * MS); /* the flooder's 4 ops expire; the node lives on */
     assert_int_equal(world_stats(w, 0).wanted_expired, 4);
     assert_true(world_peer_ready(w, 0, 1));
@@ -261,13 +251,10 @@ static void test_wanted_flood_bounded_good_peer_served(void **state)
  * without external_wanted no WANTED is raised and the calls are refused. */
 static void test_wanted_peer_gone_and_mode_off(void **state)
 {
-    world_t *w = *state = malloc(sizeof(world_t));
-    world_init(w, 2, tweak_wanted);
-    world_connect(w, 1, 0);
+    world_t *w = wanted_world(state);
     uint8_t res[2];
     lookup(w, 1, 0, 1, 2, 5, res);
-    const kvp_event_t *we = world_wait(w, 0, KVP_EV_WANTED, 0, 100 * MS);
-    assert_non_null(we);
+    const kvp_event_t *we = wanted_next(w);
     uint64_t wop = we->op_id;
     kvp_fake_net_kill(w->net, w->addr[1]);
     world_run(w, 400 * MS);
@@ -291,8 +278,7 @@ static void tweak_ext_only(kvp_config_t *c, kvp_node_seams_t *s, int i)
 
 static void test_wanted_off_no_event(void **state)
 {
-    world_t *w = *state = malloc(sizeof(world_t));
-    world_init(w, 2, tweak_ext_only);
+    world_t *w = world_new(state, 2, tweak_ext_only);
     world_connect(w, 1, 0);
     uint8_t res[2];
     uint64_t lop = lookup(w, 1, 0, 1, 2, 5, res);

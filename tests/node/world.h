@@ -85,6 +85,16 @@ static __attribute__((unused)) void world_init(world_t *w, int n, world_tweak_fn
     }
 }
 
+/* A world of n nodes on the heap, also the cmocka state (the test frees it
+ * after world_fini). */
+static __attribute__((unused)) world_t *world_new(void **state, int n, world_tweak_fn tweak)
+{
+    world_t *w = *state = malloc(sizeof(world_t));
+    assert_non_null(w);
+    world_init(w, n, tweak);
+    return w;
+}
+
 static __attribute__((unused)) void world_collect(world_t *w)
 {
     for (int i = 0; i < w->n; i++) {
@@ -238,6 +248,34 @@ static __attribute__((unused)) bool world_verify(world_t *w, int i, uint32_t k)
     }
     free(buf);
     return ok;
+}
+
+/* External slots (issue 29): node i's region is its embedding's memory. */
+static __attribute__((unused)) uint8_t *world_slot_ptr(world_t *w, int i, uint32_t slot)
+{
+    return (uint8_t *)kvp_store_slot_ptr(kvp__node_store(w->node[i]), slot);
+}
+
+/* The embedding of node i writes block k into `slot` and publishes it. */
+static __attribute__((unused)) void world_publish(world_t *w, int i, uint32_t k, uint32_t slot)
+{
+    uint8_t key[32];
+    uint32_t kl = world_key(k, key);
+    world_block(k, world_slot_ptr(w, i, slot), w->cfg[i].block_size);
+    assert_int_equal(kvp_publish(w->node[i], key, kl, slot), KVP_OK);
+}
+
+/* Slot `slot` of node i holds block k, byte-exact. */
+static __attribute__((unused)) bool world_slot_is_block(world_t *w, int i, uint32_t slot,
+                                                        uint32_t k)
+{
+    size_t bs = w->cfg[i].block_size;
+    uint8_t *buf = malloc(bs);
+    assert_non_null(buf);
+    world_block(k, buf, bs);
+    bool same = memcmp(world_slot_ptr(w, i, slot), buf, bs) == 0;
+    free(buf);
+    return same;
 }
 
 static __attribute__((unused)) kvp_stats_t world_stats(world_t *w, int i)

@@ -39,17 +39,6 @@
 
 static kvp_test_logcap_t cap;
 
-static void consumer_add_producer(ut_pair_t *p)
-{
-    const void *b;
-    size_t len;
-    ut_reply_t r;
-    assert_int_equal(p->x->ops->local_blob(p->x, &b, &len), KVP_OK);
-    assert_true(ut_call(&p->child, UT_ADD_PEER, UT_NB, UT_BS, b, (uint32_t)len, &r, NULL, 0));
-    assert_int_equal(r.status, KVP_OK);
-    ut_progress_for(p->x, SC(20 * MSEC));
-}
-
 static int64_t child_count_not(ut_pair_t *p, uint8_t byte)
 {
     ut_reply_t r;
@@ -90,7 +79,7 @@ static void test_cma_direct(void **state)
     ut_reply_t r;
     kvp_status_t st;
     open_cma(&p);
-    consumer_add_producer(&p);
+    ut_consumer_add_producer(&p, -1);
     for (uint32_t s = 0; s < 4; s++)
         ut_pattern_fill(p.region + (size_t)s * UT_BS, UT_BS, s, 51);
     assert_true(ut_send(&p.child, UT_PAUSE, 300, 0, NULL, 0)); /* the target asleep */
@@ -162,7 +151,7 @@ static void test_cma_bounds(void **state)
     ut_reply_t r;
     uint8_t b[KVP_UCX_BLOB_MAX];
     open_cma(&p);
-    consumer_add_producer(&p);
+    ut_consumer_add_producer(&p, -1);
     assert_true(ut_call(&p.child, UT_FILL, 0xAA, 0, NULL, 0, &r, NULL, 0));
     forge(&p, b, 8, UT_NB - 1, false); /* num_blocks: one slot fewer than its region */
     kvp_xpeer_id_t f = add_forged(&p, b, (kvp_layout_t){UT_NB - 1, UT_BS});
@@ -189,7 +178,7 @@ static void test_cma_outside(void **state)
     uint8_t b[KVP_UCX_BLOB_MAX];
     kvp_test_logcap_start(&cap);
     open_cma(&p);
-    consumer_add_producer(&p);
+    ut_consumer_add_producer(&p, -1);
     assert_true(ut_call(&p.child, UT_FILL, 0xAA, 0, NULL, 0, &r, NULL, 0));
     /* region base: a non-canonical address (bit 62), outside every user
      * address space (4- and 5-level paging), so nothing can be mapped there
@@ -229,7 +218,7 @@ static void test_cma_other_pid(void **state)
     }
     assert_true(victim > 0);
     open_cma(&p);
-    consumer_add_producer(&p);
+    ut_consumer_add_producer(&p, -1);
     forge(&p, b, 32, (uint64_t)victim, false); /* the blob's pid: the peer's word only */
     kvp_xpeer_id_t f = add_forged(&p, b, ut_layout);
     assert_int_equal(p.x->ops->peer_path(p.x, f), KVP_PATH_DIRECT_CMA);
@@ -255,7 +244,7 @@ static void test_cma_dead(void **state)
     kvp_status_t st;
     kvp_test_logcap_start(&cap);
     open_cma(&p);
-    consumer_add_producer(&p);
+    ut_consumer_add_producer(&p, -1);
     kvp_xfer_id_t id = ut_post4(&p, 0);
     assert_true(ut_wait_xfer(p.x, p.peer, id, SC(5 * SEC), &st));
     assert_int_equal(st, KVP_OK);
@@ -270,15 +259,7 @@ static void test_cma_dead(void **state)
     assert_int_not_equal(st, KVP_OK);
     assert_int_equal(xstats(p.x).cma_bytes, 4ull * UT_BS); /* only the first */
     assert_int_equal(p.x->ops->remove_peer(p.x, p.peer), KVP_OK);
-    kvp_xfer_result_t res[16];
-    size_t n;
-    kvp_xport_stats_t xs;
-    uint64_t end = ut_now_ns() + SC(2 * SEC);
-    do {
-        ut_progress_for(p.x, 2 * MSEC);
-        assert_int_equal(p.x->ops->poll_retired(p.x, res, 16, &n), KVP_OK);
-        xs = xstats(p.x);
-    } while ((xs.retired || xs.zombie_peers) && ut_now_ns() < end);
+    (void)ut_drain_retired(p.x, 2 * MSEC, SC(2 * SEC));
     assert_int_equal(p.x->ops->close(p.x, false), KVP_OK);
     kvp_test_logcap_stop();
     KVP_TEST_ASSERT_NO_LEAKS();

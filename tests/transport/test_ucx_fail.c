@@ -79,17 +79,8 @@ static bool wait_peer_error(kvp_xport_t *x, kvp_xpeer_id_t peer, uint64_t ns)
 /* Close after the target died: remove the peer, release, no leaks. */
 static void close_after_death(ut_pair_t *p)
 {
-    kvp_xfer_result_t res[16];
-    size_t n;
-    kvp_xport_stats_t st;
-
     assert_int_equal(p->x->ops->remove_peer(p->x, p->peer), KVP_OK);
-    uint64_t end = ut_now_ns() + kvp_test_scaled_ns(2 * SEC);
-    do {
-        ut_progress_for(p->x, 2 * MSEC);
-        assert_int_equal(p->x->ops->poll_retired(p->x, res, 16, &n), KVP_OK);
-        p->x->ops->get_stats(p->x, &st);
-    } while ((st.retired || st.zombie_peers) && ut_now_ns() < end);
+    kvp_xport_stats_t st = ut_drain_retired(p->x, 2 * MSEC, kvp_test_scaled_ns(2 * SEC));
     assert_int_equal(st.retired, 0);
     assert_int_equal(st.zombie_peers, 0);
     assert_int_equal(p->x->ops->close(p->x, false), KVP_OK);
@@ -187,19 +178,6 @@ static void test_ucx_ep_error_shm(void **state)
 
 /* --------------------------------------------------------------- fence */
 
-/* The child (consumer) imports our blob, so it owns a PEER endpoint to us. */
-static void consumer_add_producer(ut_pair_t *p, kvp_data_path_t want)
-{
-    const void *b;
-    size_t len;
-    ut_reply_t r;
-    assert_int_equal(p->x->ops->local_blob(p->x, &b, &len), KVP_OK);
-    assert_true(ut_call(&p->child, UT_ADD_PEER, UT_NB, UT_BS, b, (uint32_t)len, &r, NULL, 0));
-    assert_int_equal(r.status, KVP_OK);
-    assert_int_equal(r.v1, want);
-    ut_progress_for(p->x, SC(20 * MSEC)); /* wire-up both ways */
-}
-
 static int64_t child_count_not(ut_pair_t *p, uint8_t byte)
 {
     ut_reply_t r;
@@ -220,7 +198,7 @@ static void fence_case(bool fenced, bool emulated_shm)
     ut_pair_open_ex(&p, emulated_shm ? "" : "tcp", path, emulated_shm);
     /* the consumer's endpoint to us: its side of the path (our region is
      * UCX-allocated, so on shm it sees a direct path towards us) */
-    consumer_add_producer(&p, emulated_shm ? KVP_PATH_DIRECT_SHM : KVP_PATH_AM_TCP);
+    ut_consumer_add_producer(&p, emulated_shm ? KVP_PATH_DIRECT_SHM : KVP_PATH_AM_TCP);
     kvp_xfer_id_t id0 = ut_post4(&p, 0);
     assert_true(ut_wait_xfer(p.x, p.peer, id0, kvp_test_scaled_ns(5 * SEC), &st));
     assert_int_equal(st, KVP_OK);
@@ -400,7 +378,7 @@ static void test_ucx_fence_shm_no_proof(void **state)
     kvp_status_t st;
     kvp_test_logcap_start(&cap);
     ut_pair_open(&p, "", KVP_PATH_DIRECT_SHM);
-    consumer_add_producer(&p, KVP_PATH_DIRECT_SHM);
+    ut_consumer_add_producer(&p, KVP_PATH_DIRECT_SHM);
     assert_true(ut_call(&p.child, UT_FILL, 0xAA, 0, NULL, 0, &r, NULL, 0));
     assert_true(ut_call(&p.child, UT_FENCE, 0, 0, NULL, 0, &r, NULL, 0));
     assert_int_equal(r.status, KVP_OK);

@@ -109,14 +109,7 @@ static void test_ucx_fence_wedged_tcp(void **state)
 
     /* every transfer ends, retired records are handed back, the endpoint
      * is closed and reaped */
-    kvp_xfer_result_t res[16];
-    size_t n;
-    uint64_t end = ut_now_ns() + SC(10 * SEC);
-    do {
-        ut_progress_for(p.x, 5 * MSEC);
-        assert_int_equal(p.x->ops->poll_retired(p.x, res, 16, &n), KVP_OK);
-        p.x->ops->get_stats(p.x, &xs);
-    } while ((xs.retired || xs.zombie_peers) && ut_now_ns() < end);
+    xs = ut_drain_retired(p.x, 5 * MSEC, SC(10 * SEC));
     print_message("  after the consumer's close: retired %llu, zombie peers %llu\n",
                   (unsigned long long)xs.retired, (unsigned long long)xs.zombie_peers);
     assert_int_equal(xs.retired, 0);

@@ -541,6 +541,33 @@ void ut_pair_close(ut_pair_t *p)
     assert_true(ut_child_stop(&p->child));
 }
 
+void ut_consumer_add_producer(ut_pair_t *p, int want_path)
+{
+    const void *b;
+    size_t len;
+    ut_reply_t r;
+    assert_int_equal(p->x->ops->local_blob(p->x, &b, &len), KVP_OK);
+    assert_true(ut_call(&p->child, UT_ADD_PEER, UT_NB, UT_BS, b, (uint32_t)len, &r, NULL, 0));
+    assert_int_equal(r.status, KVP_OK);
+    if (want_path >= 0)
+        assert_int_equal(r.v1, want_path);
+    ut_progress_for(p->x, kvp_test_scaled_ns(20 * KVP_NSEC_PER_MSEC)); /* wire-up both ways */
+}
+
+kvp_xport_stats_t ut_drain_retired(kvp_xport_t *x, uint64_t step_ns, uint64_t timeout_ns)
+{
+    kvp_xfer_result_t res[16];
+    size_t n;
+    kvp_xport_stats_t st;
+    uint64_t end = ut_now_ns() + timeout_ns;
+    do {
+        ut_progress_for(x, step_ns);
+        assert_int_equal(x->ops->poll_retired(x, res, 16, &n), KVP_OK);
+        x->ops->get_stats(x, &st);
+    } while ((st.retired || st.zombie_peers) && ut_now_ns() < end);
+    return st;
+}
+
 kvp_xfer_id_t ut_post4(ut_pair_t *p, uint32_t k)
 {
     kvp_xfer_block_t b[4];

@@ -104,6 +104,14 @@ void ut_pair_close(ut_pair_t *p);
 /* Post transfer number k to the pair's peer: 4 adjacent blocks (slots
  * 4k..4k+3, cycling over the UT_NB-slot region); asserts the post. */
 kvp_xfer_id_t ut_post4(ut_pair_t *p, uint32_t k);
+/* The child (the consumer) imports our blob, so it owns a PEER endpoint to
+ * us: asserts its add_peer and, if want_path >= 0, the data path it reports
+ * (a kvp_data_path_t); then both sides wire up (20 ms, scaled). */
+void ut_consumer_add_producer(ut_pair_t *p, int want_path);
+/* Progresses x every step_ns and takes back its retired transfers until
+ * none is retired and no removed peer is left, or timeout_ns passed: the
+ * transport's stats at the end. */
+kvp_xport_stats_t ut_drain_retired(kvp_xport_t *x, uint64_t step_ns, uint64_t timeout_ns);
 /* ut_pair_open with the target paused for pause_ms (UT_PAUSE, its reply
  * left to the caller) before our endpoint is created: over tcp nothing we
  * send can complete until it wakes (the wire-up waits for it). With the
