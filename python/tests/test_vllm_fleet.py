@@ -155,19 +155,31 @@ def test_wildcard_listen_advertises_a_routable_id(engines, monkeypatch, psk_file
     """listen 0.0.0.0 (the old README): the peer id is the host's address
     (vLLM's get_ip: VLLM_HOST_IP here), never 0.0.0.0; with no address to
     be found the tier refuses to start, naming the key."""
-    port, port2 = free_port(), free_port()
     monkeypatch.setenv("VLLM_HOST_IP", "127.0.0.1")
-    e = engines(tier_cfg(listen=f"0.0.0.0:{port}", psk_file=psk_file))
+    e, port = _on_free_port(lambda p: engines(tier_cfg(listen=f"0.0.0.0:{p}", psk_file=psk_file)))
     assert e.peer_id == f"127.0.0.1:{port}"
     monkeypatch.setenv("VLLM_HOST_IP", "0.0.0.0")
     with pytest.raises(ValueError, match="'host'"):
         Engine(tier_cfg(listen=f"0.0.0.0:{port}", psk_file=psk_file))
     monkeypatch.delenv("VLLM_HOST_IP")
     monkeypatch.setenv(setup.ENV_HOST, "127.0.0.1")
-    f = engines(tier_cfg(listen=f"0.0.0.0:{port2}", psk_file=psk_file))
+    f, port2 = _on_free_port(lambda p: engines(tier_cfg(listen=f"0.0.0.0:{p}", psk_file=psk_file)))
     assert f.peer_id == f"127.0.0.1:{port2}"
     with pytest.raises(ValueError, match="psk_file"):  # beyond loopback: a key or insecure
         Engine(tier_cfg(listen=f"0.0.0.0:{free_port()}"))
+
+
+def _on_free_port(start: Any) -> Any:
+    """(start(port), port) on a port free just before: another process can
+    take a port between free_port() and the bind (python_vllm failed here
+    once with EADDRINUSE beside a concurrent test run), so retry."""
+    for attempt in range(5):
+        port = free_port()
+        try:
+            return start(port), port
+        except Exception as e:  # kvpeer.Error from the tier's node
+            if "Address already in use" not in str(e) or attempt == 4:
+                raise
 
 
 def _free_pair() -> int:
