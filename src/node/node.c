@@ -481,6 +481,7 @@ static void node_free(kvp_node_t *n)
     if (n->pollfd >= 0)
         close(n->pollfd);
     kvp__free(n->engine_pins);
+    kvp__session_env_fini(&n->env);
     pthread_mutex_destroy(&n->owner);
     pthread_mutex_destroy(&n->lock);
     pthread_cond_destroy(&n->cond);
