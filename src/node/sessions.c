@@ -141,11 +141,6 @@ static void ctl_on_down(void *arg, kvp_link_t *link, kvp_down_reason_t reason, u
     char why[128];
     snprintf(why, sizeof(why), "%s%s%s", kvp_down_reason_str(reason),
              reason == KVP_DOWN_BYE ? " " : "", reason == KVP_DOWN_BYE ? kvp_bye_reason_str(bye_reason) : "");
-    /* doors2: the peer closed it as idle: a kept peer (kvp_peer_add) goes
-     * dormant as at our own idle close (hold.c), instead of a redial now. */
-    if (reason == KVP_DOWN_BYE && bye_reason == KVP_BYE_IDLE &&
-        kvp__node_kept_sleep(arg, kvp__session_peer(s)))
-        kvp_ctl_unwant(((kvp_node_t *)arg)->ctl, kvp__session_peer(s));
     kvp__node_session_down(arg, s, -1, fault, why);
 }
 

@@ -97,24 +97,6 @@ static void test_kept_idle_fake(void **state)
     free(w);
 }
 
-/* The other side closes as idle first (BYE idle): the kept peer goes
- * dormant too, instead of being redialled at once (a reconnect every idle
- * period). Mutation: no BYE-idle branch in ctl_on_down -> node 1 redials
- * and is ready again. */
-static void test_kept_remote_idle_fake(void **state)
-{
-    world_t *w = *state = malloc(sizeof(world_t));
-    g_closer = 0;
-    world_init(w, 2, tweak);
-    world_connect(w, 1, 0);
-    world_run(w, 1500 * MS);
-    assert_false(world_peer_ready(w, 1, 0));
-    assert_false(world_peer_ready(w, 0, 1));
-    assert_true(state_is(w->node[1], w->addr[0], "idle"));
-    world_fini(w, false);
-    free(w);
-}
-
 /* Kept peers are bounded by max_wanted_peers (2): two idle kept peers and
  * a third kvp_peer_add -> the oldest idle one is forgotten (the add is not
  * refused for idle peers); with two wanted ones a third add is refused.
@@ -237,6 +219,10 @@ static void test_kept_idle_redial_ucx(void **state)
     assert_int_equal(lookup_hits(nd[1], src, 21, &call), -1);
     assert_int_equal(call, KVP_ERR_UNREACHABLE);
     assert_true(real_ms() - t0 < 1000); /* at once: the wait bound is 2 s */
+    /* that lookup dialled it (as for any peer): let the handshake end before
+     * the nodes go (a node destroyed mid-handshake leaks inside libuct's
+     * failed shm connect, not ours) */
+    assert_int_equal(kvp_peer_wait(nd[1], src, (int32_t)(5000 * kvp_test_time_scale())), KVP_OK);
     for (int i = 1; i >= 0; i--)
         kvp_node_destroy(nd[i]);
 }
@@ -246,7 +232,6 @@ int main(void)
     kvp_log_set_level(KVP_LOG_ERROR);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kept_idle_fake),
-        cmocka_unit_test(test_kept_remote_idle_fake),
         cmocka_unit_test(test_kept_cap_fake),
         cmocka_unit_test(test_kept_idle_redial_ucx),
     };
