@@ -179,6 +179,8 @@ static kvp_status_t do_peer_add(kvp_node_t *n, void *arg)
     const char *addr = arg;
     kvp_ctl_wants_foreach(n->ctl, count_want, &wants);
     kvp_ctl_wants_foreach(n->ctl, want_is, &addr);
+    if (addr != NULL && kvp__node_kept_dormant(n, addr))
+        addr = NULL; /* counted already: it turns from dormant to wanted */
     while (addr != NULL && wants + n->n_dormant >= n->cfg.max_wanted_peers &&
            kvp__node_kept_evict(n))
         ;

@@ -72,6 +72,12 @@ bool kvp__node_kept_drop(kvp_node_t *n, const char *addr)
     return true;
 }
 
+bool kvp__node_kept_dormant(kvp_node_t *n, const char *addr)
+{
+    kept_peer_t *k = kept_find(n, addr);
+    return k != NULL && k->dormant;
+}
+
 bool kvp__node_kept_sleep(kvp_node_t *n, const char *addr)
 {
     kept_peer_t *k = kept_find(n, addr);

@@ -185,11 +185,13 @@ void kvp__node_check_endpoints(kvp_node_t *n);
  * makes them dormant, not forgotten). add: kept (again), awake; drop: not
  * kept (false: it was not); sleep: dormant if kept (false: not kept);
  * wake: a dormant peer is awake again, and remote calls to it wait for its
- * session until now + wait_ns (true while they should); evict: the oldest
+ * session until now + wait_ns (true while they should); dormant: it is
+ * dormant now; evict: the oldest
  * dormant peer is forgotten (false: none); foreach: the dormant ones. */
 kvp_status_t kvp__node_kept_add(kvp_node_t *n, const char *addr);
 bool kvp__node_kept_drop(kvp_node_t *n, const char *addr);
 bool kvp__node_kept_sleep(kvp_node_t *n, const char *addr);
+bool kvp__node_kept_dormant(kvp_node_t *n, const char *addr);
 bool kvp__node_kept_wake(kvp_node_t *n, const char *addr, uint64_t now, uint64_t wait_ns);
 bool kvp__node_kept_evict(kvp_node_t *n);
 void kvp__node_kept_foreach(kvp_node_t *n, void (*cb)(void *arg, const char *addr), void *arg);

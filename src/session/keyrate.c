@@ -72,6 +72,17 @@ void kvp__keyrate_leave(kvp_session_t *s)
     uint64_t now = kvp__env_now(e);
     if (!s->key_bucket_set || now - KVP_MIN(now, s->key_refill_ns) >= KVP_NSEC_PER_SEC)
         return; /* never charged, or full again: nothing to remember */
+    keyrate_prune(e, now, false);
+    for (uint32_t i = 0; i < e->n_keyrate; i++) {
+        struct kvp_keyrate *k = &e->keyrate[i];
+        if (strcmp(k->peer, s->peer_id) != 0)
+            continue;
+        /* Two sessions of one id overlapped (the ctl lets a new one up only
+         * after the old one is down; this is the guard): the emptier wins. */
+        k->tokens = KVP_MIN(k->tokens, s->key_tokens);
+        k->refill_ns = KVP_MAX(k->refill_ns, s->key_refill_ns);
+        return;
+    }
     keyrate_prune(e, now, true);
     if (e->cap_keyrate < keyrate_cap(e)) { /* grown once, to the cap (max_sessions) */
         uint32_t cap = keyrate_cap(e);

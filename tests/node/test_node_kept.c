@@ -99,8 +99,10 @@ static void test_kept_idle_fake(void **state)
 
 /* Kept peers are bounded by max_wanted_peers (2): two idle kept peers and
  * a third kvp_peer_add -> the oldest idle one is forgotten (the add is not
- * refused for idle peers); with two wanted ones a third add is refused.
- * Mutation: dormant peers not counted in do_peer_add -> 4 peers listed. */
+ * refused for idle peers), but re-adding an idle one forgets no other;
+ * with two wanted ones a third add is refused. Mutations: dormant peers not
+ * counted in do_peer_add -> node 0 not forgotten; a dormant re-add counted
+ * as new (no kvp__node_kept_dormant check) -> node 0 forgotten by it. */
 static void test_kept_cap_fake(void **state)
 {
     world_t *w = *state = malloc(sizeof(world_t));
@@ -110,6 +112,11 @@ static void test_kept_cap_fake(void **state)
     world_connect(w, 1, 2);
     world_run(w, 1000 * MS);
     assert_true(state_is(w->node[1], w->addr[0], "idle"));
+    assert_true(state_is(w->node[1], w->addr[2], "idle"));
+    /* re-adding an idle one at the cap forgets no other: it turns wanted */
+    assert_int_equal(kvp_peer_add(w->node[1], w->addr[2]), KVP_OK);
+    assert_true(state_is(w->node[1], w->addr[0], "idle"));
+    world_run(w, 1000 * MS); /* dialled, up, idle again */
     assert_true(state_is(w->node[1], w->addr[2], "idle"));
     assert_int_equal(kvp_peer_add(w->node[1], "x9:1"), KVP_OK);
     assert_null(peer_state(w->node[1], w->addr[0], NULL)); /* the oldest idle: forgotten */
