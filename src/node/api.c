@@ -184,7 +184,7 @@ static kvp_status_t do_peer_add(kvp_node_t *n, void *arg)
     while (addr != NULL && wants + n->n_dormant >= n->cfg.max_wanted_peers &&
            kvp__node_kept_evict(n))
         ;
-    if (addr != NULL && wants + n->n_dormant >= n->cfg.max_wanted_peers) { /* a new one, at the cap */
+    if (addr != NULL && wants + n->n_dormant >= n->cfg.max_wanted_peers) { /* new, at the cap */
         n->st.peers_add_refused++;
         KVP_LOG_RL(&n->rl_local, kvp__node_now(n), KVP_LOG_WARN, n->name,
                    "peer add refused: max_wanted_peers (%u) reached", n->cfg.max_wanted_peers);
