@@ -12,8 +12,12 @@
  * kept peer.
  *
  * Bounded by max_wanted_peers: kvp_peer_add counts the dormant peers with
- * the ctl's wants (a kept peer is one or the other), so an admin caller
- * cannot grow this list past the cap by letting peers go idle.
+ * the ctl's wants (a kept peer is one or the other) and, at the cap,
+ * forgets the oldest dormant peer before it refuses (kvp__node_kept_evict),
+ * so an admin caller cannot grow this list past the cap by letting peers
+ * go idle. A kept peer's address is matched against the session's peer id:
+ * a peer added by a host name (not its "ip:port" id) is not matched at the
+ * idle close (its want is not dropped there either, as before).
  */
 #include "node/node.h"
 
