@@ -288,6 +288,14 @@ KVP_EXPORT kvp_status_t kvp_peer_wait(kvp_node_t *node, const char *addr, int32_
 /* Close the session gracefully and stop redialling. KVP_ERR_NOT_FOUND when
  * there is no open session (none, or one already closing). */
 KVP_EXPORT kvp_status_t kvp_peer_remove(kvp_node_t *node, const char *addr);
+/* doors2: a peer added with kvp_peer_add is kept across an idle close
+ * (idle_session_ms): not dialled meanwhile (state "idle"), the next lookup
+ * or fetch to it redials and waits for it like one right after
+ * kvp_peer_add. kvp_peer_remove forgets it; kvp_peer_forget only stops
+ * keeping it (an open session stays until idle, then the peer is forgotten
+ * as one that dialled in; kvpeerd: a DNS address that vanished).
+ * KVP_ERR_NOT_FOUND if it was not kept. */
+KVP_EXPORT kvp_status_t kvp_peer_forget(kvp_node_t *node, const char *addr);
 
 /* Local put: copy `len` (== block_size, or less: zero-padded) bytes as the
  * block of `key`. request_id (0 = none) ties it to a source request so parked
@@ -610,7 +618,9 @@ KVP_EXPORT kvp_status_t kvp_node_peers(kvp_node_t *node, kvp_peer_info_t *out, u
  *   "dialing"    a connection or handshake in progress
  *   "failed"     the last attempt failed (last_error), a redial is pending
  *   "wanted"     wanted, waiting to (re)dial
- *   "closing"    the session is going down */
+ *   "closing"    the session is going down
+ *   "idle"       added with kvp_peer_add, closed as idle (wanted 0: not
+ *                dialled); the next lookup or fetch to it redials (doors2) */
 typedef struct kvp_peer_state {
     char peer[256];
     char state[16];

@@ -109,8 +109,8 @@ static bool in_list(dns_name_t *v, uint32_t n, const char *s)
     return false;
 }
 
-/* A vanished address: left to the idle reaper if its session is up,
- * removed now otherwise. */
+/* A vanished address: left to the idle reaper if its session is up (no
+ * longer kept: forgotten at the idle close), removed now otherwise. */
 static void drop_vanished(kvpd_dns_t *x, dns_name_t *gone, uint32_t n_gone)
 {
     kvp_peer_state_t *st = calloc(DNS_STATES, sizeof(*st));
@@ -124,6 +124,8 @@ static void drop_vanished(kvpd_dns_t *x, dns_name_t *gone, uint32_t n_gone)
                 up = strcmp(st[j].state, "ready") == 0 || strcmp(st[j].state, "probation") == 0;
         if (!up)
             (void)kvp_peer_remove(x->d->node, gone[i]); /* NOT_FOUND: no session; unwanted */
+        else /* doors2: not kept past its idle close (forgotten then, as before) */
+            (void)kvp_peer_forget(x->d->node, gone[i]);
         kvpd_log(KVPD_LOG_INFO, "peers_dns_vanished", "peer=%s session=%s",
                  kvpd_esc(gone[i]).s, up ? "up_until_idle" : "removed");
     }

@@ -368,6 +368,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "kvp_node_progress": (st, [node_p, c_int32]),
         "kvp_peer_add": (st, [node_p, c_char_p]),
         "kvp_peer_remove": (st, [node_p, c_char_p]),
+        "kvp_peer_forget": (st, [node_p, c_char_p]),
         "kvp_put": (st, [node_p, c_void_p, c_uint32, c_void_p, c_uint64, c_uint64]),
         "kvp_get": (st, [node_p, c_void_p, c_uint32, POINTER(kvp_block_t)]),
         "kvp_release": (st, [node_p, POINTER(kvp_block_t)]),

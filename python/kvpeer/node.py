@@ -552,6 +552,11 @@ class Node:
         """Close the session with ``addr`` gracefully and stop redialling."""
         _check(L.lib().kvp_peer_remove(self._handle(), _peer_bytes(addr)), "kvp_peer_remove")
 
+    def forget_peer(self, addr: str) -> None:
+        """Stop keeping ``addr`` across an idle close (kvp_peer_forget): an
+        open session stays until idle, then the peer is forgotten."""
+        _check(L.lib().kvp_peer_forget(self._handle(), _peer_bytes(addr)), "kvp_peer_forget")
+
     def wait_peer(self, addr: str, timeout: float = 10.0) -> PeerInfo:
         """add_peer(addr) and wait until its session is ready; events taken
         meanwhile stay queued for events(). Raises Error(KVP_ERR_TIMEOUT)."""

@@ -402,11 +402,13 @@ class KVPeerTier:
             states = self._dialer.states(fresh=True)
             for p in gone:
                 st = states.get(p)
-                if st is not None and st[0] not in ("ready", "probation"):
-                    try:
+                try:
+                    if st is not None and st[0] not in ("ready", "probation"):
                         self.node.remove_peer(p)
-                    except Error:
-                        pass  # already gone
+                    else:  # up: not kept past its idle close (kvp_peer_forget)
+                        self.node.forget_peer(p)
+                except Error:
+                    pass  # already gone
 
     def _ask(self, rid: int, keys: List[bytes], peers: List[str],
              coming: Sequence[str] = ()) -> None:

@@ -97,6 +97,13 @@ def test_unreachable_peer_listed_with_its_error():
         assert st and st[0].wanted and st[0].state in ("failed", "dialing", "wanted"), st
         assert "refused" in st[0].last_error, st
         assert all(p.peer != "notanaddress" for p in n.peer_states())
+        # doors2: forget_peer stops keeping an added peer across an idle
+        # close (the want stays); a second forget finds nothing to forget
+        n.forget_peer("127.0.0.1:1")
+        with pytest.raises(kvpeer.Error) as ei:
+            n.forget_peer("127.0.0.1:1")
+        assert ei.value.status == L.KVP_ERR_NOT_FOUND
+        assert any(p.peer == "127.0.0.1:1" and p.wanted for p in n.peer_states())
 
 
 def test_ten_line_example_is_quiet():

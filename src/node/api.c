@@ -170,24 +170,35 @@ static void want_is(void *arg, const kvp_ctl_want_info_t *wi)
 }
 
 /* Issue 27: an admin caller (kvpeerd's /admin/peers, the CLI) cannot make
- * the node dial without bound: at most max_wanted_peers wanted peers. */
+ * the node dial without bound: at most max_wanted_peers wanted peers.
+ * doors2: the dormant kept peers (idle-closed, kept.c) count too -- at the
+ * cap the oldest of them is forgotten first -- so kept peers are bounded. */
 static kvp_status_t do_peer_add(kvp_node_t *n, void *arg)
 {
     uint32_t wants = 0;
     const char *addr = arg;
     kvp_ctl_wants_foreach(n->ctl, count_want, &wants);
     kvp_ctl_wants_foreach(n->ctl, want_is, &addr);
-    if (addr != NULL && wants >= n->cfg.max_wanted_peers) { /* a new one, at the cap */
+    if (addr != NULL && kvp__node_kept_dormant(n, addr))
+        addr = NULL; /* counted already: it turns from dormant to wanted */
+    while (addr != NULL && wants + n->n_dormant >= n->cfg.max_wanted_peers &&
+           kvp__node_kept_evict(n))
+        ;
+    if (addr != NULL && wants + n->n_dormant >= n->cfg.max_wanted_peers) { /* new, at the cap */
         n->st.peers_add_refused++;
         KVP_LOG_RL(&n->rl_local, kvp__node_now(n), KVP_LOG_WARN, n->name,
                    "peer add refused: max_wanted_peers (%u) reached", n->cfg.max_wanted_peers);
         return KVP_ERR_LIMIT;
     }
-    return kvp_ctl_want(n->ctl, arg);
+    kvp_status_t st = kvp_ctl_want(n->ctl, arg);
+    if (st == KVP_OK && (st = kvp__node_kept_add(n, arg)) != KVP_OK)
+        kvp_ctl_unwant(n->ctl, arg); /* out of memory: not added at all */
+    return st;
 }
 
 static kvp_status_t do_peer_remove(kvp_node_t *n, void *arg)
 {
+    kvp__node_kept_drop(n, arg);
     kvp_ctl_unwant(n->ctl, arg);
     kvp_session_t *s = kvp__node_find_session(n, arg);
     if (s == NULL || !kvp__session_open(s))
@@ -250,6 +261,20 @@ KVP_EXPORT kvp_status_t kvp_peer_remove(kvp_node_t *n, const char *addr)
     if (n == NULL || check_peer(addr) != KVP_OK)
         return KVP_ERR_INVALID;
     return kvp__node_exec(n, do_peer_remove, (void *)addr);
+}
+
+/* doors2: not kept any more; the want and an open session stay as they are
+ * (the session closes once idle and the peer is then forgotten). */
+static kvp_status_t do_peer_forget(kvp_node_t *n, void *arg)
+{
+    return kvp__node_kept_drop(n, arg) ? KVP_OK : KVP_ERR_NOT_FOUND;
+}
+
+KVP_EXPORT kvp_status_t kvp_peer_forget(kvp_node_t *n, const char *addr)
+{
+    if (n == NULL || check_peer(addr) != KVP_OK)
+        return KVP_ERR_INVALID;
+    return kvp__node_exec(n, do_peer_forget, (void *)addr);
 }
 
 /* ---------------------------------------------------------- local put/get */
@@ -398,14 +423,18 @@ struct remote_args {
 
 /* The session to use, or why there is none (the caller sees a MISS). A
  * peer whose connection or handshake is in progress (just added, or
- * redialling) sets *wait_ms: the caller waits that long for it (remote_exec). */
+ * redialling), or a kept peer woken now from its idle close (kept.c: its
+ * dial may wait for the old link's end), sets *wait_ms: the caller waits
+ * that long for it (remote_exec). */
 static kvp_status_t remote_session(kvp_node_t *n, const char *peer, kvp_session_t **out,
                                    uint64_t *wait_ms)
 {
     kvp_session_t *s = kvp__node_find_session(n, peer);
     if (s == NULL || !kvp__session_open(s)) {
-        if (kvp_ctl_link_pending(n->ctl, peer) != NULL)
-            *wait_ms = KVP_MIN(n->cfg.handshake_timeout_ms, n->cfg.dead_after_ms);
+        uint64_t wait = KVP_MIN(n->cfg.handshake_timeout_ms, n->cfg.dead_after_ms);
+        if (kvp__node_kept_wake(n, peer, kvp__node_now(n), wait * KVP_NSEC_PER_MSEC) ||
+            kvp_ctl_link_pending(n->ctl, peer) != NULL)
+            *wait_ms = wait;
         kvp_ctl_want(n->ctl, peer); /* work for a peer: (re)dial with backoff */
         return KVP_ERR_UNREACHABLE;
     }

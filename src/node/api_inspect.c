@@ -257,6 +257,18 @@ static void state_want_cb(void *arg, const kvp_ctl_want_info_t *wi)
     snprintf(ps->last_error, sizeof(ps->last_error), "%s", wi->last_error);
 }
 
+/* doors2: a kept peer closed as idle (kept.c): not wanted (not dialled)
+ * until a lookup or fetch wakes it. */
+static void state_kept_cb(void *arg, const char *addr)
+{
+    list_args_t *a = arg;
+    kvp_peer_state_t *ps = state_find(a, addr);
+    if (ps == NULL && (ps = list_next(a, sizeof(*ps))) != NULL) {
+        snprintf(ps->peer, sizeof(ps->peer), "%s", addr);
+        snprintf(ps->state, sizeof(ps->state), "idle");
+    }
+}
+
 static kvp_status_t do_peer_states(kvp_node_t *n, void *arg)
 {
     list_args_t *a = arg;
@@ -275,6 +287,7 @@ static kvp_status_t do_peer_states(kvp_node_t *n, void *arg)
                                 : "ready");
     }
     kvp_ctl_wants_foreach(n->ctl, state_want_cb, a);
+    kvp__node_kept_foreach(n, state_kept_cb, a);
     return KVP_OK;
 }
 

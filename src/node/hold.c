@@ -33,9 +33,12 @@ static void node_hold_check(kvp_node_t *n)
         kvp_session_t *s = KVP_SESSION_OF(p, node_link);
         if (kvp__session_idle_for(s, now, idle)) {
             /* No work for the idle timeout: close gracefully and stop redialling;
-             * the next lookup or fetch for this peer dials again. */
-            KVP_INFO(n->name, "peer %s: idle for %u ms: closing", kvp__session_peer(s),
-                     n->cfg.idle_session_ms);
+             * the next lookup or fetch for this peer dials again -- and, for a
+             * peer added with kvp_peer_add (kept.c: now dormant), waits for
+             * its handshake as right after kvp_peer_add. */
+            bool kept = kvp__node_kept_sleep(n, kvp__session_peer(s));
+            KVP_INFO(n->name, "peer %s: idle for %u ms: closing%s", kvp__session_peer(s),
+                     n->cfg.idle_session_ms, kept ? " (kept: redialled on demand)" : "");
             kvp_ctl_unwant(n->ctl, kvp__session_peer(s));
             kvp__session_close(s, KVP_BYE_IDLE);
         }

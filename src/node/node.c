@@ -293,6 +293,7 @@ static void node_init(kvp_node_t *n, const kvp_config_t *cfg, const kvp_node_sea
     n->env.up = &kvp__node_session_up;
     n->env.up_arg = n;
     kvp_list_init(&n->sessions);
+    kvp_list_init(&n->kept);
     kvp_list_init(&n->active);
     kvp_list_init(&n->flushq);
     kvp_list_init(&n->cmds);
@@ -481,6 +482,8 @@ static void node_free(kvp_node_t *n)
     if (n->pollfd >= 0)
         close(n->pollfd);
     kvp__free(n->engine_pins);
+    kvp__session_env_fini(&n->env);
+    kvp__node_kept_free(n);
     pthread_mutex_destroy(&n->owner);
     pthread_mutex_destroy(&n->lock);
     pthread_cond_destroy(&n->cond);

@@ -115,6 +115,9 @@ struct kvp_node {
     struct kvp_kvevents *kvevents; /* KV-event publisher (events.h), or NULL */
     kvp_stats_t st; /* counters owned by the node (store/ctl stats merged on read) */
     kvp_ratelimit_t rl_proto, rl_cap, rl_local; /* rl_local: refusals of local readers */
+    /* doors2 (kept.c): peers added with kvp_peer_add, kept across an idle close */
+    kvp_list_t kept;
+    uint32_t n_dormant; /* of them, idle-closed: not wanted by the ctl until woken */
 };
 
 /* thread.c (exec, progress, wait), ring.c (events), sessions.c (lookups) */
@@ -178,5 +181,20 @@ void kvp__node_session_down(kvp_node_t *n, kvp_session_t *s, int bye, bool fault
 void kvp__node_hold_init(kvp_node_t *n);
 void kvp__node_hold_start(kvp_node_t *n);
 void kvp__node_check_endpoints(kvp_node_t *n);
+/* kept.c (doors2): the peers added with kvp_peer_add (kept: an idle close
+ * makes them dormant, not forgotten). add: kept (again), awake; drop: not
+ * kept (false: it was not); sleep: dormant if kept (false: not kept);
+ * wake: a dormant peer is awake again, and remote calls to it wait for its
+ * session until now + wait_ns (true while they should); dormant: it is
+ * dormant now; evict: the oldest
+ * dormant peer is forgotten (false: none); foreach: the dormant ones. */
+kvp_status_t kvp__node_kept_add(kvp_node_t *n, const char *addr);
+bool kvp__node_kept_drop(kvp_node_t *n, const char *addr);
+bool kvp__node_kept_sleep(kvp_node_t *n, const char *addr);
+bool kvp__node_kept_dormant(kvp_node_t *n, const char *addr);
+bool kvp__node_kept_wake(kvp_node_t *n, const char *addr, uint64_t now, uint64_t wait_ns);
+bool kvp__node_kept_evict(kvp_node_t *n);
+void kvp__node_kept_foreach(kvp_node_t *n, void (*cb)(void *arg, const char *addr), void *arg);
+void kvp__node_kept_free(kvp_node_t *n);
 
 #endif /* KVP_NODE_H */

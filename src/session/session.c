@@ -57,6 +57,7 @@ kvp_status_t kvp__session_create(kvp_session_env_t *n, kvp_link_t *link,
     s->peer_block_size = hello->block_size;
     s->path = n->xport->ops->peer_path(n->xport, s->xpeer);
     s->last_work_ns = kvp__env_now(n);
+    kvp__keyrate_take(s); /* the key rate outlives the session (keyrate.c) */
     kvp_ratelimit_init(&s->rl, KVP_NSEC_PER_SEC, 5);
     kvp_ratelimit_init(&s->rl_limit, KVP_NSEC_PER_SEC, 5);
     kvp_list_init(&s->nl.node_link);
@@ -290,5 +291,6 @@ void kvp__session_teardown(kvp_session_t *s, bool fault, const char *why,
               s->peer_id, out->loads_failed, out->loads_quarantined, out->slots_quarantined,
               out->slots_fenced, out->slots_refused, out->slots_exited, out->xfers_retained,
               out->pins_retained, out->xfers_released);
+    kvp__keyrate_leave(s);
     kvp__free(s);
 }

@@ -97,6 +97,10 @@ typedef struct kvp_session_env {
      * the simulator's digests know) */
     uint64_t next_wanted;
     struct kvp_wanted *wanted;
+    /* LOOKUP key-rate buckets of peers whose session ended, by peer id
+     * (keyrate.c): a reconnect does not refill them */
+    struct kvp_keyrate *keyrate;
+    uint32_t n_keyrate, cap_keyrate;
     /* scratch of the transport's poll and poll_retired (owner thread only;
      * issue 31: was the node's) */
     kvp_xfer_result_t results[256];
@@ -104,6 +108,8 @@ typedef struct kvp_session_env {
 
 /* Initialise the lists and counters (the node fills the pointers). */
 void kvp__session_env_init(kvp_session_env_t *e);
+/* Free what the env allocated (keyrate.c's table); after every session. */
+void kvp__session_env_fini(kvp_session_env_t *e);
 
 /* ----------------------------------------------- the node's list links */
 

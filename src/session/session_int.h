@@ -260,7 +260,8 @@ struct kvp_session {
     uint32_t n_rounds;    /* its live rounds (not FINISHED) */
     uint64_t round_bytes; /* memory of its rounds, FINISHED ones included */
     /* its LOOKUP key rate (max_lookup_keys_per_sec): a token bucket in
-     * nano-keys (1e9 per key), full when the session starts */
+     * nano-keys (1e9 per key), full when the peer id is new, else what its
+     * last session left (keyrate.c) */
     uint64_t key_tokens, key_refill_ns;
     bool key_bucket_set;
     uint64_t last_work_ns;
@@ -438,6 +439,10 @@ uint32_t kvp__budget_lookup_keys(kvp_session_t *s, uint32_t n);
 /* Give back n keys charged by kvp__budget_lookup_keys but not looked up
  * (prefix mode stopped at a miss). */
 void kvp__budget_lookup_refund(kvp_session_t *s, uint32_t n);
+/* keyrate.c: a new session takes the key-rate bucket its peer id's last
+ * session left (if it is not full again); a session that ends leaves its own. */
+void kvp__keyrate_take(kvp_session_t *s);
+void kvp__keyrate_leave(kvp_session_t *s);
 
 /* release.c: the one place memory a WRITE may touch is released. Each call
  * names its proof, counts it (n->releases) and logs it at DEBUG. */

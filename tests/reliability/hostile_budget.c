@@ -539,6 +539,61 @@ static void test_hint_fetch_key_rate(void **state)
     free(w);
 }
 
+/* The key rate outlives the session (keyrate.c): a key holder that
+ * reconnects in a loop -- kvp_peer_remove, kvp_peer_add, a LOOKUP of 600
+ * all-miss keys on each new session -- gets at most rate x (elapsed + the
+ * bucket's one second) keys looked up over the run (keys asked minus
+ * lookup_keys_refused), while the good peer is served on every round and
+ * the victim's blocks stay intact. Mutation: the bucket per session (the
+ * old behaviour: kvp__keyrate_take takes nothing) -> every session starts
+ * full and 6 x 600 keys are looked up in well under a second. */
+#define RECONNECTS 6u
+static void test_reconnect_key_rate(void **state)
+{
+    world_t *w = victim_world(state, 6, tweak_victim, 16 + 8 * RECONNECTS);
+    uint8_t *kb = malloc(600 * 16);
+    uint32_t lens[600], asked = 0;
+    static uint8_t res[600];
+    size_t off = 0;
+    for (uint32_t i = 0; i < 600; i++) { /* held: 0..63; these: none */
+        lens[i] = world_key(300000 + i, kb + off);
+        off += lens[i];
+    }
+    uint64_t refused0 = world_stats(w, 0).lookup_keys_refused;
+    uint64_t t0 = kvp_clock_now(&w->mc.clock);
+    for (uint32_t r = 0; r < RECONNECTS; r++) {
+        uint64_t op = 0;
+        assert_int_equal(kvp_lookup(w->node[1], w->addr[0], 100 + r, kb, lens, 600, res, &op),
+                         KVP_OK);
+        const kvp_event_t *e = world_wait(w, 1, KVP_EV_LOOKUP, op, 200 * MS);
+        assert_non_null(e);
+        assert_int_equal(e->n_ok, 0);
+        asked += 600;
+        good_peer_fetches(w, 900 + r, 16 + 8 * r, 8); /* served meanwhile */
+        /* the abuser leaves and comes back: a new session, the same peer id */
+        assert_int_equal(kvp_peer_remove(w->node[1], w->addr[0]), KVP_OK);
+        uint64_t end = kvp_clock_now(&w->mc.clock) + 2 * KVP_NSEC_PER_SEC;
+        while ((world_peer_ready(w, 0, 1) || world_peer_ready(w, 1, 0)) &&
+               kvp_clock_now(&w->mc.clock) < end)
+            world_step(w);
+        assert_false(world_peer_ready(w, 0, 1));
+        world_connect(w, 1, 0);
+    }
+    uint64_t elapsed = kvp_clock_now(&w->mc.clock) - t0;
+    uint64_t looked = asked - (world_stats(w, 0).lookup_keys_refused - refused0);
+    uint64_t bound = KEY_RATE * (elapsed + KVP_NSEC_PER_SEC) / KVP_NSEC_PER_SEC + 1;
+    print_message("  %u reconnects in %llu ms: %u keys asked, %llu looked up (bound %llu)\n",
+                  RECONNECTS, (unsigned long long)(elapsed / MS), asked,
+                  (unsigned long long)looked, (unsigned long long)bound);
+    assert_true(looked <= bound);
+    assert_true(looked >= KEY_RATE); /* the first second's worth was served */
+    for (uint32_t k = 0; k < 16 + 8 * RECONNECTS; k++)
+        assert_true(world_verify(w, 0, k));
+    free(kb);
+    world_fini(w, false);
+    free(w);
+}
+
 int main(void)
 {
     kvp_log_set_level(KVP_LOG_ERROR);
@@ -551,6 +606,7 @@ int main(void)
         cmocka_unit_test(test_failed_fetch_flood),
         cmocka_unit_test(test_lookup_key_rate),
         cmocka_unit_test(test_hint_fetch_key_rate),
+        cmocka_unit_test(test_reconnect_key_rate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

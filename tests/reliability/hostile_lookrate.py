@@ -26,6 +26,14 @@ ran (answers received; with a key rate, answers said limit and D counted
 the keys refused), D alive with /admin/verify bad=0, D's RSS bounded, G's
 session still up, and every daemon exits cleanly.
 
+--reconnect (doors2): the key rate outlives the session. The flooder, in this
+process, reconnects in a loop under one peer id: handshake, one LOOKUP of
+--rate all-miss keys (a whole second's worth), answer, close, again, for
+--window seconds, while G fetches. Asserted: the keys D looked up for it
+(asked minus D's lookup_keys refusals) stay within rate x (elapsed + 1 s)
+(+1 %), G's fetches all succeed, D verify bad=0. With the bucket per session
+(the old behaviour) every session got a full second's worth.
+
 --capacity: no G and no quiet window; the flooder at normal priority with
 one LOOKUP in flight measures how many keys a second D answers (with --rate
 0: what D can look up; the basis of the default, docs/DESIGN.md "LOOKUP key
@@ -198,12 +206,71 @@ def capacity(D, fp, xblob, window):
     check(int(f["answers"]) > 0 and f["bye"] == "none", "the flood got no answers: %s" % f)
 
 
+def refused_keys(D):
+    return int(D.metrics().get('kvpeer_budget_refusals_total{budget="lookup_keys"}', 0))
+
+
+def one_session(D, fp, xblob, peer_id, keys_blob, n):
+    """A session under peer_id with one LOOKUP of n keys; True once answered."""
+    r = H.Raw(D.peer, fp, NB)
+    r.peer_id = peer_id
+    try:
+        if not r.handshake(scaled(5)):
+            return False  # D still holds the last session of this id (no takeover)
+        r.ack(xblob)
+        body = r.epoch + r.peer_epoch + struct.pack("<QQI", 1, 1, n)
+        r.s.sendall(struct.pack("<IHH", len(body) + len(keys_blob), H.T_LOOKUP, 0) + body)
+        r.s.sendall(keys_blob)
+        while True:
+            f = r.recv_frame(scaled(10))
+            check(f is not None, "the reconnecting flooder's LOOKUP got no answer")
+            if f[0] == H.T_LOOKUP_RESP:
+                return True
+    finally:
+        r.s.close()
+
+
+def reconnect(D, G, fp, xblob, rate, window):
+    good = H.GoodPeer(G, D)
+    good.start()
+    wait_for(lambda: good.ok >= 8, "the good peer's warm-up fetches", 60)
+    peer_id = "hostile-%s:1" % os.urandom(4).hex()
+    keys_blob = b"".join(H.wkey(k) for k in range(KEY0, KEY0 + rate))
+    ok0, r0 = good.ok, refused_keys(D)
+    t0 = time.monotonic()
+    sessions = tries = 0
+    while time.monotonic() - t0 < window:
+        tries += 1
+        if one_session(D, fp, xblob, peer_id, keys_blob, rate):
+            sessions += 1
+        else:
+            time.sleep(0.005)
+    elapsed = time.monotonic() - t0
+    refused = refused_keys(D) - r0
+    good.stop_evt.set()
+    good.join(scaled(30))
+    looked = sessions * rate - refused
+    bound = rate * (elapsed + 1.0) * 1.01
+    print("reconnect: %d sessions of one peer id (%d tries) in %.2f s, %d keys asked, %d looked "
+          "up (bound rate x (elapsed + 1 s) = %.0f); G %d fetches meanwhile" %
+          (sessions, tries, elapsed, sessions * rate, looked, bound, good.ok - ok0), flush=True)
+    check(sessions >= 3, "too few sessions to judge (%d)" % sessions)
+    check(looked <= bound, "the reconnect loop got %d keys looked up, more than %.0f" %
+          (looked, bound))
+    check(good.bad == 0, "G's fetches failed %d times: %s" % (good.bad, good.last_bad))
+    check(good.ok - ok0 >= 3, "G was not served meanwhile (%d fetches)" % (good.ok - ok0))
+    check(D.proc.poll() is None, "D died")
+    v = D.verify(0, 200)
+    check(v.get("bad", 1) == 0, "D verify: %s" % v)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("kvpeerd")
     ap.add_argument("--rate", type=int, help="D's max_lookup_keys_per_sec (default: kvpeerd's)")
     ap.add_argument("--window", type=float, default=4.0)
     ap.add_argument("--capacity", action="store_true")
+    ap.add_argument("--reconnect", action="store_true")
     for hidden in ("--target", "--blob"):
         ap.add_argument(hidden, help=argparse.SUPPRESS)
     ap.add_argument("--fp", type=int, help=argparse.SUPPRESS)
@@ -222,6 +289,13 @@ def main():
     X = relib.Daemon(kvpeerd, "X", common).start()
     xblob = H.capture_blob(X.peer, fp, NB)
     D.put(0, 200)
+    if a.reconnect:
+        check(a.rate, "--reconnect needs --rate")
+        reconnect(D, G, fp, xblob, a.rate, a.window)
+        for d in (G, X, D):
+            d.check_clean_exit(d.stop())
+        log("PASS")
+        return
     if a.capacity:  # G idle
         capacity(D, fp, xblob, a.window)
         for d in (G, X, D):
