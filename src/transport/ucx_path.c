@@ -28,6 +28,27 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Direct shm: the peer's region mapped here at ptr (ucp_rkey_ptr). */
+static void map_direct(ucx_xport_t *x, ucx_peer_t *p, void *ptr)
+{
+    /* Our large writes copy into that mapping ourselves (ucx.c,
+     * ucx_post_puts): only if the whole region is mapped in one piece. */
+    size_t rlen = (size_t)p->layout.num_blocks * p->layout.block_size;
+    void *last = NULL;
+    if (rlen > 0 && ucp_rkey_ptr(p->rkey, p->rbase + rlen - 1, &last) == UCS_OK &&
+        (uint8_t *)last == (uint8_t *)ptr + rlen - 1)
+        p->rptr = ptr;
+    /* Our puts are memcpys into the peer's segment mapped here. Fault that
+     * mapping in now, in one batched call, instead of one page fault per
+     * 4 KiB inside the first put into each slot (30-60 us each on this VM).
+     * Best effort; nothing depends on it. */
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t start = (uintptr_t)ptr & ~(page - 1);
+    if (madvise((void *)start, rlen + ((uintptr_t)ptr - start), MADV_POPULATE_WRITE) != 0)
+        KVP_DEBUG(PFX(x), "peer %llu: pre-fault of its segment failed",
+                  (unsigned long long)p->id);
+}
+
 /* Decide the paths of a new peer; logged once. */
 void kvp__ucx_peer_classify(ucx_xport_t *x, ucx_peer_t *p)
 {
@@ -51,25 +72,8 @@ void kvp__ucx_peer_classify(ucx_xport_t *x, ucx_peer_t *p)
                  : x->cma_in && p->cma_src && p->same_host    ? KVP_PATH_DIRECT_CMA
                                                               : am;
     p->rptr = NULL;
-    if (direct) {
-        /* Our large writes copy into that mapping ourselves (ucx.c,
-         * ucx_post_puts): only if the whole region is mapped in one piece. */
-        size_t rlen = (size_t)p->layout.num_blocks * p->layout.block_size;
-        void *last = NULL;
-        if (rlen > 0 && ucp_rkey_ptr(p->rkey, p->rbase + rlen - 1, &last) == UCS_OK &&
-            (uint8_t *)last == (uint8_t *)ptr + rlen - 1)
-            p->rptr = ptr;
-        /* Direct shm: our puts are memcpys into the peer's segment mapped
-         * here. Fault that mapping in now, in one batched call, instead of one
-         * page fault per 4 KiB inside the first put into each slot (30-60 us
-         * each on this VM). Best effort; nothing depends on it. */
-        uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-        uintptr_t start = (uintptr_t)ptr & ~(page - 1);
-        size_t len = (size_t)p->layout.num_blocks * p->layout.block_size;
-        if (madvise((void *)start, len + ((uintptr_t)ptr - start), MADV_POPULATE_WRITE) != 0)
-            KVP_DEBUG(PFX(x), "peer %llu: pre-fault of its segment failed",
-                      (unsigned long long)p->id);
-    }
+    if (direct)
+        map_direct(x, p, ptr);
     snprintf(p->lanes, sizeof(p->lanes), "out=%s in=%s rkey_ptr=%s shm=%s cma=%s%s",
              kvp_data_path_str(p->path), kvp_data_path_str(p->inbound),
              p->rkey_ptr_ok ? "ok" : "no", x->shm_enabled ? "on" : "off",
