@@ -53,6 +53,8 @@ KVP_EXPORT kvp_status_t kvp_publish(kvp_node_t *n, const void *key, uint32_t key
     return publish(n, key, key_len, slot, NULL);
 }
 
+_Static_assert(sizeof(kvp_digest_t) == KVP_CHECKSUM_LEN, "a checksum is one digest");
+
 KVP_EXPORT kvp_status_t kvp_publish_checksum(kvp_node_t *n, const void *key, uint32_t key_len,
                                              uint32_t slot, const uint8_t sum[KVP_CHECKSUM_LEN])
 {
