@@ -652,7 +652,7 @@ def main() -> int:
     ap.add_argument("--sizes", default="64,256,2048",
                     help="KiB per block (vLLM chunk), one table per size")
     ap.add_argument("--blocks", type=int, default=256, help="measured blocks per size")
-    ap.add_argument("--max-mib", type=int, default=128,
+    ap.add_argument("--max-mib", type=int, default=512,
                     help="fewer blocks at a size where --blocks would move more than this")
     ap.add_argument("--block-kib", type=int, help="one size only (as --sizes N)")
     ap.add_argument("--trace", action="store_true",

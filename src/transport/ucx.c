@@ -674,6 +674,7 @@ static void ucx_destroy(ucx_xport_t *x)
      * their registrations, go after). */
     kvp__ucx_region_release(x);
     kvp__ucx_probe_release(x);
+    kvp__ucx_cma_close(x);
     if (x->ctx_am)
         ucp_cleanup(x->ctx_am);
     if (x->ctx)

@@ -40,6 +40,12 @@
  * or writes short fails the transfer (FAILED, its outcome unknown to the
  * consumer): never a crash, never a retry.
  *
+ * A write of CMA_SPLIT_BYTES or more is split in two halves of its blocks,
+ * the second written by a helper thread at the same time (every rule above
+ * holds for each half: the bounds before either starts, the pidfd before
+ * each syscall); it is terminal once both returned, and fails once if
+ * either failed. KVPEER_UCX_CMA_SPLIT=0: one thread.
+ *
  * The consumer cannot fence or refuse such a write: it is treated exactly
  * as direct shm (inbound DIRECT_CMA: not refusable, no fence proof,
  * FETCH_DONE trusted only from a proven peer, quarantined slots released
@@ -49,6 +55,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,12 +64,18 @@
 #include <unistd.h>
 
 #define CMA_IOV 256 /* iovecs per process_vm_writev (the kernel takes up to 1024) */
+/* From this many bytes a write is split in two halves, the second on a
+ * helper thread (measured, docs/DESIGN.md "direct-cma": one
+ * process_vm_writev stream copies at ~2/3 of what two do on this host). */
+#define CMA_SPLIT_BYTES ((size_t)1 << 20)
 
 void kvp__ucx_cma_open(ucx_xport_t *x)
 {
     const char *e = getenv("KVPEER_UCX_CMA");
     kvp_ratelimit_init(&x->rl_cma, KVP_NSEC_PER_SEC, 10);
     x->cma_ok = !(e != NULL && strcmp(e, "0") == 0);
+    e = getenv("KVPEER_UCX_CMA_SPLIT"); /* 0: one thread per write (see CMA_SPLIT_BYTES) */
+    x->cma_split = !(e != NULL && strcmp(e, "0") == 0);
     if (!x->cma_ok) {
         KVP_INFO(PFX(x), "direct-cma off (KVPEER_UCX_CMA=0)");
         return;
@@ -190,49 +203,186 @@ static void cma_fail(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r, int err, size
                (unsigned long long)p->id, err ? strerror(err) : "short write", done, want);
 }
 
+/* One thread's share of a write: blocks [0, n) in syscalls of up to CMA_IOV
+ * runs of adjacent (src, dst) slots. Reads only what is fixed while the
+ * transfer is posted (our region, the peer's pid, pidfd and rbase), writes
+ * only *w: safe on the helper thread. Stops at the first failed or short
+ * syscall. */
+typedef struct cma_part {
+    const ucx_xport_t *x;
+    const ucx_peer_t *p;
+    const kvp_xfer_block_t *blocks;
+    size_t n;
+    size_t posted, syscalls; /* syscalls that wrote something; all syscalls */
+    uint64_t bytes;          /* bytes written */
+    int err;                 /* errno of the failure (0: short write) */
+    size_t fail_done, fail_want;
+    bool failed;
+} cma_part_t;
+
+static void *cma_write_part(void *arg)
+{
+    cma_part_t *w = arg;
+    const size_t bs = w->x->layout.block_size;
+    struct iovec lv[CMA_IOV], rv[CMA_IOV];
+    for (size_t i = 0; i < w->n;) {
+        size_t k = 0, want = 0;
+        while (i < w->n && k < CMA_IOV) {
+            const kvp_xfer_block_t *b = &w->blocks[i];
+            size_t run = 1;
+            while (i + run < w->n && b[run].src_slot == b->src_slot + run &&
+                   b[run].dst_slot == b->dst_slot + run)
+                run++;
+            lv[k].iov_base = (uint8_t *)w->x->region + (size_t)b->src_slot * bs;
+            rv[k].iov_base = (void *)(uintptr_t)(w->p->rbase + (uint64_t)b->dst_slot * bs);
+            lv[k].iov_len = rv[k].iov_len = run * bs;
+            want += run * bs;
+            k++;
+            i += run;
+        }
+        /* Right before each syscall: the process is still the one we proved
+         * (its pidfd not readable), so its pid is not anyone else's. */
+        if (cma_exited(w->p->cma_pidfd)) {
+            w->err = ESRCH;
+            w->fail_want = want;
+            w->failed = true;
+            return NULL;
+        }
+        ssize_t got = process_vm_writev(w->p->cma_pid, lv, (unsigned long)k, rv,
+                                        (unsigned long)k, 0);
+        int err = got < 0 ? errno : 0;
+        w->syscalls++;
+        if (got > 0) {
+            w->bytes += (uint64_t)got;
+            w->posted++; /* something reached its memory */
+        }
+        if (got != (ssize_t)want) {
+            w->err = err;
+            w->fail_done = got > 0 ? (size_t)got : 0;
+            w->fail_want = want;
+            w->failed = true;
+            return NULL;
+        }
+    }
+    return NULL;
+}
+
+/* The helper: one thread per transport, started at the first split write
+ * and parked between writes until the transport closes. Not a thread per
+ * write: a clone and an exit per write, and glibc madvises an exiting
+ * thread's stack, which UCX's UCM hooks (a memory event per write). One job
+ * at a time: only the node thread posts, and it waits for the job before it
+ * returns, so the transfer is terminal when kvp__ucx_cma_post returns. */
+struct ucx_cma_helper {
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* job posted, job done, stop */
+    cma_part_t *job;   /* non-NULL: posted, not done */
+    bool stop;
+};
+
+static void *cma_helper_main(void *arg)
+{
+    struct ucx_cma_helper *h = arg;
+    pthread_mutex_lock(&h->mu);
+    while (!h->stop) {
+        if (h->job == NULL) {
+            pthread_cond_wait(&h->cv, &h->mu);
+            continue;
+        }
+        cma_part_t *w = h->job;
+        pthread_mutex_unlock(&h->mu);
+        cma_write_part(w);
+        pthread_mutex_lock(&h->mu);
+        h->job = NULL;
+        pthread_cond_broadcast(&h->cv);
+    }
+    pthread_mutex_unlock(&h->mu);
+    return NULL;
+}
+
+/* Post `w` to the helper (started here the first time); false: no helper
+ * (it could not be started: the split is off from then on, logged once). */
+static bool cma_helper_post(ucx_xport_t *x, cma_part_t *w)
+{
+    struct ucx_cma_helper *h = x->cma_helper;
+    if (h == NULL) {
+        h = kvp__calloc(1, sizeof(*h));
+        if (h == NULL || pthread_mutex_init(&h->mu, NULL) != 0) {
+            kvp__free(h);
+            x->cma_split = false;
+            return false;
+        }
+        pthread_cond_init(&h->cv, NULL);
+        int rc = pthread_create(&h->thread, NULL, cma_helper_main, h);
+        if (rc != 0) {
+            pthread_cond_destroy(&h->cv);
+            pthread_mutex_destroy(&h->mu);
+            kvp__free(h);
+            x->cma_split = false;
+            KVP_WARN(PFX(x), "direct-cma: no helper thread (%s): writes on one thread",
+                     strerror(rc));
+            return false;
+        }
+        x->cma_helper = h;
+    }
+    pthread_mutex_lock(&h->mu);
+    h->job = w;
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+    return true;
+}
+
+static void cma_helper_wait(struct ucx_cma_helper *h)
+{
+    pthread_mutex_lock(&h->mu);
+    while (h->job != NULL)
+        pthread_cond_wait(&h->cv, &h->mu);
+    pthread_mutex_unlock(&h->mu);
+}
+
+void kvp__ucx_cma_close(ucx_xport_t *x)
+{
+    struct ucx_cma_helper *h = x->cma_helper;
+    if (h == NULL)
+        return;
+    pthread_mutex_lock(&h->mu);
+    h->stop = true; /* no job is posted: the node thread waited for the last */
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+    pthread_join(h->thread, NULL);
+    pthread_cond_destroy(&h->cv);
+    pthread_mutex_destroy(&h->mu);
+    kvp__free(h);
+    x->cma_helper = NULL;
+}
+
 size_t kvp__ucx_cma_post(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r,
                          const kvp_xfer_block_t *blocks, size_t n)
 {
     const size_t bs = x->layout.block_size;
-    struct iovec lv[CMA_IOV], rv[CMA_IOV];
-    size_t posted = 0;
-
     if (!cma_bounds_ok(p, blocks, n, bs)) {
         r->first_err = UCS_ERR_INVALID_PARAM;
         return 0; /* nothing written */
     }
-    for (size_t i = 0; i < n;) {
-        size_t k = 0, bytes = 0;
-        while (i < n && k < CMA_IOV) { /* runs of adjacent (src, dst) slots */
-            size_t run = 1;
-            while (i + run < n && blocks[i + run].src_slot == blocks[i].src_slot + run &&
-                   blocks[i + run].dst_slot == blocks[i].dst_slot + run)
-                run++;
-            lv[k].iov_base = (uint8_t *)x->region + (size_t)blocks[i].src_slot * bs;
-            rv[k].iov_base = (void *)(uintptr_t)(p->rbase + (uint64_t)blocks[i].dst_slot * bs);
-            lv[k].iov_len = rv[k].iov_len = run * bs;
-            bytes += run * bs;
-            k++;
-            i += run;
-        }
-        /* Right before each batch: the process is still the one we proved
-         * (its pidfd not readable), so its pid is not anyone else's. */
-        if (cma_exited(p->cma_pidfd)) {
-            cma_fail(x, p, r, ESRCH, 0, bytes);
-            return posted;
-        }
-        ssize_t w = process_vm_writev(p->cma_pid, lv, (unsigned long)k, rv, (unsigned long)k, 0);
-        int err = w < 0 ? errno : 0;
-        x->st.cma_writes++;
-        if (w > 0) {
-            x->st.cma_bytes += (uint64_t)w;
-            posted++; /* something reached its memory */
-        }
-        if (w != (ssize_t)bytes) {
-            cma_fail(x, p, r, err, w > 0 ? (size_t)w : 0, bytes);
-            return posted;
-        }
+    size_t h = x->cma_split && n >= 2 && n * bs >= CMA_SPLIT_BYTES ? n / 2 : n;
+    cma_part_t w[2] = {{.x = x, .p = p, .blocks = blocks, .n = h},
+                       {.x = x, .p = p, .blocks = blocks + h, .n = n - h}};
+    bool split = h < n && cma_helper_post(x, &w[1]);
+    cma_write_part(&w[0]);
+    if (split)
+        cma_helper_wait(x->cma_helper); /* terminal only once both halves returned */
+    else if (h < n && !w[0].failed)
+        cma_write_part(&w[1]); /* no helper thread: the rest on ours */
+    size_t posted = 0;
+    for (int i = 0; i < 2; i++) {
+        x->st.cma_writes += w[i].syscalls;
+        x->st.cma_bytes += w[i].bytes;
+        posted += w[i].posted;
     }
+    const cma_part_t *f = w[0].failed ? &w[0] : w[1].failed ? &w[1] : NULL;
+    if (f != NULL) /* one failure per transfer: the first half's if both failed */
+        cma_fail(x, p, r, f->err, f->fail_done, f->fail_want);
     return posted;
 }
 

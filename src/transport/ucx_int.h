@@ -211,6 +211,8 @@ typedef struct ucx_xport {
      * shm on, pcred and probe segment present: bit 1); cma_out: our blob
      * says we write direct-cma where offered (shm on, pcred: bit 2) */
     bool cma_ok, cma_in, cma_out;
+    bool cma_split; /* a write >= CMA_SPLIT_BYTES on two threads (KVPEER_UCX_CMA_SPLIT) */
+    struct ucx_cma_helper *cma_helper; /* ucx_cma.c: started at the first split write */
     kvp_ratelimit_t rl_cma;
 } ucx_xport_t;
 
@@ -273,6 +275,7 @@ uint32_t kvp__ucx_cma_flags(ucx_xport_t *x);
  * the peer's process (the kernel's pid of its listener) our cma target. */
 void kvp__ucx_cma_add_peer(ucx_xport_t *x, ucx_peer_t *p, int listener_pid);
 void kvp__ucx_cma_remove_peer(ucx_peer_t *p);
+void kvp__ucx_cma_close(ucx_xport_t *x);
 /* Source side: our writes to p must go direct-cma (it offers it, our blob
  * says we write it, and we marked its probe segment: it will see us proven
  * and trust FETCH_DONE without landing). */

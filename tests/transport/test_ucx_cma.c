@@ -22,6 +22,13 @@
  * "unproven" lands 256 KiB; no bounds check (write()'s slot check and
  * cma_bounds_ok) -> "bounds" answers OK for the slot past its layout.
  *   dead:      the target SIGKILLed: the next write is refused, no crash.
+ *   split:     32 blocks (2 MiB, >= CMA_SPLIT_BYTES) in reverse slot order
+ *              go as two syscalls, one per thread, and land byte-exact;
+ *              with KVPEER_UCX_CMA_SPLIT=0 as one; a split write outside
+ *              the target's memory (forged blob) fails in both halves and
+ *              counts one failed transfer, no crash
+ *              (mutations: the helper's half not written -> verify fails;
+ *              no split -> 1 syscall).
  */
 #include "testutil.h"
 #include "ucx_testlib.h"
@@ -265,6 +272,73 @@ static void test_cma_dead(void **state)
     KVP_TEST_ASSERT_NO_LEAKS();
 }
 
+/* 32 blocks, source slot s into destination slot 63 - s: no two adjacent,
+ * 32 runs (one syscall unless split). */
+static kvp_status_t write_reversed(ut_pair_t *p, kvp_xpeer_id_t peer, kvp_xfer_id_t *id)
+{
+    kvp_xfer_block_t b[32];
+    for (uint32_t s = 0; s < 32; s++)
+        b[s] = (kvp_xfer_block_t){s, 0, UT_NB - 1 - s, 0};
+    return p->x->ops->write(p->x, peer, b, 32, id);
+}
+
+static void split_case(bool split)
+{
+    ut_pair_t p;
+    ut_reply_t r;
+    kvp_status_t st;
+    kvp_xfer_id_t id = 0;
+    if (!split)
+        setenv("KVPEER_UCX_CMA_SPLIT", "0", 1);
+    open_cma(&p);
+    unsetenv("KVPEER_UCX_CMA_SPLIT");
+    ut_consumer_add_producer(&p, -1);
+    for (uint32_t s = 0; s < 32; s++)
+        ut_pattern_fill(p.region + (size_t)s * UT_BS, UT_BS, s, 53);
+    assert_int_equal(write_reversed(&p, p.peer, &id), KVP_OK);
+    assert_true(ut_wait_xfer(p.x, p.peer, id, SC(5 * SEC), &st));
+    assert_int_equal(st, KVP_OK);
+    uint32_t pairs[64];
+    for (uint32_t s = 0; s < 32; s++) {
+        pairs[2 * s] = UT_NB - 1 - s; /* (destination, source) */
+        pairs[2 * s + 1] = s;
+    }
+    assert_true(ut_call(&p.child, UT_VERIFY, 0, 53, pairs, sizeof(pairs), &r, NULL, 0));
+    assert_int_equal(r.v1, 0); /* every block byte-exact, both halves */
+    kvp_xport_stats_t xs = xstats(p.x);
+    print_message("  %s: 32 x %u B in %llu syscall(s), %llu B\n", split ? "split" : "no split",
+                  UT_BS, (unsigned long long)xs.cma_writes, (unsigned long long)xs.cma_bytes);
+    assert_int_equal(xs.cma_bytes, 32ull * UT_BS);
+    assert_int_equal(xs.cma_writes, split ? 2 : 1);
+    /* Both halves fail (a forged blob's region where nothing is mapped, as
+     * "outside"): one failure is reported for the transfer. */
+    uint8_t b[KVP_UCX_BLOB_MAX];
+    forge(&p, b, 16, 0x4000000000000000ull, true);
+    kvp_xpeer_id_t f = add_forged(&p, b, ut_layout);
+    st = write_reversed(&p, f, &id);
+    if (st == KVP_OK) {
+        assert_true(ut_wait_xfer(p.x, f, id, SC(5 * SEC), &st));
+        assert_int_not_equal(st, KVP_OK);
+    }
+    xs = xstats(p.x);
+    assert_int_equal(xs.cma_failed, 1); /* one per transfer, not one per half */
+    assert_int_equal(xs.cma_bytes, 32ull * UT_BS); /* nothing more written */
+    assert_int_equal(p.x->ops->remove_peer(p.x, f), KVP_OK);
+    assert_int_equal(p.x->ops->remove_peer(p.x, p.peer), KVP_OK);
+    (void)ut_drain_retired(p.x, 2 * MSEC, SC(2 * SEC));
+    assert_int_equal(p.x->ops->close(p.x, false), KVP_OK);
+}
+
+static void test_cma_split(void **state)
+{
+    (void)state;
+    kvp_test_logcap_start(&cap);
+    split_case(true);
+    split_case(false);
+    kvp_test_logcap_stop();
+    KVP_TEST_ASSERT_NO_LEAKS();
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -273,6 +347,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_cma_direct),   cmocka_unit_test(test_cma_unproven),
         cmocka_unit_test(test_cma_bounds),   cmocka_unit_test(test_cma_outside),
         cmocka_unit_test(test_cma_other_pid), cmocka_unit_test(test_cma_dead),
+        cmocka_unit_test(test_cma_split),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
