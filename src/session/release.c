@@ -51,9 +51,10 @@ void kvp__release_dst(kvp_session_env_t *n, const char *peer, kvp_slot_ref_t dst
 }
 
 kvp_status_t kvp__release_dst_commit(kvp_session_env_t *n, const char *peer, kvp_slot_ref_t dst,
-                                     const kvp_digest_t *digest, bool verify, kvp_proof_t proof)
+                                     const kvp_digest_t *digest, const kvp_digest_t *actual,
+                                     bool verify, kvp_proof_t proof)
 {
-    kvp_status_t st = verify ? kvp_store_commit_verify(n->store, dst, digest)
+    kvp_status_t st = verify ? kvp_store_commit_verify_as(n->store, dst, digest, actual)
                              : kvp_store_commit_digest(n->store, dst, digest);
     if (st != KVP_OK)
         return st; /* still FILLING: the caller releases it (kvp__release_dst) */
@@ -64,9 +65,10 @@ kvp_status_t kvp__release_dst_commit(kvp_session_env_t *n, const char *peer, kvp
 }
 
 kvp_status_t kvp__release_dst_lent(kvp_session_env_t *n, const char *peer, kvp_slot_ref_t dst,
-                                   const kvp_digest_t *digest, bool verify, kvp_proof_t proof)
+                                   const kvp_digest_t *digest, const kvp_digest_t *actual,
+                                   bool verify, kvp_proof_t proof)
 {
-    kvp_status_t st = verify ? kvp_store_verify(n->store, dst, digest) : KVP_OK;
+    kvp_status_t st = verify ? kvp_store_verify_as(n->store, dst, digest, actual) : KVP_OK;
     if (st != KVP_OK)
         return st; /* still FILLING: the caller releases it (kvp__release_dst) */
     st = kvp_store_abandon(n->store, dst); /* lent: never indexed, back to the embedding */

@@ -101,6 +101,9 @@ typedef struct kvp_session_env {
      * (keyrate.c): a reconnect does not refill them */
     struct kvp_keyrate *keyrate;
     uint32_t n_keyrate, cap_keyrate;
+    /* hashes half of a big load's blocks at FETCH_DONE (client_outcome.c);
+     * started at the first such load, joined by kvp__session_env_fini */
+    kvp_helper_t *verify_helper;
     /* scratch of the transport's poll and poll_retired (owner thread only;
      * issue 31: was the node's) */
     kvp_xfer_result_t results[256];

@@ -457,10 +457,14 @@ void kvp__release_dst(kvp_session_env_t *e, const char *peer, kvp_slot_ref_t dst
  * and handed back to the embedding (FILLING -> FREE by `proof`); never
  * committed into the cache. KVP_ERR_CHECKSUM: still FILLING, the caller
  * releases it with kvp__release_dst. */
+/* Both: `actual` is the slot's digest hashed by the caller since it landed
+ * (client_outcome.c, two threads), NULL: the store hashes it. */
 kvp_status_t kvp__release_dst_lent(kvp_session_env_t *e, const char *peer, kvp_slot_ref_t dst,
-                                   const kvp_digest_t *digest, bool verify, kvp_proof_t proof);
+                                   const kvp_digest_t *digest, const kvp_digest_t *actual,
+                                   bool verify, kvp_proof_t proof);
 kvp_status_t kvp__release_dst_commit(kvp_session_env_t *e, const char *peer, kvp_slot_ref_t dst,
-                                     const kvp_digest_t *digest, bool verify, kvp_proof_t proof);
+                                     const kvp_digest_t *digest, const kvp_digest_t *actual,
+                                     bool verify, kvp_proof_t proof);
 /* Drop every pin of the transfer's store job (x->n becomes 0). */
 void kvp__release_src(kvp_session_env_t *e, kvp_xfer_t *x, kvp_proof_t proof);
 /* Why a supply pin (a LOOKUP's pin on one of our READY slots, which no

@@ -263,12 +263,18 @@ kvp_status_t kvp_store_commit_digest(kvp_store_t *s, kvp_slot_ref_t ref,
 kvp_status_t kvp_store_commit_verify(kvp_store_t *s, kvp_slot_ref_t ref,
                                      const kvp_digest_t *expected)
 {
+    return kvp_store_commit_verify_as(s, ref, expected, NULL);
+}
+
+kvp_status_t kvp_store_commit_verify_as(kvp_store_t *s, kvp_slot_ref_t ref,
+                                        const kvp_digest_t *expected, const kvp_digest_t *actual)
+{
     kvp_status_t rc = ref_resolve_own(s, ref);
     if (rc != KVP_OK)
         return rc;
     if (!expected)
         return KVP_ERR_INVALID;
-    kvp_digest_t d = slot_digest(s, ref.slot);
+    kvp_digest_t d = actual ? *actual : slot_digest(s, ref.slot);
     if (!kvp_digest_eq(&d, expected)) {
         s->st.checksum_mismatches++;
         KVP_WARN(s->log_prefix,
@@ -593,12 +599,18 @@ kvp_status_t kvp_store_lend(kvp_store_t *s, uint32_t slot, const void *key, size
 
 kvp_status_t kvp_store_verify(kvp_store_t *s, kvp_slot_ref_t ref, const kvp_digest_t *expected)
 {
+    return kvp_store_verify_as(s, ref, expected, NULL);
+}
+
+kvp_status_t kvp_store_verify_as(kvp_store_t *s, kvp_slot_ref_t ref, const kvp_digest_t *expected,
+                                 const kvp_digest_t *actual)
+{
     kvp_status_t rc = ref_resolve(s, ref, KVP_SLOT_FILLING);
     if (rc != KVP_OK)
         return rc;
     if (!expected)
         return KVP_ERR_INVALID;
-    kvp_digest_t d = slot_digest(s, ref.slot);
+    kvp_digest_t d = actual ? *actual : slot_digest(s, ref.slot);
     if (kvp_digest_eq(&d, expected))
         return KVP_OK;
     s->st.checksum_mismatches++;

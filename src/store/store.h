@@ -156,6 +156,12 @@ kvp_status_t kvp_store_commit(kvp_store_t *s, kvp_slot_ref_t ref);
  * leaves the slot FILLING (the caller abandons it). */
 kvp_status_t kvp_store_commit_verify(kvp_store_t *s, kvp_slot_ref_t ref,
                                      const kvp_digest_t *expected);
+/* The _as forms of commit_verify and verify take `actual`, the slot's
+ * kvp_store_slot_digest taken by the caller since the slot was last written
+ * (a load's blocks hashed on two threads, session/client_outcome.c); NULL:
+ * hashed here. */
+kvp_status_t kvp_store_commit_verify_as(kvp_store_t *s, kvp_slot_ref_t ref,
+                                        const kvp_digest_t *expected, const kvp_digest_t *actual);
 /* Like commit, but the slot takes `digest` (the source's checksum of what
  * it sent) without hashing the content: a remote load with verification
  * off. The digest still describes what the block should be, so a suspect
@@ -214,6 +220,8 @@ kvp_status_t kvp_store_lend(kvp_store_t *s, uint32_t slot, const void *key, size
 /* Does the FILLING slot's content match `expected`? KVP_OK, or
  * KVP_ERR_CHECKSUM (counted, logged); no state change. */
 kvp_status_t kvp_store_verify(kvp_store_t *s, kvp_slot_ref_t ref, const kvp_digest_t *expected);
+kvp_status_t kvp_store_verify_as(kvp_store_t *s, kvp_slot_ref_t ref, const kvp_digest_t *expected,
+                                 const kvp_digest_t *actual);
 /* Publish: the FREE slot `slot` holds the block of `key` (the embedding
  * wrote it): FREE -> FILLING -> READY, hashed and indexed, served like any
  * READY block. KVP_ERR_BUSY if the slot is not FREE, KVP_ERR_EXISTS if the

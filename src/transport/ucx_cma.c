@@ -40,11 +40,13 @@
  * or writes short fails the transfer (FAILED, its outcome unknown to the
  * consumer): never a crash, never a retry.
  *
- * A write of CMA_SPLIT_BYTES or more is split in two halves of its blocks,
- * the second written by a helper thread at the same time (every rule above
- * holds for each half: the bounds before either starts, the pidfd before
- * each syscall); it is terminal once both returned, and fails once if
- * either failed. KVPEER_UCX_CMA_SPLIT=0: one thread.
+ * A write of KVP_HELPER_SPLIT_BYTES or more is split in two halves of its
+ * blocks, the second written by the transport's helper thread (helper.c) at
+ * the same time: one process_vm_writev stream copies at ~2/3 of what two do
+ * here (docs/DESIGN.md "direct-cma"). Every rule above holds for each half
+ * (the bounds before either starts, the pidfd before each syscall); the
+ * transfer is terminal once both returned, and fails once if either
+ * failed. KVPEER_HELPER_THREAD=0: one thread.
  *
  * The consumer cannot fence or refuse such a write: it is treated exactly
  * as direct shm (inbound DIRECT_CMA: not refusable, no fence proof,
@@ -55,7 +57,6 @@
 
 #include <errno.h>
 #include <poll.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,18 +65,12 @@
 #include <unistd.h>
 
 #define CMA_IOV 256 /* iovecs per process_vm_writev (the kernel takes up to 1024) */
-/* From this many bytes a write is split in two halves, the second on a
- * helper thread (measured, docs/DESIGN.md "direct-cma": one
- * process_vm_writev stream copies at ~2/3 of what two do on this host). */
-#define CMA_SPLIT_BYTES ((size_t)1 << 20)
 
 void kvp__ucx_cma_open(ucx_xport_t *x)
 {
     const char *e = getenv("KVPEER_UCX_CMA");
     kvp_ratelimit_init(&x->rl_cma, KVP_NSEC_PER_SEC, 10);
     x->cma_ok = !(e != NULL && strcmp(e, "0") == 0);
-    e = getenv("KVPEER_UCX_CMA_SPLIT"); /* 0: one thread per write (see CMA_SPLIT_BYTES) */
-    x->cma_split = !(e != NULL && strcmp(e, "0") == 0);
     if (!x->cma_ok) {
         KVP_INFO(PFX(x), "direct-cma off (KVPEER_UCX_CMA=0)");
         return;
@@ -220,7 +215,7 @@ typedef struct cma_part {
     bool failed;
 } cma_part_t;
 
-static void *cma_write_part(void *arg)
+static void cma_write_part(void *arg)
 {
     cma_part_t *w = arg;
     const size_t bs = w->x->layout.block_size;
@@ -246,7 +241,7 @@ static void *cma_write_part(void *arg)
             w->err = ESRCH;
             w->fail_want = want;
             w->failed = true;
-            return NULL;
+            return;
         }
         ssize_t got = process_vm_writev(w->p->cma_pid, lv, (unsigned long)k, rv,
                                         (unsigned long)k, 0);
@@ -261,100 +256,14 @@ static void *cma_write_part(void *arg)
             w->fail_done = got > 0 ? (size_t)got : 0;
             w->fail_want = want;
             w->failed = true;
-            return NULL;
+            return;
         }
     }
-    return NULL;
-}
-
-/* The helper: one thread per transport, started at the first split write
- * and parked between writes until the transport closes. Not a thread per
- * write: a clone and an exit per write, and glibc madvises an exiting
- * thread's stack, which UCX's UCM hooks (a memory event per write). One job
- * at a time: only the node thread posts, and it waits for the job before it
- * returns, so the transfer is terminal when kvp__ucx_cma_post returns. */
-struct ucx_cma_helper {
-    pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t cv; /* job posted, job done, stop */
-    cma_part_t *job;   /* non-NULL: posted, not done */
-    bool stop;
-};
-
-static void *cma_helper_main(void *arg)
-{
-    struct ucx_cma_helper *h = arg;
-    pthread_mutex_lock(&h->mu);
-    while (!h->stop) {
-        if (h->job == NULL) {
-            pthread_cond_wait(&h->cv, &h->mu);
-            continue;
-        }
-        cma_part_t *w = h->job;
-        pthread_mutex_unlock(&h->mu);
-        cma_write_part(w);
-        pthread_mutex_lock(&h->mu);
-        h->job = NULL;
-        pthread_cond_broadcast(&h->cv);
-    }
-    pthread_mutex_unlock(&h->mu);
-    return NULL;
-}
-
-/* Post `w` to the helper (started here the first time); false: no helper
- * (it could not be started: the split is off from then on, logged once). */
-static bool cma_helper_post(ucx_xport_t *x, cma_part_t *w)
-{
-    struct ucx_cma_helper *h = x->cma_helper;
-    if (h == NULL) {
-        h = kvp__calloc(1, sizeof(*h));
-        if (h == NULL || pthread_mutex_init(&h->mu, NULL) != 0) {
-            kvp__free(h);
-            x->cma_split = false;
-            return false;
-        }
-        pthread_cond_init(&h->cv, NULL);
-        int rc = pthread_create(&h->thread, NULL, cma_helper_main, h);
-        if (rc != 0) {
-            pthread_cond_destroy(&h->cv);
-            pthread_mutex_destroy(&h->mu);
-            kvp__free(h);
-            x->cma_split = false;
-            KVP_WARN(PFX(x), "direct-cma: no helper thread (%s): writes on one thread",
-                     strerror(rc));
-            return false;
-        }
-        x->cma_helper = h;
-    }
-    pthread_mutex_lock(&h->mu);
-    h->job = w;
-    pthread_cond_broadcast(&h->cv);
-    pthread_mutex_unlock(&h->mu);
-    return true;
-}
-
-static void cma_helper_wait(struct ucx_cma_helper *h)
-{
-    pthread_mutex_lock(&h->mu);
-    while (h->job != NULL)
-        pthread_cond_wait(&h->cv, &h->mu);
-    pthread_mutex_unlock(&h->mu);
 }
 
 void kvp__ucx_cma_close(ucx_xport_t *x)
 {
-    struct ucx_cma_helper *h = x->cma_helper;
-    if (h == NULL)
-        return;
-    pthread_mutex_lock(&h->mu);
-    h->stop = true; /* no job is posted: the node thread waited for the last */
-    pthread_cond_broadcast(&h->cv);
-    pthread_mutex_unlock(&h->mu);
-    pthread_join(h->thread, NULL);
-    pthread_cond_destroy(&h->cv);
-    pthread_mutex_destroy(&h->mu);
-    kvp__free(h);
-    x->cma_helper = NULL;
+    kvp_helper_fini(&x->cma_helper);
 }
 
 size_t kvp__ucx_cma_post(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r,
@@ -365,15 +274,17 @@ size_t kvp__ucx_cma_post(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r,
         r->first_err = UCS_ERR_INVALID_PARAM;
         return 0; /* nothing written */
     }
-    size_t h = x->cma_split && n >= 2 && n * bs >= CMA_SPLIT_BYTES ? n / 2 : n;
+    size_t h = n >= 2 && n * bs >= KVP_HELPER_SPLIT_BYTES ? n / 2 : n;
     cma_part_t w[2] = {{.x = x, .p = p, .blocks = blocks, .n = h},
                        {.x = x, .p = p, .blocks = blocks + h, .n = n - h}};
-    bool split = h < n && cma_helper_post(x, &w[1]);
+    bool split = h < n && kvp_helper_post(&x->cma_helper, PFX(x), cma_write_part, &w[1]);
+    if (!split) { /* no helper thread: all of it on ours */
+        w[0].n = n;
+        w[1].n = 0;
+    }
     cma_write_part(&w[0]);
     if (split)
-        cma_helper_wait(x->cma_helper); /* terminal only once both halves returned */
-    else if (h < n && !w[0].failed)
-        cma_write_part(&w[1]); /* no helper thread: the rest on ours */
+        kvp_helper_wait(x->cma_helper); /* terminal only once both halves returned */
     size_t posted = 0;
     for (int i = 0; i < 2; i++) {
         x->st.cma_writes += w[i].syscalls;

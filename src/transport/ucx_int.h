@@ -211,8 +211,7 @@ typedef struct ucx_xport {
      * shm on, pcred and probe segment present: bit 1); cma_out: our blob
      * says we write direct-cma where offered (shm on, pcred: bit 2) */
     bool cma_ok, cma_in, cma_out;
-    bool cma_split; /* a write >= CMA_SPLIT_BYTES on two threads (KVPEER_UCX_CMA_SPLIT) */
-    struct ucx_cma_helper *cma_helper; /* ucx_cma.c: started at the first split write */
+    kvp_helper_t *cma_helper; /* the second half of a big direct-cma write (ucx_cma.c) */
     kvp_ratelimit_t rl_cma;
 } ucx_xport_t;
 

@@ -16,6 +16,11 @@
  *   source off: KVPEER_UCX_CMA=0 in the source only: am-shm, every block
  *       through the consumer's AM handler (it does not trust that source's
  *       FETCH_DONE without them).
+ *   verify split: 8 x 256 KiB (>= KVP_HELPER_SPLIT_BYTES: hashed on two
+ *       threads at FETCH_DONE), blocks 1 and 7 published with a stale
+ *       checksum: exactly those refused (KVP_ERR_CHECKSUM), the rest
+ *       byte-exact (mutation: the helper hashing the first half's slots ->
+ *       more refused).
  *   tcp: UCX_TLS=tcp in both processes: no shared memory, the source is not
  *       proven, the path is am-tcp, never direct-cma; the blocks still land.
  *
@@ -70,7 +75,12 @@ static void keys_make(uint32_t k0, uint32_t n, uint8_t *buf, uint32_t *lens)
 
 /* argv: self --source devshm(0|1). Publishes NPUB blocks (slots 2.., keys
  * 0..), prints its peer id, serves until stdin closes. */
-static int source_main(bool devshm)
+static bool bad_sum(uint32_t i)
+{
+    return i == 1 || i == NPUB - 1; /* one in each half of a split verify */
+}
+
+static int source_main(bool devshm, bool bad_sums)
 {
     uint8_t *region = region_map(devshm);
     kvp_node_t *n = region ? node_start(region, 0) : NULL;
@@ -79,15 +89,29 @@ static int source_main(bool devshm)
     uint8_t keys[8 * NPUB + 1];
     uint32_t lens[NPUB];
     keys_make(0, NPUB, keys, lens);
-    for (uint32_t i = 0; i < NPUB; i++) {
+    for (uint32_t i = 0; i < NPUB; i++)
         fill(i, region + (size_t)(2 + i) * BS);
-        if (kvp_publish(n, keys + 8 * i, lens[i], 2 + i) != KVP_OK)
+    for (uint32_t i = 0; i < NPUB; i++) {
+        uint8_t sum[KVP_CHECKSUM_LEN];
+        kvp_status_t st = KVP_OK;
+        if (bad_sums && bad_sum(i)) /* the checksum of another block: stale */
+            st = kvp_slot_checksum(n, 2 + (i + 1) % NPUB, sum);
+        if (st == KVP_OK)
+            st = bad_sums && bad_sum(i) ? kvp_publish_checksum(n, keys + 8 * i, lens[i], 2 + i, sum)
+                                        : kvp_publish(n, keys + 8 * i, lens[i], 2 + i);
+        if (st != KVP_OK)
             return 3;
     }
     rn_source_serve(n);
     kvp_node_destroy(n);
     munmap(region, (size_t)NB * BS);
     return 0;
+}
+
+static void src_spawn_mode(rn_src_t *s, const char *mode)
+{
+    char *argv[] = {(char *)g_self, "--source", (char *)mode, NULL};
+    assert_true(rn_src_spawn(s, argv));
 }
 
 static void src_spawn(rn_src_t *s, bool devshm)
@@ -170,6 +194,53 @@ static void test_cma_fetch_devshm(void **state)
 {
     (void)state;
     fetch_case(true, "direct-cma");
+}
+
+/* Two of the 8 blocks (2 MiB: verified on two threads, one in each half)
+ * carry a stale checksum: exactly those two are refused, the other six
+ * land byte-exact. */
+static void test_cma_verify_split(void **state)
+{
+    (void)state;
+    rn_src_t s;
+    uint8_t *region = region_map(false);
+    assert_non_null(region);
+    src_spawn_mode(&s, "2");
+    kvp_node_t *n = node_start(region, 0);
+    assert_non_null(n);
+    assert_int_equal(kvp_peer_add(n, s.peer), KVP_OK);
+    assert_int_equal(kvp_peer_wait(n, s.peer, (int32_t)scaled(10000)), KVP_OK);
+    uint8_t keys[8 * NPUB + 1], res[NPUB], want[BS];
+    uint32_t lens[NPUB], slots[NPUB] = {15, 0, 7, 8, 9, 3, 12, 1};
+    int32_t bs[NPUB];
+    uint64_t op;
+    kvp_event_t ev;
+    kvp_stats_t st;
+    keys_make(0, NPUB, keys, lens);
+    assert_int_equal(kvp_lookup(n, s.peer, 1, keys, lens, NPUB, res, &op), KVP_OK);
+    assert_true(rn_wait_event(n, KVP_EV_LOOKUP, op, scaled(5000), &ev));
+    assert_int_equal(ev.n_ok, NPUB);
+    assert_int_equal(kvp_fetch_into(n, s.peer, 1, keys, lens, NPUB, slots, 0, bs, &op), KVP_OK);
+    assert_true(rn_wait_event(n, KVP_EV_LOAD, op, scaled(10000), &ev));
+    uint32_t refused = 0;
+    for (uint32_t i = 0; i < NPUB; i++) {
+        if (bad_sum(i)) {
+            assert_int_equal(bs[i], KVP_ERR_CHECKSUM);
+            refused++;
+            continue;
+        }
+        assert_int_equal(bs[i], KVP_OK);
+        fill(i, want);
+        assert_memory_equal(region + (size_t)slots[i] * BS, want, BS);
+    }
+    assert_int_equal(kvp_node_stats(n, &st), KVP_OK);
+    printf("stale checksums: %u of %u blocks refused, %llu mismatches counted\n", refused, NPUB,
+           (unsigned long long)st.checksum_mismatches);
+    assert_int_equal(st.checksum_mismatches, 2);
+    kvp_finish_request(n, 1);
+    kvp_node_destroy(n);
+    src_end(&s, false);
+    munmap(region, (size_t)NB * BS);
 }
 
 /* The source does not write direct-cma (KVPEER_UCX_CMA=0 there only): the
@@ -258,10 +329,11 @@ int main(int argc, char **argv)
 {
     g_self = argv[0];
     if (argc == 3 && strcmp(argv[1], "--source") == 0)
-        return source_main(strcmp(argv[2], "1") == 0);
+        return source_main(strcmp(argv[2], "1") == 0, strcmp(argv[2], "2") == 0);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cma_fetch_plain),
         cmocka_unit_test(test_cma_fetch_devshm),
+        cmocka_unit_test(test_cma_verify_split),
         cmocka_unit_test(test_cma_source_killed),
         cmocka_unit_test(test_cma_source_off),
         cmocka_unit_test(test_cma_tcp_not_proven),

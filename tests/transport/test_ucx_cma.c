@@ -22,9 +22,9 @@
  * "unproven" lands 256 KiB; no bounds check (write()'s slot check and
  * cma_bounds_ok) -> "bounds" answers OK for the slot past its layout.
  *   dead:      the target SIGKILLed: the next write is refused, no crash.
- *   split:     32 blocks (2 MiB, >= CMA_SPLIT_BYTES) in reverse slot order
+ *   split:     32 blocks (2 MiB, >= KVP_HELPER_SPLIT_BYTES) in reverse slot order
  *              go as two syscalls, one per thread, and land byte-exact;
- *              with KVPEER_UCX_CMA_SPLIT=0 as one; a split write outside
+ *              with KVPEER_HELPER_THREAD=0 as one; a split write outside
  *              the target's memory (forged blob) fails in both halves and
  *              counts one failed transfer, no crash
  *              (mutations: the helper's half not written -> verify fails;
@@ -289,9 +289,8 @@ static void split_case(bool split)
     kvp_status_t st;
     kvp_xfer_id_t id = 0;
     if (!split)
-        setenv("KVPEER_UCX_CMA_SPLIT", "0", 1);
+        setenv("KVPEER_HELPER_THREAD", "0", 1);
     open_cma(&p);
-    unsetenv("KVPEER_UCX_CMA_SPLIT");
     ut_consumer_add_producer(&p, -1);
     for (uint32_t s = 0; s < 32; s++)
         ut_pattern_fill(p.region + (size_t)s * UT_BS, UT_BS, s, 53);
@@ -310,6 +309,7 @@ static void split_case(bool split)
                   UT_BS, (unsigned long long)xs.cma_writes, (unsigned long long)xs.cma_bytes);
     assert_int_equal(xs.cma_bytes, 32ull * UT_BS);
     assert_int_equal(xs.cma_writes, split ? 2 : 1);
+    unsetenv("KVPEER_HELPER_THREAD"); /* read when the helper would start: done */
     /* Both halves fail (a forged blob's region where nothing is mapped, as
      * "outside"): one failure is reported for the transfer. */
     uint8_t b[KVP_UCX_BLOB_MAX];
