@@ -158,15 +158,15 @@ void kvp_copy_stream(void *dst, const void *src, size_t len);
 /* ------------------------------------------------------------------ helper */
 
 /* A parked worker thread that does half of a big job for its owner thread
- * (helper.c). kvp_helper_post starts it at the first post (*h NULL) and
+ * (helper.c). kvp__helper_post starts it at the first post (*h NULL) and
  * posts fn(arg); false: no helper (KVPEER_HELPER_THREAD=0, or it could not
  * be started): the owner runs fn itself. After a true post the owner does
- * its share, then kvp_helper_wait: fn has returned. One job at a time, one
- * owner thread. kvp_helper_fini joins it (*h NULL after). */
+ * its share, then kvp__helper_wait: fn has returned. One job at a time, one
+ * owner thread. kvp__helper_fini joins it (*h NULL after). */
 typedef struct kvp_helper kvp_helper_t;
-bool kvp_helper_post(kvp_helper_t **h, const char *log_prefix, void (*fn)(void *), void *arg);
-void kvp_helper_wait(kvp_helper_t *h);
-void kvp_helper_fini(kvp_helper_t **h);
+bool kvp__helper_post(kvp_helper_t **h, const char *log_prefix, void (*fn)(void *), void *arg);
+void kvp__helper_wait(kvp_helper_t *h);
+void kvp__helper_fini(kvp_helper_t **h);
 
 /* A job of this many bytes or more is split with the helper. */
 #define KVP_HELPER_SPLIT_BYTES ((size_t)1 << 20)

@@ -5,10 +5,10 @@
  * before the owner goes on, so nothing the job touches outlives the call.
  *
  * Started at the first post, parked between jobs, joined at
- * kvp_helper_fini. Not a thread per job: a clone and an exit per job, and
+ * kvp__helper_fini. Not a thread per job: a clone and an exit per job, and
  * glibc madvises an exiting thread's stack, which UCX's UCM hooks (a memory
  * event per job). KVPEER_HELPER_THREAD=0: no helper, the owner does every
- * job alone (kvp_helper_post answers false). A helper that cannot be
+ * job alone (kvp__helper_post answers false). A helper that cannot be
  * started is not retried (logged once by the caller's prefix). */
 #include "common.h"
 
@@ -73,7 +73,7 @@ static kvp_helper_t *helper_start(kvp_helper_t **hp, const char *log_prefix)
     return h;
 }
 
-bool kvp_helper_post(kvp_helper_t **hp, const char *log_prefix, void (*fn)(void *), void *arg)
+bool kvp__helper_post(kvp_helper_t **hp, const char *log_prefix, void (*fn)(void *), void *arg)
 {
     kvp_helper_t *h = *hp != NULL ? *hp : helper_start(hp, log_prefix);
     if (h == NULL || h->off)
@@ -87,7 +87,7 @@ bool kvp_helper_post(kvp_helper_t **hp, const char *log_prefix, void (*fn)(void 
     return true;
 }
 
-void kvp_helper_wait(kvp_helper_t *h)
+void kvp__helper_wait(kvp_helper_t *h)
 {
     pthread_mutex_lock(&h->mu);
     while (h->fn != NULL)
@@ -95,7 +95,7 @@ void kvp_helper_wait(kvp_helper_t *h)
     pthread_mutex_unlock(&h->mu);
 }
 
-void kvp_helper_fini(kvp_helper_t **hp)
+void kvp__helper_fini(kvp_helper_t **hp)
 {
     kvp_helper_t *h = *hp;
     if (h == NULL)

@@ -113,13 +113,13 @@ static kvp_digest_t *load_hash_blocks(kvp_load_t *l, bool landing)
     }
     load_hash_t h[2] = {{n->store, slots, tmp, k / 2}, {n->store, slots + k / 2, tmp + k / 2,
                                                          k - k / 2}};
-    if (!kvp_helper_post(&n->verify_helper, n->name, load_hash_run, &h[1])) {
+    if (!kvp__helper_post(&n->verify_helper, n->name, load_hash_run, &h[1])) {
         kvp__free(out);
         out = NULL;
         goto done;
     }
     load_hash_run(&h[0]);
-    kvp_helper_wait(n->verify_helper);
+    kvp__helper_wait(n->verify_helper);
     for (uint32_t j = 0; j < k; j++)
         out[idx[j]] = tmp[j];
 done:

@@ -102,7 +102,7 @@ void kvp__keyrate_leave(kvp_session_t *s)
 
 void kvp__session_env_fini(kvp_session_env_t *e)
 {
-    kvp_helper_fini(&e->verify_helper);
+    kvp__helper_fini(&e->verify_helper);
     kvp__free(e->keyrate);
     e->keyrate = NULL;
     e->n_keyrate = e->cap_keyrate = 0;

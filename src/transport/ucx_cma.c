@@ -263,7 +263,7 @@ static void cma_write_part(void *arg)
 
 void kvp__ucx_cma_close(ucx_xport_t *x)
 {
-    kvp_helper_fini(&x->cma_helper);
+    kvp__helper_fini(&x->cma_helper);
 }
 
 size_t kvp__ucx_cma_post(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r,
@@ -277,14 +277,14 @@ size_t kvp__ucx_cma_post(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r,
     size_t h = n >= 2 && n * bs >= KVP_HELPER_SPLIT_BYTES ? n / 2 : n;
     cma_part_t w[2] = {{.x = x, .p = p, .blocks = blocks, .n = h},
                        {.x = x, .p = p, .blocks = blocks + h, .n = n - h}};
-    bool split = h < n && kvp_helper_post(&x->cma_helper, PFX(x), cma_write_part, &w[1]);
+    bool split = h < n && kvp__helper_post(&x->cma_helper, PFX(x), cma_write_part, &w[1]);
     if (!split) { /* no helper thread: all of it on ours */
         w[0].n = n;
         w[1].n = 0;
     }
     cma_write_part(&w[0]);
     if (split)
-        kvp_helper_wait(x->cma_helper); /* terminal only once both halves returned */
+        kvp__helper_wait(x->cma_helper); /* terminal only once both halves returned */
     size_t posted = 0;
     for (int i = 0; i < 2; i++) {
         x->st.cma_writes += w[i].syscalls;
