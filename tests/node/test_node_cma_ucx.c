@@ -129,6 +129,31 @@ static void src_end(rn_src_t *s, bool kill_it)
 
 /* ------------------------------------------------------------- consumer */
 
+/* The consumer's slots of keys 0..NPUB-1 (none adjacent in order). */
+static const uint32_t g_slots[NPUB] = {15, 0, 7, 8, 9, 3, 12, 1};
+
+/* A consumer node on `region` that looks up all NPUB keys at the source
+ * (every one a hit) and fetches them into g_slots: the node, with the LOAD
+ * event in *ev and each block's status in bs. */
+static kvp_node_t *fetch_all(rn_src_t *s, uint8_t *region, int32_t *bs, kvp_event_t *ev)
+{
+    kvp_node_t *n = node_start(region, 0);
+    assert_non_null(n);
+    assert_int_equal(kvp_peer_add(n, s->peer), KVP_OK);
+    assert_int_equal(kvp_peer_wait(n, s->peer, (int32_t)scaled(10000)), KVP_OK);
+    uint8_t keys[8 * NPUB + 1], res[NPUB];
+    uint32_t lens[NPUB];
+    uint64_t op;
+    keys_make(0, NPUB, keys, lens);
+    assert_int_equal(kvp_lookup(n, s->peer, 1, keys, lens, NPUB, res, &op), KVP_OK);
+    assert_true(rn_wait_event(n, KVP_EV_LOOKUP, op, scaled(5000), ev));
+    assert_int_equal(ev->n_ok, NPUB);
+    assert_int_equal(kvp_fetch_into(n, s->peer, 1, keys, lens, NPUB, g_slots, 0, bs, &op),
+                     KVP_OK);
+    assert_true(rn_wait_event(n, KVP_EV_LOAD, op, scaled(10000), ev));
+    return n;
+}
+
 static void fetch_case(bool devshm, const char *want_path)
 {
     rn_src_t s;
@@ -138,26 +163,15 @@ static void fetch_case(bool devshm, const char *want_path)
     if (g_env_once)
         unsetenv("KVPEER_UCX_CMA");
     g_env_once = false;
-    kvp_node_t *n = node_start(region, 0);
-    assert_non_null(n);
-    assert_int_equal(kvp_peer_add(n, s.peer), KVP_OK);
-    assert_int_equal(kvp_peer_wait(n, s.peer, (int32_t)scaled(10000)), KVP_OK);
-    uint8_t keys[8 * NPUB + 1], res[NPUB], want[BS];
-    uint32_t lens[NPUB], slots[NPUB] = {15, 0, 7, 8, 9, 3, 12, 1};
+    uint8_t want[BS];
     int32_t bs[NPUB];
-    uint64_t op;
     kvp_event_t ev;
-    keys_make(0, NPUB, keys, lens);
-    assert_int_equal(kvp_lookup(n, s.peer, 1, keys, lens, NPUB, res, &op), KVP_OK);
-    assert_true(rn_wait_event(n, KVP_EV_LOOKUP, op, scaled(5000), &ev));
-    assert_int_equal(ev.n_ok, NPUB);
-    assert_int_equal(kvp_fetch_into(n, s.peer, 1, keys, lens, NPUB, slots, 0, bs, &op), KVP_OK);
-    assert_true(rn_wait_event(n, KVP_EV_LOAD, op, scaled(10000), &ev));
+    kvp_node_t *n = fetch_all(&s, region, bs, &ev);
     assert_int_equal(ev.status, KVP_OK);
     for (uint32_t i = 0; i < NPUB; i++) {
         assert_int_equal(bs[i], KVP_OK);
         fill(i, want);
-        assert_memory_equal(region + (size_t)slots[i] * BS, want, BS);
+        assert_memory_equal(region + (size_t)g_slots[i] * BS, want, BS);
     }
     kvp_peer_info_t pi;
     uint32_t np = 0;
@@ -206,22 +220,11 @@ static void test_cma_verify_split(void **state)
     uint8_t *region = region_map(false);
     assert_non_null(region);
     src_spawn_mode(&s, "2");
-    kvp_node_t *n = node_start(region, 0);
-    assert_non_null(n);
-    assert_int_equal(kvp_peer_add(n, s.peer), KVP_OK);
-    assert_int_equal(kvp_peer_wait(n, s.peer, (int32_t)scaled(10000)), KVP_OK);
-    uint8_t keys[8 * NPUB + 1], res[NPUB], want[BS];
-    uint32_t lens[NPUB], slots[NPUB] = {15, 0, 7, 8, 9, 3, 12, 1};
+    uint8_t want[BS];
     int32_t bs[NPUB];
-    uint64_t op;
     kvp_event_t ev;
     kvp_stats_t st;
-    keys_make(0, NPUB, keys, lens);
-    assert_int_equal(kvp_lookup(n, s.peer, 1, keys, lens, NPUB, res, &op), KVP_OK);
-    assert_true(rn_wait_event(n, KVP_EV_LOOKUP, op, scaled(5000), &ev));
-    assert_int_equal(ev.n_ok, NPUB);
-    assert_int_equal(kvp_fetch_into(n, s.peer, 1, keys, lens, NPUB, slots, 0, bs, &op), KVP_OK);
-    assert_true(rn_wait_event(n, KVP_EV_LOAD, op, scaled(10000), &ev));
+    kvp_node_t *n = fetch_all(&s, region, bs, &ev);
     uint32_t refused = 0;
     for (uint32_t i = 0; i < NPUB; i++) {
         if (bad_sum(i)) {
@@ -231,7 +234,7 @@ static void test_cma_verify_split(void **state)
         }
         assert_int_equal(bs[i], KVP_OK);
         fill(i, want);
-        assert_memory_equal(region + (size_t)slots[i] * BS, want, BS);
+        assert_memory_equal(region + (size_t)g_slots[i] * BS, want, BS);
     }
     assert_int_equal(kvp_node_stats(n, &st), KVP_OK);
     printf("stale checksums: %u of %u blocks refused, %llu mismatches counted\n", refused, NPUB,
