@@ -263,7 +263,8 @@ static void test_ucx_fence_emulated_shm_control(void **state)
 /* AM_REFUSE (issue 14): with the endpoints left up, blocks written into
  * refused slots are dropped by the consumer's handler and counted, while
  * expected slots still land -- refusal alone, not a closed connection, is
- * what keeps the bytes out. */
+ * what keeps the bytes out. The consumer counts the 8 expected slots it
+ * refused (am_refused_slots; mutation: the count dropped -> 0 != 8). */
 static void am_refuse_case(const char *tls, kvp_data_path_t path, bool caller_mem)
 {
     ut_pair_t p;
@@ -273,6 +274,8 @@ static void am_refuse_case(const char *tls, kvp_data_path_t path, bool caller_me
     ut_pair_open_ex(&p, tls, path, caller_mem);
     assert_true(ut_call(&p.child, UT_FILL, 0xAA, 0, NULL, 0, &r, NULL, 0));
     assert_true(ut_call(&p.child, UT_REFUSE, 0, 8, NULL, 0, &r, NULL, 0)); /* slots 0..7 */
+    assert_true(ut_call(&p.child, UT_REFUSED, 0, 0, NULL, 0, &r, NULL, 0));
+    int64_t refused = r.v1;
     kvp_xfer_id_t a = ut_post4(&p, 0), b = ut_post4(&p, 1); /* slots 0..3, 4..7: refused */
     kvp_xfer_id_t c = ut_post4(&p, 2);                       /* slots 8..11: expected */
     assert_true(ut_wait_xfer(p.x, p.peer, a, kvp_test_scaled_ns(5 * SEC), &st));
@@ -285,6 +288,7 @@ static void am_refuse_case(const char *tls, kvp_data_path_t path, bool caller_me
                   (long long)landed, (long long)r.v1);
     assert_int_equal(landed, 4 * (int64_t)UT_BS);     /* only the expected slots */
     assert_int_equal(r.v1, 8 * (int64_t)UT_BS);       /* the refused ones, counted */
+    assert_int_equal(refused, 8);                      /* am_refused_slots: 8 expected slots */
     ut_pair_close(&p);
     kvp_test_logcap_stop();
     KVP_TEST_ASSERT_NO_LEAKS();

@@ -347,6 +347,12 @@ static void ut_target_cmd(ut_target_t *t, const ut_cmd_t *c, uint8_t *pl)
                  NULL, 0);
         break;
     }
+    case UT_REFUSED: {
+        kvp_xport_stats_t xs;
+        t->x->ops->get_stats(t->x, &xs);
+        ut_reply(t->sock, KVP_OK, (int64_t)xs.am_refused_slots, 0, NULL, 0);
+        break;
+    }
     case UT_LANDED:
         ut_target_settle(t);
         ut_reply(t->sock, KVP_OK,

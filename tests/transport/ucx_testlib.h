@@ -33,6 +33,7 @@ enum ut_op {
     UT_REFUSE,      /* a = first slot, b = count: refuse() them (generation 0) -> 0 */
     UT_DROPPED,     /* -> late_bytes_dropped, am_bytes_landed */
     UT_LANDED,      /* a = slot: is_landed(slot, generation 0) -> 0/1 */
+    UT_REFUSED,     /* -> am_refused_slots */
     UT_EXIT,        /* close transport, exit(0) */
 };
 
