@@ -65,33 +65,23 @@ static bool load_all_landed(kvp_load_t *l)
     return true;
 }
 
-/* Block i has reached us or never will by our handler: not a LANDING load,
- * passed already, not sent, or landed. */
-static bool block_here(const kvp_load_t *l, uint32_t i, bool landing)
-{
-    const kvp_load_block_t *b = &l->blocks[i];
-    return !landing || i < l->land_next || !b->sent || block_landed(l, b);
-}
-
 /* The digests of a load's blocks, hashed on two threads (issue 29: a 16 x
- * 2 MiB load is 1.7 ms of xxh3 on the node thread). A part hashes blocks
- * idx[0..n) into out[idx[j]]. */
+ * 2 MiB load is 1.7 ms of xxh3 on the node thread). */
 typedef struct load_hash {
     const kvp_store_t *store;
-    const kvp_load_block_t *blocks;
-    const uint32_t *idx;
-    uint32_t n;
+    const uint32_t *slots;
     kvp_digest_t *out;
+    uint32_t n;
 } load_hash_t;
 
 static void load_hash_run(void *arg)
 {
     load_hash_t *h = arg;
-    for (uint32_t j = 0; j < h->n; j++)
-        h->out[h->idx[j]] = kvp_store_slot_digest(h->store, h->blocks[h->idx[j]].dst.slot);
+    for (uint32_t i = 0; i < h->n; i++)
+        h->out[i] = kvp_store_slot_digest(h->store, h->slots[i]);
 }
 
-/* Every block load_settle_done will verify (reserved, sent, here), hashed
+/* Every block load_settle_done will verify (sent, reserved, here), hashed
  * now, half by the env's helper thread: NULL (the store hashes each as it
  * verifies it) under KVP_HELPER_SPLIT_BYTES, without a helper or memory.
  * Nothing writes these slots any more: the FETCH_DONE came, and on the AM
@@ -99,27 +89,43 @@ static void load_hash_run(void *arg)
 static kvp_digest_t *load_hash_blocks(kvp_load_t *l, bool landing)
 {
     kvp_session_env_t *n = l->env;
-    uint32_t sent = 0, k = 0;
-    for (uint32_t i = 0; i < l->n; i++)
-        sent += l->blocks[i].reserved && l->blocks[i].sent;
-    if (sent < 2 || (size_t)sent * n->cfg->block_size < KVP_HELPER_SPLIT_BYTES)
-        return NULL; /* small: no allocation, no landing check */
-    kvp_digest_t *out = kvp__calloc(l->n, sizeof(*out) + sizeof(uint32_t));
-    if (out == NULL)
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < l->n; i++) {
+        const kvp_load_block_t *b = &l->blocks[i];
+        k += b->reserved && b->sent && (!landing || i < l->land_next || block_landed(l, b));
+    }
+    if (k < 2 || (size_t)k * n->cfg->block_size < KVP_HELPER_SPLIT_BYTES)
         return NULL;
-    uint32_t *idx = (uint32_t *)(out + l->n);
-    for (uint32_t i = 0; i < l->n; i++)
-        if (l->blocks[i].reserved && l->blocks[i].sent && block_here(l, i, landing))
-            idx[k++] = i;
-    load_hash_t h[2] = {{n->store, l->blocks, idx, k / 2, out},
-                        {n->store, l->blocks, idx + k / 2, k - k / 2, out}};
-    if (k < 2 || (size_t)k * n->cfg->block_size < KVP_HELPER_SPLIT_BYTES ||
-        !kvp__helper_post(&n->verify_helper, n->name, load_hash_run, &h[1])) {
+    kvp_digest_t *out = kvp__calloc(l->n, sizeof(*out));
+    kvp_digest_t *tmp = kvp__calloc(k, sizeof(*tmp));
+    uint32_t *slots = kvp__calloc(k, sizeof(*slots)), *idx = kvp__calloc(k, sizeof(*idx));
+    if (out == NULL || tmp == NULL || slots == NULL || idx == NULL) {
         kvp__free(out);
-        return NULL;
+        out = NULL;
+        goto done;
+    }
+    for (uint32_t i = 0, j = 0; i < l->n; i++) {
+        const kvp_load_block_t *b = &l->blocks[i];
+        if (b->reserved && b->sent && (!landing || i < l->land_next || block_landed(l, b))) {
+            slots[j] = b->dst.slot;
+            idx[j++] = i;
+        }
+    }
+    load_hash_t h[2] = {{n->store, slots, tmp, k / 2}, {n->store, slots + k / 2, tmp + k / 2,
+                                                         k - k / 2}};
+    if (!kvp__helper_post(&n->verify_helper, n->name, load_hash_run, &h[1])) {
+        kvp__free(out);
+        out = NULL;
+        goto done;
     }
     load_hash_run(&h[0]);
     kvp__helper_wait(n->verify_helper);
+    for (uint32_t j = 0; j < k; j++)
+        out[idx[j]] = tmp[j];
+done:
+    kvp__free(tmp);
+    kvp__free(slots);
+    kvp__free(idx);
     return out;
 }
 
@@ -141,7 +147,7 @@ static void load_settle_done(kvp_load_t *l, kvp_status_t done_status, bool landi
         if (!b->reserved)
             continue;
         k++;
-        bool here = block_here(l, i, landing);
+        bool here = !landing || i < l->land_next || !b->sent || block_landed(l, b);
         /* Not ok in a successful FETCH_DONE: the source had no supply for
          * that key (it missed), the others were sent (F9, partial). */
         kvp_status_t st = done_status == KVP_OK ? KVP_ERR_NOT_FOUND : KVP_ERR_TRANSPORT;
