@@ -357,21 +357,30 @@ def readme_tier() -> Dict[str, Any]:
     return tier
 
 
-def test_readme_multi_host_json_between_two_hosts(two_hosts, procs, psk_file):
+@pytest.mark.parametrize("zero_copy", [False, True], ids=["staging", "zero-copy"])
+def test_readme_multi_host_json_between_two_hosts(two_hosts, procs, psk_file, zero_copy):
     """The README's JSON, as written but for the addresses (10.0.0.x ->
     the namespaces'), the key file and a small store: engine A in one
     namespace stores, engine B in the other loads A's bytes through vLLM's
-    manager. Each engine's host comes from VLLM_P2P_SIDE_CHANNEL_HOST."""
+    manager. Each engine's host comes from VLLM_P2P_SIDE_CHANNEL_HOST.
+    Zero copy: the namespaces share /dev/shm (same-host proof) but not the
+    abstract unix sockets, so A cannot prove B's pid for direct-cma: its
+    proof stays pending and it writes by AM, which B waits to land (before
+    the pending proof, every load failed: "direct-cma write refused")."""
     tier = readme_tier()
     text = json.dumps({k: v for k, v in tier.items() if k not in ("type", "module_path")})
     text = text.replace("10.0.0.1", NS_IP["a"]).replace("10.0.0.2", NS_IP["b"])
     cfg = json.loads(text)
     assert cfg.get("psk_file"), "the README JSON names a key file"
     cfg.update(psk_file=psk_file, num_blocks=64)
+    spec = None
+    if zero_copy:  # A serves B's LOOKUP from its primary tier on vLLM's tier-poll thread
+        cfg["kvpeer_zero_copy"] = True
+        spec = {"tier_poll_interval_s": 0.001}
     env = {"UCX_NET_DEVICES": "all"}
-    a = procs(cfg, prefix=["ip", "netns", "exec", two_hosts["a"]],
+    a = procs(cfg, spec, prefix=["ip", "netns", "exec", two_hosts["a"]],
               env={**env, setup.ENV_HOST: NS_IP["a"]})
-    b = procs(cfg, prefix=["ip", "netns", "exec", two_hosts["b"]],
+    b = procs(cfg, spec, prefix=["ip", "netns", "exec", two_hosts["b"]],
               env={**env, setup.ENV_HOST: NS_IP["b"]})
     assert a.peer_id.startswith(NS_IP["a"] + ":") and b.peer_id.startswith(NS_IP["b"] + ":")
     keys = [make_key(950 + i) for i in range(6)]
@@ -380,6 +389,8 @@ def test_readme_multi_host_json_between_two_hosts(two_hosts, procs, psk_file):
     assert got["results"] == ["HIT"] * 6, got
     assert got["digests"] == [digest(block_bytes(k, 13)) for k in keys]
     assert got["blocks_in"] == 6
+    if zero_copy:  # A -> B is not direct-cma here (A cannot prove B's pid)
+        assert a.peers().get(b.peer_id) in ("am-shm", "am-tcp"), a.peers()
 
 
 # ------------------------------------------------------------------ p2p hints

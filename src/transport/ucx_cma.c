@@ -13,10 +13,15 @@
  *     1: its region is not UCX shared memory, shm transports on, its pcred
  *     listener and probe segment exist, direct-cma allowed there), from a
  *     source whose blob says it writes direct-cma (bit 2) and that marked
- *     the consumer's probe segment: the consumer then sees the source
- *     proven and trusts its FETCH_DONE without seeing blocks land, so from
- *     then on every write to it is direct-cma or refused (nothing written),
- *     never our AM path (an AM block could land after the commit);
+ *     the consumer's probe segment. That mark is written pending (a value
+ *     the consumer does not take as proof) and made final only once the
+ *     checks below passed (ucx.c, add_peer): the consumer then sees the
+ *     source proven and trusts its FETCH_DONE without seeing blocks land,
+ *     so from then on every write to it is direct-cma or refused (nothing
+ *     written), never our AM path (an AM block could land after the
+ *     commit). A source that fails them (the consumer in another network
+ *     namespace sharing /dev/shm, another uid, Yama) leaves the mark
+ *     pending and writes by AM: never proven, it is waited for to land;
  *   - only a process the kernel names: the pid of the consumer's pcred
  *     listener from SO_PEERCRED on our own connection to it (pcred.c; same
  *     uid, same pid namespace), never the pid in its blob; a pidfd taken on
@@ -127,11 +132,12 @@ void kvp__ucx_cma_add_peer(ucx_xport_t *x, ucx_peer_t *p, int lpid)
     const char *why = NULL;
     int fd = lpid > 0 && p->mark_raddr != 0 ? kvp__pidfd_open(lpid) : -1;
     if (fd < 0) {
-        /* It will see us proven and trust FETCH_DONE without landing: our
-         * AM path is no fallback, our writes to it are refused. */
-        KVP_WARN(PFX(x), "peer %llu: direct-cma impossible (%s): our writes to it are refused",
-                 (unsigned long long)p->id,
-                 lpid <= 0 ? "no pid from its unix listener" : strerror(errno));
+        /* Our mark stays pending (ucx.c): it never sees us proven, so it
+         * waits for our writes to land, and they go by active messages. */
+        KVP_WARN(PFX(x), "peer %llu: direct-cma impossible (%s): our writes to it go by active "
+                 "messages", (unsigned long long)p->id,
+                 lpid <= 0 ? "no pid from its unix listener (another network namespace?)"
+                           : strerror(errno));
         return;
     }
     uint64_t got = 0;
@@ -143,13 +149,13 @@ void kvp__ucx_cma_add_peer(ucx_xport_t *x, ucx_peer_t *p, int lpid)
         why = err == EPERM ? "the kernel does not let us write into its process (ptrace "
                              "access: another uid, not dumpable, or a Yama scope)"
                            : "its process does not map its probe segment where its blob says";
-    else if (got != p->mark_ours)
+    else if (got != p->mark_put)
         why = "the process behind its listener does not hold our mark";
     else if (cma_exited(fd))
         why = "its process exited";
     if (why != NULL) {
-        KVP_WARN(PFX(x), "peer %llu: direct-cma impossible (%s): our writes to it are refused",
-                 (unsigned long long)p->id, why);
+        KVP_WARN(PFX(x), "peer %llu: direct-cma impossible (%s): our writes to it go by active "
+                 "messages", (unsigned long long)p->id, why);
         close(fd);
         return;
     }

@@ -126,6 +126,7 @@ struct ucx_peer {
     uint64_t mark_ours;    /* what we write into its probe segment (our secret, bound) */
     uint64_t mark_theirs;  /* what it must write into ours (its secret, bound) */
     uint64_t *mark_cell;   /* where ours is in its segment (cleared at close), or NULL */
+    uint64_t mark_put;     /* what that cell holds: mark_ours, or its pending form */
     ucp_rkey_h probe_rk;   /* keeps that mapping while mark_cell is set */
     bool use_am;           /* our writes to it go as AM (path != direct shm) */
     /* am-tcp (issue 27): our writes to it go over kvpeer's own stream
@@ -251,8 +252,11 @@ void kvp__ucx_log_install(void); /* ucx_log.c */
 kvp_status_t kvp__ucx_probe_alloc(ucx_xport_t *x);
 void kvp__ucx_probe_release(ucx_xport_t *x);
 /* Map the peer's probe segment through p->ep_rma and write our secret into
- * it (once, at add_peer); false when it cannot be mapped (not same host). */
-bool kvp__ucx_probe_mark(ucx_xport_t *x, ucx_peer_t *p, const ucx_blob_view_t *v);
+ * it (once, at add_peer); false when it cannot be mapped (not same host).
+ * pending: write a form of it the peer does not take as proof, until
+ * kvp__ucx_probe_settle (a consumer that offers direct-cma: ucx_cma.c). */
+bool kvp__ucx_probe_mark(ucx_xport_t *x, ucx_peer_t *p, const ucx_blob_view_t *v, bool pending);
+void kvp__ucx_probe_settle(ucx_peer_t *p);
 /* Whether the peer's secret is in our probe segment (cached once true). */
 bool kvp__ucx_peer_proven(ucx_xport_t *x, ucx_peer_t *p);
 uint64_t kvp__ucx_proof_mark_value(uint64_t secret, uint64_t binding);

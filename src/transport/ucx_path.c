@@ -61,9 +61,11 @@ void kvp__ucx_peer_classify(ucx_xport_t *x, ucx_peer_t *p)
     /* AM over UCX shm where that endpoint exists, else kvpeer's tcp stream */
     kvp_data_path_t am = p->out == NULL ? KVP_PATH_AM_SHM : KVP_PATH_AM_TCP;
     /* issue 29 item 4: into a region UCX did not allocate, a same-host
-     * consumer whose process we proved (ucx_cma.c) gets direct-cma; a write
-     * falls back to AM only while the consumer is not proven yet. */
-    bool cma = !direct && kvp__ucx_cma_bound(x, p);
+     * consumer whose process we proved (ucx_cma.c) gets direct-cma; one we
+     * could not prove gets AM, and our proof in its segment stays pending
+     * (ucx.c), so it waits for the AM to land. */
+    bool cma = !direct && kvp__ucx_cma_bound(x, p) && p->cma_pidfd >= 0;
+    bool cma_impossible = !direct && kvp__ucx_cma_bound(x, p) && p->cma_pidfd < 0;
     p->path = direct ? KVP_PATH_DIRECT_SHM : cma ? KVP_PATH_DIRECT_CMA : am;
     p->use_am = !direct;
     /* inbound: a superset of what the peer's rule can choose (ucx_cma.c
@@ -77,10 +79,10 @@ void kvp__ucx_peer_classify(ucx_xport_t *x, ucx_peer_t *p)
     snprintf(p->lanes, sizeof(p->lanes), "out=%s in=%s rkey_ptr=%s shm=%s cma=%s%s",
              kvp_data_path_str(p->path), kvp_data_path_str(p->inbound),
              p->rkey_ptr_ok ? "ok" : "no", x->shm_enabled ? "on" : "off",
-             cma && p->cma_pidfd >= 0 ? "pid-proven"
-             : cma                    ? "REFUSED"
-             : p->cma_offered         ? "offered"
-                                      : "no",
+             cma              ? "pid-proven"
+             : cma_impossible ? "impossible"
+             : p->cma_offered ? "offered"
+                              : "no",
              x->legacy_put && p->use_am ? " legacy-put(bench)" : "");
     KVP_INFO(PFX(x), "peer %llu: data path %s [%s]%s", (unsigned long long)p->id,
              kvp_data_path_str(p->path), p->lanes, p->same_host ? " (same host)" : "");

@@ -72,7 +72,14 @@ void kvp__ucx_probe_release(ucx_xport_t *x)
     x->probe_cells = NULL;
 }
 
-bool kvp__ucx_probe_mark(ucx_xport_t *x, ucx_peer_t *p, const ucx_blob_view_t *v)
+/* The pending form of a mark: never the mark, empty (0) nor a tombstone. */
+static uint64_t probe_pending(uint64_t mark)
+{
+    uint64_t v = mark ^ 0x70656e64696e6721ull; /* "pending!" */
+    return v > UCX_PROOF_TOMB && v != mark ? v : ~mark;
+}
+
+bool kvp__ucx_probe_mark(ucx_xport_t *x, ucx_peer_t *p, const ucx_blob_view_t *v, bool pending)
 {
     ucp_rkey_h rk = NULL;
     void *ptr = NULL;
@@ -94,8 +101,10 @@ bool kvp__ucx_probe_mark(ucx_xport_t *x, ucx_peer_t *p, const ucx_blob_view_t *v
         ucp_rkey_ptr(rk, v->probe_base + len - 1, &last) == UCS_OK &&
         (uint8_t *)last == (uint8_t *)ptr + len - 1 && ((uintptr_t)ptr & 7) == 0) {
         uint64_t *cells = ptr;
-        uint64_t mark = p->mark_ours;
-        for (uint32_t i = 0, c = (uint32_t)(mark % UCX_PROOF_CELLS); i < UCX_PROOF_CELLS && !ok;
+        uint64_t mark = pending ? probe_pending(p->mark_ours) : p->mark_ours;
+        /* probed from the final mark's cell: settle turns it final in place */
+        for (uint32_t i = 0, c = (uint32_t)(p->mark_ours % UCX_PROOF_CELLS);
+             i < UCX_PROOF_CELLS && !ok;
              i++, c = (c + 1) % UCX_PROOF_CELLS) {
             uint64_t cur = __atomic_load_n(&cells[c], __ATOMIC_ACQUIRE);
             if (cur == mark || ((cur == 0 || cur == UCX_PROOF_TOMB) &&
@@ -103,6 +112,7 @@ bool kvp__ucx_probe_mark(ucx_xport_t *x, ucx_peer_t *p, const ucx_blob_view_t *v
                                                             __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))) {
                 ok = true;
                 p->mark_cell = &cells[c];
+                p->mark_put = mark;
                 p->mark_raddr = v->probe_base + (uint64_t)c * sizeof(uint64_t); /* ucx_cma.c */
             }
         }
@@ -147,6 +157,16 @@ uint64_t kvp__ucx_proof_mark_value(uint64_t secret, uint64_t binding)
     return h > UCX_PROOF_TOMB ? h : h + 2; /* never empty (0) nor a tombstone (1) */
 }
 
+/* A pending mark made final: the peer now finds our proof. */
+void kvp__ucx_probe_settle(ucx_peer_t *p)
+{
+    uint64_t want = p->mark_put;
+    if (p->mark_cell != NULL && want != p->mark_ours &&
+        __atomic_compare_exchange_n(p->mark_cell, &want, p->mark_ours, false, __ATOMIC_SEQ_CST,
+                                    __ATOMIC_SEQ_CST))
+        p->mark_put = p->mark_ours;
+}
+
 /* Take our mark back from the peer's segment (a tombstone: its readers
  * probe past it) and drop the mapping: before the RMA endpoint closes.
  * So a peer's segment holds one cell per live session of ours, however
@@ -154,7 +174,7 @@ uint64_t kvp__ucx_proof_mark_value(uint64_t secret, uint64_t binding)
 void kvp__ucx_probe_unmark(ucx_peer_t *p)
 {
     if (p->mark_cell != NULL) {
-        uint64_t want = p->mark_ours;
+        uint64_t want = p->mark_put;
         (void)__atomic_compare_exchange_n(p->mark_cell, &want, UCX_PROOF_TOMB, false,
                                           __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
         p->mark_cell = NULL;
