@@ -423,6 +423,13 @@ KVP_EXPORT kvp_status_t kvp_wanted_keys(kvp_node_t *node, uint64_t op_id, uint8_
  * KVP_ERR_NOT_FOUND: answered already (all its keys published, or the
  * deadline) -- harmless. */
 KVP_EXPORT kvp_status_t kvp_wanted_done(kvp_node_t *node, uint64_t op_id);
+/* Issue 29 (external_wanted = 1): the keys that parked FETCHes on this node
+ * wait for (a consumer's wait-for-supply, prefill -> decode), distinct, at
+ * most `cap`, in kvp_wanted_keys's layout. The embedding publishes those it
+ * holds (kvp_publish serves the parked FETCH at once). The bytes are the
+ * peers': treat them as untrusted. */
+KVP_EXPORT kvp_status_t kvp_parked_keys(kvp_node_t *node, uint8_t *keys, uint32_t *key_lens,
+                                        uint32_t cap, uint32_t *n_out);
 
 /* Abort a load (its event still comes, with KVP_ERR_CANCELED unless decided). */
 KVP_EXPORT kvp_status_t kvp_cancel(kvp_node_t *node, uint64_t op_id);

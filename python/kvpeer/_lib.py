@@ -411,6 +411,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         # issue 29 step 2: keys wanted
         "kvp_wanted_keys": (st, [node_p, c_uint64, u8p, u32p, c_uint32, u32p]),
         "kvp_wanted_done": (st, [node_p, c_uint64]),
+        "kvp_parked_keys": (st, [node_p, u8p, u32p, c_uint32, u32p]),
     }
     for name, (res, args) in protos.items():
         fn = getattr(lib, name)

@@ -420,6 +420,12 @@ def _int_field(name: str, v: Any, bits: int) -> int:
 
 
 # ------------------------------------------------------------------ node
+
+def _keys_of(kbuf: Any, lens: Any, n: int) -> List[bytes]:
+    """Keys in kvp_wanted_keys's layout: key i at i * KEY_MAX."""
+    base = ctypes.addressof(kbuf)
+    return [ctypes.string_at(base + i * L.KEY_MAX, min(lens[i], L.KEY_MAX)) for i in range(n)]
+
 class Node:
     """One kvpeer node. Keyword arguments mirror kvp_config_t (defaults from
     kvp_config_init); e.g. ``Node(num_blocks=64, block_size=65536,
@@ -987,9 +993,18 @@ class Node:
         if st == L.KVP_ERR_NOT_FOUND:
             return None
         _check(st, "kvp_wanted_keys")
-        base = ctypes.addressof(kbuf)
-        return [ctypes.string_at(base + i * L.KEY_MAX, min(lens[i], L.KEY_MAX))
-                for i in range(n.value)]
+        return _keys_of(kbuf, lens, n.value)
+
+    def parked_keys(self, cap: int = 64) -> List[bytes]:
+        """The keys parked FETCHes wait for (a consumer's wait-for-supply;
+        peer bytes: untrusted), at most ``cap``: publish those held."""
+        cap = max(1, min(int(cap), L.LIST_MAX))
+        kbuf = (c_uint8 * (cap * L.KEY_MAX))()
+        lens = (c_uint32 * cap)()
+        n = c_uint32()
+        _check(L.lib().kvp_parked_keys(self._handle(), kbuf, lens, cap, ctypes.byref(n)),
+               "kvp_parked_keys")
+        return _keys_of(kbuf, lens, n.value)
 
     def wanted_done(self, op_id: int) -> bool:
         """Answer a WANTED op now with what is published: True; False when

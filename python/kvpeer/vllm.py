@@ -233,6 +233,7 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         self._sums: Dict[bytes, Tuple[int, bytes]] = {}
         self._sum_key: Dict[int, bytes] = {}
         self.serve_sums = [0, 0]  # chunks served with the store job's checksum / hashed then
+        self._parked_serves = 0   # zero copy: serve rounds for parked FETCHes
         if self._zc:  # issue 29: the node's slots are vLLM's chunks
             if self._pad_blocks and chunk != self.block_size_bytes:
                 raise ValueError("kvpeer: kvpeer_zero_copy needs a primary chunk of whole pages")
@@ -485,7 +486,9 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         create_store_job pins the hits, kvp_publish serves each pinned chunk,
         kvp_wanted_done answers the LOOKUP, and each chunk is unpublished at
         once (the LOOKUP's pins keep it served; SLOT_FREE when the last one
-        drops). The store job completes when every chunk is back."""
+        drops). The store job completes when every chunk is back.
+        Parked FETCHes (a decoder's wait-for-supply from this prefiller) are
+        served the same way once vLLM holds their keys."""
         if not self._zc or getattr(self, "_tier", None) is None:
             return
         done, self._serve_done = self._serve_done, []
@@ -497,26 +500,36 @@ class KVPeerSecondaryTier(SecondaryTierManager):
             keys = node.wanted_keys(ev.op_id, max(1, ev.n_keys))  # never more than raised
             if keys is None:  # answered already (its deadline)
                 continue
-            ctx = ReqContext(req_id=f"kvpeer:{ev.peer}:{ev.request_id}:w{ev.op_id}")
-            parent.on_new_request(ctx)
-            hits = [_OffloadKey(k) for k in dict.fromkeys(keys)
-                    if parent.lookup(_OffloadKey(k), ctx) is LookupResult.HIT]
-            job = parent.create_store_job(hits, ctx) if hits else None
-            published: List[bytes] = []
-            if job is not None:
-                for k, c in zip(job.keys, job.chunk_ids):
-                    try:
-                        node.publish(bytes(k), int(c), self._stored_sum(bytes(k), int(c)))
-                        published.append(bytes(k))
-                    except L_Error as e:  # served already (another op's pin): a MISS here
-                        log.debug("kvpeer tier %s: chunk %d not published: %s", self.peer_id,
-                                  int(c), e)
+            n = self._serve(parent, keys, f"kvpeer:{ev.peer}:{ev.request_id}:w{ev.op_id}")
             node.wanted_done(ev.op_id)
-            _T('serve_done', ev.op_id, len(published))
-            # [job, ctx, slots waiting for SLOT_FREE, keys still published, unpublish at]
-            self._serves.append([job, ctx, set(), published,
-                                 time.monotonic() + self._serve_hold_s])
+            _T('serve_done', ev.op_id, n)
+        parked = node.parked_keys()
+        if parked:
+            self._parked_serves += 1
+            self._serve(parent, parked, f"kvpeer:parked:{self._parked_serves}")
         self._reap_serves()
+
+    def _serve(self, parent: Any, keys: List[bytes], req_id: str) -> int:
+        """Publish the chunks of ``keys`` vLLM's primary tier holds, pinned by
+        one store job of a request of ours; how many were published."""
+        ctx = ReqContext(req_id=req_id)
+        parent.on_new_request(ctx)
+        hits = [_OffloadKey(k) for k in dict.fromkeys(keys)
+                if parent.lookup(_OffloadKey(k), ctx) is LookupResult.HIT]
+        job = parent.create_store_job(hits, ctx) if hits else None
+        published: List[bytes] = []
+        node = self._tier.node
+        if job is not None:
+            for k, c in zip(job.keys, job.chunk_ids):
+                try:
+                    node.publish(bytes(k), int(c), self._stored_sum(bytes(k), int(c)))
+                    published.append(bytes(k))
+                except L_Error as e:  # served already (another op's pin): a MISS here
+                    log.debug("kvpeer tier %s: chunk %d not published: %s", self.peer_id,
+                              int(c), e)
+        # [job, ctx, slots waiting for SLOT_FREE, keys still published, unpublish at]
+        self._serves.append([job, ctx, set(), published, time.monotonic() + self._serve_hold_s])
+        return len(published)
 
     def _reap_serves(self, force: bool = False) -> None:
         """A served chunk stays published for the pin lease, at most 1 s (a later FETCH

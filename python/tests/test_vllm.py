@@ -526,11 +526,17 @@ def test_vllm_failed_load_never_writes_primary(engine_a, psk, engines, procs, ze
     b.finish(c)
 
 
-def test_vllm_supplier_fetch_before_supply(engine_a, psk, engines):
+@pytest.mark.parametrize("zero_copy", [False, True], ids=["staging", "zero-copy"])
+def test_vllm_supplier_fetch_before_supply(engine_a, psk, engines, procs, zero_copy):
     """kv_transfer_params names the supplier (prefill -> decode): B's lookup
-    answers HIT before A has the blocks; B's load waits for A's store."""
-    a = engine_a
-    b = engines(tier_cfg(peers=[a.peer_id], psk_file=psk,
+    answers HIT before A has the blocks; B's load waits for A's store.
+    Zero copy: B's FETCH parks at A (kvp_parked_keys); A's tier publishes
+    the chunks once vLLM holds them (its tier-poll round), straight from
+    vLLM's primary tier into B's."""
+    zc = {"kvpeer_zero_copy": True} if zero_copy else {}
+    a = procs(tier_cfg(psk_file=psk, **zc), {"tier_poll_interval_s": 0.001}) if zero_copy \
+        else engine_a
+    b = engines(tier_cfg(peers=[a.peer_id], psk_file=psk, **zc,
                          node_options={**NODE, "parked_demand_ms": 20000}))
     b.tier._tier.node.wait_peer(a.peer_id, scaled(10))
     keys = [make_key(100 + i) for i in range(2)]

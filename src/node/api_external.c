@@ -168,6 +168,27 @@ KVP_EXPORT kvp_status_t kvp_wanted_keys(kvp_node_t *n, uint64_t op_id, uint8_t *
     return st;
 }
 
+static kvp_status_t do_parked_keys(kvp_node_t *n, void *arg)
+{
+    wanted_args_t *a = arg;
+    a->n = kvp__server_parked_keys(&n->env, a->keys, a->key_lens, a->cap);
+    return KVP_OK;
+}
+
+KVP_EXPORT kvp_status_t kvp_parked_keys(kvp_node_t *n, uint8_t *keys, uint32_t *key_lens,
+                                        uint32_t cap, uint32_t *n_out)
+{
+    if (n == NULL || n_out == NULL || (cap > 0 && (keys == NULL || key_lens == NULL)))
+        return KVP_ERR_INVALID;
+    *n_out = 0;
+    if (!n->cfg.external_wanted)
+        return KVP_ERR_UNSUPPORTED;
+    wanted_args_t a = {0, keys, key_lens, cap, 0};
+    kvp_status_t st = kvp__node_exec(n, do_parked_keys, &a);
+    *n_out = a.n;
+    return st;
+}
+
 static kvp_status_t do_wanted_done(kvp_node_t *n, void *arg)
 {
     return kvp__server_wanted_done(&n->env, *(uint64_t *)arg);

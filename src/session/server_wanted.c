@@ -124,6 +124,33 @@ kvp_status_t kvp__server_wanted_keys(kvp_session_env_t *e, uint64_t op_id, uint8
     return KVP_OK;
 }
 
+/* The keys parked FETCHes wait for (wait-for-supply: prefill -> decode),
+ * distinct, at most cap: the embedding publishes those it holds. */
+uint32_t kvp__server_parked_keys(kvp_session_env_t *e, uint8_t *keys, uint32_t *key_lens,
+                                 uint32_t cap)
+{
+    uint32_t k = 0;
+    kvp_list_t *p, *t;
+    kvp_list_foreach_safe(p, t, &e->waiting)
+    {
+        const kvp_sround_t *r = KVP_CONTAINER_OF(p, kvp_sround_t, wait_link);
+        if (r->phase != KVP_SR_PARKED)
+            continue;
+        for (uint32_t i = 0; i < r->n_demand && k < cap; i++) {
+            const kvp_demand_t *d = &r->demand[i];
+            bool seen = d->supply >= 0;
+            for (uint32_t j = 0; j < k && !seen; j++)
+                seen = key_lens[j] == d->key.len &&
+                       memcmp(keys + (size_t)j * KVP_KEY_MAX, d->key.data, d->key.len) == 0;
+            if (seen)
+                continue;
+            memcpy(keys + (size_t)k * KVP_KEY_MAX, d->key.data, d->key.len);
+            key_lens[k++] = d->key.len;
+        }
+    }
+    return k;
+}
+
 kvp_status_t kvp__server_wanted_done(kvp_session_env_t *e, uint64_t op_id)
 {
     kvp_sround_t *r = wanted_find(e, op_id);

@@ -241,6 +241,8 @@ void kvp__server_on_commit(kvp_session_env_t *e, const void *key, uint32_t key_l
 kvp_status_t kvp__server_wanted_keys(kvp_session_env_t *e, uint64_t op_id, uint8_t *keys,
                                      uint32_t *key_lens, uint32_t cap, uint32_t *n_out);
 kvp_status_t kvp__server_wanted_done(kvp_session_env_t *e, uint64_t op_id);
+uint32_t kvp__server_parked_keys(kvp_session_env_t *e, uint8_t *keys, uint32_t *key_lens,
+                                 uint32_t cap);
 
 /* held.c: what outlives its session (SPEC §7): transfers retained with their
  * pins until the transport hands them back (poll_retired: each round), and

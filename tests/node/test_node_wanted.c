@@ -269,6 +269,61 @@ static void test_wanted_peer_gone_and_mode_off(void **state)
     free(w);
 }
 
+/* How many keys kvp_parked_keys names at node i, and whether key k is one. */
+static uint32_t parked(world_t *w, int i, uint32_t k, bool *has)
+{
+    uint8_t keys[8 * KVP_KEY_MAX], key[32];
+    uint32_t lens[8], n = 99, kl = world_key(k, key);
+    assert_int_equal(kvp_parked_keys(w->node[i], keys, lens, 8, &n), KVP_OK);
+    *has = false;
+    for (uint32_t j = 0; j < n; j++)
+        *has |= lens[j] == kl && memcmp(keys + (size_t)j * KVP_KEY_MAX, key, kl) == 0;
+    return n;
+}
+
+/* A FETCH with wait-for-supply for keys node 0 has not published parks
+ * there; kvp_parked_keys names exactly the keys it still waits for (each
+ * once, however many FETCHes), the embedding publishes them and the loads
+ * complete byte-exact; then nothing is parked. */
+static void test_parked_keys_named_until_published(void **state)
+{
+    world_t *w = wanted_world(state);
+    wkeys_t ks;
+    wkeys_make(&ks, 3, 2);
+    uint32_t slots[2] = {40, 41}, again[2] = {42, 43};
+    int32_t bs[2];
+    uint64_t f1, f2;
+    assert_int_equal(kvp_fetch_into(w->node[1], w->addr[0], 9, ks.buf, ks.len, 2, slots,
+                                    KVP_FETCH_FLAG_WAIT_FOR_SUPPLY, bs, &f1),
+                     KVP_OK);
+    assert_int_equal(kvp_fetch_into(w->node[1], w->addr[0], 9, ks.buf, ks.len, 2, again,
+                                    KVP_FETCH_FLAG_WAIT_FOR_SUPPLY, bs, &f2),
+                     KVP_OK);
+    world_run(w, 20 * MS);
+    bool has;
+    assert_int_equal(parked(w, 0, 3, &has), 2); /* keys 3 and 4, each once */
+    assert_true(has);
+    publish(w, 0, 3);
+    world_run(w, 5 * MS);
+    assert_int_equal(parked(w, 0, 4, &has), 1); /* 4 still waited for, 3 supplied */
+    assert_true(has);
+    assert_null(world_event(w, 1, KVP_EV_LOAD, f1));
+    publish(w, 0, 4);
+    for (int f = 0; f < 2; f++) {
+        const kvp_event_t *e = world_wait(w, 1, KVP_EV_LOAD, f ? f2 : f1, 200 * MS);
+        assert_non_null(e);
+        assert_int_equal(e->status, KVP_OK);
+    }
+    assert_true(world_slot_is_block(w, 1, 40, 3) && world_slot_is_block(w, 1, 41, 4));
+    assert_true(world_slot_is_block(w, 1, 42, 3) && world_slot_is_block(w, 1, 43, 4));
+    assert_int_equal(parked(w, 0, 3, &has), 0);
+    uint32_t n;
+    assert_int_equal(kvp_parked_keys(w->node[0], NULL, NULL, 1, &n), KVP_ERR_INVALID);
+    assert_int_equal(kvp_parked_keys(w->node[0], NULL, NULL, 0, NULL), KVP_ERR_INVALID);
+    world_fini(w, false);
+    free(w);
+}
+
 static void tweak_ext_only(kvp_config_t *c, kvp_node_seams_t *s, int i)
 {
     (void)s;
@@ -289,6 +344,7 @@ static void test_wanted_off_no_event(void **state)
     uint32_t n;
     assert_int_equal(kvp_wanted_done(w->node[0], 1), KVP_ERR_UNSUPPORTED);
     assert_int_equal(kvp_wanted_keys(w->node[0], 1, NULL, NULL, 0, &n), KVP_ERR_UNSUPPORTED);
+    assert_int_equal(kvp_parked_keys(w->node[0], NULL, NULL, 0, &n), KVP_ERR_UNSUPPORTED);
     kvp_config_t c = w->cfg[0];
     c.external_slots = 0;
     c.external_wanted = 1;
@@ -308,6 +364,7 @@ int main(void)
         cmocka_unit_test(test_wanted_flood_bounded_good_peer_served),
         cmocka_unit_test(test_wanted_peer_gone_and_mode_off),
         cmocka_unit_test(test_wanted_off_no_event),
+        cmocka_unit_test(test_parked_keys_named_until_published),
     };
     const char *m = getenv("KVPEER_TEST_MUTATION"); /* show the tests catch it */
     if (m != NULL)
