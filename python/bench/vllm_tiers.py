@@ -188,15 +188,17 @@ class Engine:
         self.manager.shutdown()
 
 
-# kvpeer's tier as configured, and with its hot-path options off: one LOOKUP
-# per lookup() call, the copy into vLLM's chunks on the scheduler thread, or
-# both (the tier before issue 16's hot-path work).
+# kvpeer's tier in staging (its own store), and with its hot-path options
+# off: one LOOKUP per lookup() call, the copy into vLLM's chunks on the
+# scheduler thread, or both (the tier before issue 16's hot-path work).
+_STAGING = {"kvpeer_zero_copy": False}
 KVPEER_VARIANTS: Dict[str, Dict[str, Any]] = {
-    "kvpeer": {},
-    "kvpeer-perkey": {"batch_lookups": False},
-    "kvpeer-synccopy": {"copy_thread": False},
-    "kvpeer-before": {"batch_lookups": False, "copy_thread": False},
-    # issue 29: no store of kvpeer's own; served from and landed in vLLM's chunks
+    "kvpeer": _STAGING,
+    "kvpeer-perkey": {**_STAGING, "batch_lookups": False},
+    "kvpeer-synccopy": {**_STAGING, "copy_thread": False},
+    "kvpeer-before": {**_STAGING, "batch_lookups": False, "copy_thread": False},
+    # issue 29, the tier's default: no store of kvpeer's own; served from and
+    # landed in vLLM's chunks
     "kvpeer-zc": {"kvpeer_zero_copy": True},
 }
 

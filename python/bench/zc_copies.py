@@ -8,7 +8,7 @@ from vllm_engine import CHUNK, Engine, block_bytes, make_key
 
 mode = sys.argv[1]
 n = int(sys.argv[2]) if len(sys.argv) > 2 else 16
-cfg = {"dead_after_ms": 1000, "hold_cap_ms": 3000, "num_blocks": 64}
+cfg = {"dead_after_ms": 1000, "hold_cap_ms": 3000, "num_blocks": 64, "kvpeer_zero_copy": False}
 if mode == "zc":
     cfg = {"dead_after_ms": 1000, "hold_cap_ms": 3000, "kvpeer_zero_copy": True}
 a = Engine(cfg)

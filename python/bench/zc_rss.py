@@ -14,7 +14,7 @@ cfg = {"dead_after_ms": 1000, "hold_cap_ms": 3000}
 if mode == "zc":
     cfg["kvpeer_zero_copy"] = True
 else:
-    cfg["num_blocks"] = store_blocks
+    cfg.update(num_blocks=store_blocks, kvpeer_zero_copy=False)
 
 def rss():
     for line in open("/proc/self/status"):

@@ -26,8 +26,8 @@ Config keys (the tier's entry in ``secondary_tiers``; python/README.md):
                  required beyond loopback unless ``insecure: true``
   block_size     bytes per kvpeer block; must equal vLLM's primary chunk size
                  (default: that size, ``primary_kv_view.strides[0]``)
-  num_blocks     kvpeer store capacity in blocks (default 1024): host memory of
-                 num_blocks x chunk size, beside vLLM's CPU tier
+  num_blocks     staging only: kvpeer store capacity in blocks (default 1024):
+                 host memory of num_blocks x chunk size, beside vLLM's CPU tier
   compat         override of the fingerprint; default: vLLM's own p2p fingerprint
                  fields (FileMapper.from_offloading_spec) + the hash seed
                  (kvpeer.vllm_setup), so engines of different models never
@@ -37,8 +37,8 @@ Config keys (the tier's entry in ``secondary_tiers``; python/README.md):
   max_hinted_peers  peers dialled because a request named them (default 64)
   batch_lookups  one LOOKUP per (request, peer) per scheduler step (default
                  true); false sends one per lookup() call (for comparison)
-  copy_thread    copy a finished load into vLLM's chunks on a kvpeer thread
-                 (default true); false copies on the scheduler thread
+  copy_thread    staging only: copy a finished load into vLLM's chunks on a
+                 kvpeer thread (default true); false: on the scheduler thread
   node_options   any other kvp_config_t field, e.g. {"heartbeat_ms": 200}
   peers_dns      "name:port": peers from a DNS name resolving to many addresses
                  (a Kubernetes headless service), beside ``peers``; resolved on
@@ -46,27 +46,33 @@ Config keys (the tier's entry in ``secondary_tiers``; python/README.md):
                  new addresses dialled on demand, vanished ones dropped once
                  idle; at most peers_dns_max (default 64) addresses
                  (kvpeer.dns_peers)
-  kv_events      with vLLM's KV events on (--kv-events-config), the store's
-                 stored/removed blocks also go through vLLM's tier event path
-                 (take_events; kvpeer.vllm_events), default true; false: only
-                 kvpeer's own ZMQ publisher (node_options kv_events_endpoint)
-  kvpeer_zero_copy  (issue 29) true: no store of kvpeer's own -- the node's
-                 region is vLLM's primary_kv_view (external slots): loads land
-                 in the promotion chunks (fetch_into; a slot a failed load may
-                 still be written is reported as JobResult.deferred_release),
-                 and peers are served from pinned primary chunks (KVP_EV_WANTED
-                 -> ParentManager.lookup + create_store_job -> publish; the store
-                 job completes once the chunk is unpublished and its last
-                 transfer is terminal). num_blocks and copy_thread do not apply.
+  kv_events      staging only: with vLLM's KV events on (--kv-events-config),
+                 the store's stored/removed blocks also go through vLLM's tier
+                 event path (take_events; kvpeer.vllm_events), default true;
+                 false: only kvpeer's own ZMQ publisher (node_options
+                 kv_events_endpoint). Zero copy has no store: what a node
+                 serves is its vLLM's CPU tier, which vLLM's own events name
+  kvpeer_zero_copy  (issue 29) left out: true wherever vLLM has
+                 JobResult.deferred_release (vllm >= 0.34), else false.
+                 true: no store of kvpeer's own -- the node's region is vLLM's
+                 primary_kv_view (external slots): loads land in the promotion
+                 chunks (fetch_into; a slot a failed load may still be written
+                 is reported as JobResult.deferred_release), and peers are
+                 served from pinned primary chunks (KVP_EV_WANTED and parked
+                 FETCHes -> ParentManager.lookup + create_store_job -> publish;
+                 the store job completes once the chunk is unpublished and its
+                 last transfer is terminal); a node serves what its vLLM's CPU
+                 tier holds. false: staging (below), a store of kvpeer's own.
 
-Data path and safety (docs/DESIGN.md, "vLLM tier"): the kvpeer node keeps its
-own store; loads land in kvpeer-owned slots (staging) and are copied into the
-primary-tier chunks vLLM named only after every block of the job verified
-(on the tier's copy thread; the job is reported once the copy is done);
-stores copy the primary chunks into the store. A WRITE whose outcome is
-unknown (dead or stalled source) can therefore only land in a kvpeer slot,
-which the node quarantines until proof or the hold cap -- never in a chunk
-vLLM has taken back -- so a failed load is reported at once and
+Data path and safety (docs/DESIGN.md, "vLLM tier" and "vLLM zero copy"):
+zero copy (the default) is described under kvpeer_zero_copy. Staging: the
+kvpeer node keeps its own store; loads land in kvpeer-owned slots and are
+copied into the primary-tier chunks vLLM named only after every block of
+the job verified (on the tier's copy thread; the job is reported once the
+copy is done); stores copy the primary chunks into the store. A WRITE whose
+outcome is unknown (dead or stalled source) can therefore only land in a
+kvpeer slot, which the node quarantines until proof or the hold cap -- never
+in a chunk vLLM has taken back -- so a failed load is reported at once and
 ``JobResult.deferred_release`` is not needed.
 
 Lookup: HIT / MISS / RETRY (vLLM's secondary-tier contract). The first call
@@ -133,6 +139,22 @@ def _parse_params(req_context: ReqContext) -> Request:
     return params.parse(req_context.req_id, req_context.kv_transfer_params)
 
 
+
+def _zero_copy_mode(asked: Optional[bool]) -> bool:
+    """kvpeer_zero_copy: true, false, or left out (None): zero copy wherever
+    this vLLM can be told a failed load's chunks are not free yet
+    (JobResult.deferred_release, vllm >= 0.34), else staging."""
+    if asked is not None and not isinstance(asked, bool):
+        raise ValueError(f"kvpeer: kvpeer_zero_copy must be true or false, got {asked!r}")
+    ok = compat.zero_copy_supported(JobResult)
+    if asked and not ok:
+        raise ValueError(f"kvpeer: kvpeer_zero_copy needs JobResult.deferred_release "
+                         f"(vllm >= 0.34; this is {compat.vllm_version()})")
+    if asked is None and not ok:
+        log.info("kvpeer: vllm %s has no JobResult.deferred_release: staging "
+                 "(kvpeer's own store) instead of zero copy", compat.vllm_version())
+    return ok if asked is None else asked
+
 class KVPeerSecondaryTier(SecondaryTierManager):
     """A vLLM secondary tier backed by one kvpeer node (see the module doc).
 
@@ -164,7 +186,7 @@ class KVPeerSecondaryTier(SecondaryTierManager):
                  peers_dns: Optional[str] = None, peers_dns_interval_s: float = 30.0,
                  peers_dns_max: int = 64,
                  node_options: Optional[Dict[str, Any]] = None,
-                 kvpeer_zero_copy: bool = False) -> None:
+                 kvpeer_zero_copy: Optional[bool] = None) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         self.locality = Locality.REMOTE
         mine = dict(peers=list(peers) or None, listen=listen, host=host, port=port,
@@ -187,6 +209,11 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         self._defer_lookups = batch_lookups
         if not isinstance(copy_thread, bool):
             raise ValueError(f"kvpeer: copy_thread must be true or false, got {copy_thread!r}")
+        self._zc = _zero_copy_mode(kvpeer_zero_copy)
+        if self._zc and self._pad_blocks and chunk != self.block_size_bytes:
+            if kvpeer_zero_copy:  # a padded block is not vLLM's chunk
+                raise ValueError("kvpeer: kvpeer_zero_copy needs a primary chunk of whole pages")
+            self._zc = False
         if isinstance(peers, str) or not all(isinstance(p, str) and p for p in peers):
             raise ValueError(f"kvpeer: peers must be a list of 'host:port' strings, got {peers!r}")
         opts: Dict[str, Any] = dict(node_options or {})
@@ -222,10 +249,6 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         # row indexing, so chunks are addressed in a flat byte view of it.
         self._view = primary_kv_view.cast("B")
         self._num_chunks = primary_kv_view.shape[0]
-        if not isinstance(kvpeer_zero_copy, bool):
-            raise ValueError(f"kvpeer: kvpeer_zero_copy must be true or false, "
-                             f"got {kvpeer_zero_copy!r}")
-        self._zc = kvpeer_zero_copy
         self._serves: List[Any] = []   # zero copy: store jobs whose chunks are unpublishing
         self._serve_done: List[Any] = []  # their ReqContexts, finished at the next serve
         # zero copy: each cascaded chunk's checksum, taken at its store job (key -> (chunk,
@@ -235,8 +258,6 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         self.serve_sums = [0, 0]  # chunks served with the store job's checksum / hashed then
         self._parked_serves = 0   # zero copy: serve rounds for parked FETCHes
         if self._zc:  # issue 29: the node's slots are vLLM's chunks
-            if self._pad_blocks and chunk != self.block_size_bytes:
-                raise ValueError("kvpeer: kvpeer_zero_copy needs a primary chunk of whole pages")
             opts.update(num_blocks=self._num_chunks, external_slots=1, external_wanted=1,
                         region=self._view)
             num_blocks = self._num_chunks

@@ -11,8 +11,11 @@ two wheels' vllm/v1/kv_offload compared):
 * ``SecondaryTierManager.touch()`` exists in 0.33 only (a no-op by default,
   which kvpeer keeps: its node's own eviction order stands); 0.34 passes
   recency through ``on_request_finished``. Nothing to do.
-* ``JobResult.deferred_release`` is new in 0.34; kvpeer never needs it (a
-  failed load only ever wrote kvpeer's own slots, see kvpeer.vllm).
+* ``JobResult.deferred_release`` is new in 0.34. Zero copy (loads straight
+  into vLLM's promotion chunks, the default) needs it: a failed load whose
+  source may still WRITE keeps its chunks out of vLLM's free pool until the
+  tier sets it. Without it (0.33) the tier runs staging, whose failed loads
+  only ever wrote kvpeer's own slots (:func:`zero_copy_supported`).
 
 Everything else the tier uses (ReqContext state, ScheduleEndContext, Locality,
 CacheHitSource.P2P, TIER_LABEL, JobResult.successful_keys, FileMapper's
@@ -37,6 +40,11 @@ def version_tuple(v: str) -> Tuple[int, ...]:
         digits = "".join(c for c in part if c.isdigit())
         out.append(int(digits) if digits else 0)
     return tuple(out)
+
+
+def zero_copy_supported(job_result_cls: Any) -> bool:
+    """Whether this release's JobResult has ``deferred_release`` (0.34+)."""
+    return "deferred_release" in {f.name for f in dataclasses.fields(job_result_cls)}
 
 
 def offloading_event(cls: Any, **fields: Any) -> Any:

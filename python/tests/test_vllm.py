@@ -239,7 +239,8 @@ def test_vllm_lookups_batched_per_step(engine_a, psk, engines):
     (request, peer) per scheduler step with all the keys of the step, and
     none before the step ends. A down peer still answers MISS at once."""
     a = engine_a
-    b = engines(tier_cfg(peers=[a.peer_id, "127.0.0.1:9"], psk_file=psk))
+    # no tier-poll thread: it would take events between the steps counted here
+    b = engines(tier_cfg(peers=[a.peer_id, "127.0.0.1:9"], psk_file=psk), tier_poll_interval_s=0)
     b.tier._tier.node.wait_peer(a.peer_id, scaled(10))
     keys = [make_key(400 + i) for i in range(8)]
     assert a.store(keys, seed=7) == [True] * 8
@@ -299,7 +300,7 @@ def test_vllm_sigkill_mid_load_then_reconnect(procs, engines, zero_copy):
     is set only at KVP_EV_SLOTS_RELEASED (the tier's slot_records give the
     order), after which vLLM frees them."""
     port = free_port()
-    extra = {"kvpeer_zero_copy": True} if zero_copy else {}
+    extra = {"kvpeer_zero_copy": zero_copy}
     # zero copy: A serves B's LOOKUP from its primary tier on vLLM's tier-poll thread
     spec = {"tier_poll_interval_s": 0.001} if zero_copy else None
     a = procs(tier_cfg(listen=f"127.0.0.1:{port}", **extra), spec)
@@ -475,7 +476,7 @@ def test_vllm_failed_load_never_writes_primary(engine_a, psk, engines, procs, ze
     vLLM got back at the failure (no slot held: this host's am-shm path,
     whose handler drops a late WRITE) never changes; a held one comes with
     deferred_release and vLLM keeps it out of use until it is set."""
-    zc = {"kvpeer_zero_copy": True} if zero_copy else {}
+    zc = {"kvpeer_zero_copy": zero_copy}
     a = procs(tier_cfg(psk_file=psk, **zc), {"tier_poll_interval_s": 0.001}) if zero_copy \
         else engine_a
     b = engines(tier_cfg(peers=[a.peer_id], psk_file=psk, **zc))
@@ -533,7 +534,7 @@ def test_vllm_supplier_fetch_before_supply(engine_a, psk, engines, procs, zero_c
     Zero copy: B's FETCH parks at A (kvp_parked_keys); A's tier publishes
     the chunks once vLLM holds them (its tier-poll round), straight from
     vLLM's primary tier into B's."""
-    zc = {"kvpeer_zero_copy": True} if zero_copy else {}
+    zc = {"kvpeer_zero_copy": zero_copy}
     a = procs(tier_cfg(psk_file=psk, **zc), {"tier_poll_interval_s": 0.001}) if zero_copy \
         else engine_a
     b = engines(tier_cfg(peers=[a.peer_id], psk_file=psk, **zc,
@@ -551,6 +552,27 @@ def test_vllm_supplier_fetch_before_supply(engine_a, psk, engines, procs, zero_c
     assert res == [LookupResult.HIT] * 2, res
     assert b.read(keys, c) == [block_bytes(k, 5) for k in keys]
     b.finish(c)
+
+
+def test_vllm_zero_copy_is_the_default(engines, monkeypatch):
+    """Left out, kvpeer_zero_copy is true where vLLM has
+    JobResult.deferred_release (0.34, here): the node's slots are vLLM's
+    chunks. A vLLM without it (0.33) gets staging; asking for zero copy there
+    is a clear error; a non-bool is refused."""
+    from kvpeer import vllm_compat
+    e = engines(tier_cfg())
+    assert e.tier._zc and e.tier.tolerates_off_thread_polling
+    assert e.tier._tier.node.num_blocks == e.num_chunks  # vLLM's chunks, not num_blocks=64
+    monkeypatch.setattr(vllm_compat, "zero_copy_supported", lambda cls: False)
+    s = engines(tier_cfg())
+    assert not s.tier._zc and not s.tier.tolerates_off_thread_polling
+    assert s.tier._tier.node.num_blocks == 64
+    before = set(Path("/dev/shm").glob("vllm_offload_kvpeer-test-*"))  # e's and s's
+    with pytest.raises(ValueError, match="kvpeer_zero_copy must be true or false"):
+        Engine(tier_cfg(kvpeer_zero_copy="yes"))
+    with pytest.raises(ValueError, match="deferred_release"):
+        Engine(tier_cfg(kvpeer_zero_copy=True))
+    assert set(Path("/dev/shm").glob("vllm_offload_kvpeer-test-*")) == before
 
 
 def test_vllm_tier_config_errors(tmp_path, engines):

@@ -49,9 +49,11 @@ def test_store_and_evict_reach_vllm_take_events(engines):
     tier's ownership) through vLLM's manager; 3 more stored -> 2 of the first
     evicted by kvpeer's store -> 2 removed events, and the 3 new stored.
     vLLM's connector translates them to BlockStored/BlockRemoved of the block
-    hashes. The operator's ZMQ publisher, configured too, carries the same."""
+    hashes. The operator's ZMQ publisher, configured too, carries the same.
+    Staging: zero copy has no store of kvpeer's own (vLLM's own events name
+    its CPU tier, which is what a zero-copy node serves)."""
     from kvpeer.router import ClusterMap
-    e = engines(tier_cfg(num_blocks=4, node_options={"kv_events_endpoint": "tcp://127.0.0.1:*",
+    e = engines(tier_cfg(num_blocks=4, kvpeer_zero_copy=False, node_options={"kv_events_endpoint": "tcp://127.0.0.1:*",
                                                      "kv_events_replay_endpoint":
                                                          "tcp://127.0.0.1:*"}),
                 kv_events=True)

@@ -170,7 +170,8 @@ def test_tier_label_follows_the_tier_list():
 
 
 def test_store_bytes_counted(engines):
-    e = engines(tier_cfg())
+    """Staging: the bytes copied into kvpeer's store (zero copy stores none)."""
+    e = engines(tier_cfg(kvpeer_zero_copy=False))
     tier_data(e)
     keys = [make_key(1400 + i) for i in range(3)]
     assert e.store(keys, seed=23, timeout=scaled(10)) == [True] * 3

@@ -57,7 +57,6 @@ class Engine:
         ``tiers_before``: secondary tiers listed before kvpeer's."""
         self.engine_id = f"kvpeer-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         tier = {"type": "KVPeerSecondaryTier", "module_path": "kvpeer.vllm", **tier_config}
-        spec.setdefault("tier_poll_interval_s", 0)  # no tier-poll thread unless asked
         cfg = offloading_config(self.engine_id, CHUNK, num_chunks, [*tiers_before, tier],
                                 **spec)
         self.spec = OffloadingSpecFactory.create_spec(cfg)

@@ -139,7 +139,8 @@ class KVPeerExampleTier(KVPeerSecondaryTier):
         try:
             super().__init__(_spec_shim(offloading_spec), primary_kv_view, tier_type,
                              backpressure_detector, peers=[self.remote.peer_id],
-                             compat=SUITE_COMPAT, num_blocks=64)
+                             compat=SUITE_COMPAT, num_blocks=64,
+                             kvpeer_zero_copy=False)  # the example tier is a store
             self._tier.node.wait_peer(self.remote.peer_id, STEP_BOUND_S)
         except BaseException:
             if getattr(self, "_tier", None) is not None:
