@@ -159,8 +159,10 @@ class KVPeerSecondaryTier(SecondaryTierManager):
     """A vLLM secondary tier backed by one kvpeer node (see the module doc).
 
     Runs in vLLM's scheduler process; every method is called under the
-    tiering manager's lock. The kvpeer node's own progress thread serves the
-    peers meanwhile, so the tier does not ask for off-thread polling.
+    tiering manager's lock. Staging: the kvpeer node's own progress thread
+    serves the peers from its store, so the tier does not ask for off-thread
+    polling. Zero copy: peers are served from vLLM's chunks through the
+    ParentManager, so it does (vLLM's tier-poll thread, between steps too).
     """
 
     medium = Medium.CPU
