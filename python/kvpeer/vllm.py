@@ -492,11 +492,13 @@ class KVPeerSecondaryTier(SecondaryTierManager):
                 log.warning("kvpeer %s job %s failed: %s (%s)%s", f.kind, f.job_id,
                             L.STATUS_NAMES.get(f.status, f.status), f.detail,
                             f"; {len(good)} of {len(keys)} keys loaded" if good else "")
+            held = {"deferred_release": f.deferred_release} if \
+                getattr(f, "deferred_release", None) is not None else {}  # zero copy only
             self._results.append(JobResult(
                 job_id=f.job_id, success=f.ok, successful_keys=good,
                 transfer_time=now - t0,
                 transfer_bytes=(f.n_ok * self.block_size_bytes) if f.ok or good else None,
-                deferred_release=getattr(f, "deferred_release", None)))
+                **held))
 
     def has_pending_work(self) -> bool:
         return bool(self._tier.pending_jobs()) or self._tier.queued_lookups() > 0 or \

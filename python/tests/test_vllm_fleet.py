@@ -34,7 +34,8 @@ from vllm.v1.kv_offload.factory import OffloadingSpecFactory  # noqa: E402
 import kvpeer  # noqa: E402
 from kvpeer import vllm_setup as setup  # noqa: E402
 from kvpeer.vllm import offloading_config, request_id_of  # noqa: E402
-from test_vllm import engines, free_port, procs, tier_cfg, write_psk  # noqa: E402,F401 (fixtures)
+from test_vllm import (BOTH_MODES, engines, free_port, procs, tier_cfg,  # noqa: E402,F401 (fixtures)
+                       write_psk)
 from vllm_engine import CHUNK, Engine, block_bytes, make_key, spy_lookups  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -361,7 +362,7 @@ def readme_tier() -> Dict[str, Any]:
     return tier
 
 
-@pytest.mark.parametrize("zero_copy", [False, True], ids=["staging", "zero-copy"])
+@BOTH_MODES
 def test_readme_multi_host_json_between_two_hosts(two_hosts, procs, psk_file, zero_copy):
     """The README's JSON, as written but for the addresses (10.0.0.x ->
     the namespaces'), the key file and a small store: engine A in one
