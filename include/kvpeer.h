@@ -588,6 +588,10 @@ typedef struct kvp_stats {
      * that failed (their transfers failed). */
     uint64_t cma_bytes_written;
     uint64_t cma_writes_failed;
+    /* Loads whose FETCH_DONE waited for our transport to see every block
+     * land (the source is not proven to write our memory directly), not
+     * trusted at once. */
+    uint64_t loads_landing_awaited;
 } kvp_stats_t;
 
 KVP_EXPORT kvp_status_t kvp_node_stats(kvp_node_t *node, kvp_stats_t *out);

@@ -210,7 +210,8 @@ STATS_FIELDS = (
     "released_process_exit "  # issue 27
     "bytes_copied_in bytes_copied_out "  # issue 29
     "wanted_ops wanted_keys wanted_keys_missed wanted_expired wanted_refused "  # 29 step 2
-    "cma_bytes_written cma_writes_failed"  # issue 29 item 4
+    "cma_bytes_written cma_writes_failed "  # issue 29 item 4
+    "loads_landing_awaited"
 ).split()
 
 

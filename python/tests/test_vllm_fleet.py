@@ -391,8 +391,10 @@ def test_readme_multi_host_json_between_two_hosts(two_hosts, procs, psk_file, ze
     assert got["results"] == ["HIT"] * 6, got
     assert got["digests"] == [digest(block_bytes(k, 13)) for k in keys]
     assert got["blocks_in"] == 6
-    if zero_copy:  # A -> B is not direct-cma here (A cannot prove B's pid)
+    if zero_copy:  # A -> B is not direct-cma here (A cannot prove B's pid), and
+        # B, never finding A's proof, waited for A's AM to land before committing
         assert a.peers().get(b.peer_id) in ("am-shm", "am-tcp"), a.peers()
+        assert got["loads_landing_awaited"] >= 1, got
 
 
 # ------------------------------------------------------------------ p2p hints

@@ -100,6 +100,10 @@ def test_vllm_zero_copy_served_from_and_landed_in_primary(engines):
     assert sa["wanted_ops"] >= 1 and sa["wanted_keys"] >= 4
     assert sa["wanted_keys_missed"] >= 1  # the absent key
     assert sb["blocks_in"] == 3
+    # A's WRITEs into B: direct-cma here (one process, proven) -> B trusts
+    # FETCH_DONE at once; an am-* path -> B waits for the landing
+    path = {p.peer: p.data_path for p in a.tier._tier.node.peers()}[b.peer_id]
+    assert (sb["loads_landing_awaited"] == 0) == path.startswith("direct"), (path, sb)
     assert sa["bytes_copied_in"] + sa["bytes_copied_out"] == 0
     assert sb["bytes_copied_in"] + sb["bytes_copied_out"] == 0
     assert a.tier._tier.node.slots_held() == bytes(a.num_chunks)  # nothing published left

@@ -187,7 +187,8 @@ def main() -> None:
             st = eng.tier._tier.node.stats()
             print(json.dumps({"results": [r.name for r in res],
                               "digests": [hashlib.sha256(d).hexdigest() for d in data],
-                              "blocks_in": st["blocks_in"]}), flush=True)
+                              "blocks_in": st["blocks_in"],
+                              "loads_landing_awaited": st["loads_landing_awaited"]}), flush=True)
         elif op == "peers":  # the data path of each session (its WRITEs to the peer)
             print(json.dumps({p.peer: p.data_path for p in eng.tier._tier.node.peers()}),
                   flush=True)

@@ -230,6 +230,7 @@ void kvp__client_on_fetch_done(kvp_session_t *s, const kvp_msg_fetch_done_t *m)
         load_settle_done(l, done, false);
         return;
     }
+    n->st->loads_landing_awaited++;
     l->land_next = 0;
     if (load_all_landed(l)) {
         load_settle_done(l, done, true);

@@ -382,10 +382,8 @@ static kvp_status_t ucx_add_peer(kvp_xport_t *xp, const void *blob, size_t len,
     p->id = ++x->next_peer;
     kvp_list_insert_tail(&x->peers, &p->link);
     /* Before anything of ours can reach it: our secret into its segment
-     * (the same-host proof, ucx_probe.c). To a consumer that offers
-     * direct-cma it stays pending until our path is decided: proven, it
-     * trusts our FETCH_DONE without landing, so it must find the proof only
-     * if we write it directly (ucx_cma.c). */
+     * (the same-host proof, ucx_probe.c); pending to a consumer that offers
+     * direct-cma, until classify decided our path (ucx_path.c). */
     bool pend = x->cma_out && p->cma_offered;
     bool marked = kvp__ucx_probe_mark(x, p, &v, pend);
     if (marked)
@@ -393,8 +391,6 @@ static kvp_status_t ucx_add_peer(kvp_xport_t *xp, const void *blob, size_t len,
                   (unsigned long long)p->id, pend ? " (pending)" : "");
     kvp__ucx_exit_add_peer(x, p, marked); /* issue 27: our process to it, its to us */
     kvp__ucx_peer_classify(x, p);
-    if (marked && (!pend || p->path == KVP_PATH_DIRECT_SHM || p->path == KVP_PATH_DIRECT_CMA))
-        kvp__ucx_probe_settle(p);
     if (p->ep)
         ucx_probe_start(x, p); /* the tcp stream has its own connect deadline */
     *out = p->id;

@@ -76,6 +76,12 @@ void kvp__ucx_peer_classify(ucx_xport_t *x, ucx_peer_t *p)
     p->rptr = NULL;
     if (direct)
         map_direct(x, p, ptr);
+    /* Our proof in its segment, pending if it offers direct-cma (ucx.c):
+     * final unless we cannot write it that way. Proven, it trusts our
+     * FETCH_DONE without landing, so it must find the proof only when our
+     * writes reach it directly; else it waits for our AM to land. */
+    if (!cma_impossible)
+        kvp__ucx_probe_settle(p);
     snprintf(p->lanes, sizeof(p->lanes), "out=%s in=%s rkey_ptr=%s shm=%s cma=%s%s",
              kvp_data_path_str(p->path), kvp_data_path_str(p->inbound),
              p->rkey_ptr_ok ? "ok" : "no", x->shm_enabled ? "on" : "off",
