@@ -528,7 +528,10 @@ class KVPeerSecondaryTier(SecondaryTierManager):
             n = self._serve(parent, keys, f"kvpeer:{ev.peer}:{ev.request_id}:w{ev.op_id}")
             node.wanted_done(ev.op_id)
             _T('serve_done', ev.op_id, n)
-        parked = node.parked_keys()
+        # keys we publish already wait for the peer's supply budget, not for us:
+        # no new store job for them each round
+        live = {k for sv in self._serves for k in sv[3]}
+        parked = [k for k in node.parked_keys() if k not in live]
         if parked:
             self._parked_serves += 1
             self._serve(parent, parked, f"kvpeer:parked:{self._parked_serves}")
