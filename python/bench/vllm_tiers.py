@@ -51,6 +51,20 @@ Tier configurations (the same for both, as a vLLM user would write them):
           one run: kvpeer-perkey ("batch_lookups": false: one LOOKUP per
           lookup() call), kvpeer-synccopy ("copy_thread": false: the copy
           into B's chunks on the scheduler thread), kvpeer-before (both).
+Two modes (--modes, both by default), the same request params for p2p and
+kvpeer in each:
+  sym     symmetric P2P, as above: p2p's requests name A in remote_kv_source
+          (p2p probes A: a LOOKUP round trip), kvpeer's name nothing (it asks
+          its one peer, A: the same round trip, plus A's tier-poll round in
+          zero copy, where vLLM pins what it serves).
+  pd      prefill -> decode: A stores each request's blocks under a request
+          carrying remote_decoder {kv_request_id}, and B's request names
+          remote_prefiller {remote_host, remote_port, kv_request_id}. Both
+          tiers answer HIT at B's first lookup (no probe, no LOOKUP) and the
+          prefiller serves the request's stored blocks to the decoder (p2p
+          parks A's store job until B fetched; kvpeer zero copy publishes the
+          chunks at the store job, until the serve hold is over). kvcr is not
+          run in this mode (it takes a router hint, not P/D params).
 Both engines run vLLM's tier-poll thread at its default interval (1 ms); the
 p2p tier asks for it (tolerates_off_thread_polling), kvpeer's does not (its
 node thread serves peers).
@@ -96,6 +110,11 @@ SHM_PREFIX = "vllm_offload_kvpeer-bench-"
 
 
 # ---------------------------------------------------------------- shared bits
+def pd_id(i: int) -> str:
+    """--pd: the kv_request_id of the P/D pair whose first block is ``i``."""
+    return f"pd-{i}"
+
+
 def make_key(i: int, group: int = 0) -> bytes:
     """An OffloadKey as vLLM makes one: block hash (32 B) + group index."""
     return hashlib.sha256(b"bench-block-%d" % i).digest() + group.to_bytes(4, "big")
@@ -143,6 +162,7 @@ class Engine:
         self.tier = self.manager.secondary_tiers[0]
         self.view = self.manager.primary_tier.get_kv_memoryview().cast("B")
         self._n = 0
+        self._open: List[Any] = []  # P/D prefill requests (--pd), finished at close
 
     def ctx(self, params: Optional[Dict[str, Any]], req_id: str,
             hints: Optional[Dict[str, Any]] = None):
@@ -160,10 +180,16 @@ class Engine:
         with self.manager.lock:
             return not self.manager._jobs
 
-    def store(self, keys: Sequence[bytes], seed: int, timeout: float) -> int:
+    def store(self, keys: Sequence[bytes], seed: int, timeout: float,
+              decoder_id: Optional[str] = None) -> int:
         """GPU->primary store of ``keys`` (the bench writes the chunks), vLLM
-        cascades to the secondary tier; returns the keys written."""
-        c = self.ctx(None, f"{self.engine_id}-store{self._n}")
+        cascades to the secondary tier; returns the keys written.
+        ``decoder_id``: the prefill half of a P/D pair (kv_transfer_params
+        ``remote_decoder``): the store is not waited for (p2p parks its job
+        until the decoder has fetched) and its request stays open until the
+        engine closes."""
+        params = None if decoder_id is None else {"remote_decoder": {"kv_request_id": decoder_id}}
+        c = self.ctx(params, f"{self.engine_id}-store{self._n}")
         self._n += 1
         with self.manager.lock:
             out = self.manager.prepare_store(keys, c)
@@ -173,6 +199,9 @@ class Engine:
                 o = int(ch) * self.chunk
                 self.view[o:o + self.chunk] = block_bytes(bytes(k), seed, self.chunk)
             self.manager.complete_store(out.keys_to_store, c, True)
+        if decoder_id is not None:
+            self._open.append(c)
+            return len(out.keys_to_store)
         deadline = time.monotonic() + timeout
         while not self.idle():
             if time.monotonic() > deadline:
@@ -184,6 +213,9 @@ class Engine:
         return len(out.keys_to_store)
 
     def close(self) -> None:
+        with self.manager.lock:
+            for c in self._open:
+                self.manager.on_request_finished(c)
         self.view.release()
         self.manager.shutdown()
 
@@ -208,6 +240,9 @@ KVPEER_VARIANTS: Dict[str, Dict[str, Any]] = {
 # one name vllm 0.34.0's adapter imports from kvcr's top level and kvcr 0.1.1
 # no longer exports there (ZmqPeerControlChannel) bound before the import.
 KVCR_TIERS = ("kvcr", "kvcr-shim")
+
+# How B's requests name their source (--modes).
+MODES = {"sym": "symmetric", "pd": "prefill -> decode"}
 
 
 def kvcr_import(tier: str) -> None:
@@ -249,12 +284,14 @@ def tier_entry(tier: str, port: int, peers: Sequence[str], num_chunks: int) -> D
 # ---------------------------------------------------------------- engine B
 def run_loads(eng: Engine, tier: str, a_addr: str, keys: List[bytes], seed: int,
               req_blocks: int, step_s: float, timeout: float, tag: str,
-              inflight: int = 1) -> Dict[str, Any]:
+              inflight: int = 1, first: int = 0, pd: bool = False) -> Dict[str, Any]:
     """Requests of ``req_blocks`` keys, ``inflight`` of them open at a time
     (1: one after the other), the scheduler's way (see module doc): every
     pass looks up each key of every open request, then a step end, then a
     sleep. A request's bytes are compared with A's once all are done (the
-    chunks are not reused: B's CPU tier holds every block of the run)."""
+    chunks are not reused: B's CPU tier holds every block of the run).
+    ``pd``: each request is the decode half of a P/D pair: its params name A
+    as the prefiller of the request ``pd_id(first + r)`` (--pd)."""
     from vllm.v1.kv_offload.base import LookupResult as LR
     from kvpeer._trace import t as _T  # --trace: timestamps through each request
     host, port = a_addr.rsplit(":", 1)
@@ -273,7 +310,10 @@ def run_loads(eng: Engine, tier: str, a_addr: str, keys: List[bytes], seed: int,
             r, rk = todo.pop()
             rid = f"{eng.engine_id}-{tag}{r}"
             params = hints = None
-            if tier == "p2p":
+            if pd and tier not in KVCR_TIERS:  # the same P/D params for p2p and kvpeer
+                params = {"remote_prefiller": {"kv_request_id": pd_id(first + r),
+                                               "remote_host": host, "remote_port": int(port)}}
+            elif tier == "p2p":
                 params = {"remote_kv_source": {"kv_request_id": rid, "remote_host": host,
                                                "remote_port": int(port)}}
             elif tier in KVCR_TIERS:
@@ -381,13 +421,18 @@ def child(args: argparse.Namespace) -> None:
             if cmd["op"] == "store":
                 keys = [make_key(i) for i in range(cmd["n"])]
                 t0 = time.perf_counter()
-                n = eng.store(keys, cmd["seed"], cmd["timeout"])
+                if cmd.get("pd_blocks"):  # --pd: one prefill request per decode request
+                    r = cmd["pd_blocks"]
+                    n = sum(eng.store(keys[i:i + r], cmd["seed"], cmd["timeout"], pd_id(i))
+                            for i in range(0, len(keys), r))
+                else:
+                    n = eng.store(keys, cmd["seed"], cmd["timeout"])
                 reply: Dict[str, Any] = {"stored": n, "store_s": time.perf_counter() - t0}
             elif cmd["op"] == "load":
                 keys = [make_key(i) for i in range(cmd["first"], cmd["first"] + cmd["n"])]
                 reply = run_loads(eng, args.tier, cmd["peer"], keys, cmd["seed"],
                                   cmd["req_blocks"], cmd["step_s"], cmd["timeout"], cmd["tag"],
-                                  cmd.get("inflight", 1))
+                                  cmd.get("inflight", 1), cmd["first"], cmd.get("pd", False))
             elif cmd["op"] == "quit":
                 break
             else:
@@ -457,9 +502,9 @@ exit_notes: Dict[str, List[str]] = {}
 
 
 def run_tier(tier: str, a: argparse.Namespace, outdir: Path, kib: int,
-             blocks: int, inflight: int = 1) -> Dict[str, Any]:
+             blocks: int, inflight: int = 1, pd: bool = False) -> Dict[str, Any]:
     """A and B for one tier, ``blocks`` blocks of ``kib`` KiB; returns B's
-    figures or {"error": ...}."""
+    figures or {"error": ...}. ``pd``: as a P/D pair (--modes pd)."""
     py = a.kvcr_python if tier in KVCR_TIERS and a.kvcr_python else sys.executable
     me = [py, str(Path(__file__).resolve()), "--role", "engine", "--tier", tier,
           "--block-kib", str(kib)]
@@ -469,7 +514,7 @@ def run_tier(tier: str, a: argparse.Namespace, outdir: Path, kib: int,
     # the source's region) to cover all of them at once -- a CPU tier of a
     # real engine is far larger than what a few requests load.
     chunks = max(n_total + 8, 2 * inflight * a.req_blocks + 8)
-    tag = f"{tier}-{kib}k" + (f"-x{inflight}" if inflight > 1 else "")
+    tag = f"{tier}-{kib}k" + (f"-x{inflight}" if inflight > 1 else "") + ("-pd" if pd else "")
     trace = str(outdir / f"trace-{tag}") if a.trace else None
     if trace:
         for f in outdir.glob(f"trace-{tag}.*"):
@@ -493,8 +538,8 @@ def run_tier(tier: str, a: argparse.Namespace, outdir: Path, kib: int,
         A, hello = start("A", [])
         if "error" in hello:
             return hello
-        st = A.call({"op": "store", "n": n_total, "seed": a.seed, "timeout": a.timeout},
-                    a.timeout * 2)
+        st = A.call({"op": "store", "n": n_total, "seed": a.seed, "timeout": a.timeout,
+                     "pd_blocks": a.req_blocks if pd else 0}, a.timeout * 2)
         if "error" in st:
             return st
         if st["stored"] != n_total:
@@ -502,7 +547,7 @@ def run_tier(tier: str, a: argparse.Namespace, outdir: Path, kib: int,
         B, hello_b = start("B", ["--peer", hello["addr"]])
         if "error" in hello_b:
             return hello_b
-        common = {"op": "load", "peer": hello["addr"], "seed": a.seed,
+        common = {"op": "load", "peer": hello["addr"], "seed": a.seed, "pd": pd,
                   "req_blocks": a.req_blocks, "step_s": a.step_ms / 1e3, "timeout": a.timeout}
         # Warm-up: one request opens the session (p2p: NIXL handshake); the
         # p2p tier answers MISS until it is ready, so repeat it until a HIT.
@@ -589,31 +634,38 @@ def orchestrate(a: argparse.Namespace) -> int:
     outdir.mkdir(parents=True, exist_ok=True)
     sizes = [int(x) for x in a.sizes.split(",")]
     infl = [int(x) for x in a.inflight.split(",")]
+    modes = a.modes.split(",")
+    if any(m not in MODES for m in modes):
+        raise SystemExit(f"--modes: each of {', '.join(MODES)}, got {a.modes!r}")
     la = os.getloadavg()
-    print(f"vllm_tiers: tiers {a.tiers}; chunks of {a.sizes} KiB "
+    print(f"vllm_tiers: tiers {a.tiers}; modes {a.modes}; chunks of {a.sizes} KiB "
           f"({', '.join(f'{blocks_for(a, k)} blocks of {k} KiB' for k in sizes)}) A -> B, "
           f"requests of {a.req_blocks} blocks, {a.inflight} open at a time, "
           f"scheduler step sleep {a.step_ms} ms; "
           f"load average {la[0]:.2f} {la[1]:.2f} {la[2]:.2f} ({os.cpu_count()} CPUs)",
           flush=True)
     t_all = time.monotonic()
-    results: Dict[Tuple[int, int], Dict[str, Dict[str, Any]]] = {}
-    for n_in in infl:
-        for kib in sizes:
-            results[kib, n_in] = {}
-            for tier in a.tiers.split(","):
-                t0 = time.monotonic()
-                results[kib, n_in][tier] = run_tier(tier, a, outdir, kib, blocks_for(a, kib), n_in)
-                print(f"  {kib} KiB {tier}, {n_in} open: done in {time.monotonic() - t0:.1f} s",
-                      flush=True)
+    results: Dict[Tuple[str, int, int], Dict[str, Dict[str, Any]]] = {}
+    for mode in modes:
+        for n_in in infl:
+            for kib in sizes:
+                results[mode, kib, n_in] = {}
+                for tier in a.tiers.split(","):
+                    if mode == "pd" and tier in KVCR_TIERS:
+                        continue  # kvcr is driven by a router hint, not by P/D params
+                    t0 = time.monotonic()
+                    results[mode, kib, n_in][tier] = run_tier(
+                        tier, a, outdir, kib, blocks_for(a, kib), n_in, mode == "pd")
+                    print(f"  {MODES[mode]}: {kib} KiB {tier}, {n_in} open: done in "
+                          f"{time.monotonic() - t0:.1f} s", flush=True)
     rc = 0
     hdr = (f"{'tier':13} {'blocks':>6} {'bytes ok':>8} {'blocks/s':>9} {'GB/s':>6} "
            f"{'lookup p50':>10} {'p99 ms':>7} {'load p50':>9} {'p99 ms':>7} "
            f"{'sched/req p50':>13} {'p99 ms':>7} {'/step us':>7}")
-    for (kib, n_in), res in results.items():
+    for (mode, kib, n_in), res in results.items():
         n = blocks_for(a, kib)
         open_ = "one request at a time" if n_in == 1 else f"{n_in} requests open at a time"
-        print(f"\n{kib} KiB chunks, {n} blocks, {open_}")
+        print(f"\n{MODES[mode]}: {kib} KiB chunks, {n} blocks, {open_}")
         print(hdr)
         for tier, r in res.items():
             line, ok = row(tier, r, kib * 1024, n)
@@ -625,11 +677,11 @@ def orchestrate(a: argparse.Namespace) -> int:
     if a.trace:
         print("\nphases of a request, p50 ms (kvpeer._trace; python/bench/trace_phases.py; "
               "one request at a time only)")
-        for (kib, n_in), res in results.items():
+        for (mode, kib, n_in), res in results.items():
             for tier, r in res.items():
                 ph = r.get("phases")
                 if ph and n_in == 1:
-                    print(f"  {kib:>5} KiB {tier:13} " + "  ".join(
+                    print(f"  {mode:3} {kib:>5} KiB {tier:13} " + "  ".join(
                         f"{k} {pct(v, 50):.2f}" for k, v in ph.items()))
     la = os.getloadavg()
     print(f"\ntotal {time.monotonic() - t_all:.0f} s; load average at the end "
@@ -637,14 +689,14 @@ def orchestrate(a: argparse.Namespace) -> int:
     for tag, notes in exit_notes.items():
         for n in notes:
             print(f"note: {tag} {n}")
-    for (kib, n_in), res in results.items():
+    for (mode, kib, n_in), res in results.items():
         for tier, r in res.items():
             if "error" in r and r.get("trace"):
-                print(f"--- {kib} KiB {tier}, {n_in} open: {r['trace']}")
+                print(f"--- {mode} {kib} KiB {tier}, {n_in} open: {r['trace']}")
     if a.json:
         Path(a.json).write_text(json.dumps(
-            {"args": vars(a), "results": {f"{k}k-x{i}": v for (k, i), v in results.items()}},
-            indent=1))
+            {"args": vars(a),
+             "results": {f"{m}-{k}k-x{i}": v for (m, k, i), v in results.items()}}, indent=1))
     return rc
 
 
@@ -666,6 +718,11 @@ def main() -> int:
                     "table per size and count")
     ap.add_argument("--step-ms", type=float, default=1.0,
                     help="B's sleep between scheduler steps")
+    ap.add_argument("--modes", default="sym,pd",
+                    help="sym: B's requests as in symmetric P2P (p2p: remote_kv_source; "
+                         "kvpeer: none, it asks its peers); pd: prefill -> decode, A's stores "
+                         "and B's requests carry vLLM's P/D params (remote_decoder / "
+                         "remote_prefiller), the same for p2p and kvpeer (not kvcr)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--timeout", type=float, default=60.0)
     ap.add_argument("--quick", action="store_true", help="32 blocks of 64 KiB, requests of 8")

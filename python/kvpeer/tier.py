@@ -74,11 +74,15 @@ RETRY = LookupResult.RETRY
 class Request:
     """The engine's request as the tier needs it. ``peers`` narrows the peers
     asked (default: the tier's peers); ``supplier`` is the peer that will
-    produce the blocks (fetch before supply, e.g. the prefill node)."""
+    produce the blocks (fetch before supply, e.g. the prefill node);
+    ``decoder``: a peer will fetch this request's blocks (the prefill half of
+    a P/D pair), so an embedding that serves from its own memory offers them
+    as soon as they are stored."""
 
     request_id: int
     peers: Optional[Sequence[str]] = None
     supplier: Optional[str] = None
+    decoder: bool = False
 
 
 RequestLike = Union[Request, int]
@@ -262,7 +266,8 @@ class KVPeerTier:
         return self.lookup_many([key], request)[0]
 
     def lookup_many(self, keys: Sequence[bytes], request: RequestLike,
-                    defer: bool = False, pump: bool = True) -> List[LookupResult]:
+                    defer: bool = False, pump: bool = True,
+                    ask_peers: bool = True) -> List[LookupResult]:
         """lookup() for several keys, with one LOOKUP per peer for the new ones.
 
         ``defer=True`` (an engine that looks keys up one call at a time within
@@ -272,7 +277,11 @@ class KVPeerTier:
         a ready session are answered MISS at once, as without defer.
         ``pump=False``: answer from the events taken so far (an engine that
         looks a request's keys up one call at a time takes events once per
-        step, so that one LOOKUP's answer reaches all of them in one step)."""
+        step, so that one LOOKUP's answer reaches all of them in one step).
+        ``ask_peers=False`` (a request naming its supplier): no peer is asked; a
+        key not here answers HIT_PENDING once the supplier's session is
+        ready (its load is a fetch with wait-for-supply from it), RETRY while
+        the supplier is dialled, MISS if it cannot be reached."""
         self._check_open()
         rid = _rid(request)
         if pump:
@@ -281,7 +290,7 @@ class KVPeerTier:
         ask: List[bytes] = []
         for k in keys:
             r = self._local_state(k)
-            if r is None and (rid, k) not in self._answers \
+            if r is None and ask_peers and (rid, k) not in self._answers \
                     and (rid, k) not in self._queued_keys:
                 ask.append(k)
             out.append(r)
@@ -293,10 +302,22 @@ class KVPeerTier:
             else:
                 self._ask(rid, ask, *self._reach(request))
         sup = request.supplier if isinstance(request, Request) else None
+        if not ask_peers:
+            far = self._supply_state(sup) if None in out else MISS
+            return [far if r is None else r for r in out]
         return [r if r is not None
                 else RETRY if (rid, k) in self._queued_keys
                 else self._remote_state(rid, k, sup)
                 for k, r in zip(keys, out)]
+
+    def _supply_state(self, supplier: Optional[str]) -> LookupResult:
+        """A key not here, for a request that asks nobody: HIT_PENDING if its
+        supplier can be fetched from now, RETRY while it is dialled (bounded
+        by the node's handshake timeout), else MISS."""
+        if supplier is None:
+            return MISS
+        ready, coming = self._dialer.reach([supplier], self._ready_peers())
+        return HIT_PENDING if ready else RETRY if coming else MISS
 
     def _ready_peers(self) -> Set[str]:
         now = time.monotonic()

@@ -80,8 +80,10 @@ for a (request, key) answers RETRY and queues the key; at the end of the
 scheduler step (on_schedule_end) the tier sends one LOOKUP per (request, peer)
 with every key queued in the step. A dead or unready peer counts as MISS at
 once. With a supplier named in ``kv_transfer_params``
-(``{"kvpeer_supplier": "host:port"}``, prefill -> decode) a key no peer holds
-yet answers HIT: the load is then a fetch-before-supply from that peer.
+(``{"kvpeer_supplier": "host:port"}``, prefill -> decode) no peer is asked: a
+key not here answers HIT at once, and the load is a FETCH with
+wait-for-supply from that peer, served as soon as the supplier holds the key
+(at once if it does; one scheduler step sooner than a LOOKUP first).
 ``{"kvpeer_peers": [...]}`` narrows the peers asked for that request. A
 named peer without a session is dialled on demand (kvpeer.dialer): RETRY
 while it is dialled, MISS if that fails or outlasts the handshake wait.
@@ -347,8 +349,12 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         # Events are taken at the step's first lookup only: a LOOKUP answer
         # arriving mid-step would otherwise split a request's keys over two
         # steps (two promotions, two fetches, one step later for the rest).
+        # A request naming its supplier asks nobody: the supplier holds the
+        # key or will, so the load goes at this step's end (one LOOKUP round
+        # trip, a scheduler step, less; its FETCH parks until the supply).
         r = self._tier.lookup_many([bytes(key)], req, defer=self._defer_lookups,
-                                   pump=not self._pumped)[0]
+                                   pump=not self._pumped,
+                                   ask_peers=req.supplier is None)[0]
         self._pumped = True
         if r is HIT or r is MISS:
             k = bytes(key)
@@ -358,7 +364,7 @@ class KVPeerSecondaryTier(SecondaryTierManager):
             return LookupResult.HIT if r is HIT else LookupResult.MISS
         if r is HIT_PENDING and req.supplier is not None and \
                 (self._zc or not self._tier.node.contains(bytes(key))):
-            # Nobody holds it yet and the supplier will: load with
+            # Not here, and the supplier holds it or will: load with
             # wait-for-supply (fetch before supply).
             if not self._tier.load_in_flight(bytes(key)):
                 return LookupResult.HIT
@@ -415,6 +421,13 @@ class KVPeerSecondaryTier(SecondaryTierManager):
             node = self._tier.node
             for k, c in zip(job_metadata.keys, job_metadata.chunk_ids):
                 self._remember_sum(bytes(k), int(c), node.slot_checksum(int(c)))
+            if self._request(job_metadata.req_context).decoder:
+                # The prefill half of P/D: its decoder will fetch these. vLLM pins
+                # them for this job, so they are served from now (the decoder's
+                # FETCH, parked or not, needs no tier-poll round); the job is
+                # done once they are back, as a serve's (_reap_serves).
+                self._offer(job_metadata, None)
+                return
             self._results.append(JobResult(job_id=job_metadata.job_id, success=True,
                                            transfer_time=0.0, transfer_bytes=0))
             return
@@ -544,7 +557,15 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         parent.on_new_request(ctx)
         hits = [_OffloadKey(k) for k in dict.fromkeys(keys)
                 if parent.lookup(_OffloadKey(k), ctx) is LookupResult.HIT]
-        job = parent.create_store_job(hits, ctx) if hits else None
+        if not hits:  # nothing to pin: the context ends now, not a round later
+            parent.on_request_finished(ctx)
+            return 0
+        return self._offer(parent.create_store_job(hits, ctx), ctx)
+
+    def _offer(self, job: Optional[TransferJob], ctx: Optional[ReqContext]) -> int:
+        """Publish the chunks of ``job`` (a store job: vLLM pins them until it
+        is reported) for the serve hold; ``ctx``: our request that holds the
+        job (finished after it), None for vLLM's own. How many were published."""
         published: List[bytes] = []
         node = self._tier.node
         if job is not None:
@@ -585,7 +606,8 @@ class KVPeerSecondaryTier(SecondaryTierManager):
                 continue
             if job is not None:
                 self._results.append(JobResult(job_id=job.job_id, success=True))
-            self._serve_done.append(ctx)
+            if ctx is not None:
+                self._serve_done.append(ctx)
         self._serves = still
 
     def drain_jobs(self) -> None:

@@ -12,7 +12,8 @@ the ones vLLM's p2p tier takes (vllm/v1/kv_offload/tiering/p2p/manager.py,
       (fetch before supply) and the only peer asked.
   remote_decoder {kv_request_id}
       P/D, on the prefiller: its stores carry the request id the decoder
-      fetches with.
+      fetches with (zero copy: and are served from the moment they are
+      stored, not from the next tier-poll round).
   kvpeer_supplier "host:port", kvpeer_peers ["host:port", ...]
       kvpeer's own keys; they win over the p2p keys when both are given.
 
@@ -94,4 +95,4 @@ def parse(req_id: str, params: Optional[Dict[str, Any]]) -> Request:
     if supplier is not None and peers is not None and supplier not in peers:
         peers = peers + [supplier]
     return Request(request_id_of(kv_id if kv_id is not None else req_id),
-                   peers=peers, supplier=supplier)
+                   peers=peers, supplier=supplier, decoder=dest is not None)

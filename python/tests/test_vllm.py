@@ -543,7 +543,8 @@ def test_vllm_failed_load_never_writes_primary(engine_a, psk, engines, procs, ze
 @BOTH_MODES
 def test_vllm_supplier_fetch_before_supply(engine_a, psk, engines, procs, zero_copy):
     """kv_transfer_params names the supplier (prefill -> decode): B's lookup
-    answers HIT before A has the blocks; B's load waits for A's store.
+    answers HIT before A has the blocks, with no LOOKUP sent; B's load is
+    open before A stores and ends with A's store.
     Zero copy: B's FETCH parks at A (kvp_parked_keys); A's tier publishes
     the chunks once vLLM holds them (its tier-poll round), straight from
     vLLM's primary tier into B's."""
@@ -553,13 +554,17 @@ def test_vllm_supplier_fetch_before_supply(engine_a, psk, engines, procs, zero_c
     b = engines(tier_cfg(peers=[a.peer_id], psk_file=psk, **zc,
                          node_options={**NODE, "parked_demand_ms": 20000}))
     b.tier._tier.node.wait_peer(a.peer_id, scaled(10))
+    sent = spy_lookups(b)
     keys = [make_key(100 + i) for i in range(2)]
     c = b.ctx({"kvpeer_supplier": a.peer_id}, req_id="pd-request-1")  # one id, both engines
-    for k in keys:  # A answered MISS; the supplier will put them: HIT
-        until(lambda: b.tier.lookup(k, c) is LookupResult.HIT or b.step(), scaled(10))
+    # the supplier will put them: HIT at once, nobody asked
+    assert [b.tier.lookup(k, c) for k in keys] == [LookupResult.HIT] * 2
     with b.manager.lock:
         assert [b.manager.lookup(k, c) for k in keys] == [LookupResult.HIT_PENDING] * 2
     b.step()  # the fetch (wait-for-supply) is on its way
+    assert sent == [] and b.tier._tier.node.stats()["loads_inflight"] == 1
+    time.sleep(scaled(0.2))
+    assert not b.tier._tier.get_finished_jobs()  # parked at A, not failed
     assert a.store(keys, seed=5, req_id="pd-request-1") == [True, True]
     res = b.lookup_all(keys, c, timeout=scaled(10))
     assert res == [LookupResult.HIT] * 2, res

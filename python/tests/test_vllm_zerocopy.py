@@ -19,7 +19,7 @@ pytest.importorskip("vllm.v1.kv_offload.tiering.spec",
 from conftest import scaled  # noqa: E402
 from vllm.v1.kv_offload.base import LookupResult  # noqa: E402
 
-from vllm_engine import CHUNK, Engine, block_bytes, make_key  # noqa: E402
+from vllm_engine import CHUNK, Engine, block_bytes, make_key, spy_lookups  # noqa: E402
 
 NODE = {"heartbeat_ms": 200, "shutdown_drain_ms": 500, "backoff_min_ms": 50,
         "backoff_max_ms": 300}
@@ -36,8 +36,8 @@ def zc_cfg(**kw: Any) -> Dict[str, Any]:
 def engines():
     made: List[Engine] = []
 
-    def make(cfg: Dict[str, Any]) -> Engine:
-        e = Engine(cfg)
+    def make(cfg: Dict[str, Any], **spec: Any) -> Engine:
+        e = Engine(cfg, **spec)
         made.append(e)
         return e
 
@@ -112,6 +112,56 @@ def test_vllm_zero_copy_served_from_and_landed_in_primary(engines):
     # (nothing hashed on the LOOKUP's path); B verified all three with it.
     assert a.tier.serve_sums == [3, 0], a.tier.serve_sums
     assert sb["checksum_mismatches"] == 0
+
+
+def test_vllm_zero_copy_pd_served_from_the_prefill_store(engines):
+    """P/D with vLLM's p2p params, zero copy. The prefiller's store job for
+    a request with remote_decoder publishes its chunks at the cascade (vLLM
+    pins them for that job), so the decoder's FETCH is served by A's node
+    thread alone: A runs no tier-poll thread and does not step while B
+    loads. B's request names remote_prefiller: its lookups answer HIT at
+    once, no LOOKUP sent. A's store job ends after the serve hold, its chunks
+    back."""
+    a = engines(zc_cfg(), tier_poll_interval_s=0)
+    b = engines(zc_cfg())
+    sent = spy_lookups(b)
+    keys = [make_key(300 + i) for i in range(3)]
+    ca = a.ctx({"remote_decoder": {"kv_request_id": "pd-zc-1"}}, req_id="prefill-side")
+    with a.manager.lock:
+        out = a.manager.prepare_store(keys, ca)
+        for k, chunk in zip(out.keys_to_store, out.store_spec.chunk_ids):
+            a.view[int(chunk) * CHUNK:(int(chunk) + 1) * CHUNK] = block_bytes(k, 9)
+        a.manager.complete_store(out.keys_to_store, ca, True)
+    a.step()  # the cascade: kvpeer's submit_store; A steps no more until B has loaded
+    with a.manager.lock:
+        assert a.manager._jobs, "A's store job ended before any decoder fetched"
+    host, port = a.peer_id.rsplit(":", 1)
+    cb = b.ctx({"remote_prefiller": {"remote_host": host, "remote_port": port,
+                                     "kv_request_id": "pd-zc-1"}}, req_id="decode-side")
+    deadline = time.monotonic() + scaled(10)  # RETRY while B dials A, then HIT
+    while b.tier.lookup(keys[0], cb) is LookupResult.RETRY and time.monotonic() < deadline:
+        b.step()
+        time.sleep(0.01)
+    assert [b.tier.lookup(k, cb) for k in keys] == [LookupResult.HIT] * 3
+    res = b.lookup_all(keys, cb, timeout=scaled(10))  # B steps, A does not
+    assert res == [LookupResult.HIT] * 3, res
+    assert b.read(keys, cb) == [block_bytes(k, 9) for k in keys]
+    b.finish(cb)
+    assert sent == [], sent
+    sa = a.tier._tier.node.stats()
+    assert sa["wanted_ops"] == 0 and b.tier._tier.node.stats()["blocks_in"] == 3
+    deadline = time.monotonic() + scaled(10)  # the serve hold, then the job comes back
+    while time.monotonic() < deadline:
+        a.step()
+        with a.manager.lock:
+            if not a.manager._jobs and not a.tier._serves:
+                break
+        time.sleep(0.02)
+    with a.manager.lock:
+        assert not a.manager._jobs and not a.tier._serves
+    a.finish(ca)
+    assert a.tier._tier.node.slots_held() == bytes(a.num_chunks)
+    assert b.tier._tier.node.slots_held() == bytes(b.num_chunks)
 
 
 def chunk_of(e: Engine, key: bytes) -> int:
