@@ -125,6 +125,9 @@ from .tier import HIT, HIT_PENDING, MISS, RETRY, KVPeerTier, LoadJob, Request, S
 
 log = logging.getLogger("kvpeer.vllm")
 
+# The pin budget that parked FETCHes share (the node does not say whose they are).
+_PARKED = "(parked fetches)"
+
 DEFAULT_NUM_BLOCKS = 1024
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 class _ReqParams:
@@ -261,6 +264,15 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         self._sum_key: Dict[int, bytes] = {}
         self.serve_sums = [0, 0]  # chunks served with the store job's checksum / hashed then
         self._parked_serves = 0   # zero copy: serve rounds for parked FETCHes
+        # zero copy: what one peer's LOOKUPs (and, all together, the parked
+        # FETCHes, whose peers the node does not name) may keep pinned in
+        # vLLM at once, and all peers together: the node's supply-pin
+        # budgets (their defaults: a quarter, and half, of vLLM's chunks).
+        nb = self._num_chunks
+        self._pin_budget = int(opts.get("max_supply_pins_per_peer") or
+                               max(nb // 4, min(64, nb // 2)))
+        self._pin_total = int(opts.get("max_supply_pins") or nb // 2)
+        self.serve_pins_refused = 0  # keys not pinned for a peer past its budget
         if self._zc:  # issue 29: the node's slots are vLLM's chunks
             opts.update(num_blocks=self._num_chunks, external_slots=1, external_wanted=1,
                         region=self._view)
@@ -529,6 +541,7 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         served the same way once vLLM holds their keys."""
         if not self._zc or getattr(self, "_tier", None) is None:
             return
+        self._reap_serves()  # first: the chunks back since, out of their peers' budgets
         done, self._serve_done = self._serve_done, []
         for ctx in done:
             parent.on_request_finished(ctx)
@@ -538,7 +551,8 @@ class KVPeerSecondaryTier(SecondaryTierManager):
             keys = node.wanted_keys(ev.op_id, max(1, ev.n_keys))  # never more than raised
             if keys is None:  # answered already (its deadline)
                 continue
-            n = self._serve(parent, keys, f"kvpeer:{ev.peer}:{ev.request_id}:w{ev.op_id}")
+            n = self._serve(parent, keys, f"kvpeer:{ev.peer}:{ev.request_id}:w{ev.op_id}",
+                            ev.peer)
             node.wanted_done(ev.op_id)
             _T('serve_done', ev.op_id, n)
         # keys we publish already wait for the peer's supply budget, not for us:
@@ -547,25 +561,52 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         parked = [k for k in node.parked_keys() if k not in live]
         if parked:
             self._parked_serves += 1
-            self._serve(parent, parked, f"kvpeer:parked:{self._parked_serves}")
-        self._reap_serves()
+            self._serve(parent, parked, f"kvpeer:parked:{self._parked_serves}", _PARKED)
 
-    def _serve(self, parent: Any, keys: List[bytes], req_id: str) -> int:
+    def _serve(self, parent: Any, keys: List[bytes], req_id: str, who: str) -> int:
         """Publish the chunks of ``keys`` vLLM's primary tier holds, pinned by
-        one store job of a request of ours; how many were published."""
+        one store job of a request of ours, for peer ``who``: no more than
+        its pin budget at once, nor than all peers' (the keys past it answer
+        MISS); how many were published."""
+        mine = theirs = 0
+        for sv in self._serves:
+            n = len(sv[2]) + len(sv[3])
+            mine += n if sv[5] == who else 0
+            theirs += n if sv[5] is not None else 0
+        room = min(self._pin_budget - mine, self._pin_total - theirs)
+        want = list(dict.fromkeys(keys))
+        if len(want) > room:
+            self._refuse_pins(who, len(want) - max(room, 0))
+            want = want[:max(room, 0)]
+        if not want:
+            return 0
         ctx = ReqContext(req_id=req_id)
         parent.on_new_request(ctx)
-        hits = [_OffloadKey(k) for k in dict.fromkeys(keys)
+        hits = [_OffloadKey(k) for k in want
                 if parent.lookup(_OffloadKey(k), ctx) is LookupResult.HIT]
         if not hits:  # nothing to pin: the context ends now, not a round later
             parent.on_request_finished(ctx)
             return 0
-        return self._offer(parent.create_store_job(hits, ctx), ctx)
+        return self._offer(parent.create_store_job(hits, ctx), ctx, who)
 
-    def _offer(self, job: Optional[TransferJob], ctx: Optional[ReqContext]) -> int:
+    def _refuse_pins(self, who: str, n: int) -> None:
+        """Count keys not pinned for ``who`` past its budget; logged at 1, 2,
+        4, ... refusals (the peer id escaped)."""
+        before = self.serve_pins_refused
+        self.serve_pins_refused += n
+        if self.serve_pins_refused.bit_length() > before.bit_length():
+            log.warning("kvpeer tier %s: %d keys not pinned for %s: at its budget of %d "
+                        "chunks pinned in vLLM (max_supply_pins_per_peer) or all peers' "
+                        "(%d, max_supply_pins); %d refused so far", self.peer_id, n,
+                        ascii(who), self._pin_budget, self._pin_total, self.serve_pins_refused)
+
+    def _offer(self, job: Optional[TransferJob], ctx: Optional[ReqContext],
+               who: Optional[str] = None) -> int:
         """Publish the chunks of ``job`` (a store job: vLLM pins them until it
         is reported) for the serve hold; ``ctx``: our request that holds the
-        job (finished after it), None for vLLM's own. How many were published."""
+        job (finished after it), None for vLLM's own; ``who``: the peer the
+        pins count against (None: vLLM's own store job, no peer's budget).
+        How many were published."""
         published: List[bytes] = []
         node = self._tier.node
         if job is not None:
@@ -576,8 +617,9 @@ class KVPeerSecondaryTier(SecondaryTierManager):
                 except L_Error as e:  # served already (another op's pin): a MISS here
                     log.debug("kvpeer tier %s: chunk %d not published: %s", self.peer_id,
                               int(c), e)
-        # [job, ctx, slots waiting for SLOT_FREE, keys still published, unpublish at]
-        self._serves.append([job, ctx, set(), published, time.monotonic() + self._serve_hold_s])
+        # [job, ctx, slots waiting for SLOT_FREE, keys still published, unpublish at, peer]
+        self._serves.append([job, ctx, set(), published, time.monotonic() + self._serve_hold_s,
+                             who])
         return len(published)
 
     def _reap_serves(self, force: bool = False) -> None:

@@ -8,9 +8,12 @@ copied on either side (bytes_copied_in/out), A's store jobs completed.
 """
 from __future__ import annotations
 
+import collections
+import threading
 import time
 from typing import Any, Dict, List, Sequence
 
+import kvpeer
 import pytest
 
 pytest.importorskip("vllm.v1.kv_offload.tiering.spec",
@@ -162,6 +165,92 @@ def test_vllm_zero_copy_pd_served_from_the_prefill_store(engines):
     a.finish(ca)
     assert a.tier._tier.node.slots_held() == bytes(a.num_chunks)
     assert b.tier._tier.node.slots_held() == bytes(b.num_chunks)
+
+
+def test_vllm_zero_copy_greedy_peer_pins_only_its_budget(engines, node_factory):
+    """The serve paths' door (zero copy). Peer X looks up every key A's vLLM
+    holds, again and again, never fetching, and parks FETCHes (wait for
+    supply) for them too: A pins in vLLM at most X's budget for its LOOKUPs
+    (max_supply_pins_per_peer: 4 here) and the parked FETCHes' shared one
+    (4), however fast X asks, and X's asks past it are refused (counted).
+    Meanwhile a good peer B loads byte-exact and A's vLLM stores 16 new
+    blocks (it evicts what X cannot pin). At the end every pin is back.
+    (The keys X keeps pinned are out of B's reach while X holds them: a
+    chunk whose serve hold ended is unpublishing until X's pins drop.)"""
+    a = engines(zc_cfg(node_options={**NODE, "max_supply_pins_per_peer": 4}))
+    b = engines(zc_cfg(peers=[a.peer_id]))
+    held = [make_key(400 + i) for i in range(24)]  # of A's 32 chunks
+    put_primary(a, held, seed=3)
+    x = node_factory(num_blocks=64, block_size=CHUNK, compat=a.tier.compat)
+    x.add_peer(a.peer_id)
+    x.wait_peer(a.peer_id, scaled(10))
+    stop = threading.Event()
+    asked = [0, 0]
+
+    def attack() -> None:
+        rid = 1000
+        while not stop.is_set():
+            rid += 1
+            try:
+                x.lookup(a.peer_id, held, rid)
+                asked[0] += 1
+                if rid % 8 == 0:
+                    x.fetch(a.peer_id, held[rid % 3::3], rid, wait_for_supply=True)
+                    asked[1] += 1
+            except kvpeer.Error:
+                pass  # out of slots or rounds: what X can have at once
+            x.poll(0.002)
+
+    peak: Dict[Any, int] = collections.Counter()
+
+    def sample() -> None:
+        with a.manager.lock:
+            by: Dict[Any, int] = collections.Counter()
+            for sv in a.tier._serves:
+                by[sv[5]] += len(sv[2]) + len(sv[3])
+        for who, n in by.items():
+            peak[who] = max(peak[who], n)
+
+    t = threading.Thread(target=attack, daemon=True)
+    t.start()
+    try:
+        end = time.monotonic() + scaled(1.5)
+        while time.monotonic() < end:
+            sample()
+            time.sleep(0.005)
+        c = b.ctx()
+        mine = held[-2:]  # not among the 4 X keeps pinned (the first of its every LOOKUP)
+        got = lookup_stepping(a, b, mine, c, scaled(20))
+        assert got == [LookupResult.HIT] * 2, got
+        assert b.read(mine, c) == [block_bytes(k, 3) for k in mine]
+        b.finish(c)
+        sample()
+        new = [make_key(500 + i) for i in range(16)]
+        cn = a.ctx()
+        with a.manager.lock:
+            out = a.manager.prepare_store(new, cn)
+            assert out is not None, "A's vLLM could not store: X pinned its tier"
+            a.manager.complete_store(out.keys_to_store, cn, True)
+        a.finish(cn)
+        sample()
+    finally:
+        stop.set()
+        t.join(scaled(5))
+    x_peaks = {w: n for w, n in peak.items() if w not in (None, b.peer_id)}
+    assert asked[0] > 20 and asked[1] > 2, asked
+    assert a.tier.serve_pins_refused > 0 and x_peaks, (a.tier.serve_pins_refused, dict(peak))
+    assert all(n <= 4 for n in x_peaks.values()), dict(peak)
+    x.close()
+    deadline = time.monotonic() + scaled(10)  # X's pins and A's serves come back
+    while time.monotonic() < deadline:
+        a.step()
+        with a.manager.lock:
+            if not a.tier._serves and not a.manager._jobs:
+                break
+        time.sleep(0.02)
+    with a.manager.lock:
+        assert not a.tier._serves and not a.manager._jobs
+    assert a.tier._tier.node.slots_held() == bytes(a.num_chunks)
 
 
 def chunk_of(e: Engine, key: bytes) -> int:
