@@ -125,17 +125,24 @@ kvp_status_t kvp__server_wanted_keys(kvp_session_env_t *e, uint64_t op_id, uint8
 }
 
 /* The keys parked FETCHes wait for (wait-for-supply: prefill -> decode),
- * distinct, at most cap: the embedding publishes those it holds. */
+ * distinct, at most cap: the embedding publishes those it holds. The rounds
+ * named go to the end of the list, so the next call names the others first:
+ * a peer's parked keys that are never supplied cannot keep another's from
+ * being named (the embedding asks for at most cap at a time). */
 uint32_t kvp__server_parked_keys(kvp_session_env_t *e, uint8_t *keys, uint32_t *key_lens,
                                  uint32_t cap)
 {
     uint32_t k = 0;
-    kvp_list_t *p, *t;
+    kvp_list_t named, *p, *t;
+    kvp_list_init(&named);
     kvp_list_foreach_safe(p, t, &e->waiting)
     {
-        const kvp_sround_t *r = KVP_CONTAINER_OF(p, kvp_sround_t, wait_link);
+        kvp_sround_t *r = KVP_CONTAINER_OF(p, kvp_sround_t, wait_link);
+        if (k >= cap)
+            break;
         if (r->phase != KVP_SR_PARKED)
             continue;
+        uint32_t k0 = k;
         for (uint32_t i = 0; i < r->n_demand && k < cap; i++) {
             const kvp_demand_t *d = &r->demand[i];
             bool seen = d->supply >= 0;
@@ -147,6 +154,15 @@ uint32_t kvp__server_parked_keys(kvp_session_env_t *e, uint8_t *keys, uint32_t *
             memcpy(keys + (size_t)k * KVP_KEY_MAX, d->key.data, d->key.len);
             key_lens[k++] = d->key.len;
         }
+        if (k > k0) {
+            kvp_list_remove(&r->wait_link);
+            kvp_list_insert_tail(&named, &r->wait_link);
+        }
+    }
+    kvp_list_foreach_safe(p, t, &named)
+    {
+        kvp_list_remove(p);
+        kvp_list_insert_tail(&e->waiting, p);
     }
     return k;
 }

@@ -270,15 +270,21 @@ static void test_wanted_peer_gone_and_mode_off(void **state)
 }
 
 /* How many keys kvp_parked_keys names at node i, and whether key k is one. */
-static uint32_t parked(world_t *w, int i, uint32_t k, bool *has)
+static uint32_t parked_cap(world_t *w, int i, uint32_t cap, uint32_t k, bool *has)
 {
     uint8_t keys[8 * KVP_KEY_MAX], key[32];
     uint32_t lens[8], n = 99, kl = world_key(k, key);
-    assert_int_equal(kvp_parked_keys(w->node[i], keys, lens, 8, &n), KVP_OK);
+    assert_true(cap <= 8);
+    assert_int_equal(kvp_parked_keys(w->node[i], keys, lens, cap, &n), KVP_OK);
     *has = false;
     for (uint32_t j = 0; j < n; j++)
         *has |= lens[j] == kl && memcmp(keys + (size_t)j * KVP_KEY_MAX, key, kl) == 0;
     return n;
+}
+
+static uint32_t parked(world_t *w, int i, uint32_t k, bool *has)
+{
+    return parked_cap(w, i, 8, k, has);
 }
 
 /* A FETCH with wait-for-supply for keys node 0 has not published parks
@@ -324,6 +330,42 @@ static void test_parked_keys_named_until_published(void **state)
     free(w);
 }
 
+/* kvp_parked_keys takes turns: parked keys that are never supplied (a
+ * FETCH of three, first in line) do not keep a later FETCH's key from being
+ * named when the embedding asks for two at a time. */
+static void test_parked_keys_take_turns(void **state)
+{
+    world_t *w = wanted_world(state);
+    wkeys_t ks, late;
+    wkeys_make(&ks, 3, 3);
+    wkeys_make(&late, 9, 1);
+    uint32_t slots[3] = {40, 41, 42}, slot9[1] = {43};
+    int32_t bs[3];
+    uint64_t f1, f2;
+    assert_int_equal(kvp_fetch_into(w->node[1], w->addr[0], 9, ks.buf, ks.len, 3, slots,
+                                    KVP_FETCH_FLAG_WAIT_FOR_SUPPLY, bs, &f1),
+                     KVP_OK);
+    world_run(w, 10 * MS);
+    assert_int_equal(kvp_fetch_into(w->node[1], w->addr[0], 10, late.buf, late.len, 1, slot9,
+                                    KVP_FETCH_FLAG_WAIT_FOR_SUPPLY, bs, &f2),
+                     KVP_OK);
+    world_run(w, 10 * MS);
+    bool has;
+    assert_int_equal(parked_cap(w, 0, 2, 9, &has), 2); /* 3 and 4: the first FETCH's */
+    assert_false(has);
+    assert_int_equal(parked_cap(w, 0, 2, 9, &has), 2); /* 9 now, then 3 */
+    assert_true(has);
+    publish(w, 0, 9);
+    const kvp_event_t *e = world_wait(w, 1, KVP_EV_LOAD, f2, 200 * MS);
+    assert_non_null(e);
+    assert_int_equal(e->status, KVP_OK);
+    assert_true(world_slot_is_block(w, 1, 43, 9));
+    assert_int_equal(parked(w, 0, 9, &has), 3); /* 3, 4, 5 still waited for */
+    assert_false(has);
+    world_fini(w, false);
+    free(w);
+}
+
 static void tweak_ext_only(kvp_config_t *c, kvp_node_seams_t *s, int i)
 {
     (void)s;
@@ -365,6 +407,7 @@ int main(void)
         cmocka_unit_test(test_wanted_peer_gone_and_mode_off),
         cmocka_unit_test(test_wanted_off_no_event),
         cmocka_unit_test(test_parked_keys_named_until_published),
+        cmocka_unit_test(test_parked_keys_take_turns),
     };
     const char *m = getenv("KVPEER_TEST_MUTATION"); /* show the tests catch it */
     if (m != NULL)
