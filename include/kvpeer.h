@@ -426,8 +426,9 @@ KVP_EXPORT kvp_status_t kvp_wanted_done(kvp_node_t *node, uint64_t op_id);
 /* Issue 29 (external_wanted = 1): the keys that parked FETCHes on this node
  * wait for (a consumer's wait-for-supply, prefill -> decode), distinct, at
  * most `cap`, in kvp_wanted_keys's layout. The embedding publishes those it
- * holds (kvp_publish serves the parked FETCH at once). The bytes are the
- * peers': treat them as untrusted. */
+ * holds (kvp_publish serves the parked FETCH at once). Calls take turns:
+ * the FETCHes named go last, so the next call names the others first. The
+ * bytes are the peers': treat them as untrusted. */
 KVP_EXPORT kvp_status_t kvp_parked_keys(kvp_node_t *node, uint8_t *keys, uint32_t *key_lens,
                                         uint32_t cap, uint32_t *n_out);
 

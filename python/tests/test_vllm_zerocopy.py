@@ -78,6 +78,20 @@ def lookup_stepping(a: Engine, b: Engine, keys: Sequence[bytes], c: Any,
         time.sleep(0.005)
 
 
+def serves_back(a: Engine) -> None:
+    """A steps until every chunk it served is back and every store job of
+    it (vLLM's, or a serve's) is done: nothing of vLLM's stays pinned."""
+    deadline = time.monotonic() + scaled(10)
+    while time.monotonic() < deadline:
+        a.step()
+        with a.manager.lock:
+            if not a.manager._jobs and not a.tier._serves:
+                break
+        time.sleep(0.01)
+    with a.manager.lock:
+        assert not a.manager._jobs and not a.tier._serves
+
+
 def test_vllm_zero_copy_served_from_and_landed_in_primary(engines):
     a = engines(zc_cfg())
     b = engines(zc_cfg(peers=[a.peer_id]))
@@ -90,15 +104,7 @@ def test_vllm_zero_copy_served_from_and_landed_in_primary(engines):
     data = b.read(held, c)
     assert data == [block_bytes(k, 7) for k in held]
     b.finish(c)
-    deadline = time.monotonic() + scaled(10)  # A's serve store jobs come back
-    while time.monotonic() < deadline:
-        a.step()
-        with a.manager.lock:
-            if not a.manager._jobs and not a.tier._serves:
-                break
-        time.sleep(0.01)
-    with a.manager.lock:
-        assert not a.manager._jobs and not a.tier._serves
+    serves_back(a)  # A's serve store jobs come back
     sa, sb = a.tier._tier.node.stats(), b.tier._tier.node.stats()
     assert sa["wanted_ops"] >= 1 and sa["wanted_keys"] >= 4
     assert sa["wanted_keys_missed"] >= 1  # the absent key
@@ -153,15 +159,7 @@ def test_vllm_zero_copy_pd_served_from_the_prefill_store(engines):
     assert sent == [], sent
     sa = a.tier._tier.node.stats()
     assert sa["wanted_ops"] == 0 and b.tier._tier.node.stats()["blocks_in"] == 3
-    deadline = time.monotonic() + scaled(10)  # the serve hold, then the job comes back
-    while time.monotonic() < deadline:
-        a.step()
-        with a.manager.lock:
-            if not a.manager._jobs and not a.tier._serves:
-                break
-        time.sleep(0.02)
-    with a.manager.lock:
-        assert not a.manager._jobs and not a.tier._serves
+    serves_back(a)  # the serve hold, then the job comes back
     a.finish(ca)
     assert a.tier._tier.node.slots_held() == bytes(a.num_chunks)
     assert b.tier._tier.node.slots_held() == bytes(b.num_chunks)
@@ -241,15 +239,7 @@ def test_vllm_zero_copy_greedy_peer_pins_only_its_budget(engines, node_factory):
     assert a.tier.serve_pins_refused > 0 and x_peaks, (a.tier.serve_pins_refused, dict(peak))
     assert all(n <= 4 for n in x_peaks.values()), dict(peak)
     x.close()
-    deadline = time.monotonic() + scaled(10)  # X's pins and A's serves come back
-    while time.monotonic() < deadline:
-        a.step()
-        with a.manager.lock:
-            if not a.tier._serves and not a.manager._jobs:
-                break
-        time.sleep(0.02)
-    with a.manager.lock:
-        assert not a.tier._serves and not a.manager._jobs
+    serves_back(a)  # X's pins and A's serves come back
     assert a.tier._tier.node.slots_held() == bytes(a.num_chunks)
 
 
