@@ -127,6 +127,7 @@ log = logging.getLogger("kvpeer.vllm")
 
 # The pin budget that parked FETCHes share (the node does not say whose they are).
 _PARKED = "(parked fetches)"
+_ANY = "(any peer)"  # _reap_serves(early=_ANY): every peer's serve holds
 
 DEFAULT_NUM_BLOCKS = 1024
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -567,14 +568,17 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         """Publish the chunks of ``keys`` vLLM's primary tier holds, pinned by
         one store job of a request of ours, for peer ``who``: no more than
         its pin budget at once, nor than all peers' (the keys past it answer
-        MISS); how many were published."""
-        mine = theirs = 0
-        for sv in self._serves:
-            n = len(sv[2]) + len(sv[3])
-            mine += n if sv[5] == who else 0
-            theirs += n if sv[5] is not None else 0
-        room = min(self._pin_budget - mine, self._pin_total - theirs)
+        MISS); how many were published. A budget counts what is still
+        published or not back; short of room, the serve holds give way
+        first (``who``'s, then every peer's): a chunk already fetched comes
+        back at once, one a LOOKUP still pins stays counted until it is."""
         want = list(dict.fromkeys(keys))
+        room = self._room(who)
+        for early in (who, _ANY):
+            if len(want) <= room:
+                break
+            self._reap_serves(early=early)
+            room = self._room(who)
         if len(want) > room:
             self._refuse_pins(who, len(want) - max(room, 0))
             want = want[:max(room, 0)]
@@ -588,6 +592,15 @@ class KVPeerSecondaryTier(SecondaryTierManager):
             parent.on_request_finished(ctx)
             return 0
         return self._offer(parent.create_store_job(hits, ctx), ctx, who)
+
+    def _room(self, who: str) -> int:
+        """How many more chunks ``who`` may have pinned now."""
+        mine = theirs = 0
+        for sv in self._serves:
+            n = len(sv[2]) + len(sv[3])
+            mine += n if sv[5] == who else 0
+            theirs += n if sv[5] is not None else 0
+        return min(self._pin_budget - mine, self._pin_total - theirs)
 
     def _refuse_pins(self, who: str, n: int) -> None:
         """Count keys not pinned for ``who`` past its budget; logged at 1, 2,
@@ -622,16 +635,18 @@ class KVPeerSecondaryTier(SecondaryTierManager):
                              who])
         return len(published)
 
-    def _reap_serves(self, force: bool = False) -> None:
+    def _reap_serves(self, force: bool = False, early: Optional[str] = None) -> None:
         """A served chunk stays published for the pin lease, at most 1 s (a later FETCH
         of the request -- another load job of it, with wait-for-supply --
         finds it), then is unpublished (BUSY: until SLOT_FREE, its last
         transfer terminal). Serves whose chunks are all back: their store
-        jobs are done. ``force``: unpublish now (drain)."""
+        jobs are done. ``force``: unpublish now (drain); ``early``: the
+        serves of that peer (_ANY: of every peer) now (its pin budget)."""
         now = time.monotonic()
         node = self._tier.node
         for sv in self._serves:
-            if sv[3] and (force or now >= sv[4]):
+            mine = early is not None and sv[5] is not None and early in (sv[5], _ANY)
+            if sv[3] and (force or mine or now >= sv[4]):
                 for k in sv[3]:
                     freed, slot = node.unpublish(k)
                     if not freed:
