@@ -274,6 +274,7 @@ class KVPeerSecondaryTier(SecondaryTierManager):
                                max(nb // 4, min(64, nb // 2)))
         self._pin_total = int(opts.get("max_supply_pins") or nb // 2)
         self.serve_pins_refused = 0  # keys not pinned for a peer past its budget
+        self.serve_holds_given_way = 0  # serves unpublished early for a peer's room
         if self._zc:  # issue 29: the node's slots are vLLM's chunks
             opts.update(num_blocks=self._num_chunks, external_slots=1, external_wanted=1,
                         region=self._view)
@@ -647,6 +648,7 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         for sv in self._serves:
             mine = early is not None and sv[5] is not None and early in (sv[5], _ANY)
             if sv[3] and (force or mine or now >= sv[4]):
+                self.serve_holds_given_way += mine and not force and now < sv[4]
                 for k in sv[3]:
                     freed, slot = node.unpublish(k)
                     if not freed:
