@@ -111,7 +111,7 @@ SHM_PREFIX = "vllm_offload_kvpeer-bench-"
 
 # ---------------------------------------------------------------- shared bits
 def pd_id(i: int) -> str:
-    """--pd: the kv_request_id of the P/D pair whose first block is ``i``."""
+    """--modes pd: the kv_request_id of the P/D pair whose first block is ``i``."""
     return f"pd-{i}"
 
 
@@ -162,7 +162,7 @@ class Engine:
         self.tier = self.manager.secondary_tiers[0]
         self.view = self.manager.primary_tier.get_kv_memoryview().cast("B")
         self._n = 0
-        self._open: List[Any] = []  # P/D prefill requests (--pd), finished at close
+        self._open: List[Any] = []  # P/D prefill requests (--modes pd), finished at close
 
     def ctx(self, params: Optional[Dict[str, Any]], req_id: str,
             hints: Optional[Dict[str, Any]] = None):
@@ -291,7 +291,7 @@ def run_loads(eng: Engine, tier: str, a_addr: str, keys: List[bytes], seed: int,
     sleep. A request's bytes are compared with A's once all are done (the
     chunks are not reused: B's CPU tier holds every block of the run).
     ``pd``: each request is the decode half of a P/D pair: its params name A
-    as the prefiller of the request ``pd_id(first + r)`` (--pd)."""
+    as the prefiller of the request ``pd_id(first + r)`` (--modes pd)."""
     from vllm.v1.kv_offload.base import LookupResult as LR
     from kvpeer._trace import t as _T  # --trace: timestamps through each request
     host, port = a_addr.rsplit(":", 1)
