@@ -421,7 +421,7 @@ def child(args: argparse.Namespace) -> None:
             if cmd["op"] == "store":
                 keys = [make_key(i) for i in range(cmd["n"])]
                 t0 = time.perf_counter()
-                if cmd.get("pd_blocks"):  # --pd: one prefill request per decode request
+                if cmd.get("pd_blocks"):  # --modes pd: one prefill request per decode request
                     r = cmd["pd_blocks"]
                     n = sum(eng.store(keys[i:i + r], cmd["seed"], cmd["timeout"], pd_id(i))
                             for i in range(0, len(keys), r))
