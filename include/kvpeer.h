@@ -398,6 +398,14 @@ KVP_EXPORT kvp_status_t kvp_slot_checksum(kvp_node_t *node, uint32_t slot,
 KVP_EXPORT kvp_status_t kvp_publish_checksum(kvp_node_t *node, const void *key,
                                              uint32_t key_len, uint32_t slot,
                                              const uint8_t sum[KVP_CHECKSUM_LEN]);
+/* kvp_publish_checksum (sum NULL: kvp_publish), served once: the first
+ * transfer from the slot that completes unpublishes it, as kvp_unpublish
+ * would (KVP_EV_SLOT_FREE, op_id = the slot, when its last pin drops; a
+ * later kvp_unpublish answers BUSY until then, NOT_FOUND after). For a
+ * block one consumer will fetch (the prefill half of prefill -> decode):
+ * the embedding gets its slot back as soon as it was fetched. */
+KVP_EXPORT kvp_status_t kvp_publish_once(kvp_node_t *node, const void *key, uint32_t key_len,
+                                         uint32_t slot, const uint8_t sum[KVP_CHECKSUM_LEN]);
 /* Stop serving `key`. KVP_OK: the node will not read its slot again (the
  * slot is the embedding's now). KVP_ERR_BUSY: pinned by a lookup or a
  * transfer; no new pin is taken, and KVP_EV_SLOT_FREE (op_id = the slot)

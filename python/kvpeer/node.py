@@ -931,21 +931,29 @@ class Node:
             self._ops[op.value] = _Op(EventType.LOAD, peer, rid, ks, block_status=bst)
         return op.value
 
-    def publish(self, key: bytes, slot: int, checksum: Optional[bytes] = None) -> None:
+    def publish(self, key: bytes, slot: int, checksum: Optional[bytes] = None,
+                once: bool = False) -> None:
         """Serve the block of ``key`` from region slot ``slot`` (written,
         and not written again while published). ``checksum``: the slot's
         slot_checksum() taken since it was last written (the node then
-        hashes nothing; a stale one fails the consumers' verify of it)."""
+        hashes nothing; a stale one fails the consumers' verify of it).
+        ``once``: the first transfer from it that completes unpublishes it
+        (kvp_publish_once: the SLOT_FREE event with op_id = slot follows)."""
         k = _key_bytes(key)
         slot = _int_field("slot", slot, 32)
-        if checksum is None:
+        sum_ = None
+        if checksum is not None:
+            if not isinstance(checksum, bytes) or len(checksum) != L.CHECKSUM_LEN:
+                raise ValueError(f"checksum must be {L.CHECKSUM_LEN} bytes from slot_checksum()")
+            sum_ = (c_uint8 * L.CHECKSUM_LEN).from_buffer_copy(checksum)
+        if once:
+            _check(L.lib().kvp_publish_once(self._handle(), k, len(k), slot, sum_),
+                   "kvp_publish_once")
+        elif sum_ is None:
             _check(L.lib().kvp_publish(self._handle(), k, len(k), slot), "kvp_publish")
-            return
-        if not isinstance(checksum, bytes) or len(checksum) != L.CHECKSUM_LEN:
-            raise ValueError(f"checksum must be {L.CHECKSUM_LEN} bytes from slot_checksum()")
-        sum_ = (c_uint8 * L.CHECKSUM_LEN).from_buffer_copy(checksum)
-        _check(L.lib().kvp_publish_checksum(self._handle(), k, len(k), slot, sum_),
-               "kvp_publish_checksum")
+        else:
+            _check(L.lib().kvp_publish_checksum(self._handle(), k, len(k), slot, sum_),
+                   "kvp_publish_checksum")
 
     def slot_checksum(self, slot: int) -> bytes:
         """The checksum publish() would compute of region slot ``slot``,

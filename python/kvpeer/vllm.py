@@ -130,7 +130,30 @@ _PARKED = "(parked fetches)"
 _ANY = "(any peer)"  # _reap_serves(early=_ANY): every peer's serve holds
 
 DEFAULT_NUM_BLOCKS = 1024
+# Zero copy: how long a prefiller keeps a P/D store job's chunks published
+# for its decoder at most (vLLM's p2p tier: unbound_store_timeout_s, 60 s).
+DEFAULT_PREFILL_HOLD_S = 60.0
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+class _Serve:
+    """Zero copy: a store job whose chunks the tier publishes to peers (a
+    serve of theirs, or the prefill half of P/D), until its chunks are back."""
+    __slots__ = ("job", "ctx", "waiting", "published", "until", "who", "once")
+
+    def __init__(self, job: Optional[TransferJob], ctx: Optional[ReqContext],
+                 published: Dict[bytes, int], until: float, who: Optional[str],
+                 once: bool) -> None:
+        self.job = job              # vLLM pins its chunks until it is reported
+        self.ctx = ctx              # our request that holds it (None: vLLM's own job)
+        self.waiting: set = set()   # slots unpublished while pinned: back at SLOT_FREE
+        self.published = published  # key -> slot, still published
+        self.until = until          # unpublished then (the serve or prefill hold)
+        self.who = who              # the peer whose budget it counts in (None: no peer's)
+        self.once = once            # published once: back at its fetch (prefill)
+
+    def held(self) -> int:
+        return len(self.waiting) + len(self.published)
+
+
 class _ReqParams:
     """The kvpeer part of a request's kv_transfer_params, parsed once."""
 
@@ -194,7 +217,8 @@ class KVPeerSecondaryTier(SecondaryTierManager):
                  peers_dns: Optional[str] = None, peers_dns_interval_s: float = 30.0,
                  peers_dns_max: int = 64,
                  node_options: Optional[Dict[str, Any]] = None,
-                 kvpeer_zero_copy: Optional[bool] = None) -> None:
+                 kvpeer_zero_copy: Optional[bool] = None,
+                 prefill_hold_s: float = DEFAULT_PREFILL_HOLD_S) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         self.locality = Locality.REMOTE
         mine = dict(peers=list(peers) or None, listen=listen, host=host, port=port,
@@ -253,11 +277,20 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         lease_ms = int(opts.get("pin_lease_ms", d["pin_lease_ms"]) or
                        opts.get("supply_pin_ms", d["supply_pin_ms"]))
         self._serve_hold_s = min(lease_ms, 1000) / 1000.0
+        # the prefill half of P/D: published once, each chunk back at its fetch,
+        # all of them at this hold at the latest (released loudly)
+        if isinstance(prefill_hold_s, bool) or not isinstance(prefill_hold_s, (int, float)) \
+                or not 0 < prefill_hold_s < float("inf"):
+            raise ValueError(f"kvpeer: prefill_hold_s must be a positive number of seconds, "
+                             f"got {prefill_hold_s!r}")
+        self._prefill_hold_s = float(prefill_hold_s)
+        self.prefill_holds_expired = 0  # prefill chunks released unfetched at the hold
         # vLLM's view is (num_chunks, chunk_bytes); a 2-D memoryview has no
         # row indexing, so chunks are addressed in a flat byte view of it.
         self._view = primary_kv_view.cast("B")
         self._num_chunks = primary_kv_view.shape[0]
-        self._serves: List[Any] = []   # zero copy: store jobs whose chunks are unpublishing
+        self._serves: List[_Serve] = []  # zero copy: store jobs whose chunks are published
+        self._once: Dict[int, Tuple[_Serve, bytes]] = {}  # slot -> its serve, key (once)
         self._serve_done: List[Any] = []  # their ReqContexts, finished at the next serve
         # zero copy: each cascaded chunk's checksum, taken at its store job (key -> (chunk,
         # checksum); chunk -> key keeps it one entry per chunk, so at most num_chunks)
@@ -438,9 +471,10 @@ class KVPeerSecondaryTier(SecondaryTierManager):
             if self._request(job_metadata.req_context).decoder:
                 # The prefill half of P/D: its decoder will fetch these. vLLM pins
                 # them for this job, so they are served from now (the decoder's
-                # FETCH, parked or not, needs no tier-poll round); the job is
-                # done once they are back, as a serve's (_reap_serves).
-                self._offer(job_metadata, None)
+                # FETCH, parked or not, needs no tier-poll round), each once: a
+                # chunk is back when fetched, all at the prefill hold (as p2p's
+                # parked store job); the job is done then (_reap_serves).
+                self._offer(job_metadata, None, once=True)
                 return
             self._results.append(JobResult(job_id=job_metadata.job_id, success=True,
                                            transfer_time=0.0, transfer_bytes=0))
@@ -559,7 +593,7 @@ class KVPeerSecondaryTier(SecondaryTierManager):
             _T('serve_done', ev.op_id, n)
         # keys we publish already wait for the peer's supply budget, not for us:
         # no new store job for them each round
-        live = {k for sv in self._serves for k in sv[3]}
+        live = {k for sv in self._serves for k in sv.published}
         parked = [k for k in node.parked_keys() if k not in live]
         if parked:
             self._parked_serves += 1
@@ -598,9 +632,9 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         """How many more chunks ``who`` may have pinned now."""
         mine = theirs = 0
         for sv in self._serves:
-            n = len(sv[2]) + len(sv[3])
-            mine += n if sv[5] == who else 0
-            theirs += n if sv[5] is not None else 0
+            n = sv.held()
+            mine += n if sv.who == who else 0
+            theirs += n if sv.who is not None else 0
         return min(self._pin_budget - mine, self._pin_total - theirs)
 
     def _refuse_pins(self, who: str, n: int) -> None:
@@ -615,59 +649,86 @@ class KVPeerSecondaryTier(SecondaryTierManager):
                         ascii(who), self._pin_budget, self._pin_total, self.serve_pins_refused)
 
     def _offer(self, job: Optional[TransferJob], ctx: Optional[ReqContext],
-               who: Optional[str] = None) -> int:
+               who: Optional[str] = None, once: bool = False) -> int:
         """Publish the chunks of ``job`` (a store job: vLLM pins them until it
         is reported) for the serve hold; ``ctx``: our request that holds the
         job (finished after it), None for vLLM's own; ``who``: the peer the
-        pins count against (None: vLLM's own store job, no peer's budget).
-        How many were published."""
-        published: List[bytes] = []
+        pins count against (None: vLLM's own store job, no peer's budget);
+        ``once``: each chunk served once (back at its fetch), the prefill
+        hold at most. How many were published."""
+        published: Dict[bytes, int] = {}
         node = self._tier.node
         if job is not None:
             for k, c in zip(job.keys, job.chunk_ids):
                 try:
-                    node.publish(bytes(k), int(c), self._stored_sum(bytes(k), int(c)))
-                    published.append(bytes(k))
+                    node.publish(bytes(k), int(c), self._stored_sum(bytes(k), int(c)), once)
+                    published[bytes(k)] = int(c)
                 except L_Error as e:  # served already (another op's pin): a MISS here
                     log.debug("kvpeer tier %s: chunk %d not published: %s", self.peer_id,
                               int(c), e)
-        # [job, ctx, slots waiting for SLOT_FREE, keys still published, unpublish at, peer]
-        self._serves.append([job, ctx, set(), published, time.monotonic() + self._serve_hold_s,
-                             who])
+        hold = self._prefill_hold_s if once else self._serve_hold_s
+        sv = _Serve(job, ctx, published, time.monotonic() + hold, who, once)
+        self._serves.append(sv)
+        if once:
+            self._once.update((c, (sv, k)) for k, c in published.items())
         return len(published)
 
     def _reap_serves(self, force: bool = False, early: Optional[str] = None) -> None:
         """A served chunk stays published for the pin lease, at most 1 s (a later FETCH
         of the request -- another load job of it, with wait-for-supply --
         finds it), then is unpublished (BUSY: until SLOT_FREE, its last
-        transfer terminal). Serves whose chunks are all back: their store
-        jobs are done. ``force``: unpublish now (drain); ``early``: the
-        serves of that peer (_ANY: of every peer) now (its pin budget)."""
+        transfer terminal); a prefill chunk until its fetch unpublished it,
+        the prefill hold at most. Serves whose chunks are all back: their
+        store jobs are done. ``force``: unpublish now (drain); ``early``:
+        the serves of that peer (_ANY: of every peer) now (its pin budget)."""
         now = time.monotonic()
         node = self._tier.node
-        for sv in self._serves:
-            mine = early is not None and sv[5] is not None and early in (sv[5], _ANY)
-            if sv[3] and (force or mine or now >= sv[4]):
-                self.serve_holds_given_way += mine and not force and now < sv[4]
-                for k in sv[3]:
-                    freed, slot = node.unpublish(k)
-                    if not freed:
-                        sv[2].add(slot)
-                sv[3] = []
+        # SLOT_FREE first: a prefill chunk freed by its fetch is never
+        # unpublished below (the key may be published again since, by a serve)
         for slot in self._tier.take_slot_free():
+            owner = self._once.pop(slot, None)
+            if owner is not None:  # a prefill chunk its fetch unpublished
+                owner[0].published.pop(owner[1], None)
             for sv in self._serves:
-                sv[2].discard(slot)
+                sv.waiting.discard(slot)
+        for sv in self._serves:
+            mine = early is not None and sv.who is not None and early in (sv.who, _ANY)
+            if sv.published and (force or mine or now >= sv.until):
+                self.serve_holds_given_way += mine and not force and now < sv.until
+                if sv.once and not force:
+                    self._prefill_expired(sv)
+                for k, slot in sv.published.items():
+                    self._once.pop(slot, None)
+                    try:
+                        freed, slot = node.unpublish(k)
+                    except L_Error:
+                        if not sv.once:
+                            raise
+                        freed = False  # served once just now: its SLOT_FREE follows
+                    if not freed:
+                        sv.waiting.add(slot)
+                sv.published = {}
         still = []
         for sv in self._serves:
-            job, ctx, waiting = sv[0], sv[1], sv[2]
-            if waiting or sv[3]:
+            if sv.held():
                 still.append(sv)
                 continue
-            if job is not None:
-                self._results.append(JobResult(job_id=job.job_id, success=True))
-            if ctx is not None:
-                self._serve_done.append(ctx)
+            if sv.job is not None:
+                self._results.append(JobResult(job_id=sv.job.job_id, success=True))
+            if sv.ctx is not None:
+                self._serve_done.append(sv.ctx)
         self._serves = still
+
+    def _prefill_expired(self, sv: _Serve) -> None:
+        """The prefill hold ended with chunks not fetched: released, loudly
+        (counted; logged at 1, 2, 4, ... such jobs)."""
+        self.prefill_holds_expired += 1
+        if self.prefill_holds_expired & (self.prefill_holds_expired - 1) == 0:
+            log.warning("kvpeer tier %s: %d chunks of a prefill store job (job %s) not fetched "
+                        "by its decoder within prefill_hold_s=%g: no longer served (%d such "
+                        "jobs so far)", self.peer_id, len(sv.published),
+                        getattr(sv.job, "job_id", "?"), self._prefill_hold_s,
+                        self.prefill_holds_expired)
 
     def drain_jobs(self) -> None:
         """Wait (bounded by the node's load timeout) for running loads; the

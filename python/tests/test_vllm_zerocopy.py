@@ -126,11 +126,12 @@ def test_vllm_zero_copy_served_from_and_landed_in_primary(engines):
 def test_vllm_zero_copy_pd_served_from_the_prefill_store(engines):
     """P/D with vLLM's p2p params, zero copy. The prefiller's store job for
     a request with remote_decoder publishes its chunks at the cascade (vLLM
-    pins them for that job), so the decoder's FETCH is served by A's node
-    thread alone: A runs no tier-poll thread and does not step while B
-    loads. B's request names remote_prefiller: its lookups answer HIT at
-    once, no LOOKUP sent. A's store job ends after the serve hold, its chunks
-    back."""
+    pins them for that job), each until its decoder fetched it (the prefill
+    hold, 60 s, at most), so the decoder's FETCH is served by A's node
+    thread alone, however late it comes (here: after a serve hold, 1 s): A
+    runs no tier-poll thread and does not step while B loads. B's request
+    names remote_prefiller: its lookups answer HIT at once, no LOOKUP sent.
+    A's store job ends at B's fetch, its chunks back."""
     a = engines(zc_cfg(), tier_poll_interval_s=0)
     b = engines(zc_cfg())
     sent = spy_lookups(b)
@@ -144,6 +145,8 @@ def test_vllm_zero_copy_pd_served_from_the_prefill_store(engines):
     a.step()  # the cascade: kvpeer's submit_store; A steps no more until B has loaded
     with a.manager.lock:
         assert a.manager._jobs, "A's store job ended before any decoder fetched"
+    time.sleep(1.2)  # past the serve hold (min(pin lease, 1 s)): the decoder comes late
+    a.step()
     host, port = a.peer_id.rsplit(":", 1)
     cb = b.ctx({"remote_prefiller": {"remote_host": host, "remote_port": port,
                                      "kv_request_id": "pd-zc-1"}}, req_id="decode-side")
@@ -159,10 +162,42 @@ def test_vllm_zero_copy_pd_served_from_the_prefill_store(engines):
     assert sent == [], sent
     sa = a.tier._tier.node.stats()
     assert sa["wanted_ops"] == 0 and b.tier._tier.node.stats()["blocks_in"] == 3
-    serves_back(a)  # the serve hold, then the job comes back
+    t0 = time.monotonic()
+    serves_back(a)  # each chunk back at its fetch: the job with them, no hold to wait out
+    assert time.monotonic() - t0 < scaled(0.5)
+    assert a.tier.prefill_holds_expired == 0
     a.finish(ca)
     assert a.tier._tier.node.slots_held() == bytes(a.num_chunks)
     assert b.tier._tier.node.slots_held() == bytes(b.num_chunks)
+
+
+def test_vllm_zero_copy_prefill_hold_releases_unfetched_chunks(engines, caplog):
+    """A prefill store job whose decoder never comes: its chunks stay
+    published for the prefill hold (prefill_hold_s, 0.3 s here), then are
+    released, loudly (counted, a warning): the store job is done, vLLM's
+    chunks are its own again, and a bad hold is refused at start-up."""
+    with pytest.raises(ValueError, match="prefill_hold_s"):
+        engines(zc_cfg(prefill_hold_s=0))
+    a = engines(zc_cfg(prefill_hold_s=0.3))
+    keys = [make_key(350 + i) for i in range(2)]
+    ca = a.ctx({"remote_decoder": {"kv_request_id": "pd-nobody"}}, req_id="prefill-alone")
+    with a.manager.lock:
+        out = a.manager.prepare_store(keys, ca)
+        for k, chunk in zip(out.keys_to_store, out.store_spec.chunk_ids):
+            a.view[int(chunk) * CHUNK:(int(chunk) + 1) * CHUNK] = block_bytes(k, 9)
+        a.manager.complete_store(out.keys_to_store, ca, True)
+    a.step()
+    assert a.tier._tier.node.slots_held().count(2) == 2  # published for the decoder
+    time.sleep(0.15)
+    a.step()
+    with a.manager.lock:
+        assert a.manager._jobs and a.tier.prefill_holds_expired == 0  # within the hold
+    with caplog.at_level("WARNING", logger="kvpeer.vllm"):
+        serves_back(a)
+    assert a.tier.prefill_holds_expired == 1
+    assert "not fetched by its decoder" in caplog.text
+    assert a.tier._tier.node.slots_held() == bytes(a.num_chunks)
+    a.finish(ca)
 
 
 def test_vllm_zero_copy_greedy_peer_pins_only_its_budget(engines, node_factory):
@@ -205,7 +240,7 @@ def test_vllm_zero_copy_greedy_peer_pins_only_its_budget(engines, node_factory):
         with a.manager.lock:
             by: Dict[Any, int] = collections.Counter()
             for sv in a.tier._serves:
-                by[sv[5]] += len(sv[2]) + len(sv[3])
+                by[sv.who] += sv.held()
         for who, n in by.items():
             peak[who] = max(peak[who], n)
 

@@ -1,7 +1,7 @@
 /*
  * api_external.c -- issue 29, external slots: the calls of kvpeer.h by
  * which an embedding that owns the region serves its own chunks
- * (kvp_publish, kvp_unpublish) and asks which of its slots the node holds
+ * (kvp_publish, kvp_publish_once, kvp_unpublish) and asks which of its slots the node holds
  * (kvp_slots_held). kvp_fetch_into is with the other remote calls (api.c).
  * Each runs on the owner thread through kvp__node_exec.
  *
@@ -21,6 +21,7 @@ typedef struct publish_args {
     uint32_t key_len;
     uint32_t slot;
     const kvp_digest_t *digest; /* NULL: hash the slot here */
+    bool once;                  /* kvp_publish_once */
 } publish_args_t;
 
 static kvp_status_t do_publish(kvp_node_t *n, void *arg)
@@ -28,7 +29,7 @@ static kvp_status_t do_publish(kvp_node_t *n, void *arg)
     publish_args_t *a = arg;
     kvp_slot_ref_t ref;
     kvp_status_t st = kvp_store_publish_digest(n->store, a->slot, a->key, a->key_len, a->digest,
-                                               &ref);
+                                               a->once, &ref);
     if (st != KVP_OK)
         return st;
     kvp__server_on_commit(&n->env, a->key, a->key_len); /* pending lookups, parked demand */
@@ -36,21 +37,21 @@ static kvp_status_t do_publish(kvp_node_t *n, void *arg)
 }
 
 static kvp_status_t publish(kvp_node_t *n, const void *key, uint32_t key_len, uint32_t slot,
-                            const kvp_digest_t *digest)
+                            const kvp_digest_t *digest, bool once)
 {
     if (n == NULL || key == NULL || key_len == 0 || key_len > KVP_KEY_MAX ||
         slot >= n->cfg.num_blocks)
         return KVP_ERR_INVALID;
     if (!n->cfg.external_slots)
         return KVP_ERR_UNSUPPORTED;
-    publish_args_t a = {key, key_len, slot, digest};
+    publish_args_t a = {key, key_len, slot, digest, once};
     return kvp__node_exec(n, do_publish, &a);
 }
 
 KVP_EXPORT kvp_status_t kvp_publish(kvp_node_t *n, const void *key, uint32_t key_len,
                                     uint32_t slot)
 {
-    return publish(n, key, key_len, slot, NULL);
+    return publish(n, key, key_len, slot, NULL, false);
 }
 
 _Static_assert(sizeof(kvp_digest_t) == KVP_CHECKSUM_LEN, "a checksum is one digest");
@@ -62,7 +63,16 @@ KVP_EXPORT kvp_status_t kvp_publish_checksum(kvp_node_t *n, const void *key, uin
         return KVP_ERR_INVALID;
     kvp_digest_t d;
     memcpy(&d, sum, sizeof d);
-    return publish(n, key, key_len, slot, &d);
+    return publish(n, key, key_len, slot, &d, false);
+}
+
+KVP_EXPORT kvp_status_t kvp_publish_once(kvp_node_t *n, const void *key, uint32_t key_len,
+                                         uint32_t slot, const uint8_t sum[KVP_CHECKSUM_LEN])
+{
+    kvp_digest_t d;
+    if (sum != NULL)
+        memcpy(&d, sum, sizeof d);
+    return publish(n, key, key_len, slot, sum != NULL ? &d : NULL, true);
 }
 
 /* On the caller's thread, no lock: the store's region, geometry and seed
@@ -93,7 +103,7 @@ KVP_EXPORT kvp_status_t kvp_unpublish(kvp_node_t *n, const void *key, uint32_t k
         return KVP_ERR_INVALID;
     if (!n->cfg.external_slots)
         return KVP_ERR_UNSUPPORTED;
-    publish_args_t a = {key, key_len, UINT32_MAX, NULL};
+    publish_args_t a = {key, key_len, UINT32_MAX, NULL, false};
     kvp_status_t st = kvp__node_exec(n, do_unpublish, &a);
     if ((st == KVP_OK || st == KVP_ERR_BUSY) && slot != NULL)
         *slot = a.slot;

@@ -156,6 +156,7 @@ static void ready_to_free(kvp_store_t *s, uint32_t slot)
         s->remove_cb(s->commit_cb_arg, kvp__store_key(s, slot), s->meta[slot].key_len);
     list_remove(s, slot);
     kvp__store_index_remove(s, slot);
+    s->meta[slot].flags &= (uint8_t)~KVP_SLOTF_ONCE;
     set_state(s, slot, KVP_SLOT_FREE);
     free_push(s, slot);
 }
@@ -622,7 +623,7 @@ kvp_status_t kvp_store_verify_as(kvp_store_t *s, kvp_slot_ref_t ref, const kvp_d
 kvp_status_t kvp_store_publish(kvp_store_t *s, uint32_t slot, const void *key, size_t key_len,
                                kvp_slot_ref_t *ref)
 {
-    return kvp_store_publish_digest(s, slot, key, key_len, NULL, ref);
+    return kvp_store_publish_digest(s, slot, key, key_len, NULL, false, ref);
 }
 
 kvp_digest_t kvp_store_slot_digest(const kvp_store_t *s, uint32_t slot)
@@ -631,7 +632,7 @@ kvp_digest_t kvp_store_slot_digest(const kvp_store_t *s, uint32_t slot)
 }
 
 kvp_status_t kvp_store_publish_digest(kvp_store_t *s, uint32_t slot, const void *key,
-                                      size_t key_len, const kvp_digest_t *digest,
+                                      size_t key_len, const kvp_digest_t *digest, bool once,
                                       kvp_slot_ref_t *ref)
 {
     if (!s || !s->external || slot >= s->n || !key_ok(key, key_len) || !ref)
@@ -647,9 +648,23 @@ kvp_status_t kvp_store_publish_digest(kvp_store_t *s, uint32_t slot, const void 
     set_state(s, slot, KVP_SLOT_FILLING);
     s->st.reserves++;
     kvp_digest_t d = digest != NULL ? *digest : slot_digest(s, slot);
+    if (once)
+        s->meta[slot].flags |= KVP_SLOTF_ONCE; /* before the commit serves parked demand */
     commit_digest(s, slot, &d); /* READY: serves pending lookups and parked demand */
     *ref = ref_of(s, slot);
     return KVP_OK;
+}
+
+bool kvp_store_served(kvp_store_t *s, kvp_slot_ref_t ref)
+{
+    if (!s || ref_resolve(s, ref, KVP_SLOT_READY) != KVP_OK)
+        return false;
+    kvp_slot_meta_t *m = &s->meta[ref.slot];
+    if ((m->flags & (KVP_SLOTF_ONCE | KVP_SLOTF_UNPUBLISHING)) != KVP_SLOTF_ONCE)
+        return false;
+    KVP_ASSERT(m->pins > 0); /* the transfer that read it holds one until its release */
+    m->flags |= KVP_SLOTF_UNPUBLISHING;
+    return true;
 }
 
 kvp_status_t kvp_store_unpublish(kvp_store_t *s, const void *key, size_t key_len, uint32_t *slot)

@@ -229,11 +229,18 @@ kvp_status_t kvp_store_verify_as(kvp_store_t *s, kvp_slot_ref_t ref, const kvp_d
 kvp_status_t kvp_store_publish(kvp_store_t *s, uint32_t slot, const void *key, size_t key_len,
                                kvp_slot_ref_t *ref);
 /* kvp_store_publish with the block's digest given (kvp_store_slot_digest,
- * taken when the embedding wrote the slot): nothing hashed here. A stale
- * one (the slot rewritten since) fails the consumer's verify of the block. */
+ * taken when the embedding wrote the slot; NULL: hashed here). A stale one
+ * (the slot rewritten since) fails the consumer's verify of the block.
+ * `once`: served once -- kvp_store_served unpublishes it. */
 kvp_status_t kvp_store_publish_digest(kvp_store_t *s, uint32_t slot, const void *key,
-                                      size_t key_len, const kvp_digest_t *digest,
+                                      size_t key_len, const kvp_digest_t *digest, bool once,
                                       kvp_slot_ref_t *ref);
+/* A transfer that reads the READY slot of `ref` (and holds a pin on it)
+ * completed: a slot published `once` is unpublished now, as by
+ * kvp_store_unpublish (no new pin; the unpublish callback at its last
+ * unpin). True if it was; false otherwise (not once, already unpublishing,
+ * or stale). */
+bool kvp_store_served(kvp_store_t *s, kvp_slot_ref_t ref);
 /* The digest of slot's bytes (slot < num_blocks). Reads nothing of the
  * store's state but its geometry and seed, fixed at create: any thread may
  * call it, while the caller keeps the slot unwritten. */

@@ -41,6 +41,9 @@ enum {
     /* Issue 29: a published READY slot the embedding unpublished while pins
      * held it: no new pin; freed (unpublish_cb) when the last pin drops. */
     KVP_SLOTF_UNPUBLISHING = 1u << 2,
+    /* Issue 29: a published READY slot served once: the first transfer from
+     * it that completes unpublishes it (kvp_store_served). */
+    KVP_SLOTF_ONCE = 1u << 3,
 };
 
 /* Hot per-slot metadata. 16 bytes so it never straddles a cache line. */

@@ -103,6 +103,7 @@ typedef struct sim {
     uint64_t ext_tag[SIM_MAX][SIM_SLOTS];
     uint16_t ext_key[SIM_MAX][SIM_SLOTS];
     bool ext_taint[SIM_MAX][SIM_SLOTS];
+    bool ext_once[SIM_MAX][SIM_SLOTS]; /* published once: its first fetch unpublishes it */
     uint64_t ext_next_tag;
     /* Issue 29 step 2: keys each node's embedding ever published (a LOOKUP
      * hit from that node for any other key is a violation). */
@@ -444,6 +445,7 @@ static void ext_scribble(sim_t *s, int i, uint32_t slot)
     }
     s->ext_tag[i][slot] = tag;
     s->ext_state[i][slot] = EXT_OWNED;
+    s->ext_once[i][slot] = false;
 }
 
 /* A slot the embedding owned all along must still hold its pattern. */
@@ -503,9 +505,12 @@ static kvp_status_t sim_put(sim_t *s, int j, uint32_t k, const uint8_t *key, uin
         return KVP_ERR_NOSPACE;
     ext_check_pattern(s, j, slot, "publish");
     memcpy(ext_ptr(s, j, slot), s->blockbuf, s->cfg[j].block_size);
-    kvp_status_t st = kvp_publish(s->node[j], key, kl, slot);
+    bool once = rnd(s, 3) == 0; /* the prefill half of P/D: back at its first fetch */
+    kvp_status_t st = once ? kvp_publish_once(s->node[j], key, kl, slot, NULL)
+                           : kvp_publish(s->node[j], key, kl, slot);
     if (st == KVP_OK) {
         s->ext_state[j][slot] = EXT_PUBLISHED;
+        s->ext_once[j][slot] = once;
         s->ext_key[j][slot] = (uint16_t)k;
         s->ext_ever_pub[j][k] = true;
         return st;
@@ -549,6 +554,10 @@ static void act_unpublish(sim_t *s, int i)
     uint32_t kl = key_fmt(s->ext_key[i][slot], key);
     kvp_status_t st = kvp_unpublish(s->node[i], key, kl, &got);
     trace(s, "unpublish n%d slot %u -> %s", i, slot, kvp_status_str(st));
+    if (st == KVP_ERR_NOT_FOUND && s->ext_once[i][slot]) {
+        s->ext_state[i][slot] = EXT_UNPUBLISHING; /* fetched: its SLOT_FREE is on its way */
+        return;
+    }
     if ((st != KVP_OK && st != KVP_ERR_BUSY) || got != slot) {
         violation(s, "n%d: unpublish of slot %u: %s (slot %u)", i, slot, kvp_status_str(st), got);
         return;
@@ -657,11 +666,14 @@ static void ext_on_release(sim_t *s, int i, const kvp_event_t *ev)
 {
     if (ev->type == KVP_EV_SLOT_FREE) {
         uint32_t slot = (uint32_t)ev->op_id;
-        if (slot >= SIM_SLOTS || s->ext_state[i][slot] != EXT_UNPUBLISHING)
+        bool fetched = slot < SIM_SLOTS && s->ext_state[i][slot] == EXT_PUBLISHED &&
+                       s->ext_once[i][slot]; /* published once: its fetch unpublished it */
+        if (slot >= SIM_SLOTS || (s->ext_state[i][slot] != EXT_UNPUBLISHING && !fetched))
             violation(s, "n%d: SLOT_FREE for slot %u not unpublishing", i, slot);
         else
             ext_scribble(s, i, slot);
         s->r->ext_slot_free++;
+        s->r->ext_served_once += fetched;
         return;
     }
     sim_op_t *op = op_find(s, i, ev->op_id);

@@ -88,6 +88,7 @@ typedef struct sim_result {
      * (block_status BUSY), released later by proof / by the hold cap, and
      * unpublished slots freed at their last unpin (KVP_EV_SLOT_FREE). */
     uint64_t ext_held, ext_released_proof, ext_released_cap, ext_slot_free;
+    uint64_t ext_served_once; /* of those: published once, unpublished by its fetch */
     /* Wanted mode: KVP_EV_WANTED ops answered, keys published for them. */
     uint64_t wanted_ops, wanted_published;
     char first_violation[512];

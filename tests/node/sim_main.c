@@ -64,8 +64,9 @@ typedef struct totals {
     uint64_t faults[SIM_F_KINDS];
     double cpu;
     uint64_t exit_released; /* issue 27: slots released by the process-exit proof */
-    uint64_t ext[6]; /* issue 29: held, released by proof, by the cap, slot-free;
-                      * step 2: wanted ops answered, keys published for them */
+    uint64_t ext[7]; /* issue 29: held, released by proof, by the cap, slot-free;
+                      * step 2: wanted ops answered, keys published for them;
+                      * slots published once freed by their fetch */
 } totals_t;
 
 typedef struct run_cfg {
@@ -95,6 +96,7 @@ static void run_range(const run_cfg_t *c, uint64_t offset, totals_t *t)
         t->ext[3] += r.ext_slot_free;
         t->ext[4] += r.wanted_ops;
         t->ext[5] += r.wanted_published;
+        t->ext[6] += r.ext_served_once;
         t->rounds += r.rounds;
         t->rest_ms += r.rest_ms;
         t->exit_released += r.exit_released;
@@ -138,7 +140,7 @@ static void add(totals_t *sum, const totals_t *t)
     for (int f = 0; f < SIM_F_KINDS; f++)
         sum->faults[f] += t->faults[f];
     sum->cpu += t->cpu;
-    for (int k = 0; k < 6; k++)
+    for (int k = 0; k < (int)(sizeof sum->ext / sizeof sum->ext[0]); k++)
         sum->ext[k] += t->ext[k];
 }
 
@@ -272,9 +274,11 @@ int main(int argc, char **argv)
            sum.cpu, kvp_mutation_str(kvp__mutation));
     if (c.o.external)
         printf("sim: external slots (issue 29): slots held past the outcome %llu, released by "
-               "proof %llu, by the hold cap %llu; unpublished slots freed at the last unpin %llu\n",
+               "proof %llu, by the hold cap %llu; unpublished slots freed at the last unpin %llu "
+               "(published once, by their fetch: %llu)\n",
                (unsigned long long)sum.ext[0], (unsigned long long)sum.ext[1],
-               (unsigned long long)sum.ext[2], (unsigned long long)sum.ext[3]);
+               (unsigned long long)sum.ext[2], (unsigned long long)sum.ext[3],
+               (unsigned long long)sum.ext[6]);
     if (c.o.external && c.o.wanted)
         printf("sim: keys wanted (issue 29 step 2): WANTED ops answered %llu, keys published "
                "for them %llu\n",

@@ -219,6 +219,60 @@ static void test_ext_unpublish_busy_then_free(void **state)
     free(w);
 }
 
+/* Published once (the prefill half of P/D): a transfer from the slot that
+ * fails leaves it published; the first that completes unpublishes it
+ * (KVP_EV_SLOT_FREE, no kvp_unpublish) and a later LOOKUP misses it. A slot
+ * published the usual way stays served. */
+static void test_ext_publish_once_back_at_its_fetch(void **state)
+{
+    world_t *w = world_new(state, 2, tweak_ext);
+    world_connect(w, 1, 0);
+    uint8_t key[32];
+    uint32_t kl = world_key(1, key);
+    world_block(1, world_slot_ptr(w, 0, 10), w->cfg[0].block_size);
+    assert_int_equal(kvp_publish_once(w->node[0], key, kl, 10, NULL), KVP_OK);
+    world_publish(w, 0, 2, 11);
+    wkeys_t ks;
+    int32_t bs[2];
+    uint32_t slots[2] = {30, 31};
+    kvp_fake_script_t fail = kvp_fake_script_fail(5 * MS, 0);
+    uint64_t op = ext_fetch(w, &ks, 2, &fail, slots, bs); /* request 7 */
+    const kvp_event_t *e = world_wait(w, 1, KVP_EV_LOAD, op, 300 * MS);
+    assert_non_null(e);
+    assert_int_not_equal(e->status, KVP_OK);
+    kvp_finish_request(w->node[1], 7);
+    world_run(w, 20 * MS);
+    assert_int_equal(held(w, 0, 10), 2); /* not served: still published */
+    assert_null(world_event(w, 0, KVP_EV_SLOT_FREE, 10));
+    world_lookup_hits(w, 1, 0, &ks, 8);
+    uint32_t slots2[2] = {32, 33};
+    assert_int_equal(kvp_fetch_into(w->node[1], w->addr[0], 8, ks.buf, ks.len, 2, slots2, 0, bs,
+                                    &op),
+                     KVP_OK);
+    e = world_wait(w, 1, KVP_EV_LOAD, op, 300 * MS);
+    assert_non_null(e);
+    assert_int_equal(e->status, KVP_OK);
+    assert_true(world_slot_is_block(w, 1, 32, 1));
+    assert_non_null(world_wait(w, 0, KVP_EV_SLOT_FREE, 10, 50 * MS));
+    assert_int_equal(held(w, 0, 10), 0); /* the embedding's again */
+    assert_int_equal(held(w, 0, 11), 2);
+    assert_int_equal(kvp_unpublish(w->node[0], key, kl, NULL), KVP_ERR_NOT_FOUND);
+    uint8_t res[2];
+    uint64_t lop;
+    assert_int_equal(kvp_lookup(w->node[1], w->addr[0], 9, ks.buf, ks.len, 2, res, &lop), KVP_OK);
+    const kvp_event_t *le = world_wait(w, 1, KVP_EV_LOOKUP, lop, 50 * MS);
+    assert_non_null(le);
+    assert_int_equal(le->n_ok, 1); /* k2 only */
+    kvp_finish_request(w->node[1], 8);
+    kvp_finish_request(w->node[1], 9);
+    world_run(w, 20 * MS);
+    kl = world_key(2, key);
+    assert_int_equal(kvp_unpublish(w->node[0], key, kl, NULL), KVP_OK);
+    assert_int_equal(held_count(w, 0), 0);
+    world_fini(w, false);
+    free(w);
+}
+
 /* The source is killed while its WRITE is wedged on a path that cannot be
  * fenced: the load fails at once, its slots are held (KVP_ERR_BUSY,
  * n_held), the late bytes land only in them, and the hold cap hands them
@@ -344,6 +398,7 @@ int main(void)
         cmocka_unit_test(test_ext_fetch_into_lands),
         cmocka_unit_test(test_ext_fetch_into_refusals),
         cmocka_unit_test(test_ext_unpublish_busy_then_free),
+        cmocka_unit_test(test_ext_publish_once_back_at_its_fetch),
         cmocka_unit_test(test_ext_source_killed_deferred_to_cap),
         cmocka_unit_test(test_ext_cancel_deferred_to_abort_ack),
         cmocka_unit_test(test_ext_rewritten_published_chunk_fails_verify),
