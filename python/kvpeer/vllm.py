@@ -105,6 +105,7 @@ from vllm.v1.kv_offload.base import (
     RequestOffloadingContext,
     ScheduleEndContext,
 )
+from vllm.v1.kv_offload import base as _kv_base
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
@@ -124,6 +125,8 @@ from .node import Error as L_Error
 from .tier import HIT, HIT_PENDING, MISS, RETRY, KVPeerTier, LoadJob, Request, StoreJob
 
 log = logging.getLogger("kvpeer.vllm")
+
+_REQUEST_LEVEL = getattr(getattr(_kv_base, "OffloadPolicy", None), "REQUEST_LEVEL", None)
 
 # The pin budget that parked FETCHes share (the node does not say whose they are).
 _PARKED = "(parked fetches)"
@@ -434,7 +437,13 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         self._pumped = False
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
-        req_context.set_state(_ReqParams(_parse_params(req_context)))
+        request = _parse_params(req_context)
+        req_context.set_state(_ReqParams(request))
+        if self._zc and request.decoder and _REQUEST_LEVEL is not None:
+            # the prefill half of P/D: every block of the request comes to
+            # submit_store (vLLM cascades prefix hits too), all published for
+            # the decoder (p2p asks the same)
+            return RequestOffloadingContext(policy=_REQUEST_LEVEL)
         return RequestOffloadingContext()
 
     def _request(self, req_context: ReqContext) -> Request:

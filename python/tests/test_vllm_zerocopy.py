@@ -123,6 +123,38 @@ def test_vllm_zero_copy_served_from_and_landed_in_primary(engines):
     assert sb["checksum_mismatches"] == 0
 
 
+def prefill(a: Engine, keys: Sequence[bytes], kv_id: str) -> Any:
+    """The prefill half of P/D: A stores ``keys`` (block_bytes seed 9) under
+    a request naming a decoder (remote_decoder ``kv_id``), and steps once
+    (the cascade: kvpeer's submit_store). The request's context, open."""
+    ca = a.ctx({"remote_decoder": {"kv_request_id": kv_id}}, req_id=f"prefill-{kv_id}")
+    with a.manager.lock:
+        out = a.manager.prepare_store(keys, ca)
+        for k, chunk in zip(out.keys_to_store, out.store_spec.chunk_ids):
+            a.view[int(chunk) * CHUNK:(int(chunk) + 1) * CHUNK] = block_bytes(k, 9)
+        a.manager.complete_store(out.keys_to_store, ca, True)
+    a.step()
+    return ca
+
+
+def decode(b: Engine, a: Engine, keys: Sequence[bytes], kv_id: str) -> None:
+    """The decode half: B's request names A (remote_prefiller ``kv_id``); its
+    lookups answer HIT at once (after B dialled A); B steps (A does not)
+    until loaded and reads the bytes A stored."""
+    host, port = a.peer_id.rsplit(":", 1)
+    cb = b.ctx({"remote_prefiller": {"remote_host": host, "remote_port": port,
+                                     "kv_request_id": kv_id}}, req_id=f"decode-{kv_id}")
+    deadline = time.monotonic() + scaled(10)  # RETRY while B dials A, then HIT
+    while b.tier.lookup(keys[0], cb) is LookupResult.RETRY and time.monotonic() < deadline:
+        b.step()
+        time.sleep(0.01)
+    assert [b.tier.lookup(k, cb) for k in keys] == [LookupResult.HIT] * len(keys)
+    res = b.lookup_all(keys, cb, timeout=scaled(10))  # B steps, A does not
+    assert res == [LookupResult.HIT] * len(keys), res
+    assert b.read(keys, cb) == [block_bytes(k, 9) for k in keys]
+    b.finish(cb)
+
+
 def test_vllm_zero_copy_pd_served_from_the_prefill_store(engines):
     """P/D with vLLM's p2p params, zero copy. The prefiller's store job for
     a request with remote_decoder publishes its chunks at the cascade (vLLM
@@ -136,29 +168,12 @@ def test_vllm_zero_copy_pd_served_from_the_prefill_store(engines):
     b = engines(zc_cfg())
     sent = spy_lookups(b)
     keys = [make_key(300 + i) for i in range(3)]
-    ca = a.ctx({"remote_decoder": {"kv_request_id": "pd-zc-1"}}, req_id="prefill-side")
-    with a.manager.lock:
-        out = a.manager.prepare_store(keys, ca)
-        for k, chunk in zip(out.keys_to_store, out.store_spec.chunk_ids):
-            a.view[int(chunk) * CHUNK:(int(chunk) + 1) * CHUNK] = block_bytes(k, 9)
-        a.manager.complete_store(out.keys_to_store, ca, True)
-    a.step()  # the cascade: kvpeer's submit_store; A steps no more until B has loaded
+    ca = prefill(a, keys, "pd-zc-1")  # A steps no more until B has loaded
     with a.manager.lock:
         assert a.manager._jobs, "A's store job ended before any decoder fetched"
     time.sleep(1.2)  # past the serve hold (min(pin lease, 1 s)): the decoder comes late
     a.step()
-    host, port = a.peer_id.rsplit(":", 1)
-    cb = b.ctx({"remote_prefiller": {"remote_host": host, "remote_port": port,
-                                     "kv_request_id": "pd-zc-1"}}, req_id="decode-side")
-    deadline = time.monotonic() + scaled(10)  # RETRY while B dials A, then HIT
-    while b.tier.lookup(keys[0], cb) is LookupResult.RETRY and time.monotonic() < deadline:
-        b.step()
-        time.sleep(0.01)
-    assert [b.tier.lookup(k, cb) for k in keys] == [LookupResult.HIT] * 3
-    res = b.lookup_all(keys, cb, timeout=scaled(10))  # B steps, A does not
-    assert res == [LookupResult.HIT] * 3, res
-    assert b.read(keys, cb) == [block_bytes(k, 9) for k in keys]
-    b.finish(cb)
+    decode(b, a, keys, "pd-zc-1")
     assert sent == [], sent
     sa = a.tier._tier.node.stats()
     assert sa["wanted_ops"] == 0 and b.tier._tier.node.stats()["blocks_in"] == 3
@@ -171,6 +186,22 @@ def test_vllm_zero_copy_pd_served_from_the_prefill_store(engines):
     assert b.tier._tier.node.slots_held() == bytes(b.num_chunks)
 
 
+def test_vllm_zero_copy_pd_prefix_hits_served_too(engines):
+    """A prefill request whose first blocks were in A's CPU tier already (a
+    prefix hit): the tier asks vLLM for request-level offload (as p2p does),
+    so vLLM cascades those chunks to it too and the decoder's FETCH finds
+    every block published, with A polling nothing."""
+    a = engines(zc_cfg(), tier_poll_interval_s=0)
+    b = engines(zc_cfg())
+    keys = [make_key(380 + i) for i in range(3)]
+    put_primary(a, keys[:2], seed=9)  # an earlier request's blocks
+    ca = prefill(a, keys, "pd-prefix")
+    decode(b, a, keys, "pd-prefix")
+    serves_back(a)
+    a.finish(ca)
+    assert a.tier._tier.node.slots_held() == bytes(a.num_chunks)
+
+
 def test_vllm_zero_copy_prefill_hold_releases_unfetched_chunks(engines, caplog):
     """A prefill store job whose decoder never comes: its chunks stay
     published for the prefill hold (prefill_hold_s, 0.3 s here), then are
@@ -180,13 +211,7 @@ def test_vllm_zero_copy_prefill_hold_releases_unfetched_chunks(engines, caplog):
         engines(zc_cfg(prefill_hold_s=0))
     a = engines(zc_cfg(prefill_hold_s=0.3))
     keys = [make_key(350 + i) for i in range(2)]
-    ca = a.ctx({"remote_decoder": {"kv_request_id": "pd-nobody"}}, req_id="prefill-alone")
-    with a.manager.lock:
-        out = a.manager.prepare_store(keys, ca)
-        for k, chunk in zip(out.keys_to_store, out.store_spec.chunk_ids):
-            a.view[int(chunk) * CHUNK:(int(chunk) + 1) * CHUNK] = block_bytes(k, 9)
-        a.manager.complete_store(out.keys_to_store, ca, True)
-    a.step()
+    ca = prefill(a, keys, "pd-nobody")
     assert a.tier._tier.node.slots_held().count(2) == 2  # published for the decoder
     time.sleep(0.15)
     a.step()
