@@ -406,6 +406,17 @@ KVP_EXPORT kvp_status_t kvp_publish_checksum(kvp_node_t *node, const void *key,
  * the embedding gets its slot back as soon as it was fetched. */
 KVP_EXPORT kvp_status_t kvp_publish_once(kvp_node_t *node, const void *key, uint32_t key_len,
                                          uint32_t slot, const uint8_t sum[KVP_CHECKSUM_LEN]);
+/* n publishes in one call to the node (one wake-up of its thread, not n):
+ * key i (keys packed, key_lens[i] bytes each) from slots[i], with the
+ * checksum sums[i * KVP_CHECKSUM_LEN] (sums NULL: each slot hashed on the
+ * node's thread), once if flags has KVP_PUBLISH_ONCE; status[i] gets what
+ * kvp_publish_checksum / kvp_publish_once answers for it. KVP_ERR_INVALID
+ * (nothing published): a bad key or slot anywhere, unknown flags, n = 0. */
+#define KVP_PUBLISH_ONCE 1u
+KVP_EXPORT kvp_status_t kvp_publish_many(kvp_node_t *node, const uint8_t *keys,
+                                         const uint32_t *key_lens, const uint32_t *slots,
+                                         uint32_t n, const uint8_t *sums, uint32_t flags,
+                                         int32_t *status);
 /* Stop serving `key`. KVP_OK: the node will not read its slot again (the
  * slot is the embedding's now). KVP_ERR_BUSY: pinned by a lookup or a
  * transfer; no new pin is taken, and KVP_EV_SLOT_FREE (op_id = the slot)

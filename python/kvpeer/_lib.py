@@ -72,6 +72,7 @@ KVP_TRANSPORT_FAKE = 1
 KVP_THREAD_OWN = 0
 KVP_THREAD_CALLER = 1
 KVP_FETCH_FLAG_WAIT_FOR_SUPPLY = 1
+KVP_PUBLISH_ONCE = 1  # kvp_publish_many flags
 KVP_FETCH_FLAG_HINT = 2
 
 KVP_EV_LOOKUP = 1
@@ -410,6 +411,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "kvp_slot_checksum": (st, [node_p, c_uint32, u8p]),
         "kvp_publish_checksum": (st, [node_p, c_void_p, c_uint32, c_uint32, u8p]),
         "kvp_publish_once": (st, [node_p, c_void_p, c_uint32, c_uint32, u8p]),
+        "kvp_publish_many": (st, [node_p, u8p, u32p, u32p, c_uint32, u8p, c_uint32,
+                                  POINTER(c_int32)]),
         # issue 29 step 2: keys wanted
         "kvp_wanted_keys": (st, [node_p, c_uint64, u8p, u32p, c_uint32, u32p]),
         "kvp_wanted_done": (st, [node_p, c_uint64]),

@@ -955,6 +955,31 @@ class Node:
             _check(L.lib().kvp_publish_checksum(self._handle(), k, len(k), slot, sum_),
                    "kvp_publish_checksum")
 
+    def publish_many(self, keys: Sequence[bytes], slots: Sequence[int],
+                     checksums: Optional[Sequence[bytes]] = None,
+                     once: bool = False) -> List[int]:
+        """publish() of each key from its slot, in one call to the node (one
+        wake-up of its thread, not one per key); ``checksums``: each slot's
+        slot_checksum(), or None (each slot hashed by the node). Each key's
+        status: KVP_OK, or what publish() would have raised (KVP_ERR_EXISTS,
+        KVP_ERR_BUSY, ...). A bad key or slot anywhere: Error, nothing
+        published."""
+        ks, kbuf, lens = _keys_arrays(keys)
+        if len(slots) != len(ks) or (checksums is not None and len(checksums) != len(ks)):
+            raise Error(L.KVP_ERR_INVALID, f"{len(ks)} keys, {len(slots)} slots, "
+                        f"{'no' if checksums is None else len(checksums)} checksums")
+        sl = (c_uint32 * len(ks))(*[_int_field("slot", int(x), 32) for x in slots])
+        sums = None
+        if checksums is not None:
+            if not all(isinstance(c, bytes) and len(c) == L.CHECKSUM_LEN for c in checksums):
+                raise ValueError(f"checksums must be {L.CHECKSUM_LEN} bytes from slot_checksum()")
+            sums = (c_uint8 * (L.CHECKSUM_LEN * len(ks))).from_buffer_copy(b"".join(checksums))
+        st = (c_int32 * len(ks))()
+        _check(L.lib().kvp_publish_many(self._handle(), kbuf, lens, sl, len(ks), sums,
+                                        L.KVP_PUBLISH_ONCE if once else 0, st),
+               "kvp_publish_many")
+        return list(st)
+
     def slot_checksum(self, slot: int) -> bytes:
         """The checksum publish() would compute of region slot ``slot``,
         computed on this thread without the node's lock (the GIL is

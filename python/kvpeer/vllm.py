@@ -120,7 +120,7 @@ from . import vllm_setup as setup
 from .vllm_params import request_id_of  # noqa: F401 (kvpeer.vllm.request_id_of)
 from .dialer import DEFAULT_MAX_HINTED
 from .dns_peers import DnsPeers
-from .node import CONFIG_FIELDS, Node, config_defaults
+from .node import CONFIG_FIELDS, Node, config_defaults, status_str
 from .node import Error as L_Error
 from .tier import HIT, HIT_PENDING, MISS, RETRY, KVPeerTier, LoadJob, Request, StoreJob
 
@@ -667,14 +667,17 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         hold at most. How many were published."""
         published: Dict[bytes, int] = {}
         node = self._tier.node
-        if job is not None:
-            for k, c in zip(job.keys, job.chunk_ids):
-                try:
-                    node.publish(bytes(k), int(c), self._stored_sum(bytes(k), int(c)), once)
-                    published[bytes(k)] = int(c)
-                except L_Error as e:  # served already (another op's pin): a MISS here
-                    log.debug("kvpeer tier %s: chunk %d not published: %s", self.peer_id,
-                              int(c), e)
+        if job is not None and len(job.keys):
+            keys = [bytes(k) for k in job.keys]
+            chunks = [int(c) for c in job.chunk_ids]
+            sums = [self._stored_sum(k, c) or node.slot_checksum(c) for k, c in zip(keys, chunks)]
+            # one call to the node for the job, not one per chunk
+            for k, c, st in zip(keys, chunks, node.publish_many(keys, chunks, sums, once)):
+                if st == L.KVP_OK:
+                    published[k] = c
+                else:  # served already (another op's pin): a MISS here
+                    log.debug("kvpeer tier %s: chunk %d not published: %s", self.peer_id, c,
+                              status_str(st))
         hold = self._prefill_hold_s if once else self._serve_hold_s
         sv = _Serve(job, ctx, published, time.monotonic() + hold, who, once)
         self._serves.append(sv)

@@ -103,3 +103,44 @@ def test_wanted_calls_refused_without_the_mode():
     finally:
         n.close()
         ms.close()
+
+
+def test_publish_many_once_back_at_the_fetch():
+    """Node.publish_many: one call for many chunks (checksums given), each
+    key's status (a key published already: EXISTS), bad arguments refused
+    whole; once=True: the consumer's fetch hands the chunk back (SLOT_FREE,
+    no unpublish), a later lookup misses it."""
+    ms, _ = _region()
+    md, _ = _region()
+    src = _node(ms)
+    dst = _node(md)
+    try:
+        keys = [b"pm-a", b"pm-b", b"pm-a"]
+        for i in (1, 2, 3):
+            ms[i * BS:(i + 1) * BS] = bytes([i]) * BS
+        sums = [src.slot_checksum(i) for i in (1, 2, 3)]
+        with pytest.raises(Error):
+            src.publish_many(keys, [1, 2, NB], sums)  # slot out of range: nothing published
+        with pytest.raises(ValueError):
+            src.publish_many(keys, [1, 2, 3], [b"short"] * 3)
+        assert src.slots_held() == bytes(NB)
+        st = src.publish_many(keys, [1, 2, 3], sums, once=True)
+        assert st == [L.KVP_OK, L.KVP_OK, L.KVP_ERR_EXISTS]
+        assert src.slots_held(1, 3) == b"\x02\x02\x00"
+        dst.add_peer(src.peer_id)
+        dst.wait_peer(src.peer_id)
+        op = dst.fetch_into(src.peer_id, [b"pm-a"], [4], 3, wait_for_supply=True)
+        ev = _event(dst, EventType.LOAD, time.monotonic() + 10)
+        assert (ev.op_id, ev.status) == (op, L.KVP_OK)
+        assert md[4 * BS:5 * BS] == bytes([1]) * BS
+        fr = _event(src, EventType.SLOT_FREE, time.monotonic() + 10)
+        assert fr.op_id == 1 and src.slots_held(1, 2) == b"\x00\x02"
+        with pytest.raises(Error):
+            src.unpublish(b"pm-a")  # NOT_FOUND: its fetch took it back
+        dst.finish_request(3)
+        assert src.unpublish(b"pm-b") == (True, 2)
+    finally:
+        dst.close()
+        src.close()
+        ms.close()
+        md.close()

@@ -1,7 +1,7 @@
 /*
  * api_external.c -- issue 29, external slots: the calls of kvpeer.h by
  * which an embedding that owns the region serves its own chunks
- * (kvp_publish, kvp_publish_once, kvp_unpublish) and asks which of its slots the node holds
+ * (kvp_publish, kvp_publish_once, kvp_publish_many, kvp_unpublish) and asks which of its slots the node holds
  * (kvp_slots_held). kvp_fetch_into is with the other remote calls (api.c).
  * Each runs on the owner thread through kvp__node_exec.
  *
@@ -88,6 +88,48 @@ KVP_EXPORT kvp_status_t kvp_slot_checksum(kvp_node_t *n, uint32_t slot,
     kvp_digest_t d = kvp_store_slot_digest(n->store, slot);
     memcpy(sum, &d, sizeof d);
     return KVP_OK;
+}
+
+typedef struct publish_many_args {
+    const uint8_t *keys;
+    const uint32_t *key_lens, *slots;
+    uint32_t n;
+    const uint8_t *sums; /* n checksums, or NULL */
+    bool once;
+    int32_t *status;
+} publish_many_args_t;
+
+static kvp_status_t do_publish_many(kvp_node_t *n, void *arg)
+{
+    publish_many_args_t *a = arg;
+    size_t off = 0;
+    for (uint32_t i = 0; i < a->n; i++) {
+        kvp_digest_t d;
+        if (a->sums != NULL)
+            memcpy(&d, a->sums + (size_t)i * KVP_CHECKSUM_LEN, sizeof d);
+        publish_args_t one = {a->keys + off, a->key_lens[i], a->slots[i],
+                              a->sums != NULL ? &d : NULL, a->once};
+        a->status[i] = do_publish(n, &one);
+        off += a->key_lens[i];
+    }
+    return KVP_OK;
+}
+
+KVP_EXPORT kvp_status_t kvp_publish_many(kvp_node_t *n, const uint8_t *keys,
+                                         const uint32_t *key_lens, const uint32_t *slots,
+                                         uint32_t count, const uint8_t *sums, uint32_t flags,
+                                         int32_t *status)
+{
+    if (n == NULL || keys == NULL || key_lens == NULL || slots == NULL || status == NULL ||
+        count == 0 || (flags & ~KVP_PUBLISH_ONCE))
+        return KVP_ERR_INVALID;
+    for (uint32_t i = 0; i < count; i++)
+        if (key_lens[i] == 0 || key_lens[i] > KVP_KEY_MAX || slots[i] >= n->cfg.num_blocks)
+            return KVP_ERR_INVALID; /* refused whole: nothing published */
+    if (!n->cfg.external_slots)
+        return KVP_ERR_UNSUPPORTED;
+    publish_many_args_t a = {keys, key_lens, slots, count, sums, flags & KVP_PUBLISH_ONCE, status};
+    return kvp__node_exec(n, do_publish_many, &a);
 }
 
 static kvp_status_t do_unpublish(kvp_node_t *n, void *arg)

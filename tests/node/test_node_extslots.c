@@ -273,6 +273,68 @@ static void test_ext_publish_once_back_at_its_fetch(void **state)
     free(w);
 }
 
+/* kvp_publish_many: a bad slot anywhere refuses the whole call (nothing
+ * published); otherwise one status per key, as kvp_publish_checksum would
+ * answer it (a key published already: EXISTS; a published slot: BUSY),
+ * and the published ones are served with the checksums given, once when
+ * asked. */
+static void test_ext_publish_many(void **state)
+{
+    world_t *w = world_new(state, 2, tweak_ext);
+    world_connect(w, 1, 0);
+    world_publish(w, 0, 1, 10); /* k1 in slot 10 */
+    uint8_t keys[4 * 32];
+    uint32_t lens[4], off = 0;
+    uint32_t ids[4] = {2, 3, 1, 4}, slots[4] = {12, 13, 14, 10};
+    uint8_t sums[4 * KVP_CHECKSUM_LEN];
+    for (int i = 0; i < 4; i++) {
+        lens[i] = world_key(ids[i], keys + off);
+        off += lens[i];
+        world_block(ids[i], world_slot_ptr(w, 0, slots[i]), w->cfg[0].block_size);
+        if (slots[i] != 10)
+            assert_int_equal(kvp_slot_checksum(w->node[0], slots[i], sums + i * KVP_CHECKSUM_LEN),
+                             KVP_OK);
+    }
+    int32_t st[4];
+    uint32_t bad[4] = {12, 13, 64, 10};
+    assert_int_equal(kvp_publish_many(w->node[0], keys, lens, bad, 4, sums, 0, st),
+                     KVP_ERR_INVALID);
+    assert_int_equal(kvp_publish_many(w->node[0], keys, lens, slots, 4, sums, 8, st),
+                     KVP_ERR_INVALID); /* unknown flag */
+    assert_int_equal(held_count(w, 0), 1);
+    assert_int_equal(kvp_publish_many(w->node[0], keys, lens, slots, 4, sums, KVP_PUBLISH_ONCE, st),
+                     KVP_OK);
+    assert_int_equal(st[0], KVP_OK);
+    assert_int_equal(st[1], KVP_OK);
+    assert_int_equal(st[2], KVP_ERR_EXISTS); /* k1: published in slot 10 */
+    assert_int_equal(st[3], KVP_ERR_BUSY);   /* slot 10: published */
+    assert_int_equal(held(w, 0, 12), 2);
+    assert_int_equal(held(w, 0, 14), 0);
+    wkeys_t ks;
+    int32_t bs[2];
+    uint32_t into[2] = {30, 31};
+    uint64_t op;
+    wkeys_make(&ks, 2, 2); /* k2, k3 */
+    world_lookup_hits(w, 1, 0, &ks, 7);
+    assert_int_equal(kvp_fetch_into(w->node[1], w->addr[0], 7, ks.buf, ks.len, 2, into, 0, bs, &op),
+                     KVP_OK);
+    const kvp_event_t *e = world_wait(w, 1, KVP_EV_LOAD, op, 300 * MS);
+    assert_non_null(e);
+    assert_int_equal(e->status, KVP_OK); /* verified with the checksums given */
+    assert_true(world_slot_is_block(w, 1, 30, 2));
+    assert_true(world_slot_is_block(w, 1, 31, 3));
+    assert_non_null(world_wait(w, 0, KVP_EV_SLOT_FREE, 12, 50 * MS)); /* once: back */
+    assert_non_null(world_wait(w, 0, KVP_EV_SLOT_FREE, 13, 50 * MS));
+    kvp_finish_request(w->node[1], 7);
+    world_run(w, 20 * MS);
+    uint8_t key[32];
+    uint32_t kl = world_key(1, key);
+    assert_int_equal(kvp_unpublish(w->node[0], key, kl, NULL), KVP_OK);
+    assert_int_equal(held_count(w, 0), 0);
+    world_fini(w, false);
+    free(w);
+}
+
 /* The source is killed while its WRITE is wedged on a path that cannot be
  * fenced: the load fails at once, its slots are held (KVP_ERR_BUSY,
  * n_held), the late bytes land only in them, and the hold cap hands them
@@ -399,6 +461,7 @@ int main(void)
         cmocka_unit_test(test_ext_fetch_into_refusals),
         cmocka_unit_test(test_ext_unpublish_busy_then_free),
         cmocka_unit_test(test_ext_publish_once_back_at_its_fetch),
+        cmocka_unit_test(test_ext_publish_many),
         cmocka_unit_test(test_ext_source_killed_deferred_to_cap),
         cmocka_unit_test(test_ext_cancel_deferred_to_abort_ack),
         cmocka_unit_test(test_ext_rewritten_published_chunk_fails_verify),
