@@ -651,6 +651,7 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         4, ... refusals (the peer id escaped)."""
         before = self.serve_pins_refused
         self.serve_pins_refused += n
+        self._metrics.count(metrics.SERVE_PINS_REFUSED, n)
         if self.serve_pins_refused.bit_length() > before.bit_length():
             log.warning("kvpeer tier %s: %d keys not pinned for %s: at its budget of %d "
                         "chunks pinned in vLLM (max_supply_pins_per_peer) or all peers' "
@@ -706,7 +707,9 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         for sv in self._serves:
             mine = early is not None and sv.who is not None and early in (sv.who, _ANY)
             if sv.published and (force or mine or now >= sv.until):
-                self.serve_holds_given_way += mine and not force and now < sv.until
+                if mine and not force and now < sv.until:
+                    self.serve_holds_given_way += 1
+                    self._metrics.count(metrics.SERVE_HOLDS_GIVEN_WAY)
                 if sv.once and not force:
                     self._prefill_expired(sv)
                 for k, slot in sv.published.items():
@@ -735,6 +738,7 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         """The prefill hold ended with chunks not fetched: released, loudly
         (counted; logged at 1, 2, 4, ... such jobs)."""
         self.prefill_holds_expired += 1
+        self._metrics.count(metrics.PREFILL_HOLDS_EXPIRED)
         if self.prefill_holds_expired & (self.prefill_holds_expired - 1) == 0:
             log.warning("kvpeer tier %s: %d chunks of a prefill store job (job %s) not fetched "
                         "by its decoder within prefill_hold_s=%g: no longer served (%d such "

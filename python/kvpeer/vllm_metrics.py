@@ -38,6 +38,9 @@ STORE_FAILURES = P + "store_failures"
 QUARANTINED = P + "quarantined_slots"
 RETAINED = P + "retained_transfers"
 PEERS_READY = P + "peers_ready"
+SERVE_PINS_REFUSED = P + "serve_pins_refused"
+SERVE_HOLDS_GIVEN_WAY = P + "serve_holds_given_way"
+PREFILL_HOLDS_EXPIRED = P + "prefill_holds_expired"
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
@@ -62,6 +65,13 @@ def definitions() -> Dict[str, OffloadingMetricMetadata]:
                        "(or the hold cap).", lab),
         RETAINED: g("kvpeer outgoing transfers retained until the peer's proof.", lab),
         PEERS_READY: g("kvpeer peers with a ready session.", lab),
+        SERVE_PINS_REFUSED: c("Keys a peer asked for that the kvpeer tier did not pin in "
+                              "vLLM: past that peer's budget or all peers' (zero copy).", lab),
+        SERVE_HOLDS_GIVEN_WAY: c("kvpeer serves unpublished before their hold ended, to make "
+                                 "room in a peer's pin budget (zero copy).", lab),
+        PREFILL_HOLDS_EXPIRED: c("kvpeer prefill store jobs (P/D) released with chunks their "
+                                 "decoder had not fetched within prefill_hold_s (zero copy).",
+                                 lab),
     }
 
 
@@ -91,6 +101,11 @@ class TierMetrics:
 
     def on_lookup(self, hit: bool) -> None:
         self._stats.increase_counter(HITS if hit else MISSES, 1, self.label)
+
+    def count(self, name: str, n: int = 1) -> None:
+        """A counter of the tier's own (SERVE_PINS_REFUSED, ...) rose by n."""
+        if n:
+            self._stats.increase_counter(name, n, self.label)
 
     def on_job(self, f: Any, seconds: float, chunk_bytes: int) -> None:
         """One finished kvpeer job (kvpeer.tier.FinishedJob)."""

@@ -24,6 +24,8 @@ from vllm.v1.kv_offload.base import LookupResult  # noqa: E402
 
 from vllm_engine import CHUNK, Engine, block_bytes, make_key, spy_lookups  # noqa: E402
 
+from kvpeer import vllm_metrics as M  # noqa: E402
+
 NODE = {"heartbeat_ms": 200, "shutdown_drain_ms": 500, "backoff_min_ms": 50,
         "backoff_max_ms": 300}
 
@@ -76,6 +78,15 @@ def lookup_stepping(a: Engine, b: Engine, keys: Sequence[bytes], c: Any,
         b.step()
         a.step()
         time.sleep(0.005)
+
+
+def series(e: Engine, name: str) -> int:
+    """The kvpeer tier's counter ``name`` in vLLM's manager's stats since
+    the last call (the series vLLM's Prometheus registry shows)."""
+    with e.manager.lock:
+        stats = e.manager.get_stats()
+    data = stats.data["data"] if stats is not None else {}
+    return sum(data.get(name, {}).values())
 
 
 def serves_back(a: Engine) -> None:
@@ -220,6 +231,7 @@ def test_vllm_zero_copy_prefill_hold_releases_unfetched_chunks(engines, caplog):
     with caplog.at_level("WARNING", logger="kvpeer.vllm"):
         serves_back(a)
     assert a.tier.prefill_holds_expired == 1
+    assert series(a, M.PREFILL_HOLDS_EXPIRED) == 1
     assert "not fetched by its decoder" in caplog.text
     assert a.tier._tier.node.slots_held() == bytes(a.num_chunks)
     a.finish(ca)
@@ -297,6 +309,7 @@ def test_vllm_zero_copy_greedy_peer_pins_only_its_budget(engines, node_factory):
     x_peaks = {w: n for w, n in peak.items() if w not in (None, b.peer_id)}
     assert asked[0] > 20 and asked[1] > 2, asked
     assert a.tier.serve_pins_refused > 0 and x_peaks, (a.tier.serve_pins_refused, dict(peak))
+    assert series(a, M.SERVE_PINS_REFUSED) == a.tier.serve_pins_refused  # vLLM's Prometheus
     assert all(n <= 4 for n in x_peaks.values()), dict(peak)
     x.close()
     serves_back(a)  # X's pins and A's serves come back
@@ -325,6 +338,7 @@ def test_vllm_zero_copy_budget_counts_what_is_held_not_the_hold(engines):
     assert a.tier.serve_pins_refused == 0
     if took < a.tier._serve_hold_s:  # within one hold: room came from holds that gave way
         assert a.tier.serve_holds_given_way > 0
+    assert series(a, M.SERVE_HOLDS_GIVEN_WAY) == a.tier.serve_holds_given_way
     serves_back(a)
 
 
