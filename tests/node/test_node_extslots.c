@@ -219,6 +219,21 @@ static void test_ext_unpublish_busy_then_free(void **state)
     free(w);
 }
 
+/* The end of a test: node 1 finishes request `req`; node 0's embedding
+ * takes back block k, its last published one (at once: nothing pins it),
+ * and holds every slot again; the world ends. */
+static void ext_last_back(world_t *w, uint64_t req, uint32_t k)
+{
+    kvp_finish_request(w->node[1], req);
+    world_run(w, 20 * MS);
+    uint8_t key[32];
+    uint32_t kl = world_key(k, key);
+    assert_int_equal(kvp_unpublish(w->node[0], key, kl, NULL), KVP_OK);
+    assert_int_equal(held_count(w, 0), 0);
+    world_fini(w, false);
+    free(w);
+}
+
 /* Published once (the prefill half of P/D): a transfer from the slot that
  * fails leaves it published; the first that completes unpublishes it
  * (KVP_EV_SLOT_FREE, no kvp_unpublish) and a later LOOKUP misses it. A slot
@@ -264,13 +279,7 @@ static void test_ext_publish_once_back_at_its_fetch(void **state)
     assert_non_null(le);
     assert_int_equal(le->n_ok, 1); /* k2 only */
     kvp_finish_request(w->node[1], 8);
-    kvp_finish_request(w->node[1], 9);
-    world_run(w, 20 * MS);
-    kl = world_key(2, key);
-    assert_int_equal(kvp_unpublish(w->node[0], key, kl, NULL), KVP_OK);
-    assert_int_equal(held_count(w, 0), 0);
-    world_fini(w, false);
-    free(w);
+    ext_last_back(w, 9, 2);
 }
 
 /* kvp_publish_many: a bad slot anywhere refuses the whole call (nothing
@@ -325,14 +334,7 @@ static void test_ext_publish_many(void **state)
     assert_true(world_slot_is_block(w, 1, 31, 3));
     assert_non_null(world_wait(w, 0, KVP_EV_SLOT_FREE, 12, 50 * MS)); /* once: back */
     assert_non_null(world_wait(w, 0, KVP_EV_SLOT_FREE, 13, 50 * MS));
-    kvp_finish_request(w->node[1], 7);
-    world_run(w, 20 * MS);
-    uint8_t key[32];
-    uint32_t kl = world_key(1, key);
-    assert_int_equal(kvp_unpublish(w->node[0], key, kl, NULL), KVP_OK);
-    assert_int_equal(held_count(w, 0), 0);
-    world_fini(w, false);
-    free(w);
+    ext_last_back(w, 7, 1);
 }
 
 /* The source is killed while its WRITE is wedged on a path that cannot be
