@@ -137,6 +137,8 @@ DEFAULT_NUM_BLOCKS = 1024
 # for its decoder at most (vLLM's p2p tier: unbound_store_timeout_s, 60 s).
 DEFAULT_PREFILL_HOLD_S = 60.0
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
 class _Serve:
     """Zero copy: a store job whose chunks the tier publishes to peers (a
     serve of theirs, or the prefill half of P/D), until its chunks are back."""

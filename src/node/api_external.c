@@ -1,8 +1,9 @@
 /*
  * api_external.c -- issue 29, external slots: the calls of kvpeer.h by
  * which an embedding that owns the region serves its own chunks
- * (kvp_publish, kvp_publish_once, kvp_publish_many, kvp_unpublish) and asks which of its slots the node holds
- * (kvp_slots_held). kvp_fetch_into is with the other remote calls (api.c).
+ * (kvp_publish, kvp_publish_once, kvp_publish_many, kvp_unpublish) and
+ * asks which of its slots the node holds (kvp_slots_held). kvp_fetch_into
+ * is with the other remote calls (api.c).
  * Each runs on the owner thread through kvp__node_exec.
  *
  * Ownership: a slot is the embedding's unless the store says otherwise --
