@@ -170,6 +170,10 @@ static kvp_status_t check_index(const kvp_store_t *s, char *why, size_t why_len)
                   "slot %u: lent but %s", i, kvp_slot_state_str(s->meta[i].state));
             lent += s->meta[i].state == KVP_SLOT_FILLING;
         }
+    for (uint32_t i = 0; i < s->n; i++) /* published once: a READY block of an embedding's */
+        if (s->meta[i].flags & KVP_SLOTF_ONCE)
+            CHECK(s->external && s->meta[i].state == KVP_SLOT_READY, "slot %u: served once but %s",
+                  i, kvp_slot_state_str(s->meta[i].state));
     CHECK(lent == s->lent, "lent: %llu slots FILLING lent, counter says %llu",
           (unsigned long long)lent, (unsigned long long)s->lent);
     CHECK(used + lent == s->st.slots[KVP_SLOT_FILLING] + s->st.slots[KVP_SLOT_READY],
