@@ -655,16 +655,20 @@ kvp_status_t kvp_store_publish_digest(kvp_store_t *s, uint32_t slot, const void 
     return KVP_OK;
 }
 
-bool kvp_store_served(kvp_store_t *s, kvp_slot_ref_t ref)
+uint32_t kvp_store_served(kvp_store_t *s, const kvp_slot_ref_t *refs, uint32_t n)
 {
-    if (!s || ref_resolve(s, ref, KVP_SLOT_READY) != KVP_OK)
-        return false;
-    kvp_slot_meta_t *m = &s->meta[ref.slot];
-    if ((m->flags & (KVP_SLOTF_ONCE | KVP_SLOTF_UNPUBLISHING)) != KVP_SLOTF_ONCE)
-        return false;
-    KVP_ASSERT(m->pins > 0); /* the transfer that read it holds one until its release */
-    m->flags |= KVP_SLOTF_UNPUBLISHING;
-    return true;
+    uint32_t done = 0;
+    for (uint32_t i = 0; s != NULL && i < n; i++) {
+        if (ref_resolve(s, refs[i], KVP_SLOT_READY) != KVP_OK)
+            continue;
+        kvp_slot_meta_t *m = &s->meta[refs[i].slot];
+        if ((m->flags & (KVP_SLOTF_ONCE | KVP_SLOTF_UNPUBLISHING)) != KVP_SLOTF_ONCE)
+            continue;
+        KVP_ASSERT(m->pins > 0); /* the transfer that read it holds one until its release */
+        m->flags |= KVP_SLOTF_UNPUBLISHING;
+        done++;
+    }
+    return done;
 }
 
 kvp_status_t kvp_store_unpublish(kvp_store_t *s, const void *key, size_t key_len, uint32_t *slot)

@@ -235,12 +235,12 @@ kvp_status_t kvp_store_publish(kvp_store_t *s, uint32_t slot, const void *key, s
 kvp_status_t kvp_store_publish_digest(kvp_store_t *s, uint32_t slot, const void *key,
                                       size_t key_len, const kvp_digest_t *digest, bool once,
                                       kvp_slot_ref_t *ref);
-/* A transfer that reads the READY slot of `ref` (and holds a pin on it)
- * completed: a slot published `once` is unpublished now, as by
+/* A transfer that read the READY slots of refs[0..n) (and holds a pin on
+ * each) completed: each slot published `once` is unpublished now, as by
  * kvp_store_unpublish (no new pin; the unpublish callback at its last
- * unpin). True if it was; false otherwise (not once, already unpublishing,
- * or stale). */
-bool kvp_store_served(kvp_store_t *s, kvp_slot_ref_t ref);
+ * unpin); the others (not once, already unpublishing, stale) are left as
+ * they are. How many were unpublished. */
+uint32_t kvp_store_served(kvp_store_t *s, const kvp_slot_ref_t *refs, uint32_t n);
 /* The digest of slot's bytes (slot < num_blocks). Reads nothing of the
  * store's state but its geometry and seed, fixed at create: any thread may
  * call it, while the caller keeps the slot unwritten. */
