@@ -939,21 +939,9 @@ class Node:
         hashes nothing; a stale one fails the consumers' verify of it).
         ``once``: the first transfer from it that completes unpublishes it
         (kvp_publish_once: the SLOT_FREE event with op_id = slot follows)."""
-        k = _key_bytes(key)
-        slot = _int_field("slot", slot, 32)
-        sum_ = None
-        if checksum is not None:
-            if not isinstance(checksum, bytes) or len(checksum) != L.CHECKSUM_LEN:
-                raise ValueError(f"checksum must be {L.CHECKSUM_LEN} bytes from slot_checksum()")
-            sum_ = (c_uint8 * L.CHECKSUM_LEN).from_buffer_copy(checksum)
-        if once:
-            _check(L.lib().kvp_publish_once(self._handle(), k, len(k), slot, sum_),
-                   "kvp_publish_once")
-        elif sum_ is None:
-            _check(L.lib().kvp_publish(self._handle(), k, len(k), slot), "kvp_publish")
-        else:
-            _check(L.lib().kvp_publish_checksum(self._handle(), k, len(k), slot, sum_),
-                   "kvp_publish_checksum")
+        sums = None if checksum is None else [checksum]
+        _check(self.publish_many([_key_bytes(key)], [_int_field("slot", slot, 32)], sums,
+                                 once)[0], "kvp_publish")
 
     def publish_many(self, keys: Sequence[bytes], slots: Sequence[int],
                      checksums: Optional[Sequence[bytes]] = None,

@@ -295,7 +295,9 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         self._view = primary_kv_view.cast("B")
         self._num_chunks = primary_kv_view.shape[0]
         self._serves: List[_Serve] = []  # zero copy: store jobs whose chunks are published
-        self._once: Dict[int, Tuple[_Serve, bytes]] = {}  # slot -> its serve, key (once)
+        # slot -> its serve and, while published once, its key (its fetch frees it);
+        # None once unpublished (SLOT_FREE ends the wait): one lookup per event
+        self._slot_serve: Dict[int, Tuple[_Serve, Optional[bytes]]] = {}
         self._serve_done: List[Any] = []  # their ReqContexts, finished at the next serve
         # zero copy: each cascaded chunk's checksum, taken at its store job (key -> (chunk,
         # checksum); chunk -> key keeps it one entry per chunk, so at most num_chunks)
@@ -604,8 +606,10 @@ class KVPeerSecondaryTier(SecondaryTierManager):
             _T('serve_done', ev.op_id, n)
         # keys we publish already wait for the peer's supply budget, not for us:
         # no new store job for them each round
-        live = {k for sv in self._serves for k in sv.published}
-        parked = [k for k in node.parked_keys() if k not in live]
+        parked = node.parked_keys()
+        if parked:
+            live = {k for sv in self._serves for k in sv.published}
+            parked = [k for k in parked if k not in live]
         if parked:
             self._parked_serves += 1
             self._serve(parent, parked, f"kvpeer:parked:{self._parked_serves}", _PARKED)
@@ -685,7 +689,7 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         sv = _Serve(job, ctx, published, time.monotonic() + hold, who, once)
         self._serves.append(sv)
         if once:
-            self._once.update((c, (sv, k)) for k, c in published.items())
+            self._slot_serve.update((c, (sv, k)) for k, c in published.items())
         return len(published)
 
     def _reap_serves(self, force: bool = False, early: Optional[str] = None) -> None:
@@ -701,11 +705,12 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         # SLOT_FREE first: a prefill chunk freed by its fetch is never
         # unpublished below (the key may be published again since, by a serve)
         for slot in self._tier.take_slot_free():
-            owner = self._once.pop(slot, None)
-            if owner is not None:  # a prefill chunk its fetch unpublished
+            owner = self._slot_serve.pop(slot, None)
+            if owner is None:
+                continue
+            if owner[1] is not None:  # a prefill chunk its fetch unpublished
                 owner[0].published.pop(owner[1], None)
-            for sv in self._serves:
-                sv.waiting.discard(slot)
+            owner[0].waiting.discard(slot)
         for sv in self._serves:
             mine = early is not None and sv.who is not None and early in (sv.who, _ANY)
             if sv.published and (force or mine or now >= sv.until):
@@ -715,7 +720,7 @@ class KVPeerSecondaryTier(SecondaryTierManager):
                 if sv.once and not force:
                     self._prefill_expired(sv)
                 for k, slot in sv.published.items():
-                    self._once.pop(slot, None)
+                    self._slot_serve.pop(slot, None)
                     try:
                         freed, slot = node.unpublish(k)
                     except L_Error:
@@ -724,6 +729,7 @@ class KVPeerSecondaryTier(SecondaryTierManager):
                         freed = False  # served once just now: its SLOT_FREE follows
                     if not freed:
                         sv.waiting.add(slot)
+                        self._slot_serve[slot] = (sv, None)
                 sv.published = {}
         still = []
         for sv in self._serves:
