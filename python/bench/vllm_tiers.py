@@ -614,19 +614,27 @@ def rate(r: Dict[str, Any]) -> float:
     return r["blocks"] / r["wall_s"] if r.get("wall_s", 0) > 0 else float("nan")
 
 
-def goal_line(kib: int, res: Dict[str, Dict[str, Any]]) -> Optional[str]:
+def goal_line(kib: int, res: Dict[str, List[Dict[str, Any]]]) -> Optional[str]:
     """issue 29's goal at this size: kvpeer-zc >= 2x p2p's blocks/s (at >=
-    256 KiB chunks) and a lower load p99. Printed, never asserted."""
-    zc, p2p = res.get("kvpeer-zc"), res.get("p2p")
-    if not zc or not p2p or "error" in zc or "error" in p2p:
+    256 KiB chunks) and a lower load p99. With --repeat N, repeat i pairs the
+    i-th run of each tier (run back to back, the order turned each repeat):
+    the verdict is on the median of the N ratios and of each tier's N load
+    p99s. Printed, never asserted."""
+    zcs, p2ps = res.get("kvpeer-zc", []), res.get("p2p", [])
+    pairs = [(z, q) for z, q in zip(zcs, p2ps) if "error" not in z and "error" not in q]
+    if not pairs:
         return None
-    ratio = rate(zc) / rate(p2p)
-    zp, pp = pct(zc["load_ms"], 99), pct(p2p["load_ms"], 99)
+    ratios = [rate(z) / rate(q) for z, q in pairs]
+    zp = statistics.median([pct(z["load_ms"], 99) for z, _ in pairs])
+    pp = statistics.median([pct(q["load_ms"], 99) for _, q in pairs])
+    ratio = statistics.median(ratios)
     goal = kib >= 256
     met = "met" if ratio >= 2 and zp < pp else "NOT met"
+    each = (f" (repeats: {' '.join(f'{x:.2f}x' for x in ratios)}; medians)"
+            if len(pairs) > 1 else "")
     return (f"goal {kib} KiB: kvpeer-zc / p2p blocks/s = {ratio:.2f}x, load p99 "
-            f"{zp:.2f} vs {pp:.2f} ms" + (f" (>= 2x and lower p99: {met})" if goal
-                                          else " (no goal below 256 KiB)"))
+            f"{zp:.2f} vs {pp:.2f} ms{each}" + (f" (>= 2x and lower p99: {met})" if goal
+                                                else " (no goal below 256 KiB)"))
 
 
 def orchestrate(a: argparse.Namespace) -> int:
@@ -645,19 +653,23 @@ def orchestrate(a: argparse.Namespace) -> int:
           f"load average {la[0]:.2f} {la[1]:.2f} {la[2]:.2f} ({os.cpu_count()} CPUs)",
           flush=True)
     t_all = time.monotonic()
-    results: Dict[Tuple[str, int, int], Dict[str, Dict[str, Any]]] = {}
+    # Each row's tiers run back to back, --repeat times, the order turned by
+    # one each repeat (a drift of the machine's load meets every tier).
+    results: Dict[Tuple[str, int, int], Dict[str, List[Dict[str, Any]]]] = {}
     for mode in modes:
+        tiers = [t for t in a.tiers.split(",")  # kvcr: a router hint, not P/D params
+                 if not (mode == "pd" and t in KVCR_TIERS)]
         for n_in in infl:
             for kib in sizes:
-                results[mode, kib, n_in] = {}
-                for tier in a.tiers.split(","):
-                    if mode == "pd" and tier in KVCR_TIERS:
-                        continue  # kvcr is driven by a router hint, not by P/D params
-                    t0 = time.monotonic()
-                    results[mode, kib, n_in][tier] = run_tier(
-                        tier, a, outdir, kib, blocks_for(a, kib), n_in, mode == "pd")
-                    print(f"  {MODES[mode]}: {kib} KiB {tier}, {n_in} open: done in "
-                          f"{time.monotonic() - t0:.1f} s", flush=True)
+                results[mode, kib, n_in] = {t: [] for t in tiers}
+                for i in range(a.repeat):
+                    for tier in tiers[i % len(tiers):] + tiers[:i % len(tiers)]:
+                        t0 = time.monotonic()
+                        results[mode, kib, n_in][tier].append(run_tier(
+                            tier, a, outdir, kib, blocks_for(a, kib), n_in, mode == "pd"))
+                        print(f"  {MODES[mode]}: {kib} KiB {tier}, {n_in} open"
+                              + (f", repeat {i + 1}" if a.repeat > 1 else "")
+                              + f": done in {time.monotonic() - t0:.1f} s", flush=True)
     rc = 0
     hdr = (f"{'tier':13} {'blocks':>6} {'bytes ok':>8} {'blocks/s':>9} {'GB/s':>6} "
            f"{'lookup p50':>10} {'p99 ms':>7} {'load p50':>9} {'p99 ms':>7} "
@@ -667,10 +679,11 @@ def orchestrate(a: argparse.Namespace) -> int:
         open_ = "one request at a time" if n_in == 1 else f"{n_in} requests open at a time"
         print(f"\n{MODES[mode]}: {kib} KiB chunks, {n} blocks, {open_}")
         print(hdr)
-        for tier, r in res.items():
-            line, ok = row(tier, r, kib * 1024, n)
-            rc |= 0 if ok else 1
-            print(line)
+        for tier, runs in res.items():
+            for i, r in enumerate(runs):
+                line, ok = row(tier + (f" #{i + 1}" if len(runs) > 1 else ""), r, kib * 1024, n)
+                rc |= 0 if ok else 1
+                print(line)
         g = goal_line(kib, res)
         if g:
             print(g)
@@ -678,25 +691,30 @@ def orchestrate(a: argparse.Namespace) -> int:
         print("\nphases of a request, p50 ms (kvpeer._trace; python/bench/trace_phases.py; "
               "one request at a time only)")
         for (mode, kib, n_in), res in results.items():
-            for tier, r in res.items():
-                ph = r.get("phases")
-                if ph and n_in == 1:
-                    print(f"  {mode:3} {kib:>5} KiB {tier:13} " + "  ".join(
-                        f"{k} {pct(v, 50):.2f}" for k, v in ph.items()))
+            for tier, runs in res.items():
+                for r in runs:
+                    ph = r.get("phases")
+                    if ph and n_in == 1:
+                        print(f"  {mode:3} {kib:>5} KiB {tier:13} " + "  ".join(
+                            f"{k} {pct(v, 50):.2f}" for k, v in ph.items()))
     la = os.getloadavg()
     print(f"\ntotal {time.monotonic() - t_all:.0f} s; load average at the end "
           f"{la[0]:.2f} {la[1]:.2f} {la[2]:.2f}")
     for tag, notes in exit_notes.items():
-        for n in notes:
-            print(f"note: {tag} {n}")
+        for n in dict.fromkeys(notes):  # once per engine and way out, with its count
+            times = notes.count(n)
+            print(f"note: {tag} {n}" + (f" ({times} runs)" if times > 1 else ""))
     for (mode, kib, n_in), res in results.items():
-        for tier, r in res.items():
-            if "error" in r and r.get("trace"):
-                print(f"--- {mode} {kib} KiB {tier}, {n_in} open: {r['trace']}")
+        for tier, runs in res.items():
+            for r in runs:
+                if "error" in r and r.get("trace"):
+                    print(f"--- {mode} {kib} KiB {tier}, {n_in} open: {r['trace']}")
     if a.json:
         Path(a.json).write_text(json.dumps(
             {"args": vars(a),
-             "results": {f"{m}-{k}k-x{i}": v for (m, k, i), v in results.items()}}, indent=1))
+             "results": {f"{m}-{k}k-x{i}": {t: runs if a.repeat > 1 else runs[0]
+                                             for t, runs in v.items()}
+                         for (m, k, i), v in results.items()}}, indent=1))
     return rc
 
 
@@ -723,6 +741,9 @@ def main() -> int:
                          "kvpeer: none, it asks its peers); pd: prefill -> decode, A's stores "
                          "and B's requests carry vLLM's P/D params (remote_decoder / "
                          "remote_prefiller), the same for p2p and kvpeer (not kvcr)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run each row's tiers N times, back to back, the order turned by one "
+                         "each repeat; the goal line takes the median of the N ratios")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--timeout", type=float, default=60.0)
     ap.add_argument("--quick", action="store_true", help="32 blocks of 64 KiB, requests of 8")
@@ -740,6 +761,8 @@ def main() -> int:
     if a.role == "engine":
         child(a)
         return 0
+    if a.repeat < 1:
+        ap.error(f"--repeat: at least 1, got {a.repeat}")
     if a.quick:
         a.blocks, a.sizes, a.req_blocks = 32, "64", 8
     if a.block_kib is not None:

@@ -461,12 +461,15 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         return st
 
     # ------------------------------------------------------------ jobs
-    def _chunk(self, chunk_id: int) -> memoryview:
+    def _chunk_id(self, chunk_id: int) -> int:
         c = int(chunk_id)
         if not 0 <= c < self._num_chunks:
             raise ValueError(f"kvpeer: chunk id {c} outside the primary tier "
                              f"(0..{self._num_chunks - 1})")
-        n = self.block_size_bytes
+        return c
+
+    def _chunk(self, chunk_id: int) -> memoryview:
+        c, n = self._chunk_id(chunk_id), self.block_size_bytes
         return self._view[c * n:(c + 1) * n]
 
     def submit_store(self, job_metadata: TransferJob) -> None:
@@ -530,21 +533,17 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         """Fetch the keys into kvpeer's own slots; on success copy them into
         the primary chunks ``chunk_ids`` (see the module doc for why)."""
         keys = [bytes(k) for k in job_metadata.keys]
-        dst = [self._chunk(c) for c in job_metadata.chunk_ids]
-        if len(dst) != len(keys):
+        chunks = [self._chunk_id(c) for c in job_metadata.chunk_ids]
+        if len(chunks) != len(keys):
             raise ValueError("kvpeer: a load job needs one chunk id per key")
-        _T('submit_load', job_metadata.job_id, len(job_metadata.keys))
+        # zero copy: straight into the promotion chunks (issue 29), by number
+        dst = None if self._zc else [self._chunk(c) for c in chunks]
+        _T('submit_load', job_metadata.job_id, len(keys))
         self._submitted[job_metadata.job_id] = time.monotonic()
         self._load_keys[job_metadata.job_id] = list(job_metadata.keys)
-        if self._zc:  # straight into the promotion chunks (issue 29)
-            for d in dst:
-                d.release()
-            self._tier.submit_load(LoadJob(job_metadata.job_id,
-                                           self._request(job_metadata.req_context), keys,
-                                           slots=[int(c) for c in job_metadata.chunk_ids]))
-            return
         self._tier.submit_load(LoadJob(job_metadata.job_id,
-                                       self._request(job_metadata.req_context), keys, dst))
+                                       self._request(job_metadata.req_context), keys, dst,
+                                       slots=chunks if self._zc else None))
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
         self._collect(self._tier.get_finished_jobs())

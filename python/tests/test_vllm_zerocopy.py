@@ -342,6 +342,26 @@ def test_vllm_zero_copy_budget_counts_what_is_held_not_the_hold(engines):
     serves_back(a)
 
 
+@pytest.mark.parametrize("zero_copy", [True, False])
+def test_vllm_load_job_chunk_outside_the_primary_refused(engines, zero_copy):
+    """A load job naming a chunk outside vLLM's primary tier is refused before
+    anything starts (zero copy lands by chunk number, staging by a view of
+    it): a clear error, no fetch, no job left behind."""
+    from vllm.v1.kv_offload.tiering.base import TransferJob
+    import numpy as np
+    a = engines(zc_cfg(kvpeer_zero_copy=zero_copy))
+    c = a.ctx()
+    keys = [make_key(i) for i in range(2)]
+    for bad in (a.num_chunks, -1):
+        job = TransferJob(job_id=900, keys=keys, chunk_ids=np.array([0, bad]),
+                          is_promotion=True, req_context=c)
+        with pytest.raises(ValueError, match="outside the primary tier"):
+            a.tier.submit_load(job)
+    assert a.tier._tier.pending_jobs() == [] and not a.tier._submitted
+    assert not a.tier._load_keys
+    a.finish(c)
+
+
 def chunk_of(e: Engine, key: bytes) -> int:
     c = e.ctx()
     with e.manager.lock:
