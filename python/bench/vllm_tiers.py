@@ -662,7 +662,7 @@ def orchestrate(a: argparse.Namespace) -> int:
         for n_in in infl:
             for kib in sizes:
                 results[mode, kib, n_in] = {t: [] for t in tiers}
-                for i in range(a.repeat):
+                for i in range(a.repeat if tiers else 0):
                     for tier in tiers[i % len(tiers):] + tiers[:i % len(tiers)]:
                         t0 = time.monotonic()
                         results[mode, kib, n_in][tier].append(run_tier(

@@ -530,8 +530,10 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         return got[1] if hit else None
 
     def submit_load(self, job_metadata: TransferJob) -> None:
-        """Fetch the keys into kvpeer's own slots; on success copy them into
-        the primary chunks ``chunk_ids`` (see the module doc for why)."""
+        """Zero copy: fetch the keys straight into the primary chunks
+        ``chunk_ids``. Staging: into kvpeer's own slots, then, on success,
+        copied into those chunks (see the module doc). Chunk ids outside the
+        primary tier: ValueError, nothing started."""
         keys = [bytes(k) for k in job_metadata.keys]
         chunks = [self._chunk_id(c) for c in job_metadata.chunk_ids]
         if len(chunks) != len(keys):
