@@ -940,8 +940,7 @@ class Node:
         ``once``: the first transfer from it that completes unpublishes it
         (kvp_publish_once: the SLOT_FREE event with op_id = slot follows)."""
         sums = None if checksum is None else [checksum]
-        _check(self.publish_many([_key_bytes(key)], [_int_field("slot", slot, 32)], sums,
-                                 once)[0], "kvp_publish")
+        _check(self.publish_many([_key_bytes(key)], [slot], sums, once)[0], "kvp_publish")
 
     def publish_many(self, keys: Sequence[bytes], slots: Sequence[int],
                      checksums: Optional[Sequence[bytes]] = None,

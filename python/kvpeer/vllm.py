@@ -469,7 +469,10 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         return c
 
     def _chunk(self, chunk_id: int) -> memoryview:
-        c, n = self._chunk_id(chunk_id), self.block_size_bytes
+        return self._slice(self._chunk_id(chunk_id))
+
+    def _slice(self, c: int) -> memoryview:  # c checked by _chunk_id
+        n = self.block_size_bytes
         return self._view[c * n:(c + 1) * n]
 
     def submit_store(self, job_metadata: TransferJob) -> None:
@@ -539,7 +542,7 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         if len(chunks) != len(keys):
             raise ValueError("kvpeer: a load job needs one chunk id per key")
         # zero copy: straight into the promotion chunks (issue 29), by number
-        dst = None if self._zc else [self._chunk(c) for c in chunks]
+        dst = None if self._zc else [self._slice(c) for c in chunks]
         _T('submit_load', job_metadata.job_id, len(keys))
         self._submitted[job_metadata.job_id] = time.monotonic()
         self._load_keys[job_metadata.job_id] = list(job_metadata.keys)
