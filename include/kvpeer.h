@@ -403,20 +403,26 @@ KVP_EXPORT kvp_status_t kvp_publish_checksum(kvp_node_t *node, const void *key,
  * would (KVP_EV_SLOT_FREE, op_id = the slot, when its last pin drops; a
  * later kvp_unpublish answers BUSY until then, NOT_FOUND after). For a
  * block one consumer will fetch (the prefill half of prefill -> decode):
- * the embedding gets its slot back as soon as it was fetched. */
+ * the embedding gets its slot back as soon as it was fetched. request_id
+ * not 0: only a transfer for that request (the consumer's FETCH names it)
+ * takes it back; other peers' transfers are served from it as from any
+ * published slot, and the one consumer is not left without it. */
 KVP_EXPORT kvp_status_t kvp_publish_once(kvp_node_t *node, const void *key, uint32_t key_len,
-                                         uint32_t slot, const uint8_t sum[KVP_CHECKSUM_LEN]);
+                                         uint32_t slot, const uint8_t sum[KVP_CHECKSUM_LEN],
+                                         uint64_t request_id);
 /* n publishes in one call to the node (one wake-up of its thread, not n):
  * key i (keys packed, key_lens[i] bytes each) from slots[i], with the
  * checksum sums[i * KVP_CHECKSUM_LEN] (sums NULL: each slot hashed on the
- * node's thread), once if flags has KVP_PUBLISH_ONCE; status[i] gets what
+ * node's thread), once if flags has KVP_PUBLISH_ONCE (for request_id as
+ * kvp_publish_once; 0 without the flag); status[i] gets what
  * kvp_publish_checksum / kvp_publish_once answers for it. KVP_ERR_INVALID
- * (nothing published): a bad key or slot anywhere, unknown flags, n = 0. */
+ * (nothing published): a bad key or slot anywhere, unknown flags, n = 0,
+ * a request_id without KVP_PUBLISH_ONCE. */
 #define KVP_PUBLISH_ONCE 1u
 KVP_EXPORT kvp_status_t kvp_publish_many(kvp_node_t *node, const uint8_t *keys,
                                          const uint32_t *key_lens, const uint32_t *slots,
                                          uint32_t n, const uint8_t *sums, uint32_t flags,
-                                         int32_t *status);
+                                         uint64_t request_id, int32_t *status);
 /* Stop serving `key`. KVP_OK: the node will not read its slot again (the
  * slot is the embedding's now). KVP_ERR_BUSY: pinned by a lookup or a
  * transfer; no new pin is taken, and KVP_EV_SLOT_FREE (op_id = the slot)

@@ -932,19 +932,22 @@ class Node:
         return op.value
 
     def publish(self, key: bytes, slot: int, checksum: Optional[bytes] = None,
-                once: bool = False) -> None:
+                once: bool = False, once_for: int = 0) -> None:
         """Serve the block of ``key`` from region slot ``slot`` (written,
         and not written again while published). ``checksum``: the slot's
         slot_checksum() taken since it was last written (the node then
         hashes nothing; a stale one fails the consumers' verify of it).
         ``once``: the first transfer from it that completes unpublishes it
-        (kvp_publish_once: the SLOT_FREE event with op_id = slot follows)."""
+        (kvp_publish_once: the SLOT_FREE event with op_id = slot follows);
+        ``once_for`` (a request id, 0: any): only a transfer for that
+        request does, the others are served from it and leave it."""
         sums = None if checksum is None else [checksum]
-        _check(self.publish_many([_key_bytes(key)], [slot], sums, once)[0], "kvp_publish")
+        _check(self.publish_many([_key_bytes(key)], [slot], sums, once, once_for)[0],
+               "kvp_publish")
 
     def publish_many(self, keys: Sequence[bytes], slots: Sequence[int],
                      checksums: Optional[Sequence[bytes]] = None,
-                     once: bool = False) -> List[int]:
+                     once: bool = False, once_for: int = 0) -> List[int]:
         """publish() of each key from its slot, in one call to the node (one
         wake-up of its thread, not one per key); ``checksums``: each slot's
         slot_checksum(), or None (each slot hashed by the node). Each key's
@@ -963,7 +966,8 @@ class Node:
             sums = (c_uint8 * (L.CHECKSUM_LEN * len(ks))).from_buffer_copy(b"".join(checksums))
         st = (c_int32 * len(ks))()
         _check(L.lib().kvp_publish_many(self._handle(), kbuf, lens, sl, len(ks), sums,
-                                        L.KVP_PUBLISH_ONCE if once else 0, st),
+                                        L.KVP_PUBLISH_ONCE if once else 0,
+                                        _int_field("once_for", once_for, 64), st),
                "kvp_publish_many")
         return list(st)
 

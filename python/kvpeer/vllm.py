@@ -682,8 +682,10 @@ class KVPeerSecondaryTier(SecondaryTierManager):
             keys = [bytes(k) for k in job.keys]
             chunks = [int(c) for c in job.chunk_ids]
             sums = [self._stored_sum(k, c) or node.slot_checksum(c) for k, c in zip(keys, chunks)]
-            # one call to the node for the job, not one per chunk
-            for k, c, st in zip(keys, chunks, node.publish_many(keys, chunks, sums, once)):
+            # once: back at its decoder's fetch (the request's id), not at another
+            # peer's that looked the same prefix up; one call for the job's chunks
+            rid = self._request(job.req_context).request_id if once else 0
+            for k, c, st in zip(keys, chunks, node.publish_many(keys, chunks, sums, once, rid)):
                 if st == L.KVP_OK:
                     published[k] = c
                 else:  # served already (another op's pin): a MISS here

@@ -197,6 +197,33 @@ def test_vllm_zero_copy_pd_served_from_the_prefill_store(engines):
     assert b.tier._tier.node.slots_held() == bytes(b.num_chunks)
 
 
+def test_vllm_zero_copy_pd_another_peer_leaves_the_decoders_chunks(engines):
+    """A prefill request's chunks are published once for its request id: a
+    symmetric peer C that looks the same keys up (a shared prefix) is served
+    from them and leaves them published, so the decoder's FETCH finds them
+    with A polling nothing (before, C's fetch took them back and B's FETCH
+    parked until a serve round published them again)."""
+    a = engines(zc_cfg(), tier_poll_interval_s=0)
+    b = engines(zc_cfg())
+    c = engines(zc_cfg(peers=[a.peer_id]))
+    keys = [make_key(420 + i) for i in range(3)]
+    ca = prefill(a, keys, "pd-shared")
+    cc = c.ctx()
+    assert lookup_stepping(a, c, keys, cc, scaled(20)) == [LookupResult.HIT] * 3
+    assert c.read(keys, cc) == [block_bytes(k, 9) for k in keys]
+    c.finish(cc)
+    assert c.tier._tier.node.stats()["blocks_in"] == 3
+    assert a.tier._tier.node.slots_held().count(2) == 3  # still published for the decoder
+    with a.manager.lock:
+        assert a.manager._jobs, "C's fetch ended the prefill store job"
+    decode(b, a, keys, "pd-shared")  # A does not step
+    assert b.tier._tier.node.stats()["blocks_in"] == 3
+    serves_back(a)
+    assert a.tier.prefill_holds_expired == 0
+    a.finish(ca)
+    assert a.tier._tier.node.slots_held() == bytes(a.num_chunks)
+
+
 def test_vllm_zero_copy_pd_prefix_hits_served_too(engines):
     """A prefill request whose first blocks were in A's CPU tier already (a
     prefix hit): the tier asks vLLM for request-level offload (as p2p does),

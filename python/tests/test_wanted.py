@@ -108,8 +108,8 @@ def test_wanted_calls_refused_without_the_mode():
 def test_publish_many_once_back_at_the_fetch():
     """Node.publish_many: one call for many chunks (checksums given), each
     key's status (a key published already: EXISTS), bad arguments refused
-    whole; once=True: the consumer's fetch hands the chunk back (SLOT_FREE,
-    no unpublish), a later lookup misses it."""
+    whole (once_for without once too); once=True: the consumer's fetch hands
+    the chunk back (SLOT_FREE, no unpublish), a later lookup misses it."""
     ms, _ = _region()
     md, _ = _region()
     src = _node(ms)
@@ -123,6 +123,8 @@ def test_publish_many_once_back_at_the_fetch():
             src.publish_many(keys, [1, 2, NB], sums)  # slot out of range: nothing published
         with pytest.raises(ValueError):
             src.publish_many(keys, [1, 2, 3], [b"short"] * 3)
+        with pytest.raises(Error):
+            src.publish_many(keys, [1, 2, 3], sums, once_for=3)  # a request, not once
         assert src.slots_held() == bytes(NB)
         st = src.publish_many(keys, [1, 2, 3], sums, once=True)
         assert st == [L.KVP_OK, L.KVP_OK, L.KVP_ERR_EXISTS]

@@ -23,6 +23,7 @@ typedef struct publish_args {
     uint32_t slot;
     const kvp_digest_t *digest; /* NULL: hash the slot here */
     bool once;                  /* kvp_publish_once */
+    uint64_t once_for;          /* its request (0: any) */
 } publish_args_t;
 
 static kvp_status_t do_publish(kvp_node_t *n, void *arg)
@@ -30,7 +31,7 @@ static kvp_status_t do_publish(kvp_node_t *n, void *arg)
     publish_args_t *a = arg;
     kvp_slot_ref_t ref;
     kvp_status_t st = kvp_store_publish_digest(n->store, a->slot, a->key, a->key_len, a->digest,
-                                               a->once, &ref);
+                                               a->once, a->once_for, &ref);
     if (st != KVP_OK)
         return st;
     kvp__server_on_commit(&n->env, a->key, a->key_len); /* pending lookups, parked demand */
@@ -38,21 +39,21 @@ static kvp_status_t do_publish(kvp_node_t *n, void *arg)
 }
 
 static kvp_status_t publish(kvp_node_t *n, const void *key, uint32_t key_len, uint32_t slot,
-                            const kvp_digest_t *digest, bool once)
+                            const kvp_digest_t *digest, bool once, uint64_t once_for)
 {
     if (n == NULL || key == NULL || key_len == 0 || key_len > KVP_KEY_MAX ||
         slot >= n->cfg.num_blocks)
         return KVP_ERR_INVALID;
     if (!n->cfg.external_slots)
         return KVP_ERR_UNSUPPORTED;
-    publish_args_t a = {key, key_len, slot, digest, once};
+    publish_args_t a = {key, key_len, slot, digest, once, once_for};
     return kvp__node_exec(n, do_publish, &a);
 }
 
 KVP_EXPORT kvp_status_t kvp_publish(kvp_node_t *n, const void *key, uint32_t key_len,
                                     uint32_t slot)
 {
-    return publish(n, key, key_len, slot, NULL, false);
+    return publish(n, key, key_len, slot, NULL, false, 0);
 }
 
 _Static_assert(sizeof(kvp_digest_t) == KVP_CHECKSUM_LEN, "a checksum is one digest");
@@ -64,16 +65,17 @@ KVP_EXPORT kvp_status_t kvp_publish_checksum(kvp_node_t *n, const void *key, uin
         return KVP_ERR_INVALID;
     kvp_digest_t d;
     memcpy(&d, sum, sizeof d);
-    return publish(n, key, key_len, slot, &d, false);
+    return publish(n, key, key_len, slot, &d, false, 0);
 }
 
 KVP_EXPORT kvp_status_t kvp_publish_once(kvp_node_t *n, const void *key, uint32_t key_len,
-                                         uint32_t slot, const uint8_t sum[KVP_CHECKSUM_LEN])
+                                         uint32_t slot, const uint8_t sum[KVP_CHECKSUM_LEN],
+                                         uint64_t request_id)
 {
     kvp_digest_t d;
     if (sum != NULL)
         memcpy(&d, sum, sizeof d);
-    return publish(n, key, key_len, slot, sum != NULL ? &d : NULL, true);
+    return publish(n, key, key_len, slot, sum != NULL ? &d : NULL, true, request_id);
 }
 
 /* On the caller's thread, no lock: the store's region, geometry and seed
@@ -97,6 +99,7 @@ typedef struct publish_many_args {
     uint32_t n;
     const uint8_t *sums; /* n checksums, or NULL */
     bool once;
+    uint64_t once_for;
     int32_t *status;
 } publish_many_args_t;
 
@@ -109,7 +112,7 @@ static kvp_status_t do_publish_many(kvp_node_t *n, void *arg)
         if (a->sums != NULL)
             memcpy(&d, a->sums + (size_t)i * KVP_CHECKSUM_LEN, sizeof d);
         publish_args_t one = {a->keys + off, a->key_lens[i], a->slots[i],
-                              a->sums != NULL ? &d : NULL, a->once};
+                              a->sums != NULL ? &d : NULL, a->once, a->once_for};
         a->status[i] = do_publish(n, &one);
         off += a->key_lens[i];
     }
@@ -119,17 +122,19 @@ static kvp_status_t do_publish_many(kvp_node_t *n, void *arg)
 KVP_EXPORT kvp_status_t kvp_publish_many(kvp_node_t *n, const uint8_t *keys,
                                          const uint32_t *key_lens, const uint32_t *slots,
                                          uint32_t count, const uint8_t *sums, uint32_t flags,
-                                         int32_t *status)
+                                         uint64_t request_id, int32_t *status)
 {
     if (n == NULL || keys == NULL || key_lens == NULL || slots == NULL || status == NULL ||
-        count == 0 || (flags & ~KVP_PUBLISH_ONCE))
+        count == 0 || (flags & ~KVP_PUBLISH_ONCE) ||
+        (request_id != 0 && !(flags & KVP_PUBLISH_ONCE)))
         return KVP_ERR_INVALID;
     for (uint32_t i = 0; i < count; i++)
         if (key_lens[i] == 0 || key_lens[i] > KVP_KEY_MAX || slots[i] >= n->cfg.num_blocks)
             return KVP_ERR_INVALID; /* refused whole: nothing published */
     if (!n->cfg.external_slots)
         return KVP_ERR_UNSUPPORTED;
-    publish_many_args_t a = {keys, key_lens, slots, count, sums, flags & KVP_PUBLISH_ONCE, status};
+    publish_many_args_t a = {keys,  key_lens, slots,      count,
+                             sums,  flags & KVP_PUBLISH_ONCE, request_id, status};
     return kvp__node_exec(n, do_publish_many, &a);
 }
 
@@ -146,7 +151,7 @@ KVP_EXPORT kvp_status_t kvp_unpublish(kvp_node_t *n, const void *key, uint32_t k
         return KVP_ERR_INVALID;
     if (!n->cfg.external_slots)
         return KVP_ERR_UNSUPPORTED;
-    publish_args_t a = {key, key_len, UINT32_MAX, NULL, false};
+    publish_args_t a = {key, key_len, UINT32_MAX, NULL, false, 0};
     kvp_status_t st = kvp__node_exec(n, do_unpublish, &a);
     if ((st == KVP_OK || st == KVP_ERR_BUSY) && slot != NULL)
         *slot = a.slot;

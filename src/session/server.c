@@ -601,7 +601,7 @@ void kvp__server_on_xfer_done(kvp_session_t *s, kvp_xfer_id_t id, kvp_status_t s
             n->st->transfer_latency_ns_sum += now - x->posted_ns;
             for (uint32_t i = 0; i < r->n_demand; i++)
                 r->block_ok[i] = r->demand[i].supply >= 0;
-            kvp_store_served(n->store, x->src, x->n); /* published once: back (before unpin) */
+            kvp_store_served(n->store, x->src, x->n, r->request_id); /* once: back (before unpin) */
         }
         r->xfer = NULL;
         kvp__xfer_release(n, x, KVP_PROOF_TERMINAL); /* poll handed it back */

@@ -156,7 +156,10 @@ static void ready_to_free(kvp_store_t *s, uint32_t slot)
         s->remove_cb(s->commit_cb_arg, kvp__store_key(s, slot), s->meta[slot].key_len);
     list_remove(s, slot);
     kvp__store_index_remove(s, slot);
-    s->meta[slot].flags &= (uint8_t)~KVP_SLOTF_ONCE;
+    if (s->meta[slot].flags & KVP_SLOTF_ONCE) {
+        s->meta[slot].flags &= (uint8_t)~KVP_SLOTF_ONCE;
+        s->t_ns[slot] = 0; /* its request */
+    }
     set_state(s, slot, KVP_SLOT_FREE);
     free_push(s, slot);
 }
@@ -623,7 +626,7 @@ kvp_status_t kvp_store_verify_as(kvp_store_t *s, kvp_slot_ref_t ref, const kvp_d
 kvp_status_t kvp_store_publish(kvp_store_t *s, uint32_t slot, const void *key, size_t key_len,
                                kvp_slot_ref_t *ref)
 {
-    return kvp_store_publish_digest(s, slot, key, key_len, NULL, false, ref);
+    return kvp_store_publish_digest(s, slot, key, key_len, NULL, false, 0, ref);
 }
 
 kvp_digest_t kvp_store_slot_digest(const kvp_store_t *s, uint32_t slot)
@@ -633,9 +636,10 @@ kvp_digest_t kvp_store_slot_digest(const kvp_store_t *s, uint32_t slot)
 
 kvp_status_t kvp_store_publish_digest(kvp_store_t *s, uint32_t slot, const void *key,
                                       size_t key_len, const kvp_digest_t *digest, bool once,
-                                      kvp_slot_ref_t *ref)
+                                      uint64_t once_for, kvp_slot_ref_t *ref)
 {
-    if (!s || !s->external || slot >= s->n || !key_ok(key, key_len) || !ref)
+    if (!s || !s->external || slot >= s->n || !key_ok(key, key_len) || !ref ||
+        (once_for != 0 && !once))
         return KVP_ERR_INVALID;
     uint32_t h32 = (uint32_t)kvp__store_hash(s, key, key_len);
     if (kvp__store_index_find(s, key, key_len, h32) != UINT32_MAX)
@@ -648,14 +652,17 @@ kvp_status_t kvp_store_publish_digest(kvp_store_t *s, uint32_t slot, const void 
     set_state(s, slot, KVP_SLOT_FILLING);
     s->st.reserves++;
     kvp_digest_t d = digest != NULL ? *digest : slot_digest(s, slot);
-    if (once)
-        s->meta[slot].flags |= KVP_SLOTF_ONCE; /* before the commit serves parked demand */
+    if (once) { /* before the commit serves parked demand */
+        s->meta[slot].flags |= KVP_SLOTF_ONCE;
+        s->t_ns[slot] = once_for; /* free_take_at left it 0: no suspect here */
+    }
     commit_digest(s, slot, &d); /* READY: serves pending lookups and parked demand */
     *ref = ref_of(s, slot);
     return KVP_OK;
 }
 
-uint32_t kvp_store_served(kvp_store_t *s, const kvp_slot_ref_t *refs, uint32_t n)
+uint32_t kvp_store_served(kvp_store_t *s, const kvp_slot_ref_t *refs, uint32_t n,
+                          uint64_t request_id)
 {
     uint32_t done = 0;
     for (uint32_t i = 0; s != NULL && i < n; i++) {
@@ -664,6 +671,9 @@ uint32_t kvp_store_served(kvp_store_t *s, const kvp_slot_ref_t *refs, uint32_t n
         kvp_slot_meta_t *m = &s->meta[refs[i].slot];
         if ((m->flags & (KVP_SLOTF_ONCE | KVP_SLOTF_UNPUBLISHING)) != KVP_SLOTF_ONCE)
             continue;
+        uint64_t want = s->t_ns[refs[i].slot];
+        if (want != 0 && want != request_id)
+            continue; /* once for another request: this one only read it */
         KVP_ASSERT(m->pins > 0); /* the transfer that read it holds one until its release */
         m->flags |= KVP_SLOTF_UNPUBLISHING;
         done++;

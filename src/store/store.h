@@ -231,16 +231,19 @@ kvp_status_t kvp_store_publish(kvp_store_t *s, uint32_t slot, const void *key, s
 /* kvp_store_publish with the block's digest given (kvp_store_slot_digest,
  * taken when the embedding wrote the slot; NULL: hashed here). A stale one
  * (the slot rewritten since) fails the consumer's verify of the block.
- * `once`: served once -- kvp_store_served unpublishes it. */
+ * `once`: served once -- kvp_store_served unpublishes it, at a transfer for
+ * request `once_for` only if that is not 0 (must be 0 without once). */
 kvp_status_t kvp_store_publish_digest(kvp_store_t *s, uint32_t slot, const void *key,
                                       size_t key_len, const kvp_digest_t *digest, bool once,
-                                      kvp_slot_ref_t *ref);
-/* A transfer that read the READY slots of refs[0..n) (and holds a pin on
- * each) completed: each slot published `once` is unpublished now, as by
- * kvp_store_unpublish (no new pin; the unpublish callback at its last
- * unpin); the others (not once, already unpublishing, stale) are left as
- * they are. How many were unpublished. */
-uint32_t kvp_store_served(kvp_store_t *s, const kvp_slot_ref_t *refs, uint32_t n);
+                                      uint64_t once_for, kvp_slot_ref_t *ref);
+/* A transfer for `request_id` that read the READY slots of refs[0..n) (and
+ * holds a pin on each) completed: each slot published `once` (for any
+ * request, or for this one) is unpublished now, as by kvp_store_unpublish
+ * (no new pin; the unpublish callback at its last unpin); the others (not
+ * once, once for another request, already unpublishing, stale) are left
+ * as they are. How many were unpublished. */
+uint32_t kvp_store_served(kvp_store_t *s, const kvp_slot_ref_t *refs, uint32_t n,
+                          uint64_t request_id);
 /* The digest of slot's bytes (slot < num_blocks). Reads nothing of the
  * store's state but its geometry and seed, fixed at create: any thread may
  * call it, while the caller keeps the slot unwritten. */

@@ -13,7 +13,9 @@
  *                      three heads are entries n, n+1, n+2; a slot on no list
  *                      points at itself
  *   digest[n]    16 B  xxh3-128 of the content, valid when READY
- *   t_ns[n]       8 B  quarantined_at (QUARANTINED) or suspect_until (suspect)
+ *   t_ns[n]       8 B  quarantined_at (QUARANTINED), suspect_until (suspect) or,
+ *                      READY and published once, the request whose transfer
+ *                      takes it back (0: any; external stores never suspect)
  *   index[cap]    8 B  open addressing, linear probing, cap = 1.5 n: u32 slot+1
  *                      (0 = empty) and the key's 32-bit hash (which also
  *                      gives the home bucket, so deletion needs no rehash)
@@ -42,7 +44,8 @@ enum {
      * held it: no new pin; freed (unpublish_cb) when the last pin drops. */
     KVP_SLOTF_UNPUBLISHING = 1u << 2,
     /* Issue 29: a published READY slot served once: the first transfer from
-     * it that completes unpublishes it (kvp_store_served). */
+     * it that completes unpublishes it (kvp_store_served); only one for the
+     * request in t_ns if that is not 0. */
     KVP_SLOTF_ONCE = 1u << 3,
 };
 

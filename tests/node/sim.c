@@ -506,7 +506,8 @@ static kvp_status_t sim_put(sim_t *s, int j, uint32_t k, const uint8_t *key, uin
     ext_check_pattern(s, j, slot, "publish");
     memcpy(ext_ptr(s, j, slot), s->blockbuf, s->cfg[j].block_size);
     bool once = rnd(s, 3) == 0; /* the prefill half of P/D: back at its first fetch */
-    kvp_status_t st = once ? kvp_publish_once(s->node[j], key, kl, slot, NULL)
+    uint64_t once_for = once && rnd(s, 2) == 0 ? 1 + rnd(s, 8) : 0; /* ... of that request */
+    kvp_status_t st = once ? kvp_publish_once(s->node[j], key, kl, slot, NULL, once_for)
                            : kvp_publish(s->node[j], key, kl, slot);
     if (st == KVP_OK) {
         s->ext_state[j][slot] = EXT_PUBLISHED;

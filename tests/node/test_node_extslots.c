@@ -245,7 +245,7 @@ static void test_ext_publish_once_back_at_its_fetch(void **state)
     uint8_t key[32];
     uint32_t kl = world_key(1, key);
     world_block(1, world_slot_ptr(w, 0, 10), w->cfg[0].block_size);
-    assert_int_equal(kvp_publish_once(w->node[0], key, kl, 10, NULL), KVP_OK);
+    assert_int_equal(kvp_publish_once(w->node[0], key, kl, 10, NULL, 0), KVP_OK);
     world_publish(w, 0, 2, 11);
     wkeys_t ks;
     int32_t bs[2];
@@ -282,6 +282,46 @@ static void test_ext_publish_once_back_at_its_fetch(void **state)
     ext_last_back(w, 9, 2);
 }
 
+/* Published once for a request (the decoder's, which its FETCH names):
+ * another request's transfer from the slot completes and leaves it
+ * published (no SLOT_FREE); the first of that request that completes
+ * unpublishes it. */
+static void test_ext_publish_once_for_its_request(void **state)
+{
+    world_t *w = world_new(state, 2, tweak_ext);
+    world_connect(w, 1, 0);
+    uint8_t key[32];
+    uint32_t kl = world_key(1, key);
+    world_block(1, world_slot_ptr(w, 0, 10), w->cfg[0].block_size);
+    assert_int_equal(kvp_publish_once(w->node[0], key, kl, 10, NULL, 9), KVP_OK);
+    world_publish(w, 0, 2, 11);
+    wkeys_t ks;
+    int32_t bs[2];
+    uint32_t slots[2] = {30, 31};
+    uint64_t op = ext_fetch(w, &ks, 2, NULL, slots, bs); /* request 7 */
+    const kvp_event_t *e = world_wait(w, 1, KVP_EV_LOAD, op, 300 * MS);
+    assert_non_null(e);
+    assert_int_equal(e->status, KVP_OK);
+    assert_true(world_slot_is_block(w, 1, 30, 1));
+    kvp_finish_request(w->node[1], 7);
+    world_run(w, 20 * MS);
+    assert_null(world_event(w, 0, KVP_EV_SLOT_FREE, 10));
+    assert_int_equal(held(w, 0, 10), 2); /* request 7 only read it: still published */
+    world_lookup_hits(w, 1, 0, &ks, 9);
+    uint32_t slots2[2] = {32, 33};
+    assert_int_equal(kvp_fetch_into(w->node[1], w->addr[0], 9, ks.buf, ks.len, 2, slots2, 0, bs,
+                                    &op),
+                     KVP_OK);
+    e = world_wait(w, 1, KVP_EV_LOAD, op, 300 * MS);
+    assert_non_null(e);
+    assert_int_equal(e->status, KVP_OK);
+    assert_true(world_slot_is_block(w, 1, 32, 1));
+    assert_non_null(world_wait(w, 0, KVP_EV_SLOT_FREE, 10, 50 * MS)); /* its request's: back */
+    assert_int_equal(held(w, 0, 10), 0);
+    assert_int_equal(held(w, 0, 11), 2);
+    ext_last_back(w, 9, 2);
+}
+
 /* kvp_publish_many: a bad slot anywhere refuses the whole call (nothing
  * published); otherwise one status per key, as kvp_publish_checksum would
  * answer it (a key published already: EXISTS; a published slot: BUSY),
@@ -306,13 +346,15 @@ static void test_ext_publish_many(void **state)
     }
     int32_t st[4];
     uint32_t bad[4] = {12, 13, 64, 10};
-    assert_int_equal(kvp_publish_many(w->node[0], keys, lens, bad, 4, sums, 0, st),
+    assert_int_equal(kvp_publish_many(w->node[0], keys, lens, bad, 4, sums, 0, 0, st),
                      KVP_ERR_INVALID);
-    assert_int_equal(kvp_publish_many(w->node[0], keys, lens, slots, 4, sums, 8, st),
+    assert_int_equal(kvp_publish_many(w->node[0], keys, lens, slots, 4, sums, 8, 0, st),
                      KVP_ERR_INVALID); /* unknown flag */
+    assert_int_equal(kvp_publish_many(w->node[0], keys, lens, slots, 4, sums, 0, 7, st),
+                     KVP_ERR_INVALID); /* a request to serve once for, not once */
     assert_int_equal(held_count(w, 0), 1);
-    assert_int_equal(kvp_publish_many(w->node[0], keys, lens, slots, 4, sums, KVP_PUBLISH_ONCE, st),
-                     KVP_OK);
+    assert_int_equal(
+        kvp_publish_many(w->node[0], keys, lens, slots, 4, sums, KVP_PUBLISH_ONCE, 0, st), KVP_OK);
     assert_int_equal(st[0], KVP_OK);
     assert_int_equal(st[1], KVP_OK);
     assert_int_equal(st[2], KVP_ERR_EXISTS); /* k1: published in slot 10 */
@@ -463,6 +505,7 @@ int main(void)
         cmocka_unit_test(test_ext_fetch_into_refusals),
         cmocka_unit_test(test_ext_unpublish_busy_then_free),
         cmocka_unit_test(test_ext_publish_once_back_at_its_fetch),
+        cmocka_unit_test(test_ext_publish_once_for_its_request),
         cmocka_unit_test(test_ext_publish_many),
         cmocka_unit_test(test_ext_source_killed_deferred_to_cap),
         cmocka_unit_test(test_ext_cancel_deferred_to_abort_ack),

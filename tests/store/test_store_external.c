@@ -164,12 +164,12 @@ static void test_ext_publish_digest(void **state)
     assert_int_equal(kvp_store_lookup(f.s, "h", 1, &ref, NULL, &got), KVP_OK);
     assert_true(kvp_digest_eq(&got, &d1));
     assert_int_equal(kvp_store_unpin(f.s, ref), KVP_OK);
-    assert_int_equal(kvp_store_publish_digest(f.s, 2, "g", 1, &want, false, &ref), KVP_OK);
+    assert_int_equal(kvp_store_publish_digest(f.s, 2, "g", 1, &want, false, 0, &ref), KVP_OK);
     assert_int_equal(kvp_store_lookup(f.s, "g", 1, &ref, NULL, &got), KVP_OK);
     assert_true(kvp_digest_eq(&got, &want)); /* as given, not the bytes' */
     assert_false(kvp_digest_eq(&got, &d1));
     assert_int_equal(kvp_store_unpin(f.s, ref), KVP_OK);
-    assert_int_equal(kvp_store_publish_digest(f.s, 3, "g", 1, &want, false, &ref), KVP_ERR_EXISTS);
+    assert_int_equal(kvp_store_publish_digest(f.s, 3, "g", 1, &want, false, 0, &ref), KVP_ERR_EXISTS);
     CHECK_OK(f.s);
     kvp_store_destroy(f.s);
 }
