@@ -234,19 +234,45 @@ static void ext_last_back(world_t *w, uint64_t req, uint32_t k)
     free(w);
 }
 
-/* Published once (the prefill half of P/D): a transfer from the slot that
- * fails leaves it published; the first that completes unpublishes it
- * (KVP_EV_SLOT_FREE, no kvp_unpublish) and a later LOOKUP misses it. A slot
- * published the usual way stays served. */
-static void test_ext_publish_once_back_at_its_fetch(void **state)
+/* Two nodes, node 1 connected to node 0, whose embedding published block 1
+ * in slot 10 once (for request once_for; 0: any) and block 2 in slot 11
+ * the usual way. */
+static world_t *once_world(void **state, uint64_t once_for)
 {
     world_t *w = world_new(state, 2, tweak_ext);
     world_connect(w, 1, 0);
     uint8_t key[32];
     uint32_t kl = world_key(1, key);
     world_block(1, world_slot_ptr(w, 0, 10), w->cfg[0].block_size);
-    assert_int_equal(kvp_publish_once(w->node[0], key, kl, 10, NULL, 0), KVP_OK);
+    assert_int_equal(kvp_publish_once(w->node[0], key, kl, 10, NULL, once_for), KVP_OK);
     world_publish(w, 0, 2, 11);
+    return w;
+}
+
+/* Node 1 looks ks (k1, k2) up again as request `req` and fetches them into
+ * slots 32, 33: the load completes with block 1 in slot 32. */
+static void once_refetch(world_t *w, wkeys_t *ks, uint64_t req)
+{
+    uint32_t slots[2] = {32, 33};
+    int32_t bs[2];
+    uint64_t op;
+    world_lookup_hits(w, 1, 0, ks, req);
+    assert_int_equal(
+        kvp_fetch_into(w->node[1], w->addr[0], req, ks->buf, ks->len, 2, slots, 0, bs, &op),
+        KVP_OK);
+    const kvp_event_t *e = world_wait(w, 1, KVP_EV_LOAD, op, 300 * MS);
+    assert_non_null(e);
+    assert_int_equal(e->status, KVP_OK);
+    assert_true(world_slot_is_block(w, 1, 32, 1));
+}
+
+/* Published once (the prefill half of P/D): a transfer from the slot that
+ * fails leaves it published; the first that completes unpublishes it
+ * (KVP_EV_SLOT_FREE, no kvp_unpublish) and a later LOOKUP misses it. A slot
+ * published the usual way stays served. */
+static void test_ext_publish_once_back_at_its_fetch(void **state)
+{
+    world_t *w = once_world(state, 0);
     wkeys_t ks;
     int32_t bs[2];
     uint32_t slots[2] = {30, 31};
@@ -259,18 +285,12 @@ static void test_ext_publish_once_back_at_its_fetch(void **state)
     world_run(w, 20 * MS);
     assert_int_equal(held(w, 0, 10), 2); /* not served: still published */
     assert_null(world_event(w, 0, KVP_EV_SLOT_FREE, 10));
-    world_lookup_hits(w, 1, 0, &ks, 8);
-    uint32_t slots2[2] = {32, 33};
-    assert_int_equal(kvp_fetch_into(w->node[1], w->addr[0], 8, ks.buf, ks.len, 2, slots2, 0, bs,
-                                    &op),
-                     KVP_OK);
-    e = world_wait(w, 1, KVP_EV_LOAD, op, 300 * MS);
-    assert_non_null(e);
-    assert_int_equal(e->status, KVP_OK);
-    assert_true(world_slot_is_block(w, 1, 32, 1));
+    once_refetch(w, &ks, 8);
     assert_non_null(world_wait(w, 0, KVP_EV_SLOT_FREE, 10, 50 * MS));
     assert_int_equal(held(w, 0, 10), 0); /* the embedding's again */
     assert_int_equal(held(w, 0, 11), 2);
+    uint8_t key[32];
+    uint32_t kl = world_key(1, key);
     assert_int_equal(kvp_unpublish(w->node[0], key, kl, NULL), KVP_ERR_NOT_FOUND);
     uint8_t res[2];
     uint64_t lop;
@@ -288,13 +308,7 @@ static void test_ext_publish_once_back_at_its_fetch(void **state)
  * unpublishes it. */
 static void test_ext_publish_once_for_its_request(void **state)
 {
-    world_t *w = world_new(state, 2, tweak_ext);
-    world_connect(w, 1, 0);
-    uint8_t key[32];
-    uint32_t kl = world_key(1, key);
-    world_block(1, world_slot_ptr(w, 0, 10), w->cfg[0].block_size);
-    assert_int_equal(kvp_publish_once(w->node[0], key, kl, 10, NULL, 9), KVP_OK);
-    world_publish(w, 0, 2, 11);
+    world_t *w = once_world(state, 9);
     wkeys_t ks;
     int32_t bs[2];
     uint32_t slots[2] = {30, 31};
@@ -307,15 +321,7 @@ static void test_ext_publish_once_for_its_request(void **state)
     world_run(w, 20 * MS);
     assert_null(world_event(w, 0, KVP_EV_SLOT_FREE, 10));
     assert_int_equal(held(w, 0, 10), 2); /* request 7 only read it: still published */
-    world_lookup_hits(w, 1, 0, &ks, 9);
-    uint32_t slots2[2] = {32, 33};
-    assert_int_equal(kvp_fetch_into(w->node[1], w->addr[0], 9, ks.buf, ks.len, 2, slots2, 0, bs,
-                                    &op),
-                     KVP_OK);
-    e = world_wait(w, 1, KVP_EV_LOAD, op, 300 * MS);
-    assert_non_null(e);
-    assert_int_equal(e->status, KVP_OK);
-    assert_true(world_slot_is_block(w, 1, 32, 1));
+    once_refetch(w, &ks, 9);
     assert_non_null(world_wait(w, 0, KVP_EV_SLOT_FREE, 10, 50 * MS)); /* its request's: back */
     assert_int_equal(held(w, 0, 10), 0);
     assert_int_equal(held(w, 0, 11), 2);
