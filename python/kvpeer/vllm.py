@@ -117,6 +117,7 @@ from . import vllm_compat as compat
 from . import vllm_events as events
 from . import vllm_params as params
 from . import vllm_setup as setup
+from .vllm_sums import ChunkSums
 from .vllm_params import request_id_of  # noqa: F401 (kvpeer.vllm.request_id_of)
 from .dialer import DEFAULT_MAX_HINTED
 from .dns_peers import DnsPeers
@@ -299,11 +300,6 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         # None once unpublished (SLOT_FREE ends the wait): one lookup per event
         self._slot_serve: Dict[int, Tuple[_Serve, Optional[bytes]]] = {}
         self._serve_done: List[Any] = []  # their ReqContexts, finished at the next serve
-        # zero copy: each cascaded chunk's checksum, taken at its store job (key -> (chunk,
-        # checksum); chunk -> key keeps it one entry per chunk, so at most num_chunks)
-        self._sums: Dict[bytes, Tuple[int, bytes]] = {}
-        self._sum_key: Dict[int, bytes] = {}
-        self.serve_sums = [0, 0]  # chunks served with the store job's checksum / hashed then
         self._parked_serves = 0   # zero copy: serve rounds for parked FETCHes
         # zero copy: what one peer's LOOKUPs (and, all together, the parked
         # FETCHes, whose peers the node does not name) may keep pinned in
@@ -353,6 +349,9 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         self._submitted: Dict[int, float] = {}
         self._load_keys: Dict[int, Sequence[OffloadKey]] = {}  # job -> vLLM's keys
         self._results: List[JobResult] = []
+        # zero copy: each cascaded chunk's checksum, taken at its store job off
+        # the scheduler thread (kvpeer.vllm_sums)
+        self._csums = ChunkSums(node.slot_checksum) if self._zc else None
         log.info("kvpeer tier %s: %d blocks of %d B, compat %s, peers %s", self.peer_id,
                  num_blocks, block_size, self.compat, list(peers))
 
@@ -481,22 +480,21 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         Zero copy: nothing to copy -- peers are served from vLLM's own chunks
         on demand (serve_external_requests) -- so the job is done at once."""
         if self._zc:
-            # Hash each chunk now, while vLLM pins it for this job, off every
-            # request's path: a LOOKUP it serves later publishes it with this
-            # checksum (the node hashes nothing then; 2 MiB is ~0.1 ms here).
-            node = self._tier.node
-            for k, c in zip(job_metadata.keys, job_metadata.chunk_ids):
-                self._remember_sum(bytes(k), int(c), node.slot_checksum(int(c)))
+            # Hash each chunk while vLLM pins it for this job: a LOOKUP it serves
+            # later publishes it with this checksum (the node hashes nothing then).
+            keys = [bytes(k) for k in job_metadata.keys]
+            chunks = [self._chunk_id(c) for c in job_metadata.chunk_ids]
             if self._request(job_metadata.req_context).decoder:
                 # The prefill half of P/D: its decoder will fetch these. vLLM pins
                 # them for this job, so they are served from now (the decoder's
                 # FETCH, parked or not, needs no tier-poll round), each once: a
                 # chunk is back when fetched, all at the prefill hold (as p2p's
                 # parked store job); the job is done then (_reap_serves).
+                self._csums.hash_now(keys, chunks)
                 self._offer(job_metadata, None, once=True)
                 return
-            self._results.append(JobResult(job_id=job_metadata.job_id, success=True,
-                                           transfer_time=0.0, transfer_bytes=0))
+            # vLLM's cascade: hashed on the tier's own thread, done when hashed
+            self._csums.hash_later(job_metadata.job_id, keys, chunks)
             return
         keys = [bytes(k) for k in job_metadata.keys]
         data = [self._chunk(c) for c in job_metadata.chunk_ids]
@@ -511,26 +509,15 @@ class KVPeerSecondaryTier(SecondaryTierManager):
             for d in data:
                 d.release()
 
-    def _remember_sum(self, key: bytes, chunk: int, checksum: bytes) -> None:
-        """The checksum of ``chunk``, which holds ``key`` (zero copy). vLLM
-        cascades what it writes into a chunk, so a rewritten chunk is hashed
-        again here; one rewritten without that would serve a stale checksum,
-        which every consumer that verifies (the default) refuses: that block
-        fails, nothing wrong is committed."""
-        old = self._sum_key.pop(chunk, None)
-        if old is not None:
-            self._sums.pop(old, None)
-        prev = self._sums.pop(key, None)
-        if prev is not None:
-            self._sum_key.pop(prev[0], None)
-        self._sums[key] = (chunk, checksum)
-        self._sum_key[chunk] = key
+    @property
+    def serve_sums(self) -> List[int]:
+        """Zero copy: chunks served with their store job's checksum / hashed then."""
+        return self._csums.served if self._csums is not None else [0, 0]
 
-    def _stored_sum(self, key: bytes, chunk: int) -> Optional[bytes]:
-        got = self._sums.get(key)
-        hit = got is not None and got[0] == chunk
-        self.serve_sums[0 if hit else 1] += 1
-        return got[1] if hit else None
+    def _take_hashed(self) -> None:
+        for job_id in self._csums.take() if self._csums is not None else ():
+            self._results.append(JobResult(job_id=job_id, success=True,
+                                           transfer_time=0.0, transfer_bytes=0))
 
     def submit_load(self, job_metadata: TransferJob) -> None:
         """Zero copy: fetch the keys straight into the primary chunks
@@ -552,6 +539,7 @@ class KVPeerSecondaryTier(SecondaryTierManager):
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
         self._collect(self._tier.get_finished_jobs())
+        self._take_hashed()
         out, self._results = self._results, []
         return out
 
@@ -580,7 +568,8 @@ class KVPeerSecondaryTier(SecondaryTierManager):
 
     def has_pending_work(self) -> bool:
         return bool(self._tier.pending_jobs()) or self._tier.queued_lookups() > 0 or \
-            bool(self._serves) or bool(self._serve_done)
+            bool(self._serves) or bool(self._serve_done) or \
+            (self._csums is not None and self._csums.pending > 0)
 
     # ------------------------------------------------------------ serving (zero copy)
     def serve_external_requests(self, parent: Any) -> None:
@@ -681,7 +670,7 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         if job is not None and len(job.keys):
             keys = [bytes(k) for k in job.keys]
             chunks = [int(c) for c in job.chunk_ids]
-            sums = [self._stored_sum(k, c) or node.slot_checksum(c) for k, c in zip(keys, chunks)]
+            sums = [self._csums.stored(k, c) or node.slot_checksum(c) for k, c in zip(keys, chunks)]
             # once: back at its decoder's fetch (the request's id), not at another
             # peer's that looked the same prefix up; one call for the job's chunks
             rid = self._request(job.req_context).request_id if once else 0
@@ -773,9 +762,11 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         self._collect(self._tier.get_finished_jobs())
         if self._zc:  # every deferred_release set, no peer reading a chunk, before returning
             end = time.monotonic() + self._load_bound_s() + self._hold_cap_s
-            while (self._tier.deferred_pending() or self._serves) and time.monotonic() < end:
+            while (self._tier.deferred_pending() or self._serves or self._csums.pending) and \
+                    time.monotonic() < end:
                 time.sleep(0.01)
                 self._collect(self._tier.get_finished_jobs())  # SLOTS_RELEASED sets them
+                self._take_hashed()  # the store jobs being hashed: done
                 self._reap_serves(force=True)
 
     def _load_bound_s(self) -> float:
@@ -789,6 +780,8 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         down), close the node."""
         if getattr(self, "_tier", None) is None:
             return
+        if self._csums is not None:
+            self._csums.close()  # it hashes through the node: stopped before the node closes
         try:
             self._collect(self._tier.shutdown())
         finally:

@@ -134,6 +134,50 @@ def test_vllm_zero_copy_served_from_and_landed_in_primary(engines):
     assert sb["checksum_mismatches"] == 0
 
 
+def test_vllm_zero_copy_cascade_hashed_off_the_scheduler_thread(engines):
+    """vLLM's cascade of chunks to the tier is hashed on the tier's own
+    thread (kvpeer-sums), not on the thread that steps the engine: the store
+    job stays open (vLLM pins the chunks) until they are hashed, and a peer's
+    LOOKUP is then served with those checksums (none hashed at the serve)."""
+    a = engines(zc_cfg())
+    b = engines(zc_cfg(peers=[a.peer_id]))
+    gate = threading.Event()
+    seen: List[str] = []
+    real = a.tier._csums._checksum
+
+    def gated(chunk: int) -> bytes:
+        seen.append(threading.current_thread().name)
+        gate.wait(scaled(10))
+        return real(chunk)
+
+    a.tier._csums._checksum = gated
+    keys = [make_key(460 + i) for i in range(2)]
+    c = a.ctx()
+    t0 = time.monotonic()
+    with a.manager.lock:
+        out = a.manager.prepare_store(keys, c)
+        for k, chunk in zip(out.keys_to_store, out.store_spec.chunk_ids):
+            a.view[int(chunk) * CHUNK:(int(chunk) + 1) * CHUNK] = block_bytes(k, 5)
+        a.manager.complete_store(out.keys_to_store, c, True)
+    for _ in range(3):
+        a.step()  # the cascade: submit_store hands the chunks over
+        time.sleep(0.02)
+    assert time.monotonic() - t0 < scaled(2)  # nothing waited for the gate
+    with a.manager.lock:
+        assert a.manager._jobs, "the store job was reported before its chunks were hashed"
+    assert seen and all(n.startswith("kvpeer-sums") for n in seen), seen
+    gate.set()
+    assert a.wait_idle(scaled(10))
+    a.finish(c)
+    cb = b.ctx()
+    assert lookup_stepping(a, b, keys, cb, scaled(20)) == [LookupResult.HIT] * 2
+    assert b.read(keys, cb) == [block_bytes(k, 5) for k in keys]
+    b.finish(cb)
+    serves_back(a)
+    assert a.tier.serve_sums == [2, 0], a.tier.serve_sums
+    assert len(seen) == 2
+
+
 def prefill(a: Engine, keys: Sequence[bytes], kv_id: str) -> Any:
     """The prefill half of P/D: A stores ``keys`` (block_bytes seed 9) under
     a request naming a decoder (remote_decoder ``kv_id``), and steps once
