@@ -241,6 +241,8 @@ KVP_EXPORT kvp_status_t kvp_parked_keys(kvp_node_t *n, uint8_t *keys, uint32_t *
     *n_out = 0;
     if (!n->cfg.external_wanted)
         return KVP_ERR_UNSUPPORTED;
+    if (atomic_load_explicit(&n->env.parked, memory_order_relaxed) == 0)
+        return KVP_OK; /* none parked: no trip to the node's thread (each tier-poll round) */
     wanted_args_t a = {0, keys, key_lens, cap, 0};
     kvp_status_t st = kvp__node_exec(n, do_parked_keys, &a);
     *n_out = a.n;

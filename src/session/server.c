@@ -1,10 +1,9 @@
 /*
- * server.c -- the source role of a session (SPEC §5): its rounds (LOOKUP is
- * answered in server_lookup.c: HIT pins supply for the round, within the
- * peer's budgets of budget.c), match FETCH demand against the round's
- * supply, post the transfer, send FETCH_DONE only after the transport
- * proved remote completion, handle ABORT (cancel in WAIT mode; ABORT_ACK only
- * once the transfer is terminal), park WAIT_FOR_SUPPLY demand.
+ * server.c -- the source role of a session (SPEC §5): its rounds (LOOKUP is answered in
+ * server_lookup.c: HIT pins supply for the round, within the peer's budgets of budget.c), match
+ * FETCH demand against the round's supply, post the transfer, send FETCH_DONE only after the
+ * transport proved remote completion, handle ABORT (cancel in WAIT mode; ABORT_ACK only once the
+ * transfer is terminal), park WAIT_FOR_SUPPLY demand.
  *
  * Round phases (one per kvp_sround_t; set only through kvp__sround_set_phase):
  *
@@ -15,10 +14,9 @@
  *   PARKED --keys committed--> TRANSFERRING; --timeout/request finished--> FINISHED
  *   TRANSFERRING --ABORT, still running--> ABORTING --terminal--> FINISHED
  *
- * Pins: supply[i].pinned means this round holds one pin on supply[i].ref.
- * When the transfer is posted the pins of the demanded supply move to the
- * kvp_xfer_t (the store job) and are dropped only when the transport hands
- * the transfer back as terminal, or at the hold cap.
+ * Pins: supply[i].pinned means this round holds one pin on supply[i].ref. When the transfer is
+ * posted the pins of the demanded supply move to the kvp_xfer_t (the store job) and are dropped
+ * only when the transport hands the transfer back as terminal, or at the hold cap.
  */
 #include "session/session_int.h"
 
@@ -42,6 +40,7 @@ void kvp__sround_set_phase(kvp_sround_t *r, kvp_sround_phase_t to)
     KVP_ASSERT(legal[to] & (1u << r->phase));
     KVP_TRACE(r->sess->env->name, "peer %s round %llu: %s -> %s", r->sess->peer_id,
               (unsigned long long)r->round, sr_phase_names[r->phase], sr_phase_names[to]);
+    kvp__server_parked_count(r, to);
     r->phase = to;
     if (to == KVP_SR_FINISHED) { /* kept only to replay its answer: off the live list */
         KVP_ASSERT(r->sess->n_rounds > 0);
@@ -137,6 +136,7 @@ void kvp__sround_free(kvp_sround_t *r)
     kvp_session_env_t *n = r->sess->env;
     KVP_ASSERT(r->xfer == NULL);
     kvp__server_wanted_forget(r); /* issue 29: its WANTED op, if any */
+    kvp__server_parked_count(r, KVP_SR_FINISHED);
     sround_unpin_supply(r);
     kvp_timer_stop(n->loop, &r->timer);
     if (kvp_list_linked(&r->wait_link))

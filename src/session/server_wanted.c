@@ -26,6 +26,15 @@ struct kvp_wanted {
     uint64_t op;
 };
 
+void kvp__server_parked_count(const kvp_sround_t *r, kvp_sround_phase_t to)
+{
+    kvp_session_env_t *e = r->sess->env;
+    if (to == KVP_SR_PARKED)
+        atomic_fetch_add_explicit(&e->parked, 1u, memory_order_relaxed);
+    else if (r->phase == KVP_SR_PARKED)
+        atomic_fetch_sub_explicit(&e->parked, 1u, memory_order_relaxed);
+}
+
 uint8_t kvp__server_want_admit(kvp_session_t *s)
 {
     kvp_session_env_t *e = s->env;

@@ -21,6 +21,7 @@
 #include "transport/transport.h"
 #include "wire/wire.h"
 
+#include <stdatomic.h>
 #include <string.h>
 typedef struct kvp_session kvp_session_t;
 typedef struct kvp_load kvp_load_t;
@@ -83,6 +84,7 @@ typedef struct kvp_session_env {
     void *up_arg;
 
     kvp_list_t waiting;     /* kvp_sround_t waiting for commits (pending lookups, parked) */
+    _Atomic uint32_t parked; /* of those, PARKED: kvp_parked_keys reads it from any thread */
     kvp_list_t retained;    /* kvp_xfer_t retained after their session ended, with their pins */
     kvp_list_t quarantined; /* kvp_load_t whose slots are QUARANTINED awaiting proof */
     kvp_list_t landing;     /* kvp_load_t LANDING: the node calls kvp__client_check_landing

@@ -412,6 +412,9 @@ void kvp__server_wanted_raise(kvp_sround_t *r);
 void kvp__server_wanted_settle(kvp_sround_t *r);
 /* r is freed: drop its op record, if any (kvp__sround_free). */
 void kvp__server_wanted_forget(kvp_sround_t *r);
+/* env->parked as r goes to phase `to` (kvp__sround_set_phase) or is freed
+ * (to = KVP_SR_FINISHED, kvp__sround_free). */
+void kvp__server_parked_count(const kvp_sround_t *r, kvp_sround_phase_t to);
 
 /* budget.c: the per-peer budgets of the source role (issue 27). Each
  * refusal is counted and logged (rate-limited) naming budget and peer. */
