@@ -404,10 +404,15 @@ def check_zero_copy_failure(b: Engine, res: Any, set_at_result: bool, chunks: Li
     # or the hold cap, and vLLM does not reuse them until then.
     assert a_path is not None and n_held > 0, (a_path, recs)
     ev = res.deferred_release
-    assert ev is not None and not set_at_result, recs  # not set at the LOAD outcome
-    assert prim.num_deferred_release_chunks == len(chunks)  # every failed key deferred
-    held_chunks = [ch for ch in chunks if node.slots_held(ch, 1) == b"\x01"]
-    assert len(held_chunks) == n_held
+    assert ev is not None, recs
+    if set_at_result:
+        # The proof (A's exit, seen at once) came in the same batch of events
+        # as the LOAD outcome: the release was already in when vLLM took the
+        # result. The records still give the order (checked below).
+        print("zero-copy SIGKILL: released in the outcome's batch")
+    else:
+        assert prim.num_deferred_release_chunks == len(chunks)  # every failed key deferred
+        assert len([ch for ch in chunks if node.slots_held(ch, 1) == b"\x01"]) == n_held
     deadline = time.monotonic() + scaled(10)  # proof, or the hold cap (3 s)
     while not ev.is_set() and time.monotonic() < deadline:
         # held: the node still has them and vLLM still keeps them out of use
@@ -420,7 +425,7 @@ def check_zero_copy_failure(b: Engine, res: Any, set_at_result: bool, chunks: Li
              if (r[0] == "released" and r[1] in ops)
              or (r[0] in ("deferred", "deferred_set") and r[1] == res.job_id)]
     assert order == ["deferred"] + ["released"] * len(ops) + ["deferred_set"], recs
-    assert all(node.slots_held(ch, 1) == b"\x00" for ch in held_chunks)
+    assert all(node.slots_held(ch, 1) == b"\x00" for ch in chunks)
     b.step()  # vLLM frees the chunks at its next poll
     assert prim.num_deferred_release_chunks == 0
 
