@@ -51,15 +51,21 @@ def engines():
         e.close()
 
 
-def put_primary(e: Engine, keys: Sequence[bytes], seed: int) -> None:
-    """GPU->primary (the test writes the chunks); the cascade to kvpeer is
-    a no-op in zero-copy mode (nothing copied)."""
-    c = e.ctx()
+def write_primary(e: Engine, keys: Sequence[bytes], seed: int, c: Any) -> None:
+    """GPU->primary for request ``c``: the test writes the chunks; vLLM
+    cascades them to the tier at the next step."""
     with e.manager.lock:
         out = e.manager.prepare_store(keys, c)
         for k, chunk in zip(out.keys_to_store, out.store_spec.chunk_ids):
             e.view[int(chunk) * CHUNK:(int(chunk) + 1) * CHUNK] = block_bytes(k, seed)
         e.manager.complete_store(out.keys_to_store, c, True)
+
+
+def put_primary(e: Engine, keys: Sequence[bytes], seed: int) -> None:
+    """write_primary and the cascade to kvpeer (nothing copied in zero-copy
+    mode; the chunks hashed), done."""
+    c = e.ctx()
+    write_primary(e, keys, seed, c)
     assert e.wait_idle(scaled(10))
     e.finish(c)
 
@@ -154,11 +160,7 @@ def test_vllm_zero_copy_cascade_hashed_off_the_scheduler_thread(engines):
     keys = [make_key(460 + i) for i in range(2)]
     c = a.ctx()
     t0 = time.monotonic()
-    with a.manager.lock:
-        out = a.manager.prepare_store(keys, c)
-        for k, chunk in zip(out.keys_to_store, out.store_spec.chunk_ids):
-            a.view[int(chunk) * CHUNK:(int(chunk) + 1) * CHUNK] = block_bytes(k, 5)
-        a.manager.complete_store(out.keys_to_store, c, True)
+    write_primary(a, keys, 5, c)
     for _ in range(3):
         a.step()  # the cascade: submit_store hands the chunks over
         time.sleep(0.02)
@@ -183,11 +185,7 @@ def prefill(a: Engine, keys: Sequence[bytes], kv_id: str) -> Any:
     a request naming a decoder (remote_decoder ``kv_id``), and steps once
     (the cascade: kvpeer's submit_store). The request's context, open."""
     ca = a.ctx({"remote_decoder": {"kv_request_id": kv_id}}, req_id=f"prefill-{kv_id}")
-    with a.manager.lock:
-        out = a.manager.prepare_store(keys, ca)
-        for k, chunk in zip(out.keys_to_store, out.store_spec.chunk_ids):
-            a.view[int(chunk) * CHUNK:(int(chunk) + 1) * CHUNK] = block_bytes(k, 9)
-        a.manager.complete_store(out.keys_to_store, ca, True)
+    write_primary(a, keys, 9, ca)
     a.step()
     return ca
 
