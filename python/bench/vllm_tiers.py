@@ -21,7 +21,9 @@ load latency = from there until every key answers HIT; sched/req = the time
 B's scheduler thread spent inside the manager for the request (its lookup()
 calls and step ends, which run the tier's polling and copies; it grows with
 the number of steps a slow load takes), /step = that time per step (p50, us:
-what one scheduler step costs while a request waits). Throughput = blocks
+what one scheduler step costs while a request waits); passes = the
+scheduler passes (lookups and a step end) a request took, p50 and p90: with
+a short --step-ms a request's time is mostly its passes. Throughput = blocks
 (and bytes) of all measured requests over their total wall time. A warm-up
 request opens the sessions first (p2p answers MISS until its NIXL handshake
 is done; kvpeer dials at start-up).
@@ -299,6 +301,7 @@ def run_loads(eng: Engine, tier: str, a_addr: str, keys: List[bytes], seed: int,
     load_ms: List[float] = []
     sched_ms: List[float] = []
     pass_us: List[float] = []  # scheduler time per pass (a step's lookups + its end)
+    passes: List[float] = []  # scheduler passes per request (lookups, then a step end)
     misses = mismatches = 0
     todo = [(r, keys[r:r + req_blocks]) for r in range(0, len(keys), req_blocks)]
     todo.reverse()
@@ -343,6 +346,7 @@ def run_loads(eng: Engine, tier: str, a_addr: str, keys: List[bytes], seed: int,
             _T('req_done', q["r"])
             sched_ms.append(q["busy"] * 1e3)
             pass_us.append(q["busy"] * 1e6 / q["passes"])
+            passes.append(q["passes"])
             misses += miss
             with eng.manager.lock:
                 if not miss:
@@ -371,7 +375,7 @@ def run_loads(eng: Engine, tier: str, a_addr: str, keys: List[bytes], seed: int,
     return {"requests": len(lookup_ms), "blocks": n_ok, "misses": misses,
             "mismatches": mismatches, "wall_s": wall,
             "lookup_ms": lookup_ms, "load_ms": load_ms, "sched_ms": sched_ms,
-            "pass_us": pass_us}
+            "pass_us": pass_us, "passes": passes}
 
 
 def idle_steps(eng: Engine, f: Any, step_s: float = 0.001) -> Any:
@@ -603,7 +607,8 @@ def row(tier: str, r: Dict[str, Any], chunk: int, blocks: int) -> Tuple[str, boo
             f"{bps * chunk / 1e9:>6.2f} {pct(r['lookup_ms'], 50):>10.2f} "
             f"{pct(r['lookup_ms'], 99):>7.2f} {pct(r['load_ms'], 50):>9.2f} "
             f"{pct(r['load_ms'], 99):>7.2f} {pct(r['sched_ms'], 50):>13.2f} "
-            f"{pct(r['sched_ms'], 99):>7.2f} {pct(r.get('pass_us', []), 50):>7.0f}")
+            f"{pct(r['sched_ms'], 99):>7.2f} {pct(r.get('pass_us', []), 50):>7.0f} "
+            f"{pct(r.get('passes', []), 50):>4.0f} {pct(r.get('passes', []), 90):>3.0f}")
     if not ok:
         line += (f"\n              misses {r['misses']}, byte mismatches {r['mismatches']}, "
                  f"blocks {r['blocks']} of {blocks}")
@@ -673,7 +678,7 @@ def orchestrate(a: argparse.Namespace) -> int:
     rc = 0
     hdr = (f"{'tier':13} {'blocks':>6} {'bytes ok':>8} {'blocks/s':>9} {'GB/s':>6} "
            f"{'lookup p50':>10} {'p99 ms':>7} {'load p50':>9} {'p99 ms':>7} "
-           f"{'sched/req p50':>13} {'p99 ms':>7} {'/step us':>7}")
+           f"{'sched/req p50':>13} {'p99 ms':>7} {'/step us':>7} {'passes p50 p90':>8}")
     for (mode, kib, n_in), res in results.items():
         n = blocks_for(a, kib)
         open_ = "one request at a time" if n_in == 1 else f"{n_in} requests open at a time"
