@@ -390,6 +390,13 @@ KVP_EXPORT kvp_status_t kvp_publish(kvp_node_t *node, const void *key, uint32_t 
 #define KVP_CHECKSUM_LEN 16
 KVP_EXPORT kvp_status_t kvp_slot_checksum(kvp_node_t *node, uint32_t slot,
                                           uint8_t sum[KVP_CHECKSUM_LEN]);
+/* kvp_slot_checksum of slots[0..n) into sums (n x KVP_CHECKSUM_LEN bytes), in
+ * one call: a binding that drops its interpreter lock around a call takes it
+ * back once, not once per slot (CPython: up to its switch interval, 5 ms,
+ * each time while another thread runs Python). A slot out of range
+ * anywhere: KVP_ERR_INVALID, nothing hashed. */
+KVP_EXPORT kvp_status_t kvp_slot_checksums(kvp_node_t *node, const uint32_t *slots, uint32_t n,
+                                           uint8_t *sums);
 /* kvp_publish with the block's checksum given (kvp_slot_checksum of this
  * node, taken since the slot was last written): the node hashes nothing.
  * The embedding vouches for it: a stale one (the slot rewritten since)

@@ -409,6 +409,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "kvp_unpublish": (st, [node_p, c_void_p, c_uint32, u32p]),
         "kvp_slots_held": (st, [node_p, c_uint32, c_uint32, u8p]),
         "kvp_slot_checksum": (st, [node_p, c_uint32, u8p]),
+        "kvp_slot_checksums": (st, [node_p, u32p, c_uint32, u8p]),
         "kvp_publish_checksum": (st, [node_p, c_void_p, c_uint32, c_uint32, u8p]),
         "kvp_publish_once": (st, [node_p, c_void_p, c_uint32, c_uint32, u8p, c_uint64]),
         "kvp_publish_many": (st, [node_p, u8p, u32p, u32p, c_uint32, u8p, c_uint32,

@@ -980,6 +980,18 @@ class Node:
                "kvp_slot_checksum")
         return bytes(sum_)
 
+    def slot_checksums(self, slots: Sequence[int]) -> List[bytes]:
+        """slot_checksum() of each slot in one call (the GIL is released
+        once, not once per slot: taken back while another thread runs
+        Python, each return may wait out the switch interval, 5 ms). A bad
+        slot anywhere: Error, nothing hashed."""
+        n = len(slots)
+        sl = (c_uint32 * n)(*[_int_field("slot", int(x), 32) for x in slots])
+        out = (c_uint8 * (L.CHECKSUM_LEN * n))()
+        _check(L.lib().kvp_slot_checksums(self._handle(), sl, n, out), "kvp_slot_checksums")
+        raw = bytes(out)
+        return [raw[i:i + L.CHECKSUM_LEN] for i in range(0, len(raw), L.CHECKSUM_LEN)]
+
     def unpublish(self, key: bytes) -> Tuple[bool, int]:
         """Stop serving ``key``: (True, slot) when the slot is the caller's
         now; (False, slot) when a transfer or lookup still pins it (the

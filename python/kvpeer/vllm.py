@@ -92,6 +92,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -143,21 +144,21 @@ _PAGE = os.sysconf("SC_PAGE_SIZE")
 class _Serve:
     """Zero copy: a store job whose chunks the tier publishes to peers (a
     serve of theirs, or the prefill half of P/D), until its chunks are back."""
-    __slots__ = ("job", "ctx", "waiting", "published", "until", "who", "once")
+    __slots__ = ("job", "ctx", "waiting", "published", "hashing", "until", "who", "once")
 
     def __init__(self, job: Optional[TransferJob], ctx: Optional[ReqContext],
-                 published: Dict[bytes, int], until: float, who: Optional[str],
-                 once: bool) -> None:
+                 until: float, who: Optional[str], once: bool) -> None:
         self.job = job              # vLLM pins its chunks until it is reported
         self.ctx = ctx              # our request that holds it (None: vLLM's own job)
         self.waiting: set = set()   # slots unpublished while pinned: back at SLOT_FREE
-        self.published = published  # key -> slot, still published
+        self.published: Dict[bytes, int] = {}  # key -> slot, still published
+        self.hashing: Tuple[bytes, ...] = ()  # keys published once hashed (prefill)
         self.until = until          # unpublished then (the serve or prefill hold)
         self.who = who              # the peer whose budget it counts in (None: no peer's)
         self.once = once            # published once: back at its fetch (prefill)
 
     def held(self) -> int:
-        return len(self.waiting) + len(self.published)
+        return len(self.waiting) + len(self.published) + len(self.hashing)
 
 
 class _ReqParams:
@@ -296,6 +297,7 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         self._view = primary_kv_view.cast("B")
         self._num_chunks = primary_kv_view.shape[0]
         self._serves: List[_Serve] = []  # zero copy: store jobs whose chunks are published
+        self._serve_lock = threading.Lock()  # _Serve fields and _slot_serve (see _publish)
         # slot -> its serve and, while published once, its key (its fetch frees it);
         # None once unpublished (SLOT_FREE ends the wait): one lookup per event
         self._slot_serve: Dict[int, Tuple[_Serve, Optional[bytes]]] = {}
@@ -351,7 +353,7 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         self._results: List[JobResult] = []
         # zero copy: each cascaded chunk's checksum, taken at its store job off
         # the scheduler thread (kvpeer.vllm_sums)
-        self._csums = ChunkSums(node.slot_checksum) if self._zc else None
+        self._csums = ChunkSums(node.slot_checksums) if self._zc else None
         log.info("kvpeer tier %s: %d blocks of %d B, compat %s, peers %s", self.peer_id,
                  num_blocks, block_size, self.compat, list(peers))
 
@@ -486,14 +488,18 @@ class KVPeerSecondaryTier(SecondaryTierManager):
             # later publishes it with this checksum (the node hashes nothing then).
             keys = [bytes(k) for k in job_metadata.keys]
             chunks = [self._chunk_id(c) for c in job_metadata.chunk_ids]
-            if self._request(job_metadata.req_context).decoder:
+            req = self._request(job_metadata.req_context)
+            if req.decoder:
                 # The prefill half of P/D: its decoder will fetch these. vLLM pins
-                # them for this job, so they are served from now (the decoder's
-                # FETCH, parked or not, needs no tier-poll round), each once: a
+                # them for this job, so they are served as soon as they are
+                # hashed, from the hashing thread (the decoder's FETCH, parked
+                # or not, needs no tier-poll round nor step), each once: a
                 # chunk is back when fetched, all at the prefill hold (as p2p's
                 # parked store job); the job is done then (_reap_serves).
-                self._csums.hash_now(keys, chunks)
-                self._offer(job_metadata, None, once=True)
+                sv = self._hold(job_metadata, None, None, once=True)
+                sv.hashing = tuple(keys)
+                self._csums.hash_then(keys, chunks, lambda sums: self._publish(
+                    sv, keys, chunks, sums, req.request_id))
                 return
             # vLLM's cascade: hashed on the tier's own thread, done when hashed
             self._csums.hash_later(job_metadata.job_id, keys, chunks)
@@ -602,8 +608,9 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         # keys we publish already wait for the peer's supply budget, not for us:
         # no new store job for them each round
         parked = node.parked_keys()
-        if parked:
-            live = {k for sv in self._serves for k in sv.published}
+        if parked:  # or published once hashed (a prefill store job)
+            with self._serve_lock:
+                live = {k for sv in self._serves for k in (*sv.published, *sv.hashing)}
             parked = [k for k in parked if k not in live]
         if parked:
             self._parked_serves += 1
@@ -659,35 +666,53 @@ class KVPeerSecondaryTier(SecondaryTierManager):
                         "(%d, max_supply_pins); %d refused so far", self.peer_id, n,
                         ascii(who), self._pin_budget, self._pin_total, self.serve_pins_refused)
 
-    def _offer(self, job: Optional[TransferJob], ctx: Optional[ReqContext],
-               who: Optional[str] = None, once: bool = False) -> int:
-        """Publish the chunks of ``job`` (a store job: vLLM pins them until it
-        is reported) for the serve hold; ``ctx``: our request that holds the
-        job (finished after it), None for vLLM's own; ``who``: the peer the
-        pins count against (None: vLLM's own store job, no peer's budget);
-        ``once``: each chunk served once (back at its fetch), the prefill
-        hold at most. How many were published."""
-        published: Dict[bytes, int] = {}
+    def _offer(self, job: Optional[TransferJob], ctx: ReqContext, who: str) -> int:
+        """Publish the chunks of ``job`` (a store job of ``ctx``, our request:
+        vLLM pins them until it is reported) for the serve hold, in ``who``'s
+        pin budget; how many were published (the prefill half of P/D:
+        submit_store)."""
+        sv = self._hold(job, ctx, who, once=False)
+        if job is None or not len(job.keys):
+            return 0
+        keys = [bytes(k) for k in job.keys]
+        chunks = [int(c) for c in job.chunk_ids]
         node = self._tier.node
-        if job is not None and len(job.keys):
-            keys = [bytes(k) for k in job.keys]
-            chunks = [int(c) for c in job.chunk_ids]
-            sums = [self._csums.stored(k, c) or node.slot_checksum(c) for k, c in zip(keys, chunks)]
-            # once: back at its decoder's fetch (the request's id), not at another
-            # peer's that looked the same prefix up; one call for the job's chunks
-            rid = self._request(job.req_context).request_id if once else 0
-            for k, c, st in zip(keys, chunks, node.publish_many(keys, chunks, sums, once, rid)):
-                if st == L.KVP_OK:
-                    published[k] = c
+        sums = [self._csums.stored(k, c) or node.slot_checksum(c) for k, c in zip(keys, chunks)]
+        return self._publish(sv, keys, chunks, sums, 0)
+
+    def _hold(self, job: Optional[TransferJob], ctx: Optional[ReqContext],
+              who: Optional[str], once: bool) -> _Serve:
+        hold = self._prefill_hold_s if once else self._serve_hold_s
+        sv = _Serve(job, ctx, time.monotonic() + hold, who, once)
+        self._serves.append(sv)
+        return sv
+
+    def _publish(self, sv: _Serve, keys: List[bytes], chunks: List[int],
+                 sums: Optional[List[bytes]], rid: int) -> int:
+        """Publish ``sv``'s chunks (one call to the node) and record them,
+        under the serves' lock: from a vLLM thread (a serve), or from the
+        prefill hashing thread, whose SLOT_FREE (its decoder's fetch) a vLLM
+        thread must not take before the slot is recorded. ``rid``: published
+        once for that request (its decoder's fetch, not another peer's that
+        looked the same prefix up). How many were published."""
+        with self._serve_lock:
+            try:
+                st = self._tier.node.publish_many(keys, chunks, sums, sv.once, rid) \
+                    if sums is not None else []
+            except L_Error as e:  # the node closing (shutdown): nothing published
+                log.warning("kvpeer tier %s: store job chunks not published: %s",
+                            self.peer_id, e)
+                st = []
+            for k, c, s in zip(keys, chunks, st):
+                if s == L.KVP_OK:
+                    sv.published[k] = c
+                    if sv.once:
+                        self._slot_serve[c] = (sv, k)
                 else:  # served already (another op's pin): a MISS here
                     log.debug("kvpeer tier %s: chunk %d not published: %s", self.peer_id, c,
-                              status_str(st))
-        hold = self._prefill_hold_s if once else self._serve_hold_s
-        sv = _Serve(job, ctx, published, time.monotonic() + hold, who, once)
-        self._serves.append(sv)
-        if once:
-            self._slot_serve.update((c, (sv, k)) for k, c in published.items())
-        return len(published)
+                              status_str(s))
+            sv.hashing = ()
+            return len(sv.published)
 
     def _reap_serves(self, force: bool = False, early: Optional[str] = None) -> None:
         """A served chunk stays published for the pin lease, at most 1 s (a later FETCH
@@ -697,6 +722,10 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         the prefill hold at most. Serves whose chunks are all back: their
         store jobs are done. ``force``: unpublish now (drain); ``early``:
         the serves of that peer (_ANY: of every peer) now (its pin budget)."""
+        with self._serve_lock:  # the prefill thread publishes and records too
+            self._reap_serves_locked(force, early)
+
+    def _reap_serves_locked(self, force: bool, early: Optional[str]) -> None:
         now = time.monotonic()
         node = self._tier.node
         # SLOT_FREE first: a prefill chunk freed by its fetch is never

@@ -151,10 +151,10 @@ def test_vllm_zero_copy_cascade_hashed_off_the_scheduler_thread(engines):
     seen: List[str] = []
     real = a.tier._csums._checksum
 
-    def gated(chunk: int) -> bytes:
+    def gated(chunks: Sequence[int]) -> List[bytes]:
         seen.append(threading.current_thread().name)
         gate.wait(scaled(10))
-        return real(chunk)
+        return real(chunks)
 
     a.tier._csums._checksum = gated
     keys = [make_key(460 + i) for i in range(2)]
@@ -177,16 +177,22 @@ def test_vllm_zero_copy_cascade_hashed_off_the_scheduler_thread(engines):
     b.finish(cb)
     serves_back(a)
     assert a.tier.serve_sums == [2, 0], a.tier.serve_sums
-    assert len(seen) == 2
+    assert len(seen) == 1  # one call for the job's chunks (one GIL hand-back)
 
 
-def prefill(a: Engine, keys: Sequence[bytes], kv_id: str) -> Any:
+def prefill(a: Engine, keys: Sequence[bytes], kv_id: str, hashed: bool = True) -> Any:
     """The prefill half of P/D: A stores ``keys`` (block_bytes seed 9) under
     a request naming a decoder (remote_decoder ``kv_id``), and steps once
-    (the cascade: kvpeer's submit_store). The request's context, open."""
+    (the cascade: kvpeer's submit_store). ``hashed``: then waits, A not
+    stepping, until the tier's prefill thread has hashed and published
+    them. The request's context, open."""
     ca = a.ctx({"remote_decoder": {"kv_request_id": kv_id}}, req_id=f"prefill-{kv_id}")
     write_primary(a, keys, 9, ca)
     a.step()
+    deadline = time.monotonic() + scaled(10)
+    while hashed and any(sv.hashing for sv in list(a.tier._serves)):
+        assert time.monotonic() < deadline, "the prefill chunks were never hashed"
+        time.sleep(0.005)
     return ca
 
 
@@ -237,6 +243,42 @@ def test_vllm_zero_copy_pd_served_from_the_prefill_store(engines):
     a.finish(ca)
     assert a.tier._tier.node.slots_held() == bytes(a.num_chunks)
     assert b.tier._tier.node.slots_held() == bytes(b.num_chunks)
+
+
+def test_vllm_zero_copy_prefill_hashed_off_the_scheduler_thread(engines):
+    """The prefill half of P/D is hashed on the tier's prefill thread
+    (kvpeer-sums-prefill), not on the thread that steps the engine, and
+    published from there once hashed: the decoder's FETCH, parked at A
+    meanwhile, is served with A neither stepping nor polling (no tier-poll
+    thread), and the job ends at that fetch."""
+    a = engines(zc_cfg(), tier_poll_interval_s=0)
+    b = engines(zc_cfg())
+    gate = threading.Event()
+    seen: List[str] = []
+    real = a.tier._csums._checksum
+
+    def gated(chunks: Sequence[int]) -> List[bytes]:
+        seen.append(threading.current_thread().name)
+        gate.wait(scaled(10))
+        return real(chunks)
+
+    a.tier._csums._checksum = gated
+    keys = [make_key(480 + i) for i in range(3)]
+    t0 = time.monotonic()
+    ca = prefill(a, keys, "pd-hashing", hashed=False)  # A steps no more
+    assert time.monotonic() - t0 < scaled(2)  # the step did not wait for the gate
+    assert seen and all(n.startswith("kvpeer-sums-prefill") for n in seen), seen
+    assert a.tier._tier.node.slots_held().count(2) == 0  # nothing published yet
+    with a.manager.lock:
+        assert a.manager._jobs, "the prefill store job ended before it was hashed"
+    threading.Timer(0.3, gate.set).start()  # B's FETCH parks at A until then
+    decode(b, a, keys, "pd-hashing")
+    assert len(seen) == 1 and a.tier._parked_serves == 0
+    assert a.tier._tier.node.stats()["wanted_ops"] == 0
+    serves_back(a)
+    assert a.tier.prefill_holds_expired == 0
+    a.finish(ca)
+    assert a.tier._tier.node.slots_held() == bytes(a.num_chunks)
 
 
 def test_vllm_zero_copy_pd_another_peer_leaves_the_decoders_chunks(engines):

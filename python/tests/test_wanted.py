@@ -119,6 +119,10 @@ def test_publish_many_once_back_at_the_fetch():
         for i in (1, 2, 3):
             ms[i * BS:(i + 1) * BS] = bytes([i]) * BS
         sums = [src.slot_checksum(i) for i in (1, 2, 3)]
+        assert src.slot_checksums([1, 2, 3]) == sums  # one call for a job's chunks
+        assert src.slot_checksums([]) == [] and len(set(sums)) == 3
+        with pytest.raises(Error):
+            src.slot_checksums([1, NB])  # out of range anywhere: refused whole
         with pytest.raises(Error):
             src.publish_many(keys, [1, 2, NB], sums)  # slot out of range: nothing published
         with pytest.raises(ValueError):

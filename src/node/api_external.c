@@ -93,6 +93,23 @@ KVP_EXPORT kvp_status_t kvp_slot_checksum(kvp_node_t *n, uint32_t slot,
     return KVP_OK;
 }
 
+KVP_EXPORT kvp_status_t kvp_slot_checksums(kvp_node_t *n, const uint32_t *slots, uint32_t cnt,
+                                           uint8_t *sums)
+{
+    if (n == NULL || (cnt > 0 && (slots == NULL || sums == NULL)))
+        return KVP_ERR_INVALID;
+    if (!n->cfg.external_slots)
+        return KVP_ERR_UNSUPPORTED;
+    for (uint32_t i = 0; i < cnt; i++)
+        if (slots[i] >= n->cfg.num_blocks)
+            return KVP_ERR_INVALID;
+    for (uint32_t i = 0; i < cnt; i++) {
+        kvp_digest_t d = kvp_store_slot_digest(n->store, slots[i]);
+        memcpy(sums + (size_t)i * KVP_CHECKSUM_LEN, &d, sizeof d);
+    }
+    return KVP_OK;
+}
+
 typedef struct publish_many_args {
     const uint8_t *keys;
     const uint32_t *key_lens, *slots;

@@ -350,8 +350,18 @@ static void test_ext_publish_many(void **state)
             assert_int_equal(kvp_slot_checksum(w->node[0], slots[i], sums + i * KVP_CHECKSUM_LEN),
                              KVP_OK);
     }
-    int32_t st[4];
+    uint8_t batch[3 * KVP_CHECKSUM_LEN], none[KVP_CHECKSUM_LEN] = {0};
     uint32_t bad[4] = {12, 13, 64, 10};
+    memset(batch, 0, sizeof batch);
+    assert_int_equal(kvp_slot_checksums(w->node[0], bad, 3, batch), KVP_ERR_INVALID);
+    assert_memory_equal(batch, none, KVP_CHECKSUM_LEN); /* nothing hashed */
+    assert_int_equal(kvp_slot_checksums(w->node[0], slots, 3, batch), KVP_OK); /* one call */
+    assert_memory_equal(batch, sums, 2 * KVP_CHECKSUM_LEN);
+    assert_memory_equal(batch + 2 * KVP_CHECKSUM_LEN, sums + 2 * KVP_CHECKSUM_LEN,
+                        KVP_CHECKSUM_LEN);
+    assert_int_equal(kvp_slot_checksums(w->node[0], NULL, 0, NULL), KVP_OK);
+    assert_int_equal(kvp_slot_checksums(w->node[0], NULL, 1, batch), KVP_ERR_INVALID);
+    int32_t st[4];
     assert_int_equal(kvp_publish_many(w->node[0], keys, lens, bad, 4, sums, 0, 0, st),
                      KVP_ERR_INVALID);
     assert_int_equal(kvp_publish_many(w->node[0], keys, lens, slots, 4, sums, 8, 0, st),
