@@ -669,8 +669,8 @@ class KVPeerSecondaryTier(SecondaryTierManager):
     def _offer(self, job: Optional[TransferJob], ctx: ReqContext, who: str) -> int:
         """Publish the chunks of ``job`` (a store job of ``ctx``, our request:
         vLLM pins them until it is reported) for the serve hold, in ``who``'s
-        pin budget; how many were published (the prefill half of P/D:
-        submit_store)."""
+        pin budget; how many were published. (The prefill half of P/D is
+        published from its hashing thread: submit_store.)"""
         sv = self._hold(job, ctx, who, once=False)
         if job is None or not len(job.keys):
             return 0
@@ -703,6 +703,8 @@ class KVPeerSecondaryTier(SecondaryTierManager):
                 log.warning("kvpeer tier %s: store job chunks not published: %s",
                             self.peer_id, e)
                 st = []
+            finally:
+                sv.hashing = ()  # whatever happened: the job ends with what is back
             for k, c, s in zip(keys, chunks, st):
                 if s == L.KVP_OK:
                     sv.published[k] = c
@@ -711,7 +713,6 @@ class KVPeerSecondaryTier(SecondaryTierManager):
                 else:  # served already (another op's pin): a MISS here
                     log.debug("kvpeer tier %s: chunk %d not published: %s", self.peer_id, c,
                               status_str(s))
-            sv.hashing = ()
             return len(sv.published)
 
     def _reap_serves(self, force: bool = False, early: Optional[str] = None) -> None:

@@ -88,6 +88,8 @@ class ChunkSums:
         try:
             if then is not None:
                 then(sums)
+        except Exception:  # logged: an executor would drop it silently
+            log.exception("kvpeer: publishing a prefill store job failed")
         finally:
             self._done.append((job_id, keys, chunks, sums))
 

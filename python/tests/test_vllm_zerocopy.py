@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Sequence, Tuple
 
 import kvpeer
 import pytest
@@ -140,13 +140,9 @@ def test_vllm_zero_copy_served_from_and_landed_in_primary(engines):
     assert sb["checksum_mismatches"] == 0
 
 
-def test_vllm_zero_copy_cascade_hashed_off_the_scheduler_thread(engines):
-    """vLLM's cascade of chunks to the tier is hashed on the tier's own
-    thread (kvpeer-sums), not on the thread that steps the engine: the store
-    job stays open (vLLM pins the chunks) until they are hashed, and a peer's
-    LOOKUP is then served with those checksums (none hashed at the serve)."""
-    a = engines(zc_cfg())
-    b = engines(zc_cfg(peers=[a.peer_id]))
+def gate_hashes(a: Engine) -> Tuple[threading.Event, List[str]]:
+    """A's tier hashes chunks only once the event is set (each call waits
+    for it, at most 10 s scaled); the list names each call's thread."""
     gate = threading.Event()
     seen: List[str] = []
     real = a.tier._csums._checksum
@@ -157,6 +153,17 @@ def test_vllm_zero_copy_cascade_hashed_off_the_scheduler_thread(engines):
         return real(chunks)
 
     a.tier._csums._checksum = gated
+    return gate, seen
+
+
+def test_vllm_zero_copy_cascade_hashed_off_the_scheduler_thread(engines):
+    """vLLM's cascade of chunks to the tier is hashed on the tier's own
+    thread (kvpeer-sums), not on the thread that steps the engine: the store
+    job stays open (vLLM pins the chunks) until they are hashed, and a peer's
+    LOOKUP is then served with those checksums (none hashed at the serve)."""
+    a = engines(zc_cfg())
+    b = engines(zc_cfg(peers=[a.peer_id]))
+    gate, seen = gate_hashes(a)
     keys = [make_key(460 + i) for i in range(2)]
     c = a.ctx()
     t0 = time.monotonic()
@@ -253,16 +260,7 @@ def test_vllm_zero_copy_prefill_hashed_off_the_scheduler_thread(engines):
     thread), and the job ends at that fetch."""
     a = engines(zc_cfg(), tier_poll_interval_s=0)
     b = engines(zc_cfg())
-    gate = threading.Event()
-    seen: List[str] = []
-    real = a.tier._csums._checksum
-
-    def gated(chunks: Sequence[int]) -> List[bytes]:
-        seen.append(threading.current_thread().name)
-        gate.wait(scaled(10))
-        return real(chunks)
-
-    a.tier._csums._checksum = gated
+    gate, seen = gate_hashes(a)
     keys = [make_key(480 + i) for i in range(3)]
     t0 = time.monotonic()
     ca = prefill(a, keys, "pd-hashing", hashed=False)  # A steps no more
