@@ -314,6 +314,14 @@ typedef struct kvp_block {
 KVP_EXPORT kvp_status_t kvp_get(kvp_node_t *node, const void *key, uint32_t key_len,
                                 kvp_block_t *out);
 KVP_EXPORT kvp_status_t kvp_release(kvp_node_t *node, const kvp_block_t *block);
+/* Copy blocks[i] (each from kvp_get, still pinned) into dst[i], at most
+ * dst_len[i] bytes of it, for i < n: on the calling thread, without the
+ * node's lock, with streaming stores, in one call (a binding that drops
+ * its interpreter lock around a call takes it back once, not once per
+ * block). A block that is not one of this node's slots anywhere:
+ * KVP_ERR_INVALID, nothing copied. */
+KVP_EXPORT kvp_status_t kvp_blocks_copy(kvp_node_t *node, const kvp_block_t *blocks, uint32_t n,
+                                        void *const *dst, const uint64_t *dst_len);
 
 /* Remote operations complete through events (kvp_poll_events). Keys are
  * given as one buffer of concatenated keys with a length array. */

@@ -374,6 +374,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "kvp_put": (st, [node_p, c_void_p, c_uint32, c_void_p, c_uint64, c_uint64]),
         "kvp_get": (st, [node_p, c_void_p, c_uint32, POINTER(kvp_block_t)]),
         "kvp_release": (st, [node_p, POINTER(kvp_block_t)]),
+        "kvp_blocks_copy": (st, [node_p, POINTER(kvp_block_t), c_uint32, POINTER(c_void_p),
+                                 POINTER(c_uint64)]),
         "kvp_lookup": (st, [node_p, c_char_p, c_uint64, u8p, u32p, c_uint32, u8p,
                             POINTER(c_uint64)]),
         "kvp_lookup_prefix": (st, [node_p, c_char_p, c_uint64, u8p, u32p, c_uint32, u8p,

@@ -25,7 +25,8 @@ import weakref
 from ctypes import POINTER, c_char, c_int32, c_uint8, c_uint32, c_uint64, c_void_p
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any, Deque, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import (Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple,
+                    Union)
 
 from . import _lib as L
 
@@ -616,6 +617,35 @@ class Node:
             b = Block(self, k, cb)
             self._blocks.add(b)
             return st, b
+
+    def copy_blocks(self, blocks: Sequence[Block], dsts: Sequence[Any]) -> None:
+        """Copy ``blocks`` (pinned, from get()) into the writable buffers
+        ``dsts``, at most each buffer's size, in one C call
+        (kvp_blocks_copy: the GIL released once, not once per block). A
+        released block: Error(KVP_ERR_STALE); a block of another node:
+        Error(KVP_ERR_INVALID), nothing copied."""
+        keep = [(c_char * memoryview(d).nbytes).from_buffer(d) for d in dsts]
+        try:
+            self._copy_call(blocks, [ctypes.addressof(a) for a in keep],
+                            [len(a) for a in keep])()
+        finally:
+            keep.clear()
+
+    def _copy_call(self, blocks: Sequence[Block], addrs: Sequence[int],
+                   lens: Sequence[int]) -> Callable[[], None]:
+        """copy_blocks into raw (address, length) buffers the caller keeps
+        exported: the arguments built now, on this thread; the returned call
+        makes the one C call (e.g. on a copy thread), blocks still pinned."""
+        n = len(blocks)
+        if len(addrs) != n or len(lens) != n:
+            raise Error(L.KVP_ERR_INVALID, f"{n} blocks, {len(addrs)} buffers")
+        if any(b.released for b in blocks):
+            raise Error(L.KVP_ERR_STALE, "block already released")
+        cbs = (L.kvp_block_t * n)(*[b._cb for b in blocks])
+        ptrs = (c_void_p * n)(*addrs)
+        ls = (c_uint64 * n)(*lens)
+        return lambda: _check(L.lib().kvp_blocks_copy(self._handle(), cbs, n, ptrs, ls),
+                              "kvp_blocks_copy")
 
     def contains(self, key: bytes) -> bool:
         """True if ``key`` is READY here (a get + release)."""

@@ -106,6 +106,32 @@ def test_dropped_block_unpins(node_factory):
     assert n.stats()["pins"] == 0
 
 
+def test_copy_blocks_in_one_call(node_factory):
+    """Node.copy_blocks: pinned blocks into writable buffers (each at most
+    its buffer's size) in one C call; another node's block is refused with
+    nothing copied; a released block is STALE; counts must match."""
+    n, m = node_factory(), node_factory()
+    n.put(b"a", b"A" * 100)
+    n.put(b"b", b"B" * 100)
+    m.put(b"c", b"C" * 100)
+    ba, bb, bc = n.get(b"a"), n.get(b"b"), m.get(b"c")
+    d0, d1 = bytearray(8), bytearray(4)
+    with pytest.raises(kvpeer.Error) as ei:
+        n.copy_blocks([ba, bc], [d0, d1])  # bc is m's
+    assert ei.value.status == kvpeer.KVP_ERR_INVALID and d0 == bytearray(8)
+    with pytest.raises(kvpeer.Error):
+        n.copy_blocks([ba], [d0, d1])
+    n.copy_blocks([ba, bb], [d0, d1])
+    assert d0 == b"A" * 8 and d1 == b"B" * 4
+    bb.release()
+    with pytest.raises(kvpeer.Error) as ei:
+        n.copy_blocks([bb], [d1])
+    assert ei.value.status == kvpeer.KVP_ERR_STALE
+    ba.release()
+    bc.release()
+    assert n.stats()["pins"] == 0 and m.stats()["pins"] == 0
+
+
 def test_get_missing_is_not_found(node_factory):
     n = node_factory()
     with pytest.raises(kvpeer.Error) as ei:

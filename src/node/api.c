@@ -392,6 +392,29 @@ KVP_EXPORT kvp_status_t kvp_release(kvp_node_t *n, const kvp_block_t *b)
     return kvp__node_exec(n, do_release, (void *)b);
 }
 
+/* On the caller's thread, no lock: a block kvp_get handed out is pinned
+ * (its bytes stay until kvp_release), and the region's geometry is fixed
+ * from create to destroy, so a block that does not describe one of its
+ * slots is refused before anything is copied. */
+KVP_EXPORT kvp_status_t kvp_blocks_copy(kvp_node_t *n, const kvp_block_t *blocks, uint32_t cnt,
+                                        void *const *dst, const uint64_t *dst_len)
+{
+    if (n == NULL || (cnt > 0 && (blocks == NULL || dst == NULL || dst_len == NULL)))
+        return KVP_ERR_INVALID;
+    for (uint32_t i = 0; i < cnt; i++) {
+        const kvp_block_t *b = &blocks[i];
+        if (b->slot >= n->cfg.num_blocks || b->data != kvp_store_slot_ptr(n->store, b->slot) ||
+            b->len > n->cfg.block_size || (dst[i] == NULL && dst_len[i] > 0))
+            return KVP_ERR_INVALID;
+    }
+    for (uint32_t i = 0; i < cnt; i++) {
+        size_t len = (size_t)(blocks[i].len < dst_len[i] ? blocks[i].len : dst_len[i]);
+        if (len > 0)
+            kvp_copy_stream(dst[i], blocks[i].data, len);
+    }
+    return KVP_OK;
+}
+
 /* ------------------------------------------------------------- remote */
 
 typedef struct remote_args remote_args_t;

@@ -140,6 +140,57 @@ static void test_double_release_keeps_transfer_pin(void **state)
     free(w);
 }
 
+/* kvp_blocks_copy: got blocks into the caller's buffers in one call, each
+ * at most its buffer's length; a block that is not one of the node's slots
+ * anywhere (a slot out of range, a data pointer off its slot, a length past
+ * the block size) refuses the whole call with nothing copied. Mutation: the
+ * data-pointer check left out -> the forged block is copied. */
+static void test_blocks_copy(void **state)
+{
+    world_t *w = *state = malloc(sizeof(world_t));
+    world_init(w, 1, NULL);
+    world_put(w, 0, 1, 0);
+    world_put(w, 0, 2, 0);
+    wkeys_t ks;
+    wkeys_make(&ks, 1, 2);
+    size_t bs = w->cfg[0].block_size;
+    kvp_block_t b[2];
+    assert_int_equal(kvp_get(w->node[0], ks.buf, ks.len[0], &b[0]), KVP_OK);
+    assert_int_equal(kvp_get(w->node[0], ks.buf + ks.len[0], ks.len[1], &b[1]), KVP_OK);
+    uint8_t *d0 = calloc(1, bs + 16), *d1 = calloc(1, bs), *want = malloc(bs);
+    void *dst[2] = {d0, d1};
+    uint64_t len[2] = {bs + 16, 100};
+    kvp_block_t forged[2] = {b[0], b[1]};
+    forged[1].data = (const uint8_t *)b[1].data + 64; /* off its slot: another's bytes */
+    assert_int_equal(kvp_blocks_copy(w->node[0], forged, 2, dst, len), KVP_ERR_INVALID);
+    forged[1] = b[1];
+    forged[1].slot = w->cfg[0].num_blocks;
+    assert_int_equal(kvp_blocks_copy(w->node[0], forged, 2, dst, len), KVP_ERR_INVALID);
+    forged[1] = b[1];
+    forged[1].len = bs + 1;
+    assert_int_equal(kvp_blocks_copy(w->node[0], forged, 2, dst, len), KVP_ERR_INVALID);
+    world_block(1, want, bs);
+    assert_true(want[0] != 0 && want[bs - 1] != 0);
+    assert_true(d0[0] == 0 && d0[bs - 1] == 0 && d1[0] == 0); /* nothing copied */
+    assert_int_equal(kvp_blocks_copy(w->node[0], b, 2, NULL, len), KVP_ERR_INVALID);
+    assert_int_equal(kvp_blocks_copy(w->node[0], NULL, 0, NULL, NULL), KVP_OK);
+    assert_int_equal(kvp_blocks_copy(w->node[0], b, 2, dst, len), KVP_OK);
+    world_block(1, want, bs);
+    assert_memory_equal(d0, want, bs);
+    assert_int_equal(d0[bs], 0); /* the block's length, not the buffer's */
+    world_block(2, want, bs);
+    assert_int_not_equal(want[100], 0);
+    assert_memory_equal(d1, want, 100);
+    assert_int_equal(d1[100], 0); /* the buffer's length, not the block's */
+    assert_int_equal(kvp_release(w->node[0], &b[0]), KVP_OK);
+    assert_int_equal(kvp_release(w->node[0], &b[1]), KVP_OK);
+    free(d0);
+    free(d1);
+    free(want);
+    world_fini(w, false);
+    free(w);
+}
+
 /* An embedding that never takes its events cannot make the node grow
  * without bound: the ring stops at KVP_EVENT_RING_MAX and the loss is
  * reported as one KVP_EV_OVERFLOW event before the rest. Mutation: the
@@ -797,6 +848,7 @@ int main(void)
         cmocka_unit_test(test_region_over_memory_refused),
         cmocka_unit_test(test_bad_settings_name_the_field),
         cmocka_unit_test(test_double_release_keeps_transfer_pin),
+        cmocka_unit_test(test_blocks_copy),
         cmocka_unit_test(test_event_ring_bounded_with_overflow),
         cmocka_unit_test(test_event_fd_tracks_the_queue),
         cmocka_unit_test(test_caller_fd_wakes_for_frames_and_timers),
