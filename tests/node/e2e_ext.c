@@ -8,7 +8,8 @@
  *   LENT  named in a kvp_fetch_into whose LOAD event has not come
  *   HELD  block_status KVP_ERR_BUSY at the LOAD: a WRITE may still land; the
  *         embedding's again only at that op's KVP_EV_SLOTS_RELEASED
- *   PUB   published (kvp_publish) and not yet handed back
+ *   PUB   published (kvp_publish, or kvp_publish_once: back at its fetch's
+ *         KVP_EV_SLOT_FREE) and not yet handed back
  *
  * A slot handed back unfilled is reused at once: the embedding writes its
  * own pattern into it, as vLLM reuses a chunk for other KV; a late landing
@@ -18,6 +19,7 @@
  */
 #include "e2e_ext.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +37,9 @@ static struct {
     uint8_t *state;
     uint32_t *content; /* block k, EXT_REUSED or EXT_NONE */
     uint64_t *op;      /* LENT/HELD: the load */
+    uint8_t *once;     /* PUB: published once (e2e_ext_put's once_for) */
+    uint8_t (*key)[E2E_EXT_KEY_MAX]; /* PUB: its key (klen bytes) */
+    uint8_t *klen;
 } E;
 
 static uint8_t *slot_ptr(uint32_t s)
@@ -70,7 +75,11 @@ int e2e_ext_init(kvp_config_t *c)
     E.state = calloc(E.nb, 1);
     E.content = malloc(E.nb * sizeof(*E.content));
     E.op = calloc(E.nb, sizeof(*E.op));
-    if (E.region == MAP_FAILED || E.state == NULL || E.content == NULL || E.op == NULL)
+    E.once = calloc(E.nb, 1);
+    E.key = calloc(E.nb, sizeof(*E.key));
+    E.klen = calloc(E.nb, 1);
+    if (E.region == MAP_FAILED || E.state == NULL || E.content == NULL || E.op == NULL ||
+        E.once == NULL || E.key == NULL || E.klen == NULL)
         return -1;
     for (uint32_t s = 0; s < E.nb; s++)
         E.content[s] = EXT_NONE;
@@ -87,6 +96,9 @@ void e2e_ext_fini(void)
     free(E.state);
     free(E.content);
     free(E.op);
+    free(E.once);
+    free(E.key);
+    free(E.klen);
 }
 
 /* An OWN slot for new content: never used first, then any OWN one. */
@@ -104,16 +116,22 @@ static int64_t take_slot(void)
 }
 
 uint32_t e2e_ext_put(kvp_node_t *n, uint32_t k, const uint8_t *key, uint32_t kl,
-                     void (*fill)(uint32_t, uint8_t *, size_t))
+                     void (*fill)(uint32_t, uint8_t *, size_t), uint64_t once_for)
 {
     int64_t s = take_slot();
-    if (s < 0)
+    if (s < 0 || kl > E2E_EXT_KEY_MAX)
         return 0;
     fill(k, slot_ptr((uint32_t)s), E.bs);
     E.content[s] = k;
-    if (kvp_publish(n, key, kl, (uint32_t)s) != KVP_OK)
+    memcpy(E.key[s], key, kl);
+    E.klen[s] = (uint8_t)kl;
+    bool once = once_for != 0 && k % 3 == 0;
+    kvp_status_t st = once ? kvp_publish_once(n, key, kl, (uint32_t)s, NULL, once_for)
+                           : kvp_publish(n, key, kl, (uint32_t)s);
+    if (st != KVP_OK)
         return 0;
     E.state[s] = EXT_PUB;
+    E.once[s] = once;
     return 1;
 }
 
@@ -172,6 +190,15 @@ void e2e_ext_event(const kvp_event_t *ev)
     }
 }
 
+/* A key published once, not back yet (its SLOT_FREE not read). */
+static bool once_published(const uint8_t *key, uint32_t kl)
+{
+    for (uint32_t s = 0; s < E.nb; s++)
+        if (E.state[s] == EXT_PUB && E.once[s] && E.klen[s] == kl && memcmp(E.key[s], key, kl) == 0)
+            return true;
+    return false;
+}
+
 uint32_t e2e_ext_unpublish(kvp_node_t *n, uint32_t count, const uint8_t *keys,
                            const uint32_t *lens, uint32_t *busy)
 {
@@ -187,6 +214,8 @@ uint32_t e2e_ext_unpublish(kvp_node_t *n, uint32_t count, const uint8_t *keys,
             ok++;
         } else if (st == KVP_ERR_BUSY) {
             (*busy)++; /* KVP_EV_SLOT_FREE hands it back */
+        } else if (st == KVP_ERR_NOT_FOUND && once_published(keys + off - lens[i], lens[i])) {
+            (*busy)++; /* served once: its fetch unpublished it, SLOT_FREE comes or came */
         }
     }
     return ok;

@@ -3,7 +3,8 @@
  * real TCP and UCX. It prints "ready <peer-id> <data-path-of-first-peer>" and
  * then answers one line per command read from stdin:
  *
- *   put FIRST COUNT [REQ]            -> "ok <n-put>"
+ *   put FIRST COUNT [REQ]            -> "ok <n-put>" (external, REQ not 0: every
+ *                                       third block published once for REQ)
  *   add PEER                         -> "ok" once the session is up (or "err ...")
  *   fetch PEER FIRST COUNT REQ       -> lookup + fetch of the hits; waits for the
  *                                       load: "load <status> <n_ok> <hits> <us> <n_held>"
@@ -14,7 +15,8 @@
  *                                       external: "verify <present> <bad> <late> <view_bad>"
  *   settle MS                        -> external: waits (at most MS) until no slot is
  *                                       lent, held or published: "settle <lent> <held> <pub> <ms>"
- *   unpub FIRST COUNT                -> external: "unpub <back-now> <busy>"
+ *   unpub FIRST COUNT                -> external: "unpub <back-now> <busy>" (busy:
+ *                                       back by SLOT_FREE, a once block's maybe already)
  *   busy MS                          -> the main (engine) thread is busy; "ok"
  *   stats                            -> "stats <ready> <filling> <quarantined> <suspect>
  *                                       <pins> <retained> <force_releases> <mismatches>
@@ -186,7 +188,7 @@ static void cmd_put(uint32_t first, uint32_t count, uint64_t req)
     for (uint32_t k = first; k < first + count; k++) {
         uint32_t kl = key_of(k, key);
         if (ext) {
-            ok += e2e_ext_put(node, k, key, kl, block_fill);
+            ok += e2e_ext_put(node, k, key, kl, block_fill, req); /* REQ: a third once */
             continue;
         }
         block_fill(k, buf, block_size);

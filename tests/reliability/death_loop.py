@@ -28,6 +28,10 @@ no reuse pattern is broken by a late landing, the node never holds a slot the
 embedding owns (kvp_slots_held), and the source, unpublishing everything just
 before the consumer dies (the transfer's slots answer BUSY), gets every
 published slot back (at once, or by KVP_EV_SLOT_FREE) with its blocks unchanged.
+A third of the source's blocks are published once for the fetch's request
+(kvp_publish_once): those its fetch completed come back by SLOT_FREE alone
+(unpublish answers NOT_FOUND; in a quarter of the kill-consumer runs the
+load is done before the unpublish and the kill), the rest as above.
 
   death_loop.py build/release/tests/node/e2e_node --runs 100 [--external]
 """
@@ -220,7 +224,8 @@ def one_run(a, exe, case, victim, blocks, bs, kill_ms, dead_ms, mutation, rng):
     try:
         dst = Node(exe, "127.0.0.1:0", bs, blocks + 16, 60000, node_dead, tls, mutation,
                    a.external)
-        r = src.cmd("put 0 %d" % blocks)
+        # external: a third of the blocks published once for the fetch's request (1)
+        r = src.cmd("put 0 %d%s" % (blocks, " 1" if a.external else ""))
         if not r.startswith("ok %d" % blocks):
             return False, "put: %s" % r.strip(), None
         r = dst.cmd("add %s" % src.id)
@@ -234,6 +239,13 @@ def one_run(a, exe, case, victim, blocks, bs, kill_ms, dead_ms, mutation, rng):
         if r.strip() != "started":
             return False, "fetchnw: %s" % r.strip(), None
         time.sleep(rng.uniform(0, kill_ms) / 1000.0)
+        first = a.external and victim == "consumer" and rng.random() < 0.25
+        if first:
+            # a quarter of the runs: the load done first, so the blocks published
+            # once come back by their fetch alone (unpublish: NOT_FOUND)
+            r = dst.cmd("wait %d" % int(10 * dead_ms * scale()), timeout=30)
+            if not r.startswith("load 0 "):
+                return False, "the load before the consumer's death: %s" % r.strip(), None
         if victim == "source":
             survivor, dead = dst, src
         else:
@@ -279,6 +291,8 @@ def one_run(a, exe, case, victim, blocks, bs, kill_ms, dead_ms, mutation, rng):
                 ok, ext_note = check_external_source(src, blocks, dead_ms, unpub)
                 if not ok:
                     return False, ext_note, fail_ms
+                if first:
+                    ext_note = "(load done first) " + ext_note
             time.sleep(1.5 * dead_ms * scale() / 1000.0)  # past dead-after: teardown ran
             st = stats(src)
             note = "retained %d pins %d %s" % (st["retained"], st["pins"], ext_note)
