@@ -676,8 +676,11 @@ class KVPeerSecondaryTier(SecondaryTierManager):
             return 0
         keys = [bytes(k) for k in job.keys]
         chunks = [int(c) for c in job.chunk_ids]
-        node = self._tier.node
-        sums = [self._csums.stored(k, c) or node.slot_checksum(c) for k, c in zip(keys, chunks)]
+        sums = [self._csums.stored(k, c) for k, c in zip(keys, chunks)]
+        miss = [i for i, x in enumerate(sums) if x is None]  # hashed now, in one call
+        for i, x in zip(miss, self._tier.node.slot_checksums([chunks[i] for i in miss])
+                        if miss else []):
+            sums[i] = x
         return self._publish(sv, keys, chunks, sums, 0)
 
     def _hold(self, job: Optional[TransferJob], ctx: Optional[ReqContext],
