@@ -84,7 +84,8 @@ moves when the data path, not one request's passes, is the limit. A list
 (--inflight 1,4) gives a table per size and count in one run.
 
     vllm_tiers.py [--tiers p2p,kvpeer] [--blocks 256] [--block-kib 256]
-                  [--req-blocks 16] [--inflight 1,4] [--step-ms 1] [--quick] [--json OUT]
+                  [--req-blocks 16] [--inflight 1,4] [--step-ms 1] [--tier-poll-ms MS]
+                  [--quick] [--json OUT]
 """
 from __future__ import annotations
 
@@ -149,7 +150,8 @@ class Engine:
     """One engine's scheduler-side offloading stack with one secondary tier
     (``tier_entry``: its entry in kv_connector_extra_config's secondary_tiers)."""
 
-    def __init__(self, tier_entry: Dict[str, Any], chunk: int, num_chunks: int) -> None:
+    def __init__(self, tier_entry: Dict[str, Any], chunk: int, num_chunks: int,
+                 tier_poll_ms: Optional[float] = None) -> None:
         from vllm.v1.kv_offload.base import ScheduleEndContext
         from vllm.v1.kv_offload.factory import OffloadingSpecFactory
         from kvpeer.vllm import offloading_config
@@ -157,8 +159,9 @@ class Engine:
         self.chunk = chunk
         self.engine_id = f"kvpeer-bench-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._step_end = ScheduleEndContext(new_req_ids=(), preempted_req_ids=())
-        # tier_poll_interval_s: vLLM's default
-        cfg = offloading_config(self.engine_id, chunk, num_chunks, [tier_entry], "bench")
+        # tier_poll_interval_s: vLLM's default (1 ms) unless --tier-poll-ms
+        poll = {} if tier_poll_ms is None else {"tier_poll_interval_s": tier_poll_ms / 1e3}
+        cfg = offloading_config(self.engine_id, chunk, num_chunks, [tier_entry], "bench", **poll)
         self.spec = OffloadingSpecFactory.create_spec(cfg)
         self.manager = self.spec.get_manager()
         self.tier = self.manager.secondary_tiers[0]
@@ -413,7 +416,8 @@ def child(args: argparse.Namespace) -> None:
     try:
         if args.tier in KVCR_TIERS:
             kvcr_import(args.tier)
-        eng = Engine(tier_entry(args.tier, args.port, args.peer or [], args.num_chunks), chunk, args.num_chunks)
+        eng = Engine(tier_entry(args.tier, args.port, args.peer or [], args.num_chunks), chunk,
+                     args.num_chunks, args.tier_poll_ms)
     except Exception as e:  # reported as the tier's result: the exact error
         print(json.dumps({"error": f"{type(e).__name__}: {e}",
                           "trace": traceback.format_exc()}), file=out, flush=True)
@@ -512,6 +516,8 @@ def run_tier(tier: str, a: argparse.Namespace, outdir: Path, kib: int,
     py = a.kvcr_python if tier in KVCR_TIERS and a.kvcr_python else sys.executable
     me = [py, str(Path(__file__).resolve()), "--role", "engine", "--tier", tier,
           "--block-kib", str(kib)]
+    if a.tier_poll_ms is not None:
+        me += ["--tier-poll-ms", str(a.tier_poll_ms)]
     n_total = blocks + a.req_blocks  # measured blocks + the warm-up request
     # Each engine's CPU tier: every block of the run (no eviction), and with
     # requests in flight room for kvpeer's per-peer supply-pin budget (half
@@ -654,8 +660,9 @@ def orchestrate(a: argparse.Namespace) -> int:
     print(f"vllm_tiers: tiers {a.tiers}; modes {a.modes}; chunks of {a.sizes} KiB "
           f"({', '.join(f'{blocks_for(a, k)} blocks of {k} KiB' for k in sizes)}) A -> B, "
           f"requests of {a.req_blocks} blocks, {a.inflight} open at a time, "
-          f"scheduler step sleep {a.step_ms} ms; "
-          f"load average {la[0]:.2f} {la[1]:.2f} {la[2]:.2f} ({os.cpu_count()} CPUs)",
+          f"scheduler step sleep {a.step_ms} ms"
+          + ("" if a.tier_poll_ms is None else f", tier-poll interval {a.tier_poll_ms} ms")
+          + f"; load average {la[0]:.2f} {la[1]:.2f} {la[2]:.2f} ({os.cpu_count()} CPUs)",
           flush=True)
     t_all = time.monotonic()
     # Each row's tiers run back to back, --repeat times, the order turned by
@@ -739,6 +746,9 @@ def main() -> int:
     ap.add_argument("--inflight", default="1,4",
                     help="B's requests open at a time (1: one after the other); a list: a "
                     "table per size and count")
+    ap.add_argument("--tier-poll-ms", type=float,
+                    help="vLLM's tier_poll_interval_s of both engines, in ms (default: "
+                         "vLLM's, 1 ms): how long a peer's request can wait for a serve round")
     ap.add_argument("--step-ms", type=float, default=1.0,
                     help="B's sleep between scheduler steps")
     ap.add_argument("--modes", default="sym,pd",
