@@ -319,7 +319,7 @@ KVP_EXPORT kvp_status_t kvp_release(kvp_node_t *node, const kvp_block_t *block);
  * node's lock, with streaming stores, in one call (a binding that drops
  * its interpreter lock around a call takes it back once, not once per
  * block). A block that is not one of this node's slots anywhere:
- * KVP_ERR_INVALID, nothing copied. */
+ * KVP_ERR_INVALID, nothing copied. External slots: KVP_ERR_UNSUPPORTED (as kvp_get). */
 KVP_EXPORT kvp_status_t kvp_blocks_copy(kvp_node_t *node, const kvp_block_t *blocks, uint32_t n,
                                         void *const *dst, const uint64_t *dst_len);
 

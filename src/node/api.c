@@ -401,6 +401,8 @@ KVP_EXPORT kvp_status_t kvp_blocks_copy(kvp_node_t *n, const kvp_block_t *blocks
 {
     if (n == NULL || (cnt > 0 && (blocks == NULL || dst == NULL || dst_len == NULL)))
         return KVP_ERR_INVALID;
+    if (n->cfg.external_slots)
+        return KVP_ERR_UNSUPPORTED; /* as kvp_get: the blocks are the embedding's */
     for (uint32_t i = 0; i < cnt; i++) {
         const kvp_block_t *b = &blocks[i];
         if (b->slot >= n->cfg.num_blocks || b->data != kvp_store_slot_ptr(n->store, b->slot) ||

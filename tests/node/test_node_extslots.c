@@ -162,6 +162,10 @@ static void test_ext_fetch_into_refusals(void **state)
     assert_int_equal(kvp_put(w->node[1], key, kl, world_slot_ptr(w, 1, 6), BS, 0), KVP_ERR_UNSUPPORTED);
     kvp_block_t b;
     assert_int_equal(kvp_get(w->node[1], key, kl, &b), KVP_ERR_UNSUPPORTED);
+    void *bdst[1] = {world_slot_ptr(w, 1, 6)};
+    uint64_t blen[1] = {BS};
+    b = (kvp_block_t){world_slot_ptr(w, 1, 7), BS, 7, 0};
+    assert_int_equal(kvp_blocks_copy(w->node[1], &b, 1, bdst, blen), KVP_ERR_UNSUPPORTED);
     assert_int_equal(kvp_publish(w->node[1], key, kl, 7), KVP_ERR_EXISTS);
     uint8_t key2[32];
     uint32_t kl2 = world_key(51, key2);
