@@ -74,22 +74,20 @@ class ChunkSums:
                   then: Callable[[Optional[List[bytes]]], None]) -> None:
         """Hash on the prefill thread, then call ``then(checksums)`` there
         (None: hashing failed, the node closing); the checksums are
-        remembered at the next ``take``. A chunk whose checksum an earlier
-        store job of the same key in the same chunk took (a prefix hit vLLM
-        cascades again) is not hashed again. vLLM must keep the chunks
-        pinned until ``then`` is done with them: the prefill store job."""
-        known = [self._sums.get(k) for k in keys]
-        have = [g[1] if g is not None and g[0] == c else None for g, c in zip(known, chunks)]
-        self._urgent.submit(self._run, None, keys, chunks, then, have)
+        remembered at the next ``take``. Every chunk of the job is hashed,
+        prefix hits vLLM cascades again included: a store job cannot tell
+        a chunk vLLM kept from one it wrote again with the same key (after
+        an eviction; KV bytes of the same tokens need not be bit-identical),
+        and a stale checksum would fail that block at the decoder. vLLM must
+        keep the chunks pinned until ``then`` is done with them: the
+        prefill store job."""
+        self._urgent.submit(self._run, None, keys, chunks, then)
 
     def _run(self, job_id: Optional[Hashable], keys: Sequence[bytes], chunks: Sequence[int],
-             then: Optional[Callable[[Optional[List[bytes]]], None]],
-             have: Optional[List[Optional[bytes]]] = None) -> None:
+             then: Optional[Callable[[Optional[List[bytes]]], None]]) -> None:
         sums: Optional[List[bytes]] = None
         try:
-            todo = [i for i, s in enumerate(have or [None] * len(chunks)) if s is None]
-            got = iter(self._checksum([chunks[i] for i in todo]) if todo else [])
-            sums = [s if s is not None else next(got) for s in (have or [None] * len(chunks))]
+            sums = self._checksum(chunks)
         except Exception:  # the node closed under it: a serve hashes them then
             log.exception("kvpeer: hashing store job %s failed", job_id)
         try:
