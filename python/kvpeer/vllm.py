@@ -482,7 +482,8 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         Zero copy: nothing to copy -- peers are served from vLLM's own chunks
         on demand (serve_external_requests) -- so the job is done once its
         chunks are hashed on the tier's own thread (kvpeer.vllm_sums); the
-        prefill half of P/D publishes them at once, done at their fetch."""
+        prefill half of P/D publishes them from its hashing thread once
+        hashed, done at their fetch."""
         if self._zc:
             # Hash each chunk while vLLM pins it for this job: a LOOKUP it serves
             # later publishes it with this checksum (the node hashes nothing then).
