@@ -36,6 +36,8 @@ typedef struct kvpd_op {
     uint8_t *results;
 } kvpd_op_t;
 
+typedef struct kvpd_hcap kvpd_hcap_t;
+
 typedef struct kvpd {
     kvpd_settings_t set;
     kvp_node_t *node;
@@ -50,6 +52,7 @@ typedef struct kvpd {
      * (start, SIGHUP), read by HTTP threads, so atomic -- `set` is the main
      * thread's. */
     _Atomic uint32_t dead_after_ms;
+    struct kvpd_hcap *hcap; /* the HTTP connection cap (kvpeerd_http_cap.c) */
     struct kvpd_dns *dns; /* issue 28: peers_dns resolver (kvpeerd_dns.c), NULL = off */
 } kvpd_t;
 

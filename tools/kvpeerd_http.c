@@ -7,9 +7,11 @@
  * blocked on its kvp event (up to its timeout_ms) never stalls /healthz or
  * /metrics -- an epoll loop on one thread would need every blocking handler
  * rewritten around MHD_suspend_connection. What keeps the threads bounded
- * is libmicrohttpd's: a total connection cap (http_max_conns), a cap per
- * client address (http_max_per_ip) and an idle timeout (http_idle_ms) that
- * closes a connection sending nothing (slowloris); poll() instead of
+ * a total connection cap (http_max_conns; ours, kvpeerd_http_cap.c: past it the
+ * connection waiting longest for its request is cut, so slow clients cannot
+ * hold it shut), libmicrohttpd's cap per client address (http_max_per_ip) and
+ * its idle timeout (http_idle_ms) that closes a connection sending nothing
+ * (slowloris); poll() instead of
  * select(), so a descriptor above 1023 is served. An authenticated admin
  * request lifts the timeout for itself: its handler bounds its own wait.
  * Every string a client or a peer chose is escaped (kvpd_esc) in the access
@@ -108,6 +110,11 @@ static int get_metrics(kvpd_t *d, struct MHD_Connection *c, kvpd_buf_t *out)
         kvpd_buf_printf(out, "metrics unavailable: %s\n", kvp_status_str(st));
         return MHD_HTTP_INTERNAL_SERVER_ERROR;
     }
+    kvpd_buf_printf(out,
+                    "# HELP kvpeer_http_cut_total HTTP connections closed at the cap "
+                    "(http_max_conns), each the one waiting longest without a request\n"
+                    "# TYPE kvpeer_http_cut_total counter\nkvpeer_http_cut_total %llu\n",
+                    (unsigned long long)kvpd_hcap_cut_total(d));
     return MHD_HTTP_OK;
 }
 
@@ -299,6 +306,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *upload_data_size = 0;
         return MHD_YES;
     }
+    kvpd_hcap_request(d, c, true); /* the whole request is in: never cut from here */
     kvpd_ops_lock(d);
     d->http_active++;
     kvpd_ops_unlock(d);
@@ -387,16 +395,24 @@ int kvpd_http_start(kvpd_t *d)
     int family = AF_INET, fd = http_listen(d->set.http, &family);
     if (fd < 0)
         return -1;
+    if (kvpd_hcap_init(d) != 0) {
+        close(fd);
+        kvpd_log(KVPD_LOG_ERROR, "http_failed", "http=%s error=\"out of memory\"", d->set.http);
+        return -1;
+    }
     d->http = MHD_start_daemon(
         MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
             MHD_USE_ITC | MHD_USE_ERROR_LOG | (family == AF_INET6 ? MHD_USE_IPv6 : 0),
         0, NULL, NULL, on_request, d, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
-        MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_CONNECTION_LIMIT, (unsigned int)d->set.http_max_conns,
+        MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_NOTIFY_CONNECTION, kvpd_hcap_on_connection, d,
+        MHD_OPTION_NOTIFY_COMPLETED, kvpd_hcap_on_completed, d, MHD_OPTION_CONNECTION_LIMIT,
+        (unsigned int)(d->set.http_max_conns + KVPD_HTTP_HEADROOM),
         MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned int)d->set.http_max_per_ip,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)((d->set.http_idle_ms + 999) / 1000),
         MHD_OPTION_END);
     if (d->http == NULL) {
         close(fd);
+        kvpd_hcap_free(d);
         kvpd_log(KVPD_LOG_ERROR, "http_failed", "http=%s error=\"cannot start the HTTP server\"",
                  d->set.http);
         return -1;
@@ -443,4 +459,5 @@ void kvpd_http_stop(kvpd_t *d)
     if (ls != MHD_INVALID_SOCKET)
         close(ls); /* quiesce handed the listen socket to us */
     d->http = NULL;
+    kvpd_hcap_free(d);
 }

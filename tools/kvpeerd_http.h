@@ -23,6 +23,26 @@ int kvpd_admin_fetch(kvpd_t *d, struct MHD_Connection *c, kvpd_buf_t *out);
 int kvpd_admin_finish(kvpd_t *d, struct MHD_Connection *c, kvpd_buf_t *out);
 int kvpd_admin_peer(kvpd_t *d, struct MHD_Connection *c, kvpd_buf_t *out);
 int kvpd_admin_verify(kvpd_t *d, struct MHD_Connection *c, kvpd_buf_t *out);
+/* The connection cap that a slow client cannot hold shut (kvpeerd_http_cap.c):
+ * tracks every connection from accept; past http_max_conns open ones, cuts
+ * the one that waited longest without a request in a handler. libmicrohttpd's
+ * own cap is set KVPD_HTTP_HEADROOM above, for connections being closed.
+ * init before the HTTP server starts (0 or -1: no memory), free after it
+ * stopped. The two callbacks are MHD_OPTION_NOTIFY_CONNECTION's and
+ * MHD_OPTION_NOTIFY_COMPLETED's (cls: d); kvpd_hcap_request(.., true) when a
+ * whole request is in (headers and body: its handler runs). */
+#define KVPD_HTTP_HEADROOM 16
+enum MHD_ConnectionNotificationCode;
+enum MHD_RequestTerminationCode;
+int kvpd_hcap_init(kvpd_t *d);
+void kvpd_hcap_free(kvpd_t *d);
+void kvpd_hcap_on_connection(void *cls, struct MHD_Connection *mc, void **socket_context,
+                             enum MHD_ConnectionNotificationCode code);
+void kvpd_hcap_on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
+                            enum MHD_RequestTerminationCode toe);
+void kvpd_hcap_request(kvpd_t *d, struct MHD_Connection *mc, bool in_handler);
+uint64_t kvpd_hcap_cut_total(kvpd_t *d); /* connections cut since start */
+
 #ifdef KVPD_TEST_ROUTES
 int kvpd_admin_corrupt(kvpd_t *d, struct MHD_Connection *c, kvpd_buf_t *out);
 #endif

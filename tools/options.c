@@ -105,7 +105,7 @@ static const opt_t opts[] = {
     {"admin_token_file", OPT_STR, 0, S(admin_token_file), 0, 0, "",
      "bearer token of the /admin/ routes, one line, file mode 0600 (required with admin)"},
     {"http_max_conns", OPT_U32, 0, S(http_max_conns), 1, 4096, "128",
-     "HTTP connections at once (one thread each)"},
+     "HTTP connections at once (one thread each; past it the longest-waiting is cut)"},
     {"http_max_per_ip", OPT_U32, 0, S(http_max_per_ip), 1, 4096, "32",
      "HTTP connections at once from one client address"},
     {"http_idle_ms", OPT_U32, 0, S(http_idle_ms), 1000, 3600000, "5000",

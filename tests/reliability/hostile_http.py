@@ -16,6 +16,11 @@ choosing. Cases (all by default):
               more sockets than the total cap (D's http_max_conns): the
               probe is refused at first but answers once the idle timeout
               frees the slots (on main, with no timeout, never).
+  trickle     96 sockets from 3 addresses against a total cap of 64, each
+              sending a byte of its headers every 0.5 s (never idle), then 64
+              from 2 addresses trickling a body after whole headers:
+              /healthz and /metrics answer throughout, since the connection
+              that waited longest is cut for a newcomer; T counts the cuts.
   fds         a daemon whose descriptors are all above 1023 (it inherits
               1100 open files): /healthz, /metrics and an admin put answer
               (select() could not serve them).
@@ -43,6 +48,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -102,9 +108,10 @@ def timed_probe(addr, path, bound):
     relib.fail("%s on %s not answered within %.1f s (last: %s)" % (path, addr, bound, last))
 
 
-def slow_sockets(addr, sources):
-    """One socket per source address, each sends one header line and stays.
-    Connects that D refuses at once (per-address or total cap) are counted."""
+def slow_sockets(addr, sources, more=b""):
+    """One socket per source address, each sends one header line (and then
+    ``more``) and stays. Connects that D refuses at once (per-address or
+    total cap) are counted."""
     host, port = addr.rsplit(":", 1)
     socks, refused = [], 0
     for src in sources:
@@ -112,7 +119,7 @@ def slow_sockets(addr, sources):
         try:
             s.bind((src, 0))
             s.connect((host, int(port)))
-            s.sendall(b"GET /healthz HTTP/1.1\r\n")  # one header line, never the end
+            s.sendall(b"GET /healthz HTTP/1.1\r\n" + more)  # one header line, never the end
             socks.append(s)
         except OSError:
             refused += 1
@@ -183,6 +190,102 @@ def case_slowloris(D, kvpeerd):
     for s in socks3:
         s.close()
     S.check_clean_exit(S.stop())
+
+
+class Trickle:
+    """Slow clients that stay past the idle timeout: sockets from the given
+    source addresses each send one header line, then one byte of a header
+    every TRICKLE_S (``body``: whole headers with a Content-Length, then a
+    byte of the body every TRICKLE_S); a socket D cuts is replaced at the
+    next round (a client that comes straight back). Runs on a thread until
+    stop(); the first round connects one socket every ``pace`` s."""
+    TRICKLE_S = 0.5
+    BODY = b"Host: x\r\nContent-Length: 100000\r\n\r\n"
+
+    def __init__(self, addr, sources, body=False, pace=0.0):
+        self.addr, self.sources, self.body, self.pace = addr, sources, body, pace
+        self.socks = {}  # source slot -> socket
+        self.cut = 0
+        self.stop_evt = threading.Event()
+        self.t = threading.Thread(target=self.run, daemon=True)
+        self.t.start()
+
+    def connect(self, i):
+        s, _ = slow_sockets(self.addr, [self.sources[i]], self.BODY if self.body else b"")
+        if s:
+            s[0].setblocking(False)
+            self.socks[i] = s[0]
+
+    def run(self):
+        for i in range(len(self.sources)):
+            self.connect(i)
+            time.sleep(self.pace)
+        while not self.stop_evt.wait(self.TRICKLE_S):
+            for i in range(len(self.sources)):
+                s = self.socks.get(i)
+                if s is not None:
+                    try:
+                        s.send(b"x")
+                        continue
+                    except OSError:  # cut (reset or shut down)
+                        s.close()
+                        self.cut += 1
+                        del self.socks[i]
+                self.connect(i)
+
+    def stop(self):
+        self.stop_evt.set()
+        self.t.join(10)
+        for s in self.socks.values():
+            s.close()
+
+
+def probe_for(T, secs):
+    """/healthz and /metrics probed back to back for secs: each answered
+    within the scaled bound; returns the probe times."""
+    probes = []
+    end = time.monotonic() + secs
+    while time.monotonic() < end:
+        probes.append(timed_probe(T.http, "/healthz", scaled(PROBE_S)))
+        probes.append(timed_probe(T.http, "/metrics", scaled(PROBE_S)))
+        time.sleep(0.2)
+    return probes
+
+
+def case_trickle(kvpeerd):
+    """Slow clients that are never idle for http_idle_ms, against a total cap
+    of 64 (main's; 32 per address): /healthz and /metrics answer throughout,
+    because the connection that waited longest is cut for each newcomer
+    (before issue 29's session of 2026-12-06: refused for as long as the
+    trickle ran). (1) 96 sockets from 3 addresses trickling header bytes,
+    for three idle timeouts; (2) 64 from 2 addresses, each connected and its
+    headers in before the next, trickling a body (a request whose body is not
+    complete is not in a handler: cut like the others)."""
+    T = relib.Daemon(kvpeerd, "T", ["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
+                                    "--num_blocks", "16", "--block_size", "64K",
+                                    "--http_max_conns", "64", "--http_idle_ms", str(IDLE_MS),
+                                    "--shutdown_drain_ms", "200"]).start()
+    for what, sources, body, pace, secs in (
+            ("headers", ["127.0.3.%d" % (1 + i // 32) for i in range(96)], False, 0.0,
+             3 * IDLE_MS / 1000.0),
+            ("a body", ["127.0.4.%d" % (1 + i // 32) for i in range(64)], True, 0.01,
+             IDLE_MS / 1000.0)):
+        tr = Trickle(T.http, sources, body, pace)
+        try:
+            time.sleep(len(sources) * pace + 1.0)
+            probes = probe_for(T, secs)
+            held = len(tr.socks)
+        finally:
+            tr.stop()
+        cut = int(re.search(r"^kvpeer_http_cut_total (\d+)$", T.ok("/metrics"), re.M).group(1))
+        log("trickle: %d sockets from %d addresses trickling %s on T (cap 64, a byte every %.1f s) "
+            "for %.0f s: %d probes answered, the slowest in %.0f ms; %d sockets held at the end, "
+            "T's cuts so far %d (this trickle saw %d)" %
+            (len(sources), len(set(sources)), what, Trickle.TRICKLE_S, secs, len(probes),
+             max(probes) * 1e3, held, cut, tr.cut))
+        check(cut > 0 and tr.cut > 0, "trickle: T cut no connection (cut_total %d)" % cut)
+    check(any("event=http_cap_full" in l for l in log_lines(T)), "trickle: no http_cap_full line")
+    T.check_clean_exit(T.stop())
 
 
 def case_fds(kvpeerd):
@@ -376,7 +479,7 @@ def case_corrupt(D, kvpeerd):
 def main():
     kvpeerd = os.path.abspath(sys.argv[1])
     cases = sys.argv[2:] or ["token", "corrupt", "inject", "peer_id", "long_admin", "slowloris",
-                             "fds"]
+                             "trickle", "fds"]
     fp = hostile.fingerprint()
     common = ["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--admin", "--block_size",
               "64K", "--compat", hostile.COMPAT, "--shutdown_drain_ms", "500",
@@ -394,6 +497,8 @@ def main():
         ok0 = good.ok
         if c == "slowloris":
             case_slowloris(D, kvpeerd)
+        elif c == "trickle":
+            case_trickle(kvpeerd)
         elif c == "fds":
             case_fds(kvpeerd)
         elif c == "inject":

@@ -1,0 +1,183 @@
+/*
+ * kvpeerd_http_cap.c -- kvpeerd's HTTP connection cap, which a slow client
+ * cannot hold shut.
+ *
+ * libmicrohttpd's own cap refuses a connection at accept once http_max_conns
+ * are open, and its idle timeout only closes a connection that sends nothing:
+ * a client trickling one header byte a second keeps its slots for ever, and
+ * from http_max_conns / http_max_per_ip addresses it fills the cap (/healthz
+ * refused, the orchestrator restarts a healthy node). libmicrohttpd has no
+ * deadline for a whole request's headers.
+ *
+ * So the cap is ours (libmicrohttpd's stays as a backstop, KVPD_HTTP_HEADROOM
+ * above it, for connections being closed): every connection is tracked from
+ * accept (MHD_OPTION_NOTIFY_CONNECTION) and is "waiting" while no request of
+ * it is in a handler -- its headers or body not yet complete (a body trickled
+ * after complete headers waits too), or idle between keep-alive requests. When an accept takes the open connections past http_max_conns,
+ * the connection that has waited longest is cut (shutdown(): its thread sees
+ * EOF and closes it as libmicrohttpd does at stop), which is the newcomer only
+ * when nothing else waits. A request in a handler is never cut. A slow client
+ * thus holds a slot only until http_max_conns newer connections arrived; a
+ * good client, whose request takes a round trip, gets in. The descriptor is
+ * shut down under the lock, and libmicrohttpd closes it only after the CLOSED
+ * notification, which takes the lock: never a descriptor of someone else.
+ */
+#include "kvpeerd_http.h"
+
+#include <microhttpd.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+
+typedef struct hconn {
+    struct hconn *prev, *next; /* on the waiting list, oldest first */
+    int fd;
+    bool waiting, cut;
+} hconn_t;
+
+struct kvpd_hcap {
+    pthread_mutex_t lock;
+    hconn_t *head, *tail; /* waiting connections, oldest first */
+    uint32_t open;        /* tracked connections not cut */
+    uint32_t cap;
+    uint64_t cut_total, cut_unlogged, last_log_ms;
+};
+
+static void wait_push(kvpd_hcap_t *h, hconn_t *c)
+{
+    c->prev = h->tail;
+    c->next = NULL;
+    if (h->tail)
+        h->tail->next = c;
+    else
+        h->head = c;
+    h->tail = c;
+    c->waiting = true;
+}
+
+static void wait_unlink(kvpd_hcap_t *h, hconn_t *c)
+{
+    if (!c->waiting)
+        return;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        h->head = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    else
+        h->tail = c->prev;
+    c->prev = c->next = NULL;
+    c->waiting = false;
+}
+
+static void cut(kvpd_hcap_t *h, hconn_t *c)
+{
+    wait_unlink(h, c);
+    c->cut = true;
+    h->open--;
+    h->cut_total++;
+    h->cut_unlogged++;
+    shutdown(c->fd, SHUT_RDWR);
+}
+
+/* At most one line a second, with how many were cut since the last. */
+static void log_cuts(kvpd_hcap_t *h)
+{
+    uint64_t now = kvpd_now_ms();
+    if (h->cut_unlogged == 0 || now - h->last_log_ms < 1000)
+        return;
+    kvpd_log(KVPD_LOG_WARN, "http_cap_full",
+             "max_conns=%u cut=%llu cut_total=%llu note=\"closed the connections that waited "
+             "longest without a request in a handler\"",
+             h->cap, (unsigned long long)h->cut_unlogged, (unsigned long long)h->cut_total);
+    h->cut_unlogged = 0;
+    h->last_log_ms = now;
+}
+
+void kvpd_hcap_on_connection(void *cls, struct MHD_Connection *mc, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code)
+{
+    kvpd_hcap_t *h = ((kvpd_t *)cls)->hcap;
+    hconn_t *c = *socket_context;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (ci == NULL)
+            return;
+        if ((c = calloc(1, sizeof(*c))) == NULL) { /* no record, no slot: refused */
+            shutdown(ci->connect_fd, SHUT_RDWR);
+            return;
+        }
+        c->fd = ci->connect_fd;
+        *socket_context = c;
+        pthread_mutex_lock(&h->lock);
+        h->open++;
+        wait_push(h, c);
+        if (h->open > h->cap) /* the oldest waiting one; the newcomer if alone */
+            cut(h, h->head);
+        log_cuts(h);
+        pthread_mutex_unlock(&h->lock);
+        return;
+    }
+    if (c == NULL)
+        return;
+    pthread_mutex_lock(&h->lock);
+    wait_unlink(h, c);
+    if (!c->cut)
+        h->open--;
+    pthread_mutex_unlock(&h->lock);
+    *socket_context = NULL;
+    free(c);
+}
+
+void kvpd_hcap_request(kvpd_t *d, struct MHD_Connection *mc, bool in_handler)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    hconn_t *c = ci ? ci->socket_context : NULL;
+    if (c == NULL)
+        return;
+    pthread_mutex_lock(&d->hcap->lock);
+    if (in_handler)
+        wait_unlink(d->hcap, c);
+    else if (!c->cut && !c->waiting)
+        wait_push(d->hcap, c);
+    pthread_mutex_unlock(&d->hcap->lock);
+}
+
+void kvpd_hcap_on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    (void)con_cls;
+    (void)toe;
+    kvpd_hcap_request(cls, mc, false);
+}
+
+int kvpd_hcap_init(kvpd_t *d)
+{
+    if ((d->hcap = calloc(1, sizeof(*d->hcap))) == NULL)
+        return -1;
+    pthread_mutex_init(&d->hcap->lock, NULL);
+    d->hcap->cap = d->set.http_max_conns;
+    return 0;
+}
+
+void kvpd_hcap_free(kvpd_t *d)
+{
+    if (d->hcap == NULL)
+        return;
+    pthread_mutex_destroy(&d->hcap->lock);
+    free(d->hcap);
+    d->hcap = NULL;
+}
+
+uint64_t kvpd_hcap_cut_total(kvpd_t *d)
+{
+    if (d->hcap == NULL)
+        return 0;
+    pthread_mutex_lock(&d->hcap->lock);
+    uint64_t n = d->hcap->cut_total;
+    pthread_mutex_unlock(&d->hcap->lock);
+    return n;
+}
