@@ -438,6 +438,18 @@ KVP_EXPORT kvp_status_t kvp_publish_many(kvp_node_t *node, const uint8_t *keys,
                                          const uint32_t *key_lens, const uint32_t *slots,
                                          uint32_t n, const uint8_t *sums, uint32_t flags,
                                          uint64_t request_id, int32_t *status);
+/* kvp_slot_checksums, then kvp_publish_many with those checksums, in one
+ * call: the slots are hashed on the calling thread (without the node's
+ * lock, never on its thread), and sums (n x KVP_CHECKSUM_LEN bytes)
+ * receives the checksums. A binding that drops its interpreter lock around
+ * a call has the blocks published before it takes the lock back (once,
+ * not twice). Arguments, flags and statuses as kvp_publish_many; an
+ * argument it refuses, or sums NULL: KVP_ERR_INVALID, nothing hashed or
+ * published. */
+KVP_EXPORT kvp_status_t kvp_hash_publish_many(kvp_node_t *node, const uint8_t *keys,
+                                              const uint32_t *key_lens, const uint32_t *slots,
+                                              uint32_t n, uint8_t *sums, uint32_t flags,
+                                              uint64_t request_id, int32_t *status);
 /* Stop serving `key`. KVP_OK: the node will not read its slot again (the
  * slot is the embedding's now). KVP_ERR_BUSY: pinned by a lookup or a
  * transfer; no new pin is taken, and KVP_EV_SLOT_FREE (op_id = the slot)

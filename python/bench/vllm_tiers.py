@@ -305,6 +305,7 @@ def run_loads(eng: Engine, tier: str, a_addr: str, keys: List[bytes], seed: int,
     sched_ms: List[float] = []
     pass_us: List[float] = []  # scheduler time per pass (a step's lookups + its end)
     passes: List[float] = []  # scheduler passes per request (lookups, then a step end)
+    done_at: List[float] = []  # time.monotonic() of each request's end (one clock per host)
     misses = mismatches = 0
     todo = [(r, keys[r:r + req_blocks]) for r in range(0, len(keys), req_blocks)]
     todo.reverse()
@@ -347,6 +348,7 @@ def run_loads(eng: Engine, tier: str, a_addr: str, keys: List[bytes], seed: int,
                 still.append(q)
                 continue
             _T('req_done', q["r"])
+            done_at.append(time.monotonic())
             sched_ms.append(q["busy"] * 1e3)
             pass_us.append(q["busy"] * 1e6 / q["passes"])
             passes.append(q["passes"])
@@ -378,7 +380,7 @@ def run_loads(eng: Engine, tier: str, a_addr: str, keys: List[bytes], seed: int,
     return {"requests": len(lookup_ms), "blocks": n_ok, "misses": misses,
             "mismatches": mismatches, "wall_s": wall,
             "lookup_ms": lookup_ms, "load_ms": load_ms, "sched_ms": sched_ms,
-            "pass_us": pass_us, "passes": passes}
+            "pass_us": pass_us, "passes": passes, "done_at": done_at}
 
 
 def idle_steps(eng: Engine, f: Any, step_s: float = 0.001) -> Any:

@@ -416,6 +416,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "kvp_publish_once": (st, [node_p, c_void_p, c_uint32, c_uint32, u8p, c_uint64]),
         "kvp_publish_many": (st, [node_p, u8p, u32p, u32p, c_uint32, u8p, c_uint32,
                                   c_uint64, POINTER(c_int32)]),
+        "kvp_hash_publish_many": (st, [node_p, u8p, u32p, u32p, c_uint32, u8p, c_uint32,
+                                       c_uint64, POINTER(c_int32)]),
         # issue 29 step 2: keys wanted
         "kvp_wanted_keys": (st, [node_p, c_uint64, u8p, u32p, c_uint32, u32p]),
         "kvp_wanted_done": (st, [node_p, c_uint64]),

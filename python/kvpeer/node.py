@@ -984,11 +984,7 @@ class Node:
         status: KVP_OK, or what publish() would have raised (KVP_ERR_EXISTS,
         KVP_ERR_BUSY, ...). A bad key or slot anywhere: Error, nothing
         published."""
-        ks, kbuf, lens = _keys_arrays(keys)
-        if len(slots) != len(ks) or (checksums is not None and len(checksums) != len(ks)):
-            raise Error(L.KVP_ERR_INVALID, f"{len(ks)} keys, {len(slots)} slots, "
-                        f"{'no' if checksums is None else len(checksums)} checksums")
-        sl = (c_uint32 * len(ks))(*[_int_field("slot", int(x), 32) for x in slots])
+        ks, kbuf, lens, sl = self._publish_arrays(keys, slots, checksums)
         sums = None
         if checksums is not None:
             if not all(isinstance(c, bytes) and len(c) == L.CHECKSUM_LEN for c in checksums):
@@ -1000,6 +996,33 @@ class Node:
                                         _int_field("once_for", once_for, 64), st),
                "kvp_publish_many")
         return list(st)
+
+    def hash_publish_many(self, keys: Sequence[bytes], slots: Sequence[int], once: bool = False,
+                          once_for: int = 0) -> Tuple[List[int], List[bytes]]:
+        """slot_checksums() and publish_many() with them in one call: the
+        slots are hashed on this thread (the GIL released once: the keys
+        are served before it is taken back) and published. Each key's
+        status, and each slot's checksum. A bad key or slot anywhere:
+        Error, nothing hashed or published."""
+        ks, kbuf, lens, sl = self._publish_arrays(keys, slots, None)
+        sums = (c_uint8 * (L.CHECKSUM_LEN * len(ks)))()
+        st = (c_int32 * len(ks))()
+        _check(L.lib().kvp_hash_publish_many(self._handle(), kbuf, lens, sl, len(ks), sums,
+                                             L.KVP_PUBLISH_ONCE if once else 0,
+                                             _int_field("once_for", once_for, 64), st),
+               "kvp_hash_publish_many")
+        raw = bytes(sums)
+        return list(st), [raw[i:i + L.CHECKSUM_LEN] for i in range(0, len(raw), L.CHECKSUM_LEN)]
+
+    @staticmethod
+    def _publish_arrays(keys: Sequence[bytes], slots: Sequence[int],
+                        checksums: Optional[Sequence[bytes]]) -> Tuple[Any, Any, Any, Any]:
+        ks, kbuf, lens = _keys_arrays(keys)
+        if len(slots) != len(ks) or (checksums is not None and len(checksums) != len(ks)):
+            raise Error(L.KVP_ERR_INVALID, f"{len(ks)} keys, {len(slots)} slots, "
+                        f"{'no' if checksums is None else len(checksums)} checksums")
+        return ks, kbuf, lens, (c_uint32 * len(ks))(*[_int_field("slot", int(x), 32)
+                                                       for x in slots])
 
     def slot_checksum(self, slot: int) -> bytes:
         """The checksum publish() would compute of region slot ``slot``,

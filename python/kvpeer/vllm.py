@@ -94,7 +94,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from vllm.v1.kv_offload.base import (
     Locality,
@@ -301,6 +301,10 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         # slot -> its serve and, while published once, its key (its fetch frees it);
         # None once unpublished (SLOT_FREE ends the wait): one lookup per event
         self._slot_serve: Dict[int, Tuple[_Serve, Optional[bytes]]] = {}
+        # prefill chunks being hashed and published (how many jobs each), and
+        # those of them whose fetch freed them before they were recorded
+        self._publishing: Dict[int, int] = {}
+        self._freed_early: Set[int] = set()
         self._serve_done: List[Any] = []  # their ReqContexts, finished at the next serve
         self._parked_serves = 0   # zero copy: serve rounds for parked FETCHes
         # zero copy: what one peer's LOOKUPs (and, all together, the parked
@@ -498,9 +502,13 @@ class KVPeerSecondaryTier(SecondaryTierManager):
                 # chunk is back when fetched, all at the prefill hold (as p2p's
                 # parked store job); the job is done then (_reap_serves).
                 sv = self._hold(job_metadata, None, None, once=True)
-                sv.hashing = tuple(keys)
-                self._csums.hash_then(keys, chunks, lambda sums: self._publish(
-                    sv, keys, chunks, sums, req.request_id))
+                with self._serve_lock:
+                    sv.hashing = tuple(keys)
+                    for c in chunks:
+                        self._publishing[c] = self._publishing.get(c, 0) + 1
+                rid = req.request_id
+                self._csums.publish_later(keys, chunks, lambda: self._publish_hashed(
+                    sv, keys, chunks, rid))
                 return
             # vLLM's cascade: hashed on the tier's own thread, done when hashed
             self._csums.hash_later(job_metadata.job_id, keys, chunks)
@@ -682,7 +690,14 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         for i, x in zip(miss, self._tier.node.slot_checksums([chunks[i] for i in miss])
                         if miss else []):
             sums[i] = x
-        return self._publish(sv, keys, chunks, sums, 0)
+        with self._serve_lock:
+            try:
+                st = self._tier.node.publish_many(keys, chunks, sums, False, 0)
+            except L_Error as e:  # the node closing (shutdown): nothing published
+                log.warning("kvpeer tier %s: served chunks not published: %s", self.peer_id, e)
+                st = []
+            self._record(sv, keys, chunks, st)
+            return len(sv.published)
 
     def _hold(self, job: Optional[TransferJob], ctx: Optional[ReqContext],
               who: Optional[str], once: bool) -> _Serve:
@@ -691,33 +706,49 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         self._serves.append(sv)
         return sv
 
-    def _publish(self, sv: _Serve, keys: List[bytes], chunks: List[int],
-                 sums: Optional[List[bytes]], rid: int) -> int:
-        """Publish ``sv``'s chunks (one call to the node) and record them,
-        under the serves' lock: from a vLLM thread (a serve), or from the
-        prefill hashing thread, whose SLOT_FREE (its decoder's fetch) a vLLM
-        thread must not take before the slot is recorded. ``rid``: published
-        once for that request (its decoder's fetch, not another peer's that
-        looked the same prefix up). How many were published."""
-        with self._serve_lock:
-            try:
-                st = self._tier.node.publish_many(keys, chunks, sums, sv.once, rid) \
-                    if sums is not None else []
-            except L_Error as e:  # the node closing (shutdown): nothing published
-                log.warning("kvpeer tier %s: store job chunks not published: %s",
-                            self.peer_id, e)
-                st = []
-            finally:
-                sv.hashing = ()  # whatever happened: the job ends with what is back
-            for k, c, s in zip(keys, chunks, st):
-                if s == L.KVP_OK:
-                    sv.published[k] = c
-                    if sv.once:
-                        self._slot_serve[c] = (sv, k)
-                else:  # served already (another op's pin): a MISS here
-                    log.debug("kvpeer tier %s: chunk %d not published: %s", self.peer_id, c,
-                              status_str(s))
-            return len(sv.published)
+    def _publish_hashed(self, sv: _Serve, keys: List[bytes], chunks: List[int],
+                        rid: int) -> Optional[List[bytes]]:
+        """The prefill thread: hash ``sv``'s chunks and publish them, once for
+        request ``rid`` (its decoder's fetch, not another peer's that looked
+        the prefix up), in one C call (the GIL taken back once, after they
+        are served), outside the serves' lock: a vLLM thread that reaps
+        SLOT_FREEs or serves meanwhile is not held up by the hash. Then
+        recorded under it; a chunk whose fetch freed it before that (its
+        SLOT_FREE taken meanwhile: _reap_serves keeps it in _freed_early)
+        is back. Their checksums (None: nothing published)."""
+        st: List[int] = []
+        sums = None
+        try:
+            st, sums = self._tier.node.hash_publish_many(keys, chunks, True, rid)
+        except L_Error as e:  # the node closing (shutdown): nothing published
+            log.warning("kvpeer tier %s: prefill chunks not published: %s", self.peer_id, e)
+        finally:
+            with self._serve_lock:  # whatever happened: the job ends with what is back
+                self._record(sv, keys, chunks, st)
+                for c in chunks:
+                    n = self._publishing.pop(c, 1) - 1
+                    if n:
+                        self._publishing[c] = n
+                    else:  # no publish of it in flight: nothing of it is early
+                        self._freed_early.discard(c)
+                sv.hashing = ()
+        return sums
+
+    def _record(self, sv: _Serve, keys: List[bytes], chunks: List[int], st: List[int]) -> None:
+        """Under the serves' lock: the chunks published (status OK) are
+        ``sv``'s until unpublished; a chunk published once is its fetch's to
+        free (SLOT_FREE), and one freed already (_freed_early) is back."""
+        for k, c, s in zip(keys, chunks, st):
+            if s != L.KVP_OK:  # served already (another op's pin): a MISS here
+                log.debug("kvpeer tier %s: chunk %d not published: %s", self.peer_id, c,
+                          status_str(s))
+                continue
+            if sv.once and c in self._freed_early:
+                self._freed_early.discard(c)
+                continue
+            sv.published[k] = c
+            if sv.once:
+                self._slot_serve[c] = (sv, k)
 
     def _reap_serves(self, force: bool = False, early: Optional[str] = None) -> None:
         """A served chunk stays published for the pin lease, at most 1 s (a later FETCH
@@ -738,6 +769,8 @@ class KVPeerSecondaryTier(SecondaryTierManager):
         for slot in self._tier.take_slot_free():
             owner = self._slot_serve.pop(slot, None)
             if owner is None:
+                if self._publishing.get(slot):  # fetched before its publish was recorded
+                    self._freed_early.add(slot)
                 continue
             if owner[1] is not None:  # a prefill chunk its fetch unpublished
                 owner[0].published.pop(owner[1], None)

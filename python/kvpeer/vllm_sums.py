@@ -7,9 +7,9 @@ thread would be a step's time per GB vLLM offloads; so a cascade's chunks
 are hashed on one thread of this class's own (ctypes drops the GIL for the
 C call) while vLLM pins them for that store job, and the job is reported
 done when they are hashed (``take``, on a vLLM thread). The prefill half of
-P/D is hashed on a second thread of its own (``hash_then``), so it never
+P/D is hashed on a second thread of its own (``publish_later``), so it never
 queues behind a burst of cascades: its decoder's FETCH waits for those
-chunks, which are published from that thread as soon as they are hashed.
+chunks, which are hashed and published from that thread in one C call.
 
 vLLM cascades what it writes into a chunk, so a rewritten chunk is hashed
 again at its new store job; one rewritten without a store job would be
@@ -43,7 +43,7 @@ class ChunkSums:
         self.pending = 0      # store jobs handed to the thread, not yet taken back
         self._done: Deque[_Hashed] = collections.deque()  # the thread appends, take() pops
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="kvpeer-sums")
-        # the prefill half of P/D: a decoder waits for these (hash_then)
+        # the prefill half of P/D: a decoder waits for these (publish_later)
         self._urgent = ThreadPoolExecutor(1, thread_name_prefix="kvpeer-sums-prefill")
 
     def remember(self, key: bytes, chunk: int, checksum: bytes) -> None:
@@ -68,35 +68,39 @@ class ChunkSums:
         """Hash on the thread; ``take`` names ``job_id`` when done. vLLM must
         keep the chunks pinned (and unwritten) until then: its store job."""
         self.pending += 1
-        self._pool.submit(self._run, job_id, keys, chunks, None)
+        self._pool.submit(self._run, job_id, keys, chunks)
 
-    def hash_then(self, keys: Sequence[bytes], chunks: Sequence[int],
-                  then: Callable[[Optional[List[bytes]]], None]) -> None:
-        """Hash on the prefill thread, then call ``then(checksums)`` there
-        (None: hashing failed, the node closing); the checksums are
-        remembered at the next ``take``. Every chunk of the job is hashed,
-        prefix hits vLLM cascades again included: a store job cannot tell
-        a chunk vLLM kept from one it wrote again with the same key (after
-        an eviction; KV bytes of the same tokens need not be bit-identical),
-        and a stale checksum would fail that block at the decoder. vLLM must
-        keep the chunks pinned until ``then`` is done with them: the
-        prefill store job."""
-        self._urgent.submit(self._run, None, keys, chunks, then)
+    def publish_later(self, keys: Sequence[bytes], chunks: Sequence[int],
+                      publish: Callable[[], Optional[List[bytes]]]) -> None:
+        """Call ``publish()`` on the prefill thread: it hashes and publishes
+        the chunks in one C call and returns their checksums (None: not
+        published, the node closing), remembered at the next ``take``.
+        Every chunk of the job is hashed, prefix hits vLLM cascades again
+        included: a store job cannot tell a chunk vLLM kept from one it
+        wrote again with the same key (after an eviction; KV bytes of the
+        same tokens need not be bit-identical), and a stale checksum would
+        fail that block at the decoder. vLLM must keep the chunks pinned
+        until ``publish`` returned: the prefill store job."""
+        self._urgent.submit(self._run_publish, keys, chunks, publish)
 
-    def _run(self, job_id: Optional[Hashable], keys: Sequence[bytes], chunks: Sequence[int],
-             then: Optional[Callable[[Optional[List[bytes]]], None]]) -> None:
+    def _run(self, job_id: Hashable, keys: Sequence[bytes], chunks: Sequence[int]) -> None:
         sums: Optional[List[bytes]] = None
         try:
             sums = self._checksum(chunks)
         except Exception:  # the node closed under it: a serve hashes them then
             log.exception("kvpeer: hashing store job %s failed", job_id)
+        finally:
+            self._done.append((job_id, keys, chunks, sums))
+
+    def _run_publish(self, keys: Sequence[bytes], chunks: Sequence[int],
+                     publish: Callable[[], Optional[List[bytes]]]) -> None:
+        sums: Optional[List[bytes]] = None
         try:
-            if then is not None:
-                then(sums)
+            sums = publish()
         except Exception:  # logged: an executor would drop it silently
             log.exception("kvpeer: publishing a prefill store job failed")
         finally:
-            self._done.append((job_id, keys, chunks, sums))
+            self._done.append((None, keys, chunks, sums))
 
     def take(self) -> List[Any]:
         """The cascade store jobs hashed since the last call (the checksums

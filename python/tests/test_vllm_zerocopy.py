@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import kvpeer
 import pytest
@@ -140,19 +140,35 @@ def test_vllm_zero_copy_served_from_and_landed_in_primary(engines):
     assert sb["checksum_mismatches"] == 0
 
 
+def on_hashes(a: Engine, before: Callable[[Sequence[int]], None]) -> None:
+    """``before(chunks)`` runs at each call of A's tier that hashes chunks:
+    a cascade's (slot_checksums) and a prefill job's (hash_publish_many)."""
+    real, node = a.tier._csums._checksum, a.tier._tier.node
+    real_hp = node.hash_publish_many
+
+    def sums(chunks: Sequence[int]) -> List[bytes]:
+        before(chunks)
+        return real(chunks)
+
+    def hash_publish(keys: Sequence[bytes], chunks: Sequence[int], *args: Any) -> Any:
+        before(chunks)
+        return real_hp(keys, chunks, *args)
+
+    a.tier._csums._checksum = sums
+    node.hash_publish_many = hash_publish
+
+
 def gate_hashes(a: Engine) -> Tuple[threading.Event, List[str]]:
     """A's tier hashes chunks only once the event is set (each call waits
     for it, at most 10 s scaled); the list names each call's thread."""
     gate = threading.Event()
     seen: List[str] = []
-    real = a.tier._csums._checksum
 
-    def gated(chunks: Sequence[int]) -> List[bytes]:
+    def gated(chunks: Sequence[int]) -> None:
         seen.append(threading.current_thread().name)
         gate.wait(scaled(10))
-        return real(chunks)
 
-    a.tier._csums._checksum = gated
+    on_hashes(a, gated)
     return gate, seen
 
 
@@ -279,6 +295,42 @@ def test_vllm_zero_copy_prefill_hashed_off_the_scheduler_thread(engines):
     assert a.tier._tier.node.slots_held() == bytes(a.num_chunks)
 
 
+def test_vllm_zero_copy_prefill_fetched_before_recorded(engines):
+    """The prefill thread hashes and publishes in one C call and records the
+    chunks after it returned, outside the serves' lock: the decoder's fetch
+    may take them back (SLOT_FREE, taken by A's step) in between. Those
+    chunks are back, not left as published: the job ends at once, nothing
+    of vLLM's stays pinned, nothing stays published."""
+    a = engines(zc_cfg(), tier_poll_interval_s=0)
+    b = engines(zc_cfg())
+    node = a.tier._tier.node
+    real_hp, gate = node.hash_publish_many, threading.Event()
+
+    def published_then_wait(*args: Any) -> Any:
+        out = real_hp(*args)
+        gate.wait(scaled(10))  # published; not yet recorded
+        return out
+
+    node.hash_publish_many = published_then_wait
+    keys = [make_key(500 + i) for i in range(3)]
+    ca = prefill(a, keys, "pd-early", hashed=False)
+    deadline = time.monotonic() + scaled(10)
+    while node.slots_held().count(2) < 3:
+        assert time.monotonic() < deadline, "the prefill chunks were never published"
+        time.sleep(0.005)
+    decode(b, a, keys, "pd-early")  # served by A's node thread: each slot freed
+    for _ in range(5):
+        a.step()  # takes the SLOT_FREEs while the prefill thread has not recorded
+        time.sleep(0.01)
+    assert len(a.tier._freed_early) == 3, a.tier._freed_early
+    gate.set()
+    serves_back(a)
+    assert not a.tier._freed_early and not a.tier._publishing
+    assert a.tier.prefill_holds_expired == 0
+    a.finish(ca)
+    assert node.slots_held() == bytes(a.num_chunks)
+
+
 def test_vllm_zero_copy_pd_another_peer_leaves_the_decoders_chunks(engines):
     """A prefill request's chunks are published once for its request id: a
     symmetric peer C that looks the same keys up (a shared prefix) is served
@@ -316,8 +368,7 @@ def test_vllm_zero_copy_pd_prefix_hits_served_too(engines):
     a = engines(zc_cfg(), tier_poll_interval_s=0)
     b = engines(zc_cfg())
     calls: List[List[int]] = []
-    real = a.tier._csums._checksum
-    a.tier._csums._checksum = lambda chunks: (calls.append(list(chunks)), real(chunks))[1]
+    on_hashes(a, lambda chunks: calls.append(list(chunks)))
     keys = [make_key(380 + i) for i in range(3)]
     put_primary(a, keys[:2], seed=9)  # an earlier request's blocks
     assert [len(c) for c in calls] == [2]

@@ -145,6 +145,15 @@ def test_publish_many_once_back_at_the_fetch():
             src.unpublish(b"pm-a")  # NOT_FOUND: its fetch took it back
         dst.finish_request(3)
         assert src.unpublish(b"pm-b") == (True, 2)
+        # hash_publish_many: hashed in the call (the same checksums), then published
+        with pytest.raises(Error):
+            src.hash_publish_many([b"hp-a", b"hp-b"], [1, NB])  # refused whole
+        assert src.slots_held() == bytes(NB)
+        st, got = src.hash_publish_many([b"hp-a", b"hp-b", b"hp-c"], [1, 2, 3])
+        assert st == [L.KVP_OK] * 3 and got == sums
+        assert src.slots_held(1, 3) == b"\x02\x02\x02"
+        for k in (b"hp-a", b"hp-b", b"hp-c"):
+            assert src.unpublish(k)[0]
     finally:
         dst.close()
         src.close()

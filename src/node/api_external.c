@@ -136,10 +136,11 @@ static kvp_status_t do_publish_many(kvp_node_t *n, void *arg)
     return KVP_OK;
 }
 
-KVP_EXPORT kvp_status_t kvp_publish_many(kvp_node_t *n, const uint8_t *keys,
-                                         const uint32_t *key_lens, const uint32_t *slots,
-                                         uint32_t count, const uint8_t *sums, uint32_t flags,
-                                         uint64_t request_id, int32_t *status)
+/* kvp_publish_many's arguments, all checked before anything is done. */
+static kvp_status_t publish_many_check(kvp_node_t *n, const uint8_t *keys,
+                                       const uint32_t *key_lens, const uint32_t *slots,
+                                       uint32_t count, uint32_t flags, uint64_t request_id,
+                                       const int32_t *status)
 {
     if (n == NULL || keys == NULL || key_lens == NULL || slots == NULL || status == NULL ||
         count == 0 || (flags & ~KVP_PUBLISH_ONCE) ||
@@ -150,9 +151,35 @@ KVP_EXPORT kvp_status_t kvp_publish_many(kvp_node_t *n, const uint8_t *keys,
             return KVP_ERR_INVALID; /* refused whole: nothing published */
     if (!n->cfg.external_slots)
         return KVP_ERR_UNSUPPORTED;
+    return KVP_OK;
+}
+
+KVP_EXPORT kvp_status_t kvp_publish_many(kvp_node_t *n, const uint8_t *keys,
+                                         const uint32_t *key_lens, const uint32_t *slots,
+                                         uint32_t count, const uint8_t *sums, uint32_t flags,
+                                         uint64_t request_id, int32_t *status)
+{
+    kvp_status_t st = publish_many_check(n, keys, key_lens, slots, count, flags, request_id,
+                                         status);
+    if (st != KVP_OK)
+        return st;
     publish_many_args_t a = {keys,  key_lens, slots,      count,
                              sums,  flags & KVP_PUBLISH_ONCE, request_id, status};
     return kvp__node_exec(n, do_publish_many, &a);
+}
+
+KVP_EXPORT kvp_status_t kvp_hash_publish_many(kvp_node_t *n, const uint8_t *keys,
+                                              const uint32_t *key_lens, const uint32_t *slots,
+                                              uint32_t count, uint8_t *sums, uint32_t flags,
+                                              uint64_t request_id, int32_t *status)
+{
+    kvp_status_t st = publish_many_check(n, keys, key_lens, slots, count, flags, request_id,
+                                         status);
+    if (st == KVP_OK && sums == NULL)
+        st = KVP_ERR_INVALID;
+    if (st != KVP_OK || (st = kvp_slot_checksums(n, slots, count, sums)) != KVP_OK)
+        return st;
+    return kvp_publish_many(n, keys, key_lens, slots, count, sums, flags, request_id, status);
 }
 
 static kvp_status_t do_unpublish(kvp_node_t *n, void *arg)

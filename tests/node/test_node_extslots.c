@@ -399,6 +399,62 @@ static void test_ext_publish_many(void **state)
     ext_last_back(w, 7, 1);
 }
 
+/* kvp_hash_publish_many: hashed on the caller's thread into sums, then
+ * published with them (a fetch verifies against them); a bad slot anywhere
+ * or no sums buffer: refused, nothing hashed or published. */
+static void test_ext_hash_publish_many(void **state)
+{
+    world_t *w = world_new(state, 2, tweak_ext);
+    world_connect(w, 1, 0);
+    uint8_t keys[2 * 32], sums[2 * KVP_CHECKSUM_LEN], want[2 * KVP_CHECKSUM_LEN];
+    uint8_t none[2 * KVP_CHECKSUM_LEN] = {0};
+    uint32_t lens[2], off = 0, slots[2] = {20, 21}, bad[2] = {20, 64};
+    for (int i = 0; i < 2; i++) {
+        lens[i] = world_key((uint32_t)(5 + i), keys + off);
+        off += lens[i];
+        world_block((uint32_t)(5 + i), world_slot_ptr(w, 0, slots[i]), w->cfg[0].block_size);
+    }
+    assert_int_equal(kvp_slot_checksums(w->node[0], slots, 2, want), KVP_OK);
+    int32_t st[2] = {-99, -99};
+    memset(sums, 0, sizeof sums);
+    assert_int_equal(kvp_hash_publish_many(w->node[0], keys, lens, bad, 2, sums, 0, 0, st),
+                     KVP_ERR_INVALID);
+    assert_int_equal(kvp_hash_publish_many(w->node[0], keys, lens, slots, 2, NULL, 0, 0, st),
+                     KVP_ERR_INVALID);
+    assert_int_equal(kvp_hash_publish_many(w->node[0], keys, lens, slots, 2, sums, 8, 0, st),
+                     KVP_ERR_INVALID);
+    assert_memory_equal(sums, none, sizeof sums); /* nothing hashed */
+    assert_int_equal(held_count(w, 0), 0);        /* nor published */
+    assert_int_equal(st[0], -99);
+    assert_int_equal(
+        kvp_hash_publish_many(w->node[0], keys, lens, slots, 2, sums, KVP_PUBLISH_ONCE, 7, st),
+        KVP_OK);
+    assert_int_equal(st[0], KVP_OK);
+    assert_int_equal(st[1], KVP_OK);
+    assert_memory_equal(sums, want, sizeof sums);
+    assert_int_equal(held(w, 0, 20), 2);
+    wkeys_t ks;
+    int32_t bs[2];
+    uint32_t into[2] = {30, 31};
+    uint64_t op;
+    wkeys_make(&ks, 5, 2); /* k5, k6 */
+    world_lookup_hits(w, 1, 0, &ks, 7);
+    assert_int_equal(kvp_fetch_into(w->node[1], w->addr[0], 7, ks.buf, ks.len, 2, into, 0, bs, &op),
+                     KVP_OK);
+    const kvp_event_t *e = world_wait(w, 1, KVP_EV_LOAD, op, 300 * MS);
+    assert_non_null(e);
+    assert_int_equal(e->status, KVP_OK);
+    assert_true(world_slot_is_block(w, 1, 30, 5));
+    assert_true(world_slot_is_block(w, 1, 31, 6));
+    assert_non_null(world_wait(w, 0, KVP_EV_SLOT_FREE, 20, 50 * MS)); /* once, for 7: back */
+    assert_non_null(world_wait(w, 0, KVP_EV_SLOT_FREE, 21, 50 * MS));
+    kvp_finish_request(w->node[1], 7);
+    world_run(w, 20 * MS);
+    assert_int_equal(held_count(w, 0), 0);
+    world_fini(w, false);
+    free(w);
+}
+
 /* The source is killed while its WRITE is wedged on a path that cannot be
  * fenced: the load fails at once, its slots are held (KVP_ERR_BUSY,
  * n_held), the late bytes land only in them, and the hold cap hands them
@@ -527,6 +583,7 @@ int main(void)
         cmocka_unit_test(test_ext_publish_once_back_at_its_fetch),
         cmocka_unit_test(test_ext_publish_once_for_its_request),
         cmocka_unit_test(test_ext_publish_many),
+        cmocka_unit_test(test_ext_hash_publish_many),
         cmocka_unit_test(test_ext_source_killed_deferred_to_cap),
         cmocka_unit_test(test_ext_cancel_deferred_to_abort_ack),
         cmocka_unit_test(test_ext_rewritten_published_chunk_fails_verify),
