@@ -332,6 +332,25 @@ static void test_ext_publish_once_for_its_request(void **state)
     ext_last_back(w, 9, 2);
 }
 
+/* Node 1 looks up blocks k0 and k0 + 1 at node 0 for request req and
+ * fetches them into its slots 30 and 31: both verified and committed. */
+static void fetch_two_ok(world_t *w, uint32_t k0, uint64_t req)
+{
+    wkeys_t ks;
+    int32_t bs[2];
+    uint32_t into[2] = {30, 31};
+    uint64_t op;
+    wkeys_make(&ks, k0, 2);
+    world_lookup_hits(w, 1, 0, &ks, req);
+    assert_int_equal(
+        kvp_fetch_into(w->node[1], w->addr[0], req, ks.buf, ks.len, 2, into, 0, bs, &op), KVP_OK);
+    const kvp_event_t *e = world_wait(w, 1, KVP_EV_LOAD, op, 300 * MS);
+    assert_non_null(e);
+    assert_int_equal(e->status, KVP_OK);
+    assert_true(world_slot_is_block(w, 1, 30, k0));
+    assert_true(world_slot_is_block(w, 1, 31, k0 + 1));
+}
+
 /* kvp_publish_many: a bad slot anywhere refuses the whole call (nothing
  * published); otherwise one status per key, as kvp_publish_checksum would
  * answer it (a key published already: EXISTS; a published slot: BUSY),
@@ -381,19 +400,7 @@ static void test_ext_publish_many(void **state)
     assert_int_equal(st[3], KVP_ERR_BUSY);   /* slot 10: published */
     assert_int_equal(held(w, 0, 12), 2);
     assert_int_equal(held(w, 0, 14), 0);
-    wkeys_t ks;
-    int32_t bs[2];
-    uint32_t into[2] = {30, 31};
-    uint64_t op;
-    wkeys_make(&ks, 2, 2); /* k2, k3 */
-    world_lookup_hits(w, 1, 0, &ks, 7);
-    assert_int_equal(kvp_fetch_into(w->node[1], w->addr[0], 7, ks.buf, ks.len, 2, into, 0, bs, &op),
-                     KVP_OK);
-    const kvp_event_t *e = world_wait(w, 1, KVP_EV_LOAD, op, 300 * MS);
-    assert_non_null(e);
-    assert_int_equal(e->status, KVP_OK); /* verified with the checksums given */
-    assert_true(world_slot_is_block(w, 1, 30, 2));
-    assert_true(world_slot_is_block(w, 1, 31, 3));
+    fetch_two_ok(w, 2, 7); /* k2, k3: verified with the checksums given */
     assert_non_null(world_wait(w, 0, KVP_EV_SLOT_FREE, 12, 50 * MS)); /* once: back */
     assert_non_null(world_wait(w, 0, KVP_EV_SLOT_FREE, 13, 50 * MS));
     ext_last_back(w, 7, 1);
@@ -433,19 +440,7 @@ static void test_ext_hash_publish_many(void **state)
     assert_int_equal(st[1], KVP_OK);
     assert_memory_equal(sums, want, sizeof sums);
     assert_int_equal(held(w, 0, 20), 2);
-    wkeys_t ks;
-    int32_t bs[2];
-    uint32_t into[2] = {30, 31};
-    uint64_t op;
-    wkeys_make(&ks, 5, 2); /* k5, k6 */
-    world_lookup_hits(w, 1, 0, &ks, 7);
-    assert_int_equal(kvp_fetch_into(w->node[1], w->addr[0], 7, ks.buf, ks.len, 2, into, 0, bs, &op),
-                     KVP_OK);
-    const kvp_event_t *e = world_wait(w, 1, KVP_EV_LOAD, op, 300 * MS);
-    assert_non_null(e);
-    assert_int_equal(e->status, KVP_OK);
-    assert_true(world_slot_is_block(w, 1, 30, 5));
-    assert_true(world_slot_is_block(w, 1, 31, 6));
+    fetch_two_ok(w, 5, 7); /* k5, k6: verified with the sums the call took */
     assert_non_null(world_wait(w, 0, KVP_EV_SLOT_FREE, 20, 50 * MS)); /* once, for 7: back */
     assert_non_null(world_wait(w, 0, KVP_EV_SLOT_FREE, 21, 50 * MS));
     kvp_finish_request(w->node[1], 7);
