@@ -358,8 +358,11 @@ static void batch_ours(kvp_xport_t *x, kvp_xpeer_id_t peer, uint32_t bs, uint32_
                 (kvp_xfer_block_t){blk_src(k, nbb) * per + j, 0, blk_dst(k, nbb) * per + j, 0};
     if (x->ops->write(x, peer, g_blocks, nblk, &id) != KVP_OK)
         die("write");
-    while (x->ops->poll(x, peer, &res, 1, &n) == KVP_OK && n == 0)
+    while (x->ops->poll(x, peer, &res, 1, &n) == KVP_OK && n == 0) {
+        if (x->ops->pump != NULL)
+            x->ops->pump(x); /* as a node round: a big direct-cma write's next slice */
         x->ops->progress(x);
+    }
     if (n != 1 || res.id != id || res.status != KVP_OK)
         die("transfer failed");
 }

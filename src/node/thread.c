@@ -103,6 +103,11 @@ void kvp__node_round(kvp_node_t *n, int timeout_ms)
     int busy = 0;
     node_run_commands(n);
     node_settle(n);
+    /* One piece of the transport's deferred work (a slice of a big
+     * direct-cma write); while more remains this round does not sleep, and
+     * the frames and commands that came meanwhile are served first. */
+    if (n->xport->ops->pump != NULL && n->xport->ops->pump(n->xport))
+        timeout_ms = 0;
     /* Transfers in flight: UCX completes a direct shared-memory put and its
      * flush only inside progress(), without always signalling the event fd,
      * so sleep at most 1 ms while any is in flight (a bounded spin). */

@@ -528,7 +528,12 @@ static bool ucx_progress(kvp_xport_t *xp)
     return any;
 }
 
-/* The epoll fd holding both workers' event fds. */
+static bool ucx_pump(kvp_xport_t *xp)
+{
+    return kvp__ucx_cma_pump(ucx_of(xp));
+}
+
+/* The epoll fd holding both workers' event fds (and cma_efd). */
 static int ucx_event_fd(kvp_xport_t *xp)
 {
     return ucx_of(xp)->epfd;
@@ -740,6 +745,8 @@ kvp_status_t kvp_ucx_xport_create(const kvp_ucx_config_t *cfg, kvp_xport_t **out
     kvp_list_init(&x->free_list);
     kvp_list_init(&x->retired);
     kvp_list_init(&x->detached);
+    kvp_list_init(&x->cma_jobs);
+    x->cma_efd = -1;
     x->pool = kvp__calloc(cap, sizeof(*x->pool));
     if (!x->pool) {
         kvp__free(x);
@@ -793,6 +800,7 @@ const kvp_xport_ops_t kvp_ucx_xport_ops = {
     .progress = ucx_progress,
     .event_fd = ucx_event_fd,
     .arm = ucx_arm,
+    .pump = ucx_pump,
     .get_stats = ucx_get_stats,
     .close = ucx_close,
 };

@@ -45,7 +45,11 @@
  * or writes short fails the transfer (FAILED, its outcome unknown to the
  * consumer): never a crash, never a retry.
  *
- * A write of KVP_HELPER_SPLIT_BYTES or more is split in two halves of its
+ * A write of more than KVP_CMA_SLICE_BYTES is written a slice at a time,
+ * one slice per node round (ucx_cma_slice.c), so that the node thread
+ * answers its other peers between slices: before, one consumer's 32 MiB
+ * fetch kept another peer's LOOKUP waiting ~10 ms (python/bench/
+ * serve_fairness.py). A slice of KVP_HELPER_SPLIT_BYTES or more is split in two halves of its
  * blocks, the second written by the transport's helper thread (helper.c) at
  * the same time: one process_vm_writev stream copies at ~2/3 of what two do
  * here (docs/DESIGN.md "direct-cma"). Every rule above holds for each half
@@ -73,6 +77,14 @@
 
 void kvp__ucx_cma_open(ucx_xport_t *x)
 {
+    /* KVPEER_CMA_SLICE_KIB: bytes written per node round (0: a whole write
+     * at once, as before the slices) */
+    const char *sl = getenv("KVPEER_CMA_SLICE_KIB");
+    char *end = NULL;
+    unsigned long kib = sl != NULL ? strtoul(sl, &end, 10) : 0;
+    x->cma_slice = sl == NULL || end == sl || *end != '\0' || kib > (1ul << 30)
+                       ? KVP_CMA_SLICE_BYTES
+                       : kib == 0 ? SIZE_MAX : (size_t)kib << 10;
     const char *e = getenv("KVPEER_UCX_CMA");
     kvp_ratelimit_init(&x->rl_cma, KVP_NSEC_PER_SEC, 10);
     x->cma_ok = !(e != NULL && strcmp(e, "0") == 0);
@@ -167,6 +179,7 @@ void kvp__ucx_cma_add_peer(ucx_xport_t *x, ucx_peer_t *p, int lpid)
 
 void kvp__ucx_cma_remove_peer(ucx_peer_t *p)
 {
+    kvp__ucx_cma_drop(p->x, p, NULL); /* before its pidfd goes: nothing more is written */
     if (p->cma_pidfd >= 0)
         close(p->cma_pidfd);
     p->cma_pidfd = -1;
@@ -269,6 +282,10 @@ static void cma_write_part(void *arg)
 
 void kvp__ucx_cma_close(ucx_xport_t *x)
 {
+    kvp__ucx_cma_drop(x, NULL, NULL);
+    if (x->cma_efd >= 0)
+        close(x->cma_efd);
+    x->cma_efd = -1;
     kvp__helper_fini(&x->cma_helper);
 }
 
@@ -280,6 +297,23 @@ size_t kvp__ucx_cma_post(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r,
         r->first_err = UCS_ERR_INVALID_PARAM;
         return 0; /* nothing written */
     }
+    /* A big write: its first slice now (the transfer exists once something
+     * was written), the rest a slice per node round, so that the node thread
+     * serves its other peers between slices (ucx_cma_slice.c). */
+    size_t k = KVP_MAX(x->cma_slice / bs, (size_t)1);
+    if (n <= k)
+        return kvp__ucx_cma_write(x, p, r, blocks, n);
+    size_t posted = kvp__ucx_cma_write(x, p, r, blocks, k);
+    if (posted == 0 || r->first_err != UCS_OK ||
+        kvp__ucx_cma_queue(x, p, r, blocks, k, n))
+        return posted;
+    return posted + kvp__ucx_cma_write(x, p, r, blocks + k, n - k); /* no memory: now */
+}
+
+size_t kvp__ucx_cma_write(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r,
+                          const kvp_xfer_block_t *blocks, size_t n)
+{
+    const size_t bs = x->layout.block_size;
     size_t h = n >= 2 && n * bs >= KVP_HELPER_SPLIT_BYTES ? n / 2 : n;
     cma_part_t w[2] = {{.x = x, .p = p, .blocks = blocks, .n = h},
                        {.x = x, .p = p, .blocks = blocks + h, .n = n - h}};

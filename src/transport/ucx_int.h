@@ -214,6 +214,11 @@ typedef struct ucx_xport {
     bool cma_ok, cma_in, cma_out;
     kvp_helper_t *cma_helper; /* the second half of a big direct-cma write (ucx_cma.c) */
     kvp_ratelimit_t rl_cma;
+    /* direct-cma writes larger than a slice, written a slice per node round
+     * (ucx_cma_slice.c); cma_efd, in epfd, readable while any is queued */
+    kvp_list_t cma_jobs;
+    int cma_efd;
+    size_t cma_slice; /* bytes per slice (KVPEER_CMA_SLICE_KIB; SIZE_MAX: whole) */
 } ucx_xport_t;
 
 #define PFX(x) ((x)->base.log_prefix)
@@ -288,10 +293,30 @@ bool kvp__ucx_cma_bound(const ucx_xport_t *x, const ucx_peer_t *p);
  * could not be proven at add_peer): the consumer trusts FETCH_DONE without
  * our AM landing, so AM is no fallback. */
 int kvp__ucx_cma_ready(ucx_xport_t *x, ucx_peer_t *p);
-/* Write blocks into p's region with process_vm_writev; how many were
- * written (0: nothing was; r->first_err set on a failure after any call). */
+/* Write blocks into p's region with process_vm_writev; how many syscalls
+ * wrote something (0: nothing was written; r->first_err set on a failure
+ * after any call). A write larger than x->cma_slice writes its first
+ * slice here and the rest a slice per kvp__ucx_cma_pump, r pending until
+ * then (ucx_cma_slice.c). */
 size_t kvp__ucx_cma_post(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r,
                          const kvp_xfer_block_t *blocks, size_t n);
+/* ucx_cma_slice.c. One slice of a direct-cma write, synchronous (both
+ * halves returned): how many syscalls wrote something; r->first_err set on
+ * a failure. */
+size_t kvp__ucx_cma_write(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r,
+                          const kvp_xfer_block_t *blocks, size_t n);
+#define KVP_CMA_SLICE_BYTES ((size_t)4 << 20) /* the default slice */
+/* Queue blocks [first, n) of r's write (r->pending counts it until done);
+ * false: no memory (nothing queued: the caller writes them now). */
+bool kvp__ucx_cma_queue(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r,
+                        const kvp_xfer_block_t *blocks, size_t first, size_t n);
+/* The next slice of the oldest queued write (round-robin); true while any
+ * remains. */
+bool kvp__ucx_cma_pump(ucx_xport_t *x);
+/* Stop the queued writes of peer p (NULL: any) or of record r (NULL: any):
+ * nothing more of them is written; each record fails (CANCELED) and is
+ * terminal once its other requests are. */
+void kvp__ucx_cma_drop(ucx_xport_t *x, const ucx_peer_t *p, const ucx_xfer_t *r);
 /* Consumer side: a peer that could write our region directly (the inbound
  * path rule of ucx_path.c / ucx_am.c). */
 bool kvp__ucx_inbound_direct(ucx_xport_t *x, ucx_peer_t *p);

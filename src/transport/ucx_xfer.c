@@ -157,6 +157,8 @@ void kvp__ucx_xfer_step(ucx_xfer_t *r, ucs_status_t status)
  * as DETACHED for the completion callback. */
 void kvp__ucx_xfer_detach(ucx_xport_t *x, ucx_xfer_t *r)
 {
+    if (r->pending > 0)
+        kvp__ucx_cma_drop(x, NULL, r); /* its queued slices: never written now */
     if (r->pending == 0) {
         ucx_xfer_put(x, r);
         return;

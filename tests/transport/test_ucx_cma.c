@@ -29,6 +29,12 @@
  *              counts one failed transfer, no crash
  *              (mutations: the helper's half not written -> verify fails;
  *              no split -> 1 syscall).
+ *   sliced:    a 2 MiB write in 512 KiB slices (KVPEER_CMA_SLICE_KIB): the
+ *              first slice at post, the rest one per pump, done only then;
+ *              cancelled or its peer removed after the first slice, nothing
+ *              more is written (the older bytes stay) and the record ends
+ *              (mutations: no slicing -> done without a pump; the drop
+ *              left out of detach -> the cancelled write's rest lands).
  */
 #include "testutil.h"
 #include "ucx_testlib.h"
@@ -339,6 +345,80 @@ static void test_cma_split(void **state)
     KVP_TEST_ASSERT_NO_LEAKS();
 }
 
+/* Destination slots 63 - s for s in [first, last) hold source slot s's
+ * pattern of `seed`: mismatching blocks. */
+static int64_t verify_reversed(ut_pair_t *p, uint32_t first, uint32_t last, uint64_t seed)
+{
+    uint32_t pairs[64];
+    ut_reply_t r;
+    for (uint32_t s = first; s < last; s++) {
+        pairs[2 * (s - first)] = UT_NB - 1 - s;
+        pairs[2 * (s - first) + 1] = s;
+    }
+    assert_true(ut_call(&p->child, UT_VERIFY, 0, seed, pairs, (last - first) * 8, &r, NULL, 0));
+    return r.v1;
+}
+
+/* A write larger than a slice (512 KiB here): its first slice is written at
+ * post, the rest one slice per pump (a node round); it is done only then.
+ * Dropped between slices -- cancelled (IMMEDIATE), its peer removed --
+ * nothing more of it is written (the destination keeps the older bytes)
+ * and its record is terminal, failed. */
+static void test_cma_sliced(void **state)
+{
+    (void)state;
+    ut_pair_t p;
+    kvp_status_t st;
+    kvp_xfer_id_t id = 0;
+    kvp_xfer_result_t res[4];
+    size_t n;
+    const uint64_t slice = 512 * 1024;
+    kvp_test_logcap_start(&cap);
+    setenv("KVPEER_CMA_SLICE_KIB", "512", 1); /* read when the transport opens */
+    open_cma(&p);
+    unsetenv("KVPEER_CMA_SLICE_KIB");
+    ut_consumer_add_producer(&p, -1);
+    for (uint32_t s = 0; s < 32; s++)
+        ut_pattern_fill(p.region + (size_t)s * UT_BS, UT_BS, s, 53);
+    assert_int_equal(write_reversed(&p, p.peer, &id), KVP_OK);
+    assert_int_equal(xstats(p.x).cma_bytes, slice); /* the first slice only */
+    for (int i = 0; i < 10; i++)                      /* progress is not a round */
+        p.x->ops->progress(p.x);
+    assert_int_equal(p.x->ops->poll(p.x, p.peer, res, 4, &n), KVP_OK);
+    assert_int_equal(n, 0); /* not done: three slices to go */
+    assert_true(ut_wait_xfer(p.x, p.peer, id, SC(5 * SEC), &st)); /* pumps */
+    assert_int_equal(st, KVP_OK);
+    assert_int_equal(verify_reversed(&p, 0, 32, 53), 0);
+    kvp_xport_stats_t xs = xstats(p.x);
+    assert_int_equal(xs.cma_bytes, 32ull * UT_BS);
+    assert_int_equal(xs.cma_writes, 4); /* a syscall per slice */
+    /* dropped by a cancel after its first slice */
+    for (uint32_t s = 0; s < 32; s++)
+        ut_pattern_fill(p.region + (size_t)s * UT_BS, UT_BS, s, 57);
+    assert_int_equal(write_reversed(&p, p.peer, &id), KVP_OK);
+    assert_int_equal(p.x->ops->cancel(p.x, &id, 1, KVP_CANCEL_IMMEDIATE, NULL, NULL), KVP_OK);
+    assert_false(p.x->ops->pump(p.x)); /* nothing queued any more */
+    ut_progress_for(p.x, SC(20 * MSEC));
+    assert_int_equal(xstats(p.x).cma_bytes, 32ull * UT_BS + slice);
+    assert_int_equal(verify_reversed(&p, 0, 8, 57), 0);  /* the slice written */
+    assert_int_equal(verify_reversed(&p, 8, 32, 53), 0); /* the rest never */
+    /* dropped by the removal of its peer: its record terminal, failed */
+    for (uint32_t s = 0; s < 32; s++)
+        ut_pattern_fill(p.region + (size_t)s * UT_BS, UT_BS, s, 59);
+    assert_int_equal(write_reversed(&p, p.peer, &id), KVP_OK);
+    assert_int_equal(verify_reversed(&p, 8, 32, 53), 0);
+    assert_int_equal(p.x->ops->remove_peer(p.x, p.peer), KVP_OK);
+    assert_false(p.x->ops->pump(p.x));
+    xs = ut_drain_retired(p.x, 2 * MSEC, SC(2 * SEC));
+    print_message("  sliced: 32 x %u B in 512 KiB slices, %llu syscalls, %llu B written "
+                  "(two writes dropped after their first slice)\n",
+                  UT_BS, (unsigned long long)xs.cma_writes, (unsigned long long)xs.cma_bytes);
+    assert_int_equal(xs.cma_bytes, 32ull * UT_BS + 2 * slice);
+    assert_int_equal(p.x->ops->close(p.x, false), KVP_OK);
+    kvp_test_logcap_stop();
+    KVP_TEST_ASSERT_NO_LEAKS();
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -347,7 +427,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_cma_direct),   cmocka_unit_test(test_cma_unproven),
         cmocka_unit_test(test_cma_bounds),   cmocka_unit_test(test_cma_outside),
         cmocka_unit_test(test_cma_other_pid), cmocka_unit_test(test_cma_dead),
-        cmocka_unit_test(test_cma_split),
+        cmocka_unit_test(test_cma_split),    cmocka_unit_test(test_cma_sliced),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -133,7 +133,8 @@ void ut_progress_for(kvp_xport_t *x, uint64_t ns)
 {
     uint64_t end = ut_now_ns() + ns;
     while (ut_now_ns() < end) {
-        if (x->ops->progress(x))
+        bool more = x->ops->pump != NULL && x->ops->pump(x); /* as a node round */
+        if (x->ops->progress(x) || more)
             continue;
         ut_wait_events(x, -1, 1);
     }
@@ -165,6 +166,8 @@ bool ut_wait_xfer(kvp_xport_t *x, kvp_xpeer_id_t peer, kvp_xfer_id_t id, uint64_
     for (;;) {
         if (ut_stash_take(id, st))
             return true;
+        if (x->ops->pump != NULL)
+            x->ops->pump(x); /* as a node round: the next slice of a big direct-cma write */
         x->ops->progress(x);
         kvp_status_t ps = x->ops->poll(x, peer, res, 16, &n);
         if (ps != KVP_OK) {

@@ -1,0 +1,110 @@
+"""What one consumer's big fetches cost another peer's LOOKUPs at the same
+source (issue 29's leftover: a direct-cma write runs on the source's node
+thread, split with one helper thread, and the node thread answers nothing
+else meanwhile).
+
+Source A (external slots, this process's memory) publishes --blocks blocks;
+peer C (this process) sends one-key LOOKUPs to A back to back and times each
+(lookup -> its event); consumer B (a process of its own, so A writes into
+another process: direct-cma on one host) fetches all of A's blocks into its
+own memory again and again. Phases: C alone, then C while B fetches.
+Prints C's LOOKUP latency p50 / p99 / max in each, and B's GB/s.
+
+Usage: KVPEER_LIB=build/release/libkvpeer.so .venv/bin/python
+python/bench/serve_fairness.py [--block-kib 2048] [--blocks 16] [--seconds 3]"""
+from __future__ import annotations
+
+import argparse
+import mmap
+import multiprocessing as mp
+import os
+import sys
+import time
+from typing import List
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from kvpeer import EventType, Node  # noqa: E402
+
+
+def pct(xs: List[float], p: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(len(s) * p / 100))] if s else float("nan")
+
+
+def consumer(a_addr: str, keys: List[bytes], bs: int, stop: mp.Event, out: mp.Queue) -> None:
+    m = mmap.mmap(-1, len(keys) * bs)
+    n = Node(listen_addr="127.0.0.1:0", num_blocks=len(keys), block_size=bs, external_slots=1,
+             region=m)
+    n.add_peer(a_addr)
+    n.wait_peer(a_addr)
+    moved, t0, rid = 0, time.monotonic(), 1
+    while not stop.is_set():
+        ev = n.wait(n.lookup(a_addr, keys, rid), 10)
+        assert all(ev.results), "B's lookup missed"
+        ev = n.wait(n.fetch_into(a_addr, keys, list(range(len(keys))), rid), 10)
+        assert ev.ok, ev
+        n.finish_request(rid)
+        moved += len(keys) * bs
+        rid += 1
+    out.put(moved / (time.monotonic() - t0) / 1e9)
+    n.close()
+    m.close()
+
+
+def lookups(c: Node, a_addr: str, key: bytes, secs: float) -> List[float]:
+    lat: List[float] = []
+    end, rid = time.monotonic() + secs, 10 ** 9
+    while time.monotonic() < end:
+        t0 = time.perf_counter()
+        ev = c.wait(c.lookup(a_addr, [key], rid), 10)
+        lat.append((time.perf_counter() - t0) * 1e3)
+        assert ev.type == EventType.LOOKUP and ev.results == [True]
+        c.finish_request(rid)
+        rid += 1
+    return lat
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--block-kib", type=int, default=2048)
+    ap.add_argument("--blocks", type=int, default=16)
+    ap.add_argument("--seconds", type=float, default=3.0)
+    a = ap.parse_args()
+    bs, nb = a.block_kib * 1024, a.blocks + 1
+    ma = mmap.mmap(-1, nb * bs)
+    A = Node(listen_addr="127.0.0.1:0", num_blocks=nb, block_size=bs, external_slots=1, region=ma,
+             max_supply_pins_per_peer=nb, max_supply_pins=nb)  # B pins all its blocks at once
+    keys = [b"fair-%d" % i for i in range(nb)]
+    for i, k in enumerate(keys):
+        ma[i * bs:(i + 1) * bs] = bytes([i % 251]) * bs
+        A.publish(k, i)
+    C = Node(listen_addr="127.0.0.1:0", num_blocks=4, block_size=bs)
+    C.add_peer(A.peer_id)
+    C.wait_peer(A.peer_id)
+    ctx = mp.get_context("spawn")
+    stop, out = ctx.Event(), ctx.Queue()
+    try:
+        alone = lookups(C, A.peer_id, keys[-1], a.seconds)
+        b = ctx.Process(target=consumer, args=(A.peer_id, keys[:-1], bs, stop, out))
+        b.start()
+        time.sleep(1.0)  # B connected and fetching
+        busy = lookups(C, A.peer_id, keys[-1], a.seconds)
+        stop.set()
+        gbs = out.get(timeout=30)
+        b.join(30)
+        for name, lat in (("C alone", alone), ("C while B fetches", busy)):
+            print(f"serve_fairness: {name}: {len(lat)} LOOKUPs, p50 {pct(lat, 50):.3f} "
+                  f"p99 {pct(lat, 99):.3f} max {max(lat):.3f} ms")
+        st = A.stats()
+        print(f"serve_fairness: B fetched {a.blocks} x {a.block_kib} KiB at {gbs:.2f} GB/s; "
+              f"A wrote {st['cma_bytes_written'] / 1e9:.1f} GB by direct-cma "
+              f"({st['cma_writes_failed']} failed); load average {os.getloadavg()[0]:.2f}")
+    finally:
+        stop.set()
+        C.close()
+        A.close()
+        ma.close()
+
+
+if __name__ == "__main__":
+    main()
