@@ -9,6 +9,8 @@ peer C (this process) sends one-key LOOKUPs to A back to back and times each
 another process: direct-cma on one host) fetches all of A's blocks into its
 own memory again and again. Phases: C alone, then C while B fetches.
 Prints C's LOOKUP latency p50 / p99 / max in each, and B's GB/s.
+KVPEER_CMA_SLICE_KIB (A's slices, off by default) and KVPEER_HELPER_THREAD
+in the environment apply to A and B.
 
 Usage: KVPEER_LIB=build/release/libkvpeer.so .venv/bin/python
 python/bench/serve_fairness.py [--block-kib 2048] [--blocks 16] [--seconds 3]"""

@@ -45,11 +45,10 @@
  * or writes short fails the transfer (FAILED, its outcome unknown to the
  * consumer): never a crash, never a retry.
  *
- * A write of more than KVP_CMA_SLICE_BYTES is written a slice at a time,
- * one slice per node round (ucx_cma_slice.c), so that the node thread
- * answers its other peers between slices: before, one consumer's 32 MiB
- * fetch kept another peer's LOOKUP waiting ~10 ms (python/bench/
- * serve_fairness.py). A slice of KVP_HELPER_SPLIT_BYTES or more is split in two halves of its
+ * With KVPEER_CMA_SLICE_KIB set, a write larger than that is written a
+ * slice per node round (ucx_cma_slice.c), so that the node thread answers
+ * its other peers between slices (off by default: it costs throughput).
+ * A write (or slice) of KVP_HELPER_SPLIT_BYTES or more is split in two halves of its
  * blocks, the second written by the transport's helper thread (helper.c) at
  * the same time: one process_vm_writev stream copies at ~2/3 of what two do
  * here (docs/DESIGN.md "direct-cma"). Every rule above holds for each half
@@ -77,14 +76,14 @@
 
 void kvp__ucx_cma_open(ucx_xport_t *x)
 {
-    /* KVPEER_CMA_SLICE_KIB: bytes written per node round (0: a whole write
-     * at once, as before the slices) */
+    /* KVPEER_CMA_SLICE_KIB: bytes written per node round; unset, 0 or not
+     * a number: a whole write at once (ucx_cma_slice.c says why) */
     const char *sl = getenv("KVPEER_CMA_SLICE_KIB");
     char *end = NULL;
     unsigned long kib = sl != NULL ? strtoul(sl, &end, 10) : 0;
-    x->cma_slice = sl == NULL || end == sl || *end != '\0' || kib > (1ul << 30)
-                       ? KVP_CMA_SLICE_BYTES
-                       : kib == 0 ? SIZE_MAX : (size_t)kib << 10;
+    x->cma_slice = sl == NULL || end == sl || *end != '\0' || kib == 0 || kib > (1ul << 30)
+                       ? SIZE_MAX
+                       : (size_t)kib << 10;
     const char *e = getenv("KVPEER_UCX_CMA");
     kvp_ratelimit_init(&x->rl_cma, KVP_NSEC_PER_SEC, 10);
     x->cma_ok = !(e != NULL && strcmp(e, "0") == 0);

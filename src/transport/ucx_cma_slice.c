@@ -1,10 +1,15 @@
 /*
- * ucx_cma_slice.c -- a direct-cma write larger than a slice (4 MiB,
- * KVPEER_CMA_SLICE_KIB; 0: whole writes) is written a slice per node round (issue 29's leftover, 2026-12-06): a
- * process_vm_writev runs on the node thread (split with one helper thread),
- * and while it ran the node answered nothing else -- one consumer's 32 MiB
- * fetch kept another peer's LOOKUP waiting ~10 ms (python/bench/
- * serve_fairness.py).
+ * ucx_cma_slice.c -- with KVPEER_CMA_SLICE_KIB set, a direct-cma write
+ * larger than that is written a slice per node round (issue 29's leftover,
+ * 2026-12-06). A process_vm_writev runs on the node thread (split with one
+ * helper thread), and while it runs the node answers nothing else: one
+ * consumer's 32 MiB fetches put another peer's LOOKUPs at p99 2.6-3.3 ms,
+ * max 7-9 ms (python/bench/serve_fairness.py); 4 MiB slices: p99 1.4-1.7,
+ * max ~4 ms -- but the consumer's fetches ran at 5.3-5.9 GB/s, not 7.9-8.6
+ * (8 MiB slices: 6.8-7.4 GB/s, p99 1.7-1.8; 16 MiB: ~7.5-8, p99 as whole).
+ * A slice's halves cost a helper hand-off each (without the helper the gap
+ * is ~7%). So slices are off by default (whole writes, as before); an
+ * operator whose other peers' latency matters more turns them on.
  *
  * The first slice is written at post (the transfer exists once something
  * reached the consumer); the rest is queued as one request of the record

@@ -214,11 +214,11 @@ typedef struct ucx_xport {
     bool cma_ok, cma_in, cma_out;
     kvp_helper_t *cma_helper; /* the second half of a big direct-cma write (ucx_cma.c) */
     kvp_ratelimit_t rl_cma;
-    /* direct-cma writes larger than a slice, written a slice per node round
+    /* direct-cma writes larger than a slice (KVPEER_CMA_SLICE_KIB), written a slice per node round
      * (ucx_cma_slice.c); cma_efd, in epfd, readable while any is queued */
     kvp_list_t cma_jobs;
     int cma_efd;
-    size_t cma_slice; /* bytes per slice (KVPEER_CMA_SLICE_KIB; SIZE_MAX: whole) */
+    size_t cma_slice; /* bytes per slice (KVPEER_CMA_SLICE_KIB; SIZE_MAX: whole, the default) */
 } ucx_xport_t;
 
 #define PFX(x) ((x)->base.log_prefix)
@@ -305,7 +305,6 @@ size_t kvp__ucx_cma_post(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r,
  * a failure. */
 size_t kvp__ucx_cma_write(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r,
                           const kvp_xfer_block_t *blocks, size_t n);
-#define KVP_CMA_SLICE_BYTES ((size_t)4 << 20) /* the default slice */
 /* Queue blocks [first, n) of r's write (r->pending counts it until done);
  * false: no memory (nothing queued: the caller writes them now). */
 bool kvp__ucx_cma_queue(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r,
