@@ -528,11 +528,6 @@ static bool ucx_progress(kvp_xport_t *xp)
     return any;
 }
 
-static bool ucx_pump(kvp_xport_t *xp)
-{
-    return kvp__ucx_cma_pump(ucx_of(xp));
-}
-
 /* The epoll fd holding both workers' event fds (and cma_efd). */
 static int ucx_event_fd(kvp_xport_t *xp)
 {
@@ -732,7 +727,7 @@ kvp_status_t kvp_ucx_xport_create(const kvp_ucx_config_t *cfg, kvp_xport_t **out
     x->clock = cfg->clock ? cfg->clock : kvp_clock_real();
     x->connect_timeout_ns =
         (uint64_t)(cfg->connect_timeout_ms ? cfg->connect_timeout_ms : 2000) * KVP_NSEC_PER_MSEC;
-    x->efd = x->efd_am = x->epfd = -1;
+    x->efd = x->efd_am = x->epfd = x->cma_efd = -1;
     x->legacy_put = cfg->legacy_put;
     kvp_ratelimit_init(&x->rl_blob, KVP_NSEC_PER_SEC, 50);
     if (cfg->host_id)
@@ -746,7 +741,6 @@ kvp_status_t kvp_ucx_xport_create(const kvp_ucx_config_t *cfg, kvp_xport_t **out
     kvp_list_init(&x->retired);
     kvp_list_init(&x->detached);
     kvp_list_init(&x->cma_jobs);
-    x->cma_efd = -1;
     x->pool = kvp__calloc(cap, sizeof(*x->pool));
     if (!x->pool) {
         kvp__free(x);
@@ -800,7 +794,7 @@ const kvp_xport_ops_t kvp_ucx_xport_ops = {
     .progress = ucx_progress,
     .event_fd = ucx_event_fd,
     .arm = ucx_arm,
-    .pump = ucx_pump,
+    .pump = kvp__ucx_cma_pump,
     .get_stats = ucx_get_stats,
     .close = ucx_close,
 };

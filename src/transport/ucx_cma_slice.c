@@ -101,8 +101,9 @@ static void cma_job_end(ucx_xport_t *x, cma_job_t *j, ucs_status_t status)
     kvp__ucx_xfer_step(r, status);
 }
 
-bool kvp__ucx_cma_pump(ucx_xport_t *x)
+bool kvp__ucx_cma_pump(kvp_xport_t *xp)
 {
+    ucx_xport_t *x = ucx_of(xp);
     if (kvp_list_empty(&x->cma_jobs))
         return false;
     cma_job_t *j = KVP_CONTAINER_OF(x->cma_jobs.next, cma_job_t, link);

@@ -310,8 +310,8 @@ size_t kvp__ucx_cma_write(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r,
 bool kvp__ucx_cma_queue(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r,
                         const kvp_xfer_block_t *blocks, size_t first, size_t n);
 /* The next slice of the oldest queued write (round-robin); true while any
- * remains. */
-bool kvp__ucx_cma_pump(ucx_xport_t *x);
+ * remains. The transport's pump op. */
+bool kvp__ucx_cma_pump(kvp_xport_t *xp);
 /* Stop the queued writes of peer p (NULL: any) or of record r (NULL: any):
  * nothing more of them is written; each record fails (CANCELED) and is
  * terminal once its other requests are. */
