@@ -13,8 +13,9 @@
  * above it, for connections being closed): every connection is tracked from
  * accept (MHD_OPTION_NOTIFY_CONNECTION) and is "waiting" while no request of
  * it is in a handler -- its headers or body not yet complete (a body trickled
- * after complete headers waits too), or idle between keep-alive requests. When an accept takes the open connections past http_max_conns,
- * the connection that has waited longest is cut (shutdown(): its thread sees
+ * after complete headers waits too), or idle between keep-alive requests.
+ * When an accept takes the open connections past http_max_conns, the
+ * connection that has waited longest is cut (shutdown(): its thread sees
  * EOF and closes it as libmicrohttpd does at stop), which is the newcomer only
  * when nothing else waits. A request in a handler is never cut. A slow client
  * thus holds a slot only until http_max_conns newer connections arrived; a
@@ -96,7 +97,7 @@ static void log_cuts(kvpd_hcap_t *h)
 }
 
 void kvpd_hcap_on_connection(void *cls, struct MHD_Connection *mc, void **socket_context,
-                          enum MHD_ConnectionNotificationCode code)
+                             enum MHD_ConnectionNotificationCode code)
 {
     kvpd_hcap_t *h = ((kvpd_t *)cls)->hcap;
     hconn_t *c = *socket_context;
@@ -147,7 +148,7 @@ void kvpd_hcap_request(kvpd_t *d, struct MHD_Connection *mc, bool in_handler)
 }
 
 void kvpd_hcap_on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
-                         enum MHD_RequestTerminationCode toe)
+                            enum MHD_RequestTerminationCode toe)
 {
     (void)con_cls;
     (void)toe;
