@@ -497,6 +497,12 @@ def peers_table(d):
     return out
 
 
+def peer_field(d, peer, field):
+    """One snapshot of d's /peers: peer's field, or None if peer is absent
+    (two reads could see it listed, then gone)."""
+    return peers_table(d).get(peer, {}).get(field)
+
+
 def case_visibility():
     """Peers that cannot be reached are visible: refused at once when not an
     address, else listed in /peers with a state and the last error, logged,
@@ -508,8 +514,8 @@ def case_visibility():
     check(code == 400 and "notanaddress" in body, "add=notanaddress: %d %r" % (code, body))
     code, body = a.req("/admin/peer?add=10.0.0.1:99999", "POST")
     check(code == 400, "add=port 99999: %d %r" % (code, body))
-    wait_for(lambda: all(p in peers_table(a) and peers_table(a)[p]["last_error"]
-                         for p in (dead, nodns)), "both peers listed with an error")
+    wait_for(lambda: all(peer_field(a, p, "last_error") for p in (dead, nodns)),
+             "both peers listed with an error")
     t = peers_table(a)
     check("notanaddress" not in t, "a refused address is listed: %r" % t)
     for p in (dead, nodns):
@@ -531,9 +537,8 @@ def case_visibility():
     b = Daemon("b", SMALL + ["--psk", "00112233445566778899aabbccddeeff"]).start()
     code, body = a.req("/admin/peer?add=" + b.peer, "POST")
     check(code == 200, "add b: %d %r" % (code, body))
-    wait_for(lambda: b.peer in peers_table(a) and peers_table(a)[b.peer]["last_error"],
-             "b listed with an error")
-    print("a's view of b: %r" % peers_table(a)[b.peer])
+    wait_for(lambda: peer_field(a, b.peer, "last_error"), "b listed with an error")
+    print("a's view of b: %r" % peers_table(a).get(b.peer))
     flat, _ = metrics(b)
     check(flat['kvpeer_session_failures_total{reason="auth"}'] >= 1, "b counts the auth refusal")
     code, body = a.req("/admin/peer?remove=" + dead, "POST")
@@ -672,7 +677,7 @@ def case_compat():
     code, body = a.req("/admin/peer?add=" + b.peer, "POST")
     check(code == 200, "add b: %d %r" % (code, body))
     want = "compat mismatch: ours 'llama-3-8b/bf16/16', peer's 'llama-3-8b/fp8/16'"
-    wait_for(lambda: b.peer in peers_table(a) and peers_table(a)[b.peer]["last_error"] == want,
+    wait_for(lambda: peer_field(a, b.peer, "last_error") == want,
              "a's /peers names both compat strings")
     wait_for(lambda: "compat mismatch: ours 'llama-3-8b/fp8/16', peer's 'llama-3-8b/bf16/16'"
              in b.logtext(), "b's log names both strings")
@@ -741,7 +746,7 @@ def case_slow_dns():
         check(time.time() - t1 < 1.5 * SCALE, "/healthz + /peers took %.1f s" % (time.time() - t1))
         check(re.search(r"peer=%s .*ready=1" % re.escape(b.peer), peers), "b not ready: " + peers)
         time.sleep(0.2)
-    wait_for(lambda: slow in peers_table(a) and "resolve" in peers_table(a)[slow]["last_error"],
+    wait_for(lambda: "resolve" in (peer_field(a, slow, "last_error") or ""),
              "the slow name failed as unresolvable", timeout=20, dump=a.logpath)
     a.check_clean_exit(a.stop(timeout=60))
     b.check_clean_exit(b.stop())
