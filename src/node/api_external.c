@@ -93,6 +93,15 @@ KVP_EXPORT kvp_status_t kvp_slot_checksum(kvp_node_t *n, uint32_t slot,
     return KVP_OK;
 }
 
+/* The checksums of slots already checked, on the calling thread. */
+static void slot_sums(kvp_node_t *n, const uint32_t *slots, uint32_t cnt, uint8_t *sums)
+{
+    for (uint32_t i = 0; i < cnt; i++) {
+        kvp_digest_t d = kvp_store_slot_digest(n->store, slots[i]);
+        memcpy(sums + (size_t)i * KVP_CHECKSUM_LEN, &d, sizeof d);
+    }
+}
+
 KVP_EXPORT kvp_status_t kvp_slot_checksums(kvp_node_t *n, const uint32_t *slots, uint32_t cnt,
                                            uint8_t *sums)
 {
@@ -103,10 +112,7 @@ KVP_EXPORT kvp_status_t kvp_slot_checksums(kvp_node_t *n, const uint32_t *slots,
     for (uint32_t i = 0; i < cnt; i++)
         if (slots[i] >= n->cfg.num_blocks)
             return KVP_ERR_INVALID;
-    for (uint32_t i = 0; i < cnt; i++) {
-        kvp_digest_t d = kvp_store_slot_digest(n->store, slots[i]);
-        memcpy(sums + (size_t)i * KVP_CHECKSUM_LEN, &d, sizeof d);
-    }
+    slot_sums(n, slots, cnt, sums);
     return KVP_OK;
 }
 
@@ -136,6 +142,17 @@ static kvp_status_t do_publish_many(kvp_node_t *n, void *arg)
     return KVP_OK;
 }
 
+/* Arguments checked: the publishes, on the node's thread. */
+static kvp_status_t publish_many_exec(kvp_node_t *n, const uint8_t *keys,
+                                      const uint32_t *key_lens, const uint32_t *slots,
+                                      uint32_t count, const uint8_t *sums, uint32_t flags,
+                                      uint64_t request_id, int32_t *status)
+{
+    publish_many_args_t a = {keys,  key_lens, slots,      count,
+                             sums,  flags & KVP_PUBLISH_ONCE, request_id, status};
+    return kvp__node_exec(n, do_publish_many, &a);
+}
+
 /* kvp_publish_many's arguments, all checked before anything is done. */
 static kvp_status_t publish_many_check(kvp_node_t *n, const uint8_t *keys,
                                        const uint32_t *key_lens, const uint32_t *slots,
@@ -163,11 +180,10 @@ KVP_EXPORT kvp_status_t kvp_publish_many(kvp_node_t *n, const uint8_t *keys,
                                          status);
     if (st != KVP_OK)
         return st;
-    publish_many_args_t a = {keys,  key_lens, slots,      count,
-                             sums,  flags & KVP_PUBLISH_ONCE, request_id, status};
-    return kvp__node_exec(n, do_publish_many, &a);
+    return publish_many_exec(n, keys, key_lens, slots, count, sums, flags, request_id, status);
 }
 
+/* Checked once: hashed here, then published with those sums. */
 KVP_EXPORT kvp_status_t kvp_hash_publish_many(kvp_node_t *n, const uint8_t *keys,
                                               const uint32_t *key_lens, const uint32_t *slots,
                                               uint32_t count, uint8_t *sums, uint32_t flags,
@@ -177,9 +193,10 @@ KVP_EXPORT kvp_status_t kvp_hash_publish_many(kvp_node_t *n, const uint8_t *keys
                                          status);
     if (st == KVP_OK && sums == NULL)
         st = KVP_ERR_INVALID;
-    if (st != KVP_OK || (st = kvp_slot_checksums(n, slots, count, sums)) != KVP_OK)
+    if (st != KVP_OK)
         return st;
-    return kvp_publish_many(n, keys, key_lens, slots, count, sums, flags, request_id, status);
+    slot_sums(n, slots, count, sums);
+    return publish_many_exec(n, keys, key_lens, slots, count, sums, flags, request_id, status);
 }
 
 static kvp_status_t do_unpublish(kvp_node_t *n, void *arg)
