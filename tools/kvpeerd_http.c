@@ -406,7 +406,7 @@ int kvpd_http_start(kvpd_t *d)
         0, NULL, NULL, on_request, d, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
         MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_NOTIFY_CONNECTION, kvpd_hcap_on_connection, d,
         MHD_OPTION_NOTIFY_COMPLETED, kvpd_hcap_on_completed, d, MHD_OPTION_CONNECTION_LIMIT,
-        (unsigned int)(d->set.http_max_conns + KVPD_HTTP_HEADROOM),
+        (unsigned int)(2 * d->set.http_max_conns + KVPD_HTTP_HEADROOM),
         MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned int)d->set.http_max_per_ip,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)((d->set.http_idle_ms + 999) / 1000),
         MHD_OPTION_END);

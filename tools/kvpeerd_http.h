@@ -25,8 +25,12 @@ int kvpd_admin_peer(kvpd_t *d, struct MHD_Connection *c, kvpd_buf_t *out);
 int kvpd_admin_verify(kvpd_t *d, struct MHD_Connection *c, kvpd_buf_t *out);
 /* The connection cap that a slow client cannot hold shut (kvpeerd_http_cap.c):
  * tracks every connection from accept; past http_max_conns open ones, cuts
- * the one that waited longest without a request in a handler. libmicrohttpd's
- * own cap is set KVPD_HTTP_HEADROOM above, for connections being closed.
+ * the one that waited longest without a request in a handler, of the client
+ * address holding the most. libmicrohttpd's own cap, a backstop, is set at
+ * twice http_max_conns plus KVPD_HTTP_HEADROOM, for cut connections still
+ * closing (a flood cuts hundreds a second; at http_max_conns + 16 their
+ * closing threads filled it on this 2-core VM and libmicrohttpd refused a
+ * good client at accept).
  * init before the HTTP server starts (0 or -1: no memory), free after it
  * stopped. The two callbacks are MHD_OPTION_NOTIFY_CONNECTION's and
  * MHD_OPTION_NOTIFY_COMPLETED's (cls: d); kvpd_hcap_request(.., true) when a

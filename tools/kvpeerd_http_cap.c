@@ -9,29 +9,46 @@
  * refused, the orchestrator restarts a healthy node). libmicrohttpd has no
  * deadline for a whole request's headers.
  *
- * So the cap is ours (libmicrohttpd's stays as a backstop, KVPD_HTTP_HEADROOM
- * above it, for connections being closed): every connection is tracked from
+ * So the cap is ours (libmicrohttpd's stays as a backstop, twice ours plus
+ * KVPD_HTTP_HEADROOM, for cut connections being closed): every connection is tracked from
  * accept (MHD_OPTION_NOTIFY_CONNECTION) and is "waiting" while no request of
  * it is in a handler -- its headers or body not yet complete (a body trickled
  * after complete headers waits too), or idle between keep-alive requests.
- * When an accept takes the open connections past http_max_conns, the
- * connection that has waited longest is cut (shutdown(): its thread sees
- * EOF and closes it as libmicrohttpd does at stop), which is the newcomer only
- * when nothing else waits. A request in a handler is never cut. A slow client
- * thus holds a slot only until http_max_conns newer connections arrived; a
- * good client, whose request takes a round trip, gets in. The descriptor is
- * shut down under the lock, and libmicrohttpd closes it only after the CLOSED
- * notification, which takes the lock: never a descriptor of someone else.
+ * When an accept takes the open connections past http_max_conns, one waiting
+ * connection is cut (shutdown(): its thread sees EOF and closes it as
+ * libmicrohttpd does at stop): the one that has waited longest among those of
+ * the client address holding the most open connections (IPv6 counted per
+ * /64, the unit a host is given), which is the newcomer only when nothing
+ * else of its address or a busier one waits. A request in a handler is never
+ * cut. A flood, however fast it reconnects, thus displaces its own
+ * connections first: a client from an address holding fewer loses a slot
+ * only to flooders from at least http_max_conns / its count addresses, and a
+ * slow client of a busy address holds one until http_max_conns newer
+ * connections of its own kind arrived. The descriptor is shut down under the
+ * lock, and libmicrohttpd closes it only after the CLOSED notification,
+ * which takes the lock: never a descriptor of someone else.
  */
 #include "kvpeerd_http.h"
 
 #include <microhttpd.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/socket.h>
+
+#define KEY_LEN 9
+
+typedef struct haddr { /* a client address (an IPv6 /64) with connections */
+    struct haddr *next;
+    uint8_t key[KEY_LEN];
+    uint32_t refs; /* tracked connections, cut or not */
+    uint32_t open; /* of them not cut */
+} haddr_t;
 
 typedef struct hconn {
     struct hconn *prev, *next; /* on the waiting list, oldest first */
+    haddr_t *addr;
     int fd;
     bool waiting, cut;
 } hconn_t;
@@ -39,6 +56,7 @@ typedef struct hconn {
 struct kvpd_hcap {
     pthread_mutex_t lock;
     hconn_t *head, *tail; /* waiting connections, oldest first */
+    haddr_t *addrs;       /* addresses with tracked connections */
     uint32_t open;        /* tracked connections not cut */
     uint32_t cap;
     uint64_t cut_total, cut_unlogged, last_log_ms;
@@ -72,10 +90,68 @@ static void wait_unlink(kvpd_hcap_t *h, hconn_t *c)
     c->waiting = false;
 }
 
+/* The key of sa: the family, then an IPv4 address (v4-mapped IPv6 too) or
+ * an IPv6 /64. */
+static void addr_key(const struct sockaddr *sa, uint8_t key[KEY_LEN])
+{
+    static const uint8_t v4mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    memset(key, 0, KEY_LEN);
+    if (sa != NULL && sa->sa_family == AF_INET) {
+        key[0] = 4;
+        memcpy(key + 1, &((const struct sockaddr_in *)sa)->sin_addr, 4);
+    } else if (sa != NULL && sa->sa_family == AF_INET6) {
+        const uint8_t *a = ((const struct sockaddr_in6 *)sa)->sin6_addr.s6_addr;
+        key[0] = memcmp(a, v4mapped, 12) == 0 ? 4 : 6;
+        memcpy(key + 1, key[0] == 4 ? a + 12 : a, key[0] == 4 ? 4 : 8);
+    }
+}
+
+/* The entry of key (new with no connections); NULL when out of memory. */
+static haddr_t *addr_ref(kvpd_hcap_t *h, const uint8_t key[KEY_LEN])
+{
+    haddr_t *a;
+    for (a = h->addrs; a != NULL; a = a->next)
+        if (memcmp(a->key, key, KEY_LEN) == 0)
+            break;
+    if (a == NULL) {
+        if ((a = calloc(1, sizeof(*a))) == NULL)
+            return NULL;
+        memcpy(a->key, key, KEY_LEN);
+        a->next = h->addrs;
+        h->addrs = a;
+    }
+    a->refs++;
+    a->open++;
+    return a;
+}
+
+static void addr_unref(kvpd_hcap_t *h, haddr_t *a)
+{
+    if (--a->refs > 0)
+        return;
+    haddr_t **pp = &h->addrs;
+    while (*pp != a)
+        pp = &(*pp)->next;
+    *pp = a->next;
+    free(a);
+}
+
+/* The waiting connection to cut: the oldest of the address holding the most
+ * open connections (list order is age, so the first of the busiest wins). */
+static hconn_t *victim(kvpd_hcap_t *h)
+{
+    hconn_t *v = h->head;
+    for (hconn_t *c = h->head; c != NULL; c = c->next)
+        if (c->addr->open > v->addr->open)
+            v = c;
+    return v;
+}
+
 static void cut(kvpd_hcap_t *h, hconn_t *c)
 {
     wait_unlink(h, c);
     c->cut = true;
+    c->addr->open--;
     h->open--;
     h->cut_total++;
     h->cut_unlogged++;
@@ -90,7 +166,7 @@ static void log_cuts(kvpd_hcap_t *h)
         return;
     kvpd_log(KVPD_LOG_WARN, "http_cap_full",
              "max_conns=%u cut=%llu cut_total=%llu note=\"closed the connections that waited "
-             "longest without a request in a handler\"",
+             "longest without a request in a handler, of the busiest client addresses\"",
              h->cap, (unsigned long long)h->cut_unlogged, (unsigned long long)h->cut_total);
     h->cut_unlogged = 0;
     h->last_log_ms = now;
@@ -104,19 +180,25 @@ void kvpd_hcap_on_connection(void *cls, struct MHD_Connection *mc, void **socket
     if (code == MHD_CONNECTION_NOTIFY_STARTED) {
         const union MHD_ConnectionInfo *ci =
             MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+        const union MHD_ConnectionInfo *ca =
+            MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
         if (ci == NULL)
             return;
-        if ((c = calloc(1, sizeof(*c))) == NULL) { /* no record, no slot: refused */
+        uint8_t key[KEY_LEN];
+        addr_key(ca ? ca->client_addr : NULL, key);
+        pthread_mutex_lock(&h->lock);
+        if ((c = calloc(1, sizeof(*c))) == NULL || (c->addr = addr_ref(h, key)) == NULL) {
+            pthread_mutex_unlock(&h->lock); /* no record, no slot: refused */
+            free(c);
             shutdown(ci->connect_fd, SHUT_RDWR);
             return;
         }
         c->fd = ci->connect_fd;
         *socket_context = c;
-        pthread_mutex_lock(&h->lock);
         h->open++;
         wait_push(h, c);
-        if (h->open > h->cap) /* the oldest waiting one; the newcomer if alone */
-            cut(h, h->head);
+        if (h->open > h->cap) /* the newcomer if nothing else of its or a busier address waits */
+            cut(h, victim(h));
         log_cuts(h);
         pthread_mutex_unlock(&h->lock);
         return;
@@ -125,8 +207,11 @@ void kvpd_hcap_on_connection(void *cls, struct MHD_Connection *mc, void **socket
         return;
     pthread_mutex_lock(&h->lock);
     wait_unlink(h, c);
-    if (!c->cut)
+    if (!c->cut) {
+        c->addr->open--;
         h->open--;
+    }
+    addr_unref(h, c->addr);
     pthread_mutex_unlock(&h->lock);
     *socket_context = NULL;
     free(c);
@@ -168,6 +253,11 @@ void kvpd_hcap_free(kvpd_t *d)
 {
     if (d->hcap == NULL)
         return;
+    while (d->hcap->addrs != NULL) { /* none once libmicrohttpd stopped; never leaked */
+        haddr_t *a = d->hcap->addrs;
+        d->hcap->addrs = a->next;
+        free(a);
+    }
     pthread_mutex_destroy(&d->hcap->lock);
     free(d->hcap);
     d->hcap = NULL;

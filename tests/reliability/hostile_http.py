@@ -21,6 +21,14 @@ choosing. Cases (all by default):
               from 2 addresses trickling a body after whole headers:
               /healthz and /metrics answer throughout, since the connection
               that waited longest is cut for a newcomer; T counts the cuts.
+  flood       3 addresses open connections as fast as they can (each keeps
+              30, one header line each, closing its oldest), against a cap of
+              16: a good client from a fourth address that connects and
+              sends its request only after a pause of 1 s (a slow round trip,
+              under which the flood makes more than 16 newer connections) is
+              answered every time, since a cut takes the oldest waiting
+              connection of the busiest address (before the session of
+              2026-12-06 12:00: the oldest of all, the good client).
   fds         a daemon whose descriptors are all above 1023 (it inherits
               1100 open files): /healthz, /metrics and an admin put answer
               (select() could not serve them).
@@ -297,6 +305,94 @@ def case_trickle(kvpeerd):
     T.check_clean_exit(T.stop())
 
 
+class Flood:
+    """Threads, one per source address, each opening connections back to
+    back (one header line each) and keeping its newest ``keep`` (closing the
+    oldest): every connect past T's cap makes T cut one. Counts connects."""
+
+    def __init__(self, addr, sources, keep):
+        self.addr, self.keep = addr, keep
+        self.connects = 0
+        self.stop_evt = threading.Event()
+        self.ts = [threading.Thread(target=self.run, args=(src,), daemon=True) for src in sources]
+        for t in self.ts:
+            t.start()
+
+    def run(self, src):
+        socks = []
+        while not self.stop_evt.is_set():
+            s, _ = slow_sockets(self.addr, [src])
+            socks += s
+            self.connects += len(s)
+            while len(socks) > self.keep:
+                socks.pop(0).close()
+        for s in socks:
+            s.close()
+
+    def stop(self):
+        self.stop_evt.set()
+        for t in self.ts:
+            t.join(10)
+
+
+def slow_request(addr, src, pause):
+    """A GET /healthz from src whose request goes ``pause`` s after the
+    connect (a client at the end of a slow link): its status, or None if T
+    closed it unanswered."""
+    host, port = addr.rsplit(":", 1)
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.settimeout(scaled(PROBE_S) + pause)
+        s.bind((src, 0))
+        s.connect((host, int(port)))
+        time.sleep(pause)
+        try:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            data = s.recv(4096)
+        except OSError:  # cut: reset
+            return None
+    finally:
+        s.close()
+    return int(data.split()[1]) if data.startswith(b"HTTP/1.") else None
+
+
+FLOOD_CAP = 16
+
+
+def case_flood(kvpeerd):
+    """A connect flood faster than a good client's round trip, against a total
+    cap of FLOOD_CAP (32 per address): the flood's 3 addresses keep 30
+    connections each (two threads each) and replace them back to back (as
+    fast as T accepts: the kernel drops SYNs while T's accept queue is full);
+    a good client from 127.0.6.9 sends each request 1 s (half the idle time) after its
+    connect, while the flood makes more than a cap's worth of connections on
+    average (counted: T's cuts). Every such request is
+    answered: T cuts the oldest waiting connection of the busiest address,
+    the flood's own."""
+    T = relib.Daemon(kvpeerd, "T", ["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
+                                    "--num_blocks", "16", "--block_size", "64K",
+                                    "--http_max_conns", str(FLOOD_CAP),
+                                    "--http_idle_ms", str(IDLE_MS),
+                                    "--shutdown_drain_ms", "200"]).start()
+    fl = Flood(T.http, ["127.0.6.%d" % (1 + i % 3) for i in range(6)], 15)
+    codes, cuts = [], []
+    try:
+        wait_for(lambda: cut_total(T) > 2 * FLOOD_CAP, "the flood past T's cap", 20)
+        while len(codes) < 8 or sum(cuts) < 8 * FLOOD_CAP:  # on average a cap's worth each
+            check(len(codes) < 40, "the flood too slow to test anything: %s cuts in %d requests"
+                  % (sum(cuts), len(codes)))
+            c0 = cut_total(T)
+            codes.append(slow_request(T.http, "127.0.6.9", 1.0))  # under http_idle_ms
+            cuts.append(cut_total(T) - c0)
+    finally:
+        fl.stop()
+    log("flood: 3 addresses x 30 connections replaced back to back (%d connects) against a cap "
+        "of %d, %d slow requests from a fourth: %s; T's cuts during each: %s"
+        % (fl.connects, FLOOD_CAP, len(codes), codes, cuts))
+    check(codes == [200] * len(codes), "a slow good request cut by the flood: %s" % codes)
+    T.check_clean_exit(T.stop())
+
+
 def case_fds(kvpeerd):
     """A kvpeerd whose every new descriptor is above 1023."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -488,7 +584,7 @@ def case_corrupt(D, kvpeerd):
 def main():
     kvpeerd = os.path.abspath(sys.argv[1])
     cases = sys.argv[2:] or ["token", "corrupt", "inject", "peer_id", "long_admin", "slowloris",
-                             "trickle", "fds"]
+                             "trickle", "flood", "fds"]
     fp = hostile.fingerprint()
     common = ["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--admin", "--block_size",
               "64K", "--compat", hostile.COMPAT, "--shutdown_drain_ms", "500",
@@ -508,6 +604,8 @@ def main():
             case_slowloris(D, kvpeerd)
         elif c == "trickle":
             case_trickle(kvpeerd)
+        elif c == "flood":
+            case_flood(kvpeerd)
         elif c == "fds":
             case_fds(kvpeerd)
         elif c == "inject":
