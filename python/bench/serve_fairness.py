@@ -1,16 +1,18 @@
 """What one consumer's big fetches cost another peer's LOOKUPs at the same
 source (issue 29's leftover: a direct-cma write runs on the source's node
-thread, split with one helper thread, and the node thread answers nothing
-else meanwhile).
+thread, split with one helper thread, and the node thread answered nothing
+else meanwhile; since 2026-12-06 12:00 on a writer thread of its own).
 
 Source A (external slots, this process's memory) publishes --blocks blocks;
 peer C (this process) sends one-key LOOKUPs to A back to back and times each
 (lookup -> its event); consumer B (a process of its own, so A writes into
 another process: direct-cma on one host) fetches all of A's blocks into its
 own memory again and again. Phases: C alone, then C while B fetches.
-Prints C's LOOKUP latency p50 / p99 / max in each, and B's GB/s.
-KVPEER_CMA_SLICE_KIB (A's slices, off by default) and KVPEER_HELPER_THREAD
-in the environment apply to A and B.
+Phases: C alone, B alone, C while B fetches. Prints C's LOOKUP latency p50 /
+p99 / max, and B's GB/s alone and beside C (B's figure covers its first
+second too, before C starts). KVPEER_CMA_WRITER (0: A writes on its node
+thread), KVPEER_CMA_SLICE_KIB (the writer's slices; unset: whole writes) and
+KVPEER_HELPER_THREAD in the environment apply to A and B.
 
 Usage: KVPEER_LIB=build/release/libkvpeer.so .venv/bin/python
 python/bench/serve_fairness.py [--block-kib 2048] [--blocks 16] [--seconds 3]"""
@@ -84,25 +86,34 @@ def main() -> None:
     C.add_peer(A.peer_id)
     C.wait_peer(A.peer_id)
     ctx = mp.get_context("spawn")
-    stop, out = ctx.Event(), ctx.Queue()
-    try:
-        alone = lookups(C, A.peer_id, keys[-1], a.seconds)
+
+    def with_b(during):  # B fetching while during() runs: (B's GB/s, what during() gave)
+        stop, out = ctx.Event(), ctx.Queue()
         b = ctx.Process(target=consumer, args=(A.peer_id, keys[:-1], bs, stop, out))
         b.start()
-        time.sleep(1.0)  # B connected and fetching
-        busy = lookups(C, A.peer_id, keys[-1], a.seconds)
-        stop.set()
+        try:
+            time.sleep(1.0)  # B connected and fetching
+            got = during()
+        finally:
+            stop.set()
         gbs = out.get(timeout=30)
         b.join(30)
+        return gbs, got
+
+    try:
+        alone = lookups(C, A.peer_id, keys[-1], a.seconds)
+        gbs_alone, _ = with_b(lambda: time.sleep(a.seconds))
+        gbs, busy = with_b(lambda: lookups(C, A.peer_id, keys[-1], a.seconds))
         for name, lat in (("C alone", alone), ("C while B fetches", busy)):
             print(f"serve_fairness: {name}: {len(lat)} LOOKUPs, p50 {pct(lat, 50):.3f} "
                   f"p99 {pct(lat, 99):.3f} max {max(lat):.3f} ms")
+        print(f"serve_fairness: B alone fetched {a.blocks} x {a.block_kib} KiB at "
+              f"{gbs_alone:.2f} GB/s")
         st = A.stats()
         print(f"serve_fairness: B fetched {a.blocks} x {a.block_kib} KiB at {gbs:.2f} GB/s; "
               f"A wrote {st['cma_bytes_written'] / 1e9:.1f} GB by direct-cma "
               f"({st['cma_writes_failed']} failed); load average {os.getloadavg()[0]:.2f}")
     finally:
-        stop.set()
         C.close()
         A.close()
         ma.close()

@@ -103,9 +103,9 @@ void kvp__node_round(kvp_node_t *n, int timeout_ms)
     int busy = 0;
     node_run_commands(n);
     node_settle(n);
-    /* One piece of the transport's deferred work (a slice of a big
-     * direct-cma write); while more remains this round does not sleep, and
-     * the frames and commands that came meanwhile are served first. */
+    /* The transport's deferred work (the direct-cma writes its writer
+     * thread finished); if it did any, this round does not sleep: it
+     * settles those transfers at once. */
     if (n->xport->ops->pump != NULL && n->xport->ops->pump(n->xport))
         timeout_ms = 0;
     /* Transfers in flight: UCX completes a direct shared-memory put and its

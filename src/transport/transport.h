@@ -220,10 +220,9 @@ typedef struct kvp_xport_ops {
     int (*event_fd)(kvp_xport_t *x);
     /* Arm the fd before sleeping: KVP_OK may sleep, KVP_ERR_BUSY progress again. */
     kvp_status_t (*arm)(kvp_xport_t *x);
-    /* Deferred work in bounded pieces, once per node round (UCX: the next
-     * slice of a big direct-cma write, so that the control plane is served
-     * between slices). Returns whether more remains: the round must not
-     * sleep (the event fd is readable meanwhile). NULL: none. */
+    /* Deferred work, once per node round (UCX: the direct-cma writes its
+     * writer thread finished, folded into their records). Returns whether
+     * it did any: the round must not sleep, it settles them. NULL: none. */
     bool (*pump)(kvp_xport_t *x);
     void (*get_stats)(kvp_xport_t *x, kvp_xport_stats_t *st);
     /* Refuses (KVP_ERR_BUSY) while anything is in flight or retired unless

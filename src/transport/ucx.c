@@ -740,7 +740,6 @@ kvp_status_t kvp_ucx_xport_create(const kvp_ucx_config_t *cfg, kvp_xport_t **out
     kvp_list_init(&x->free_list);
     kvp_list_init(&x->retired);
     kvp_list_init(&x->detached);
-    kvp_list_init(&x->cma_jobs);
     x->pool = kvp__calloc(cap, sizeof(*x->pool));
     if (!x->pool) {
         kvp__free(x);

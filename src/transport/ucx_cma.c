@@ -45,16 +45,15 @@
  * or writes short fails the transfer (FAILED, its outcome unknown to the
  * consumer): never a crash, never a retry.
  *
- * With KVPEER_CMA_SLICE_KIB set, a write larger than that is written a
- * slice per node round (ucx_cma_slice.c), so that the node thread answers
- * its other peers between slices (off by default: it costs throughput).
- * A write (or slice) of KVP_HELPER_SPLIT_BYTES or more is split in two halves of its
- * blocks, the second written by the transport's helper thread (helper.c) at
- * the same time: one process_vm_writev stream copies at ~2/3 of what two do
- * here (docs/DESIGN.md "direct-cma"). Every rule above holds for each half
- * (the bounds before either starts, the pidfd before each syscall); the
- * transfer is terminal once both returned, and fails once if either
- * failed. KVPEER_HELPER_THREAD=0: one thread.
+ * A write goes to the transport's writer thread (ucx_cma_writer.c): the
+ * node thread goes on serving its other peers while it is written. A write
+ * (or slice) of KVP_HELPER_SPLIT_BYTES or more is split in two halves of its
+ * blocks, the second written by the helper thread (helper.c) at the same
+ * time: one process_vm_writev stream copies at ~2/3 of what two do here
+ * (docs/DESIGN.md "direct-cma"). Every rule above holds for each half (the
+ * bounds before either starts, the pidfd before each syscall); the write is
+ * done once both returned, and fails once if either failed.
+ * KVPEER_HELPER_THREAD=0: one stream.
  *
  * The consumer cannot fence or refuse such a write: it is treated exactly
  * as direct shm (inbound DIRECT_CMA: not refusable, no fence proof,
@@ -76,8 +75,11 @@
 
 void kvp__ucx_cma_open(ucx_xport_t *x)
 {
-    /* KVPEER_CMA_SLICE_KIB: bytes written per node round; unset, 0 or not
-     * a number: a whole write at once (ucx_cma_slice.c says why) */
+    kvp_list_init(&x->cma_jobs); /* the writer's (ucx_cma_writer.c) */
+    kvp_list_init(&x->cma_done);
+    x->cma_gate = SIZE_MAX;
+    /* KVPEER_CMA_SLICE_KIB: the writer's slice (ucx_cma_writer.c); unset,
+     * 0 or not a number: a whole write at once */
     const char *sl = getenv("KVPEER_CMA_SLICE_KIB");
     char *end = NULL;
     unsigned long kib = sl != NULL ? strtoul(sl, &end, 10) : 0;
@@ -178,7 +180,7 @@ void kvp__ucx_cma_add_peer(ucx_xport_t *x, ucx_peer_t *p, int lpid)
 
 void kvp__ucx_cma_remove_peer(ucx_peer_t *p)
 {
-    kvp__ucx_cma_drop(p->x, p, NULL); /* before its pidfd goes: nothing more is written */
+    kvp__ucx_cma_drop(p->x, p, NULL, true); /* before its pidfd goes: nothing more written */
     if (p->cma_pidfd >= 0)
         close(p->cma_pidfd);
     p->cma_pidfd = -1;
@@ -205,33 +207,26 @@ static bool cma_bounds_ok(const ucx_peer_t *p, const kvp_xfer_block_t *blocks, s
     return true;
 }
 
-static void cma_fail(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r, int err, size_t done,
-                     size_t want)
-{
-    x->st.cma_failed++;
-    if (r->first_err == UCS_OK)
-        r->first_err = err == ESRCH ? UCS_ERR_CONNECTION_RESET : UCS_ERR_IO_ERROR;
-    KVP_LOG_RL(&x->rl_cma, kvp_clock_now(x->clock), KVP_LOG_WARN, PFX(x),
-               "peer %llu: direct-cma write failed (%s; %zu of %zu bytes): transfer failed",
-               (unsigned long long)p->id, err ? strerror(err) : "short write", done, want);
-}
-
 /* One thread's share of a write: blocks [0, n) in syscalls of up to CMA_IOV
  * runs of adjacent (src, dst) slots. Reads only what is fixed while the
- * transfer is posted (our region, the peer's pid, pidfd and rbase), writes
- * only *w: safe on the helper thread. Stops at the first failed or short
+ * write is posted (our region, the peer's pid, pidfd and rbase), writes only
+ * its own res: safe on any thread. Stops at the first failed or short
  * syscall. */
 typedef struct cma_part {
     const ucx_xport_t *x;
     const ucx_peer_t *p;
     const kvp_xfer_block_t *blocks;
     size_t n;
-    size_t posted, syscalls; /* syscalls that wrote something; all syscalls */
-    uint64_t bytes;          /* bytes written */
-    int err;                 /* errno of the failure (0: short write) */
-    size_t fail_done, fail_want;
-    bool failed;
+    kvp_cma_res_t res;
 } cma_part_t;
+
+static void cma_part_fail(kvp_cma_res_t *res, int err, size_t done, size_t want)
+{
+    res->err = err;
+    res->fail_done = done;
+    res->fail_want = want;
+    res->failed = true;
+}
 
 static void cma_write_part(void *arg)
 {
@@ -256,24 +251,19 @@ static void cma_write_part(void *arg)
         /* Right before each syscall: the process is still the one we proved
          * (its pidfd not readable), so its pid is not anyone else's. */
         if (cma_exited(w->p->cma_pidfd)) {
-            w->err = ESRCH;
-            w->fail_want = want;
-            w->failed = true;
+            cma_part_fail(&w->res, ESRCH, 0, want);
             return;
         }
         ssize_t got = process_vm_writev(w->p->cma_pid, lv, (unsigned long)k, rv,
                                         (unsigned long)k, 0);
         int err = got < 0 ? errno : 0;
-        w->syscalls++;
+        w->res.syscalls++;
         if (got > 0) {
-            w->bytes += (uint64_t)got;
-            w->posted++; /* something reached its memory */
+            w->res.bytes += (uint64_t)got;
+            w->res.posted++; /* something reached its memory */
         }
         if (got != (ssize_t)want) {
-            w->err = err;
-            w->fail_done = got > 0 ? (size_t)got : 0;
-            w->fail_want = want;
-            w->failed = true;
+            cma_part_fail(&w->res, err, got > 0 ? (size_t)got : 0, want);
             return;
         }
     }
@@ -281,59 +271,69 @@ static void cma_write_part(void *arg)
 
 void kvp__ucx_cma_close(ucx_xport_t *x)
 {
-    kvp__ucx_cma_drop(x, NULL, NULL);
-    if (x->cma_efd >= 0)
-        close(x->cma_efd);
-    x->cma_efd = -1;
+    kvp__ucx_cma_writer_stop(x); /* its writes dropped, the one running returned */
     kvp__helper_fini(&x->cma_helper);
 }
 
 size_t kvp__ucx_cma_post(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r,
                          const kvp_xfer_block_t *blocks, size_t n)
 {
-    const size_t bs = x->layout.block_size;
-    if (!cma_bounds_ok(p, blocks, n, bs)) {
+    if (!cma_bounds_ok(p, blocks, n, x->layout.block_size)) {
         r->first_err = UCS_ERR_INVALID_PARAM;
         return 0; /* nothing written */
     }
-    /* A big write: its first slice now (the transfer exists once something
-     * was written), the rest a slice per node round, so that the node thread
-     * serves its other peers between slices (ucx_cma_slice.c). */
-    size_t k = KVP_MAX(x->cma_slice / bs, (size_t)1);
-    if (n <= k)
-        return kvp__ucx_cma_write(x, p, r, blocks, n);
-    size_t posted = kvp__ucx_cma_write(x, p, r, blocks, k);
-    if (posted == 0 || r->first_err != UCS_OK ||
-        kvp__ucx_cma_queue(x, p, r, blocks, k, n))
-        return posted;
-    return posted + kvp__ucx_cma_write(x, p, r, blocks + k, n - k); /* no memory: now */
+    if (kvp__ucx_cma_queue(x, p, r, blocks, n))
+        return 1; /* the writer's request: the transfer exists */
+    /* No writer (or no memory for its job): on this thread, now; with the
+     * helper only if no writer may be using it */
+    kvp_cma_res_t res = {0};
+    kvp__ucx_cma_write_raw(x, p, blocks, n, x->cma_writer_on ? NULL : &x->cma_helper, &res);
+    return kvp__ucx_cma_fold(x, p, r, &res);
 }
 
-size_t kvp__ucx_cma_write(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r,
-                          const kvp_xfer_block_t *blocks, size_t n)
+void kvp__ucx_cma_write_raw(const ucx_xport_t *x, const ucx_peer_t *p,
+                            const kvp_xfer_block_t *blocks, size_t n, kvp_helper_t **helper,
+                            kvp_cma_res_t *res)
 {
     const size_t bs = x->layout.block_size;
     size_t h = n >= 2 && n * bs >= KVP_HELPER_SPLIT_BYTES ? n / 2 : n;
     cma_part_t w[2] = {{.x = x, .p = p, .blocks = blocks, .n = h},
                        {.x = x, .p = p, .blocks = blocks + h, .n = n - h}};
-    bool split = h < n && kvp__helper_post(&x->cma_helper, PFX(x), cma_write_part, &w[1]);
+    bool split = h < n && helper != NULL &&
+                 kvp__helper_post(helper, PFX(x), cma_write_part, &w[1]);
     if (!split) { /* no helper thread: all of it on ours */
         w[0].n = n;
         w[1].n = 0;
     }
     cma_write_part(&w[0]);
     if (split)
-        kvp__helper_wait(x->cma_helper); /* terminal only once both halves returned */
-    size_t posted = 0;
+        kvp__helper_wait(*helper); /* done only once both halves returned */
     for (int i = 0; i < 2; i++) {
-        x->st.cma_writes += w[i].syscalls;
-        x->st.cma_bytes += w[i].bytes;
-        posted += w[i].posted;
+        res->syscalls += w[i].res.syscalls;
+        res->bytes += w[i].res.bytes;
+        res->posted += w[i].res.posted;
     }
-    const cma_part_t *f = w[0].failed ? &w[0] : w[1].failed ? &w[1] : NULL;
-    if (f != NULL) /* one failure per transfer: the first half's if both failed */
-        cma_fail(x, p, r, f->err, f->fail_done, f->fail_want);
-    return posted;
+    /* one failure per write: the first half's if both failed */
+    const kvp_cma_res_t *f = w[0].res.failed ? &w[0].res : w[1].res.failed ? &w[1].res : NULL;
+    if (f != NULL && !res->failed)
+        cma_part_fail(res, f->err, f->fail_done, f->fail_want);
+}
+
+size_t kvp__ucx_cma_fold(ucx_xport_t *x, const ucx_peer_t *p, ucx_xfer_t *r,
+                         const kvp_cma_res_t *res)
+{
+    x->st.cma_writes += res->syscalls;
+    x->st.cma_bytes += res->bytes;
+    if (res->failed) {
+        x->st.cma_failed++;
+        if (r->first_err == UCS_OK)
+            r->first_err = res->err == ESRCH ? UCS_ERR_CONNECTION_RESET : UCS_ERR_IO_ERROR;
+        KVP_LOG_RL(&x->rl_cma, kvp_clock_now(x->clock), KVP_LOG_WARN, PFX(x),
+                   "peer %llu: direct-cma write failed (%s; %zu of %zu bytes): transfer failed",
+                   (unsigned long long)p->id, res->err ? strerror(res->err) : "short write",
+                   res->fail_done, res->fail_want);
+    }
+    return res->posted;
 }
 
 /* Consumer side: a peer that could write our region without our handler

@@ -214,11 +214,18 @@ typedef struct ucx_xport {
     bool cma_ok, cma_in, cma_out;
     kvp_helper_t *cma_helper; /* the second half of a big direct-cma write (ucx_cma.c) */
     kvp_ratelimit_t rl_cma;
-    /* direct-cma writes larger than a slice (KVPEER_CMA_SLICE_KIB), written a slice per node round
-     * (ucx_cma_slice.c); cma_efd, in epfd, readable while any is queued */
-    kvp_list_t cma_jobs;
+    /* the direct-cma writer (ucx_cma_writer.c), started at the first write:
+     * its writes queued or running, then done, under cma_lock; cma_efd, in
+     * epfd, readable while a done one waits for kvp__ucx_cma_pump */
+    pthread_t cma_thread;
+    pthread_mutex_t cma_lock;
+    pthread_cond_t cma_cv; /* a write queued, a slice returned, stop */
+    kvp_list_t cma_jobs, cma_done;
+    struct cma_job *cma_running; /* the write the writer is in (a slice of) */
+    size_t cma_gate;             /* slices the writer may start (SIZE_MAX: any; tests) */
+    bool cma_writer_on, cma_writer_off, cma_stop;
     int cma_efd;
-    size_t cma_slice; /* bytes per slice (KVPEER_CMA_SLICE_KIB; SIZE_MAX: whole, the default) */
+    size_t cma_slice; /* the writer's slice in bytes (KVPEER_CMA_SLICE_KIB; SIZE_MAX: whole) */
 } ucx_xport_t;
 
 #define PFX(x) ((x)->base.log_prefix)
@@ -293,29 +300,46 @@ bool kvp__ucx_cma_bound(const ucx_xport_t *x, const ucx_peer_t *p);
  * could not be proven at add_peer): the consumer trusts FETCH_DONE without
  * our AM landing, so AM is no fallback. */
 int kvp__ucx_cma_ready(ucx_xport_t *x, ucx_peer_t *p);
-/* Write blocks into p's region with process_vm_writev; how many syscalls
- * wrote something (0: nothing was written; r->first_err set on a failure
- * after any call). A write larger than x->cma_slice writes its first
- * slice here and the rest a slice per kvp__ucx_cma_pump, r pending until
- * then (ucx_cma_slice.c). */
+/* Write blocks into p's region with process_vm_writev: queued for the
+ * writer thread (returns 1: r->pending counts it until kvp__ucx_cma_pump
+ * folds it into r), or, with no writer, written now on this thread (how
+ * many syscalls wrote something). 0: nothing written, r->first_err set
+ * (a block outside p's region: nothing is written then). */
 size_t kvp__ucx_cma_post(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r,
                          const kvp_xfer_block_t *blocks, size_t n);
-/* ucx_cma_slice.c. One slice of a direct-cma write, synchronous (both
- * halves returned): how many syscalls wrote something; r->first_err set on
- * a failure. */
-size_t kvp__ucx_cma_write(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r,
-                          const kvp_xfer_block_t *blocks, size_t n);
-/* Queue blocks [first, n) of r's write (r->pending counts it until done);
- * false: no memory (nothing queued: the caller writes them now). */
+/* What a write did, from any thread; folded into x and r on the node
+ * thread by kvp__ucx_cma_fold (how many syscalls wrote something). */
+typedef struct kvp_cma_res {
+    size_t posted, syscalls; /* syscalls that wrote something; all syscalls */
+    uint64_t bytes;
+    int err; /* the first failure's errno (0: a short write) */
+    size_t fail_done, fail_want;
+    bool failed;
+} kvp_cma_res_t;
+/* Blocks [0, n) written into p's region, split with *helper when big (NULL:
+ * on this thread alone), added to *res; changes nothing of x or p, so any
+ * thread may call it while p exists (one thread per helper). */
+void kvp__ucx_cma_write_raw(const ucx_xport_t *x, const ucx_peer_t *p,
+                            const kvp_xfer_block_t *blocks, size_t n, kvp_helper_t **helper,
+                            kvp_cma_res_t *res);
+size_t kvp__ucx_cma_fold(ucx_xport_t *x, const ucx_peer_t *p, ucx_xfer_t *r,
+                         const kvp_cma_res_t *res);
+/* ucx_cma_writer.c. Queue r's write for the writer (r->pending counts it);
+ * false: no writer (KVPEER_CMA_WRITER=0, no thread) or no memory. */
 bool kvp__ucx_cma_queue(ucx_xport_t *x, ucx_peer_t *p, ucx_xfer_t *r,
-                        const kvp_xfer_block_t *blocks, size_t first, size_t n);
-/* The next slice of the oldest queued write (round-robin); true while any
- * remains. The transport's pump op. */
+                        const kvp_xfer_block_t *blocks, size_t n);
+/* The writes the writer finished, folded into their records; true if any
+ * (the round then settles them before it sleeps). The transport's pump op. */
 bool kvp__ucx_cma_pump(kvp_xport_t *xp);
-/* Stop the queued writes of peer p (NULL: any) or of record r (NULL: any):
- * nothing more of them is written; each record fails (CANCELED) and is
- * terminal once its other requests are. */
-void kvp__ucx_cma_drop(ucx_xport_t *x, const ucx_peer_t *p, const ucx_xfer_t *r);
+/* Stop the writes of peer p (NULL: any) or of record r (NULL: any): no
+ * slice of them is started any more; each that is not running ends now
+ * (its record fails, CANCELED, once its other requests are done), the one
+ * running at its slice's return -- waited for here if `wait`. */
+void kvp__ucx_cma_drop(ucx_xport_t *x, const ucx_peer_t *p, const ucx_xfer_t *r, bool wait);
+/* Drop every write, wait for the running one, join the writer. */
+void kvp__ucx_cma_writer_stop(ucx_xport_t *x);
+/* Tests: the writer starts at most `slices` more slices (SIZE_MAX: any). */
+void kvp__ucx_cma_gate(ucx_xport_t *x, size_t slices);
 /* Consumer side: a peer that could write our region directly (the inbound
  * path rule of ucx_path.c / ucx_am.c). */
 bool kvp__ucx_inbound_direct(ucx_xport_t *x, ucx_peer_t *p);

@@ -158,7 +158,7 @@ void kvp__ucx_xfer_step(ucx_xfer_t *r, ucs_status_t status)
 void kvp__ucx_xfer_detach(ucx_xport_t *x, ucx_xfer_t *r)
 {
     if (r->pending > 0)
-        kvp__ucx_cma_drop(x, NULL, r); /* its queued slices: never written now */
+        kvp__ucx_cma_drop(x, NULL, r, false); /* its write: no slice started now */
     if (r->pending == 0) {
         ucx_xfer_put(x, r);
         return;

@@ -29,14 +29,18 @@
  *              counts one failed transfer, no crash
  *              (mutations: the helper's half not written -> verify fails;
  *              no split -> 1 syscall).
- *   sliced:    a 2 MiB write in 512 KiB slices (KVPEER_CMA_SLICE_KIB): the
- *              first slice at post, the rest one per pump, done only then;
- *              cancelled or its peer removed after the first slice, nothing
- *              more is written (the older bytes stay) and the record ends
- *              (mutations: no slicing -> done without a pump; the drop
- *              left out of detach -> the cancelled write's rest lands).
+ *   writer:    a 2 MiB write in 512 KiB slices (KVPEER_CMA_SLICE_KIB) on the
+ *              writer thread, its slices let through one at a time (the
+ *              gate): the write returns before anything is written, is not
+ *              done while a slice is held back, then lands whole; cancelled
+ *              or its peer removed after the first slice, nothing more is
+ *              written (the older bytes stay) and the record ends
+ *              (mutations: the write on the node thread -> the bytes are
+ *              there at once; the drop left out of detach -> the cancelled
+ *              write's rest lands).
  */
 #include "testutil.h"
+#include "transport/ucx_int.h"
 #include "ucx_testlib.h"
 
 #include <signal.h>
@@ -359,12 +363,21 @@ static int64_t verify_reversed(ut_pair_t *p, uint32_t first, uint32_t last, uint
     return r.v1;
 }
 
-/* A write larger than a slice (512 KiB here): its first slice is written at
- * post, the rest one slice per pump (a node round); it is done only then.
- * Dropped between slices -- cancelled (IMMEDIATE), its peer removed --
- * nothing more of it is written (the destination keeps the older bytes)
- * and its record is terminal, failed. */
-static void test_cma_sliced(void **state)
+/* Until the source's first slice of the write landed in the target. */
+static void wait_first_slice(ut_pair_t *p, uint64_t seed)
+{
+    uint64_t until = ut_now_ns() + SC(5 * SEC);
+    while (verify_reversed(p, 0, 8, seed) != 0)
+        assert_true(ut_now_ns() < until);
+}
+
+/* The writer thread (ucx_cma_writer.c), its slices held by the test's
+ * gate: a 2 MiB write in 512 KiB slices returns before anything is
+ * written and is not done while the writer may not go on; with the gate
+ * open it lands whole, a syscall per slice. Cancelled after its first
+ * slice, or its peer removed then, no slice more is written (the older
+ * bytes stay) and the record ends. */
+static void test_cma_writer(void **state)
 {
     (void)state;
     ut_pair_t p;
@@ -378,15 +391,21 @@ static void test_cma_sliced(void **state)
     open_cma(&p);
     unsetenv("KVPEER_CMA_SLICE_KIB");
     ut_consumer_add_producer(&p, -1);
+    ucx_xport_t *x = ucx_of(p.x);
     for (uint32_t s = 0; s < 32; s++)
         ut_pattern_fill(p.region + (size_t)s * UT_BS, UT_BS, s, 53);
-    assert_int_equal(write_reversed(&p, p.peer, &id), KVP_OK);
-    assert_int_equal(xstats(p.x).cma_bytes, slice); /* the first slice only */
-    for (int i = 0; i < 10; i++)                      /* progress is not a round */
-        p.x->ops->progress(p.x);
+    kvp__ucx_cma_gate(x, 0);
+    assert_int_equal(write_reversed(&p, p.peer, &id), KVP_OK); /* queued: nothing written */
+    ut_progress_for(p.x, SC(20 * MSEC));
+    assert_int_equal(child_count_not(&p, 0), 0);
+    kvp__ucx_cma_gate(x, 1);
+    wait_first_slice(&p, 53);
+    ut_progress_for(p.x, SC(20 * MSEC));
     assert_int_equal(p.x->ops->poll(p.x, p.peer, res, 4, &n), KVP_OK);
     assert_int_equal(n, 0); /* not done: three slices to go */
-    assert_true(ut_wait_xfer(p.x, p.peer, id, SC(5 * SEC), &st)); /* pumps */
+    assert_int_equal(verify_reversed(&p, 8, 9, 53), 1); /* the second slice not written */
+    kvp__ucx_cma_gate(x, SIZE_MAX);
+    assert_true(ut_wait_xfer(p.x, p.peer, id, SC(5 * SEC), &st));
     assert_int_equal(st, KVP_OK);
     assert_int_equal(verify_reversed(&p, 0, 32, 53), 0);
     kvp_xport_stats_t xs = xstats(p.x);
@@ -395,9 +414,11 @@ static void test_cma_sliced(void **state)
     /* dropped by a cancel after its first slice */
     for (uint32_t s = 0; s < 32; s++)
         ut_pattern_fill(p.region + (size_t)s * UT_BS, UT_BS, s, 57);
+    kvp__ucx_cma_gate(x, 1);
     assert_int_equal(write_reversed(&p, p.peer, &id), KVP_OK);
+    wait_first_slice(&p, 57);
     assert_int_equal(p.x->ops->cancel(p.x, &id, 1, KVP_CANCEL_IMMEDIATE, NULL, NULL), KVP_OK);
-    assert_false(p.x->ops->pump(p.x)); /* nothing queued any more */
+    kvp__ucx_cma_gate(x, SIZE_MAX);
     ut_progress_for(p.x, SC(20 * MSEC));
     assert_int_equal(xstats(p.x).cma_bytes, 32ull * UT_BS + slice);
     assert_int_equal(verify_reversed(&p, 0, 8, 57), 0);  /* the slice written */
@@ -405,15 +426,17 @@ static void test_cma_sliced(void **state)
     /* dropped by the removal of its peer: its record terminal, failed */
     for (uint32_t s = 0; s < 32; s++)
         ut_pattern_fill(p.region + (size_t)s * UT_BS, UT_BS, s, 59);
+    kvp__ucx_cma_gate(x, 1);
     assert_int_equal(write_reversed(&p, p.peer, &id), KVP_OK);
-    assert_int_equal(verify_reversed(&p, 8, 32, 53), 0);
+    wait_first_slice(&p, 59);
     assert_int_equal(p.x->ops->remove_peer(p.x, p.peer), KVP_OK);
-    assert_false(p.x->ops->pump(p.x));
+    kvp__ucx_cma_gate(x, SIZE_MAX);
     xs = ut_drain_retired(p.x, 2 * MSEC, SC(2 * SEC));
-    print_message("  sliced: 32 x %u B in 512 KiB slices, %llu syscalls, %llu B written "
+    print_message("  writer: 32 x %u B in 512 KiB slices, %llu syscalls, %llu B written "
                   "(two writes dropped after their first slice)\n",
                   UT_BS, (unsigned long long)xs.cma_writes, (unsigned long long)xs.cma_bytes);
     assert_int_equal(xs.cma_bytes, 32ull * UT_BS + 2 * slice);
+    assert_int_equal(verify_reversed(&p, 8, 32, 53), 0);
     assert_int_equal(p.x->ops->close(p.x, false), KVP_OK);
     kvp_test_logcap_stop();
     KVP_TEST_ASSERT_NO_LEAKS();
@@ -427,7 +450,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_cma_direct),   cmocka_unit_test(test_cma_unproven),
         cmocka_unit_test(test_cma_bounds),   cmocka_unit_test(test_cma_outside),
         cmocka_unit_test(test_cma_other_pid), cmocka_unit_test(test_cma_dead),
-        cmocka_unit_test(test_cma_split),    cmocka_unit_test(test_cma_sliced),
+        cmocka_unit_test(test_cma_split),    cmocka_unit_test(test_cma_writer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -167,7 +167,7 @@ bool ut_wait_xfer(kvp_xport_t *x, kvp_xpeer_id_t peer, kvp_xfer_id_t id, uint64_
         if (ut_stash_take(id, st))
             return true;
         if (x->ops->pump != NULL)
-            x->ops->pump(x); /* as a node round: the next slice of a big direct-cma write */
+            x->ops->pump(x); /* as a node round: the writer's finished direct-cma writes */
         x->ops->progress(x);
         kvp_status_t ps = x->ops->poll(x, peer, res, 16, &n);
         if (ps != KVP_OK) {
