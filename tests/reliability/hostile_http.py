@@ -29,6 +29,8 @@ choosing. Cases (all by default):
               answered every time, since a cut takes the oldest waiting
               connection of the busiest address (before the session of
               2026-12-06 12:00: the oldest of all, the good client).
+  flood6      the same from 48 IPv6 addresses of one /64 (a network namespace
+              made here; skipped without root): a /64 is one client address.
   fds         a daemon whose descriptors are all above 1023 (it inherits
               1100 open files): /healthz, /metrics and an admin put answer
               (select() could not serve them).
@@ -68,6 +70,14 @@ import hostile  # noqa: E402
 IDLE_MS = 2000
 PROBE_S = 2.0  # a probe during an attack answers within this (scaled)
 FORGED = "forged"  # what every injection tries to start a line / field with
+
+
+def tcp_socket(addr):
+    """A socket for host:port or [v6]:port; (socket, (host, port))."""
+    host, port = addr.rsplit(":", 1)
+    v6 = host.startswith("[")
+    s = socket.socket(socket.AF_INET6 if v6 else socket.AF_INET, socket.SOCK_STREAM)
+    return s, (host.strip("[]"), int(port))
 
 
 def http_raw(addr, path, method="GET", headers=None, timeout=5.0, src=None):
@@ -120,13 +130,12 @@ def slow_sockets(addr, sources, more=b""):
     """One socket per source address, each sends one header line (and then
     ``more``) and stays. Connects that D refuses at once (per-address or
     total cap) are counted."""
-    host, port = addr.rsplit(":", 1)
     socks, refused = [], 0
     for src in sources:
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s, dst = tcp_socket(addr)
         try:
             s.bind((src, 0))
-            s.connect((host, int(port)))
+            s.connect(dst)
             s.sendall(b"GET /healthz HTTP/1.1\r\n" + more)  # one header line, never the end
             socks.append(s)
         except OSError:
@@ -306,22 +315,25 @@ def case_trickle(kvpeerd):
 
 
 class Flood:
-    """Threads, one per source address, each opening connections back to
-    back (one header line each) and keeping its newest ``keep`` (closing the
-    oldest): every connect past T's cap makes T cut one. Counts connects."""
+    """Threads, each opening connections back to back (one header line
+    each) from its source addresses in turn and keeping its newest ``keep``
+    (closing the oldest): every connect past T's cap makes T cut one. In
+    network namespace ``ns`` if given. Counts connects."""
 
-    def __init__(self, addr, sources, keep):
+    def __init__(self, addr, thread_sources, keep, ns=None):
         self.addr, self.keep = addr, keep
         self.connects = 0
         self.stop_evt = threading.Event()
-        self.ts = [threading.Thread(target=self.run, args=(src,), daemon=True) for src in sources]
+        self.ts = [threading.Thread(target=relib.in_netns, args=(ns, self.run, srcs), daemon=True)
+                   for srcs in thread_sources]
         for t in self.ts:
             t.start()
 
-    def run(self, src):
-        socks = []
+    def run(self, srcs):
+        socks, i = [], 0
         while not self.stop_evt.is_set():
-            s, _ = slow_sockets(self.addr, [src])
+            s, _ = slow_sockets(self.addr, [srcs[i % len(srcs)]])
+            i += 1
             socks += s
             self.connects += len(s)
             while len(socks) > self.keep:
@@ -339,12 +351,11 @@ def slow_request(addr, src, pause):
     """A GET /healthz from src whose request goes ``pause`` s after the
     connect (a client at the end of a slow link): its status, or None if T
     closed it unanswered."""
-    host, port = addr.rsplit(":", 1)
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s, dst = tcp_socket(addr)
     try:
         s.settimeout(scaled(PROBE_S) + pause)
         s.bind((src, 0))
-        s.connect((host, int(port)))
+        s.connect(dst)
         time.sleep(pause)
         try:
             s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
@@ -359,37 +370,74 @@ def slow_request(addr, src, pause):
 FLOOD_CAP = 16
 
 
+def flood_daemon(kvpeerd, http, ns=None):
+    return relib.Daemon(kvpeerd, "T", ["--listen", "127.0.0.1:0", "--http", http,
+                                       "--num_blocks", "16", "--block_size", "64K",
+                                       "--http_max_conns", str(FLOOD_CAP),
+                                       "--http_idle_ms", str(IDLE_MS),
+                                       "--shutdown_drain_ms", "200"], ns=ns).start()
+
+
+def flood_run(T, thread_sources, good, ns=None):
+    """The flood (Flood: 15 connections per thread) on T while a good client
+    from ``good`` sends requests 1 s (half the idle time) after each connect,
+    until T cut a cap's worth on average during each (at least 8): the
+    statuses (None: cut), T's cuts during each, the flood's connects."""
+    fl = Flood(T.http, thread_sources, 15, ns)
+    codes, cuts = [], []
+    try:
+        wait_for(lambda: cut_total(T) > 2 * FLOOD_CAP, "the flood past T's cap", 20)
+        while len(codes) < 8 or sum(cuts) < 8 * FLOOD_CAP:
+            check(len(codes) < 40, "the flood too slow to test anything: %s cuts in %d requests"
+                  % (sum(cuts), len(codes)))
+            c0 = cut_total(T)
+            codes.append(relib.in_netns(ns, slow_request, T.http, good, 1.0))
+            cuts.append(cut_total(T) - c0)
+    finally:
+        fl.stop()
+    return codes, cuts, fl.connects
+
+
 def case_flood(kvpeerd):
     """A connect flood faster than a good client's round trip, against a total
     cap of FLOOD_CAP (32 per address): the flood's 3 addresses keep 30
     connections each (two threads each) and replace them back to back (as
     fast as T accepts: the kernel drops SYNs while T's accept queue is full);
-    a good client from 127.0.6.9 sends each request 1 s (half the idle time) after its
-    connect, while the flood makes more than a cap's worth of connections on
-    average (counted: T's cuts). Every such request is
-    answered: T cuts the oldest waiting connection of the busiest address,
-    the flood's own."""
-    T = relib.Daemon(kvpeerd, "T", ["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
-                                    "--num_blocks", "16", "--block_size", "64K",
-                                    "--http_max_conns", str(FLOOD_CAP),
-                                    "--http_idle_ms", str(IDLE_MS),
-                                    "--shutdown_drain_ms", "200"]).start()
-    fl = Flood(T.http, ["127.0.6.%d" % (1 + i % 3) for i in range(6)], 15)
-    codes, cuts = [], []
-    try:
-        wait_for(lambda: cut_total(T) > 2 * FLOOD_CAP, "the flood past T's cap", 20)
-        while len(codes) < 8 or sum(cuts) < 8 * FLOOD_CAP:  # on average a cap's worth each
-            check(len(codes) < 40, "the flood too slow to test anything: %s cuts in %d requests"
-                  % (sum(cuts), len(codes)))
-            c0 = cut_total(T)
-            codes.append(slow_request(T.http, "127.0.6.9", 1.0))  # under http_idle_ms
-            cuts.append(cut_total(T) - c0)
-    finally:
-        fl.stop()
+    a good client from 127.0.6.9 sends each request 1 s after its connect,
+    while the flood makes more than a cap's worth of connections on average
+    (counted: T's cuts). Every such request is answered: T cuts the oldest
+    waiting connection of the busiest address, the flood's own."""
+    T = flood_daemon(kvpeerd, "127.0.0.1:0")
+    codes, cuts, n = flood_run(T, [["127.0.6.%d" % (1 + i % 3)] for i in range(6)], "127.0.6.9")
     log("flood: 3 addresses x 30 connections replaced back to back (%d connects) against a cap "
         "of %d, %d slow requests from a fourth: %s; T's cuts during each: %s"
-        % (fl.connects, FLOOD_CAP, len(codes), codes, cuts))
+        % (n, FLOOD_CAP, len(codes), codes, cuts))
     check(codes == [200] * len(codes), "a slow good request cut by the flood: %s" % codes)
+    T.check_clean_exit(T.stop())
+
+
+def case_flood6(kvpeerd):
+    """The flood from 48 IPv6 addresses of one /64 (2001:db8:a::/64, on lo
+    of a network namespace made here), each holding about as many
+    connections as the good client from another /64: T counts a /64 as one
+    client address, so the flood cuts its own (by whole address, every
+    address would hold ~1 and the good client, oldest, would be cut).
+    Skipped (logged) without root or `ip netns`."""
+    ns = "kvph6-%d" % os.getpid()
+    try:
+        relib.netns_add(ns)
+        for a in ["2001:db8:a::%x" % i for i in range(1, 49)] + ["2001:db8:b::1"]:
+            relib.sh("ip", "-6", "addr", "add", a + "/128", "dev", "lo", "nodad", ns=ns)
+    except (OSError, RuntimeError) as e:
+        log("flood6: skipped (no network namespace: %s)" % e)
+        return
+    T = flood_daemon(kvpeerd, "[::1]:0", ns)
+    srcs = [["2001:db8:a::%x" % i for i in range(1 + t, 49, 6)] for t in range(6)]
+    codes, cuts, n = flood_run(T, srcs, "2001:db8:b::1", ns)
+    log("flood6: 48 addresses of one /64 x ~2 connections replaced back to back (%d connects) "
+        "against a cap of %d, %d slow requests from another /64: %s; T's cuts during each: %s"
+        % (n, FLOOD_CAP, len(codes), codes, cuts))
+    check(codes == [200] * len(codes), "a slow good request cut by the IPv6 flood: %s" % codes)
     T.check_clean_exit(T.stop())
 
 
@@ -584,7 +632,7 @@ def case_corrupt(D, kvpeerd):
 def main():
     kvpeerd = os.path.abspath(sys.argv[1])
     cases = sys.argv[2:] or ["token", "corrupt", "inject", "peer_id", "long_admin", "slowloris",
-                             "trickle", "flood", "fds"]
+                             "trickle", "flood", "flood6", "fds"]
     fp = hostile.fingerprint()
     common = ["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--admin", "--block_size",
               "64K", "--compat", hostile.COMPAT, "--shutdown_drain_ms", "500",
@@ -606,6 +654,8 @@ def main():
             case_trickle(kvpeerd)
         elif c == "flood":
             case_flood(kvpeerd)
+        elif c == "flood6":
+            case_flood6(kvpeerd)
         elif c == "fds":
             case_fds(kvpeerd)
         elif c == "inject":
