@@ -28,14 +28,14 @@ int kvpd_admin_verify(kvpd_t *d, struct MHD_Connection *c, kvpd_buf_t *out);
  * the one that waited longest without a request in a handler, of the client
  * address holding the most. libmicrohttpd's own cap, a backstop, is set at
  * twice http_max_conns plus KVPD_HTTP_HEADROOM, for cut connections still
- * closing (a flood cuts hundreds a second; at http_max_conns + 16 their
- * closing threads filled it on this 2-core VM and libmicrohttpd refused a
- * good client at accept).
+ * closing (a flood cuts hundreds a second; at http_max_conns + 16, and at
+ * twice it + 16 under ASan beside other tests, their closing threads filled
+ * it on this 2-core VM and libmicrohttpd refused other clients at accept).
  * init before the HTTP server starts (0 or -1: no memory), free after it
  * stopped. The two callbacks are MHD_OPTION_NOTIFY_CONNECTION's and
  * MHD_OPTION_NOTIFY_COMPLETED's (cls: d); kvpd_hcap_request(.., true) when a
  * whole request is in (headers and body: its handler runs). */
-#define KVPD_HTTP_HEADROOM 16
+#define KVPD_HTTP_HEADROOM 64
 enum MHD_ConnectionNotificationCode;
 enum MHD_RequestTerminationCode;
 int kvpd_hcap_init(kvpd_t *d);

@@ -22,7 +22,7 @@ choosing. Cases (all by default):
               /healthz and /metrics answer throughout, since the connection
               that waited longest is cut for a newcomer; T counts the cuts.
   flood       3 addresses open connections as fast as they can (each keeps
-              30, one header line each, closing its oldest), against a cap of
+              16, one header line each, closing its oldest), against a cap of
               16: a good client from a fourth address that connects and
               sends its request only after a pause of 1 s (a slow round trip,
               under which the flood makes more than 16 newer connections) is
@@ -379,11 +379,11 @@ def flood_daemon(kvpeerd, http, ns=None):
 
 
 def flood_run(T, thread_sources, good, ns=None):
-    """The flood (Flood: 15 connections per thread) on T while a good client
+    """The flood (Flood: 8 connections per thread) on T while a good client
     from ``good`` sends requests 1 s (half the idle time) after each connect,
     until T cut a cap's worth on average during each (at least 8): the
     statuses (None: cut), T's cuts during each, the flood's connects."""
-    fl = Flood(T.http, thread_sources, 15, ns)
+    fl = Flood(T.http, thread_sources, 8, ns)
     codes, cuts = [], []
     try:
         wait_for(lambda: cut_total(T) > 2 * FLOOD_CAP, "the flood past T's cap", 20)
@@ -400,7 +400,7 @@ def flood_run(T, thread_sources, good, ns=None):
 
 def case_flood(kvpeerd):
     """A connect flood faster than a good client's round trip, against a total
-    cap of FLOOD_CAP (32 per address): the flood's 3 addresses keep 30
+    cap of FLOOD_CAP (32 per address): the flood's 3 addresses keep 16
     connections each (two threads each) and replace them back to back (as
     fast as T accepts: the kernel drops SYNs while T's accept queue is full);
     a good client from 127.0.6.9 sends each request 1 s after its connect,
@@ -409,7 +409,7 @@ def case_flood(kvpeerd):
     waiting connection of the busiest address, the flood's own."""
     T = flood_daemon(kvpeerd, "127.0.0.1:0")
     codes, cuts, n = flood_run(T, [["127.0.6.%d" % (1 + i % 3)] for i in range(6)], "127.0.6.9")
-    log("flood: 3 addresses x 30 connections replaced back to back (%d connects) against a cap "
+    log("flood: 3 addresses x 16 connections replaced back to back (%d connects) against a cap "
         "of %d, %d slow requests from a fourth: %s; T's cuts during each: %s"
         % (n, FLOOD_CAP, len(codes), codes, cuts))
     check(codes == [200] * len(codes), "a slow good request cut by the flood: %s" % codes)
@@ -434,7 +434,7 @@ def case_flood6(kvpeerd):
     T = flood_daemon(kvpeerd, "[::1]:0", ns)
     srcs = [["2001:db8:a::%x" % i for i in range(1 + t, 49, 6)] for t in range(6)]
     codes, cuts, n = flood_run(T, srcs, "2001:db8:b::1", ns)
-    log("flood6: 48 addresses of one /64 x ~2 connections replaced back to back (%d connects) "
+    log("flood6: 48 addresses of one /64 x ~1 connection replaced back to back (%d connects) "
         "against a cap of %d, %d slow requests from another /64: %s; T's cuts during each: %s"
         % (n, FLOOD_CAP, len(codes), codes, cuts))
     check(codes == [200] * len(codes), "a slow good request cut by the IPv6 flood: %s" % codes)
