@@ -370,19 +370,17 @@ def slow_request(addr, src, pause):
 FLOOD_CAP = 16
 
 
-def flood_daemon(kvpeerd, http, ns=None):
-    return relib.Daemon(kvpeerd, "T", ["--listen", "127.0.0.1:0", "--http", http,
-                                       "--num_blocks", "16", "--block_size", "64K",
-                                       "--http_max_conns", str(FLOOD_CAP),
-                                       "--http_idle_ms", str(IDLE_MS),
-                                       "--shutdown_drain_ms", "200"], ns=ns).start()
-
-
-def flood_run(T, thread_sources, good, ns=None):
-    """The flood (Flood: 8 connections per thread) on T while a good client
-    from ``good`` sends requests 1 s (half the idle time) after each connect,
-    until T cut a cap's worth on average during each (at least 8): the
-    statuses (None: cut), T's cuts during each, the flood's connects."""
+def flood_run(kvpeerd, http, thread_sources, good, what, ns=None):
+    """Daemon T (cap FLOOD_CAP) on ``http``; the flood (Flood: 8 connections
+    per thread) on T while a good client from ``good`` sends requests 1 s
+    (half the idle time) after each connect, until T cut a cap's worth on
+    average during each (at least 8 requests): every one answered (200), T
+    exits clean. ``what`` names the flood in the log line."""
+    T = relib.Daemon(kvpeerd, "T", ["--listen", "127.0.0.1:0", "--http", http,
+                                    "--num_blocks", "16", "--block_size", "64K",
+                                    "--http_max_conns", str(FLOOD_CAP),
+                                    "--http_idle_ms", str(IDLE_MS),
+                                    "--shutdown_drain_ms", "200"], ns=ns).start()
     fl = Flood(T.http, thread_sources, 8, ns)
     codes, cuts = [], []
     try:
@@ -395,7 +393,11 @@ def flood_run(T, thread_sources, good, ns=None):
             cuts.append(cut_total(T) - c0)
     finally:
         fl.stop()
-    return codes, cuts, fl.connects
+    log("%s replaced back to back (%d connects) against a cap of %d, %d slow requests from %s: "
+        "%s; T's cuts during each: %s" % (what, fl.connects, FLOOD_CAP, len(codes), good, codes,
+                                          cuts))
+    check(codes == [200] * len(codes), "a slow good request cut by the flood: %s" % codes)
+    T.check_clean_exit(T.stop())
 
 
 def case_flood(kvpeerd):
@@ -407,13 +409,8 @@ def case_flood(kvpeerd):
     while the flood makes more than a cap's worth of connections on average
     (counted: T's cuts). Every such request is answered: T cuts the oldest
     waiting connection of the busiest address, the flood's own."""
-    T = flood_daemon(kvpeerd, "127.0.0.1:0")
-    codes, cuts, n = flood_run(T, [["127.0.6.%d" % (1 + i % 3)] for i in range(6)], "127.0.6.9")
-    log("flood: 3 addresses x 16 connections replaced back to back (%d connects) against a cap "
-        "of %d, %d slow requests from a fourth: %s; T's cuts during each: %s"
-        % (n, FLOOD_CAP, len(codes), codes, cuts))
-    check(codes == [200] * len(codes), "a slow good request cut by the flood: %s" % codes)
-    T.check_clean_exit(T.stop())
+    flood_run(kvpeerd, "127.0.0.1:0", [["127.0.6.%d" % (1 + i % 3)] for i in range(6)],
+              "127.0.6.9", "flood: 3 addresses x 16 connections")
 
 
 def case_flood6(kvpeerd):
@@ -431,14 +428,9 @@ def case_flood6(kvpeerd):
     except (OSError, RuntimeError) as e:
         log("flood6: skipped (no network namespace: %s)" % e)
         return
-    T = flood_daemon(kvpeerd, "[::1]:0", ns)
-    srcs = [["2001:db8:a::%x" % i for i in range(1 + t, 49, 6)] for t in range(6)]
-    codes, cuts, n = flood_run(T, srcs, "2001:db8:b::1", ns)
-    log("flood6: 48 addresses of one /64 x ~1 connection replaced back to back (%d connects) "
-        "against a cap of %d, %d slow requests from another /64: %s; T's cuts during each: %s"
-        % (n, FLOOD_CAP, len(codes), codes, cuts))
-    check(codes == [200] * len(codes), "a slow good request cut by the IPv6 flood: %s" % codes)
-    T.check_clean_exit(T.stop())
+    flood_run(kvpeerd, "[::1]:0", [["2001:db8:a::%x" % i for i in range(1 + t, 49, 6)]
+                                   for t in range(6)],
+              "2001:db8:b::1", "flood6: 48 addresses of one /64 x ~1 connection", ns)
 
 
 def case_fds(kvpeerd):
