@@ -9,8 +9,9 @@
  * rewritten around MHD_suspend_connection. What keeps the threads bounded
  * a total connection cap (http_max_conns; ours, kvpeerd_http_cap.c: past it the
  * connection waiting longest for its request is cut, so slow clients cannot
- * hold it shut), libmicrohttpd's cap per client address (http_max_per_ip) and
- * its idle timeout (http_idle_ms) that closes a connection sending nothing
+ * hold it shut), a cap per client address (http_max_per_ip: libmicrohttpd's,
+ * and ours per IPv6 /64 in kvpeerd_http_cap.c) and libmicrohttpd's
+ * idle timeout (http_idle_ms) that closes a connection sending nothing
  * (slowloris); poll() instead of
  * select(), so a descriptor above 1023 is served. An authenticated admin
  * request lifts the timeout for itself: its handler bounds its own wait.
@@ -110,11 +111,17 @@ static int get_metrics(kvpd_t *d, struct MHD_Connection *c, kvpd_buf_t *out)
         kvpd_buf_printf(out, "metrics unavailable: %s\n", kvp_status_str(st));
         return MHD_HTTP_INTERNAL_SERVER_ERROR;
     }
+    uint64_t cut, refused;
+    kvpd_hcap_totals(d, &cut, &refused);
     kvpd_buf_printf(out,
                     "# HELP kvpeer_http_cut_total HTTP connections closed at the cap "
                     "(http_max_conns), each the one waiting longest without a request\n"
-                    "# TYPE kvpeer_http_cut_total counter\nkvpeer_http_cut_total %llu\n",
-                    (unsigned long long)kvpd_hcap_cut_total(d));
+                    "# TYPE kvpeer_http_cut_total counter\nkvpeer_http_cut_total %llu\n"
+                    "# HELP kvpeer_http_addr_refused_total HTTP connections refused past "
+                    "their client address's cap (http_max_per_ip; IPv6: per /64)\n"
+                    "# TYPE kvpeer_http_addr_refused_total counter\n"
+                    "kvpeer_http_addr_refused_total %llu\n",
+                    (unsigned long long)cut, (unsigned long long)refused);
     return MHD_HTTP_OK;
 }
 

@@ -45,7 +45,8 @@ void kvpd_hcap_on_connection(void *cls, struct MHD_Connection *mc, void **socket
 void kvpd_hcap_on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
                             enum MHD_RequestTerminationCode toe);
 void kvpd_hcap_request(kvpd_t *d, struct MHD_Connection *mc, bool in_handler);
-uint64_t kvpd_hcap_cut_total(kvpd_t *d); /* connections cut since start */
+/* since start: connections cut at the total cap, refused at an address's */
+void kvpd_hcap_totals(kvpd_t *d, uint64_t *cut_total, uint64_t *refused_total);
 
 #ifdef KVPD_TEST_ROUTES
 int kvpd_admin_corrupt(kvpd_t *d, struct MHD_Connection *c, kvpd_buf_t *out);

@@ -27,6 +27,13 @@
  * connections of its own kind arrived. The descriptor is shut down under the
  * lock, and libmicrohttpd closes it only after the CLOSED notification,
  * which takes the lock: never a descriptor of someone else.
+ *
+ * The cap per client address (http_max_per_ip) is kept here too, by the
+ * same address keys: libmicrohttpd's counts each IPv6 address, and a host
+ * given a /64 has 2^64 of them. A connection that takes its address past
+ * the cap is refused at once (shut down, as libmicrohttpd refuses one),
+ * counted in kvpeer_http_addr_refused_total; libmicrohttpd's per-address
+ * cap stays, the same number (it refuses an IPv4 client before we see it).
  */
 #include "kvpeerd_http.h"
 
@@ -58,8 +65,9 @@ struct kvpd_hcap {
     hconn_t *head, *tail; /* waiting connections, oldest first */
     haddr_t *addrs;       /* addresses with tracked connections */
     uint32_t open;        /* tracked connections not cut */
-    uint32_t cap;
+    uint32_t cap, per_addr;
     uint64_t cut_total, cut_unlogged, last_log_ms;
+    uint64_t refused_total, refused_unlogged, last_refused_log_ms;
 };
 
 static void wait_push(kvpd_hcap_t *h, hconn_t *c)
@@ -147,29 +155,46 @@ static hconn_t *victim(kvpd_hcap_t *h)
     return v;
 }
 
-static void cut(kvpd_hcap_t *h, hconn_t *c)
+/* Close c (its thread sees EOF); counted as cut at the total cap, or
+ * refused at its address's. */
+static void cut(kvpd_hcap_t *h, hconn_t *c, bool refused)
 {
     wait_unlink(h, c);
     c->cut = true;
     c->addr->open--;
     h->open--;
-    h->cut_total++;
-    h->cut_unlogged++;
+    if (refused) {
+        h->refused_total++;
+        h->refused_unlogged++;
+    } else {
+        h->cut_total++;
+        h->cut_unlogged++;
+    }
     shutdown(c->fd, SHUT_RDWR);
 }
 
-/* At most one line a second, with how many were cut since the last. */
+/* At most one line a second of each kind, with how many since the last. */
 static void log_cuts(kvpd_hcap_t *h)
 {
     uint64_t now = kvpd_now_ms();
-    if (h->cut_unlogged == 0 || now - h->last_log_ms < 1000)
-        return;
-    kvpd_log(KVPD_LOG_WARN, "http_cap_full",
-             "max_conns=%u cut=%llu cut_total=%llu note=\"closed the connections that waited "
-             "longest without a request in a handler, of the busiest client addresses\"",
-             h->cap, (unsigned long long)h->cut_unlogged, (unsigned long long)h->cut_total);
-    h->cut_unlogged = 0;
-    h->last_log_ms = now;
+    if (h->cut_unlogged != 0 && now - h->last_log_ms >= 1000) {
+        kvpd_log(KVPD_LOG_WARN, "http_cap_full",
+                 "max_conns=%u cut=%llu cut_total=%llu note=\"closed the connections that "
+                 "waited longest without a request in a handler, of the busiest client "
+                 "addresses\"",
+                 h->cap, (unsigned long long)h->cut_unlogged, (unsigned long long)h->cut_total);
+        h->cut_unlogged = 0;
+        h->last_log_ms = now;
+    }
+    if (h->refused_unlogged != 0 && now - h->last_refused_log_ms >= 1000) {
+        kvpd_log(KVPD_LOG_WARN, "http_addr_full",
+                 "max_per_ip=%u refused=%llu refused_total=%llu note=\"connections past the cap "
+                 "of their client address (IPv6: its /64) refused\"",
+                 h->per_addr, (unsigned long long)h->refused_unlogged,
+                 (unsigned long long)h->refused_total);
+        h->refused_unlogged = 0;
+        h->last_refused_log_ms = now;
+    }
 }
 
 void kvpd_hcap_on_connection(void *cls, struct MHD_Connection *mc, void **socket_context,
@@ -197,8 +222,10 @@ void kvpd_hcap_on_connection(void *cls, struct MHD_Connection *mc, void **socket
         *socket_context = c;
         h->open++;
         wait_push(h, c);
-        if (h->open > h->cap) /* the newcomer if nothing else of its or a busier address waits */
-            cut(h, victim(h));
+        if (c->addr->open > h->per_addr)
+            cut(h, c, true); /* the newcomer, past its address's cap */
+        else if (h->open > h->cap) /* the newcomer if nothing else of its or a busier waits */
+            cut(h, victim(h), false);
         log_cuts(h);
         pthread_mutex_unlock(&h->lock);
         return;
@@ -246,6 +273,7 @@ int kvpd_hcap_init(kvpd_t *d)
         return -1;
     pthread_mutex_init(&d->hcap->lock, NULL);
     d->hcap->cap = d->set.http_max_conns;
+    d->hcap->per_addr = d->set.http_max_per_ip;
     return 0;
 }
 
@@ -263,12 +291,13 @@ void kvpd_hcap_free(kvpd_t *d)
     d->hcap = NULL;
 }
 
-uint64_t kvpd_hcap_cut_total(kvpd_t *d)
+void kvpd_hcap_totals(kvpd_t *d, uint64_t *cut_total, uint64_t *refused_total)
 {
+    *cut_total = *refused_total = 0;
     if (d->hcap == NULL)
-        return 0;
+        return;
     pthread_mutex_lock(&d->hcap->lock);
-    uint64_t n = d->hcap->cut_total;
+    *cut_total = d->hcap->cut_total;
+    *refused_total = d->hcap->refused_total;
     pthread_mutex_unlock(&d->hcap->lock);
-    return n;
 }

@@ -48,19 +48,27 @@ typedef struct cma_job {
     kvp_xfer_block_t blocks[];
 } cma_job_t;
 
+/* Under cma_lock: cma_efd readable (once: it stays so until efd_clear). */
 static void efd_signal(ucx_xport_t *x)
 {
     uint64_t v = 1;
+    if (atomic_load_explicit(&x->cma_signalled, memory_order_relaxed))
+        return;
+    atomic_store_explicit(&x->cma_signalled, true, memory_order_relaxed);
     if (write(x->cma_efd, &v, sizeof v) != sizeof v) {
-        /* the counter cannot overflow here: already readable */
+        /* cannot fail: an eventfd counter at 0 */
     }
 }
 
+/* Under cma_lock. */
 static void efd_clear(ucx_xport_t *x)
 {
     uint64_t v;
+    if (!atomic_load_explicit(&x->cma_signalled, memory_order_relaxed))
+        return;
+    atomic_store_explicit(&x->cma_signalled, false, memory_order_relaxed);
     if (read(x->cma_efd, &v, sizeof v) != sizeof v) {
-        /* EAGAIN: not signalled */
+        /* cannot fail: signalled */
     }
 }
 
@@ -177,6 +185,8 @@ static bool reap(ucx_xport_t *x, const ucx_peer_t *p, const ucx_xfer_t *r)
     kvp_list_t mine, *pos, *tmp;
     kvp_list_init(&mine);
     pthread_mutex_lock(&x->cma_lock);
+    if (p == NULL && r == NULL)
+        efd_clear(x); /* every done write taken: a later one signals again */
     kvp_list_foreach_safe(pos, tmp, &x->cma_done)
     {
         cma_job_t *j = KVP_CONTAINER_OF(pos, cma_job_t, link);
@@ -198,9 +208,9 @@ static bool reap(ucx_xport_t *x, const ucx_peer_t *p, const ucx_xfer_t *r)
 bool kvp__ucx_cma_pump(kvp_xport_t *xp)
 {
     ucx_xport_t *x = ucx_of(xp);
-    if (!x->cma_writer_on)
+    /* a stale false: cma_efd is readable, the next round's look sees it */
+    if (!x->cma_writer_on || !atomic_load_explicit(&x->cma_signalled, memory_order_relaxed))
         return false;
-    efd_clear(x); /* before the look: a write finished after it signals again */
     return reap(x, NULL, NULL); /* records done: this round settles them, no sleep */
 }
 
@@ -242,6 +252,7 @@ void kvp__ucx_cma_writer_stop(ucx_xport_t *x)
     pthread_mutex_destroy(&x->cma_lock);
     close(x->cma_efd);
     x->cma_efd = -1;
+    atomic_store(&x->cma_signalled, false);
     x->cma_writer_on = false;
 }
 

@@ -11,6 +11,7 @@
 #include "transport/tcpd.h"
 #include "transport/ucx.h"
 
+#include <stdatomic.h>
 #include <ucp/api/ucp.h>
 
 #define UCX_BLOB_MAGIC 0x5550564Bu /* "KVPU" little-endian */
@@ -216,7 +217,9 @@ typedef struct ucx_xport {
     kvp_ratelimit_t rl_cma;
     /* the direct-cma writer (ucx_cma_writer.c), started at the first write:
      * its writes queued or running, then done, under cma_lock; cma_efd, in
-     * epfd, readable while a done one waits for kvp__ucx_cma_pump */
+     * epfd, readable while a done one waits for kvp__ucx_cma_pump, exactly
+     * when cma_signalled (both changed under cma_lock; the flag read
+     * without it first, so a round with nothing done makes no syscall) */
     pthread_t cma_thread;
     pthread_mutex_t cma_lock;
     pthread_cond_t cma_cv; /* a write queued, a slice returned, stop */
@@ -225,6 +228,7 @@ typedef struct ucx_xport {
     size_t cma_gate;             /* slices the writer may start (SIZE_MAX: any; tests) */
     bool cma_writer_on, cma_writer_off, cma_stop;
     int cma_efd;
+    _Atomic bool cma_signalled;
     size_t cma_slice; /* the writer's slice in bytes (KVPEER_CMA_SLICE_KIB; SIZE_MAX: whole) */
 } ucx_xport_t;
 

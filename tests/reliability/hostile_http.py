@@ -31,6 +31,10 @@ choosing. Cases (all by default):
               2026-12-06 12:00: the oldest of all, the good client).
   flood6      the same from 48 IPv6 addresses of one /64 (a network namespace
               made here; skipped without root): a /64 is one client address.
+  per64       one slow socket from each of 24 IPv6 addresses of one /64
+              against http_max_per_ip 4 (the namespace as flood6): T refuses
+              all but 4 (libmicrohttpd's own cap counts each address: 24
+              would stay); a client of another /64 is answered.
   fds         a daemon whose descriptors are all above 1023 (it inherits
               1100 open files): /healthz, /metrics and an admin put answer
               (select() could not serve them).
@@ -413,6 +417,54 @@ def case_flood(kvpeerd):
               "127.0.6.9", "flood: 3 addresses x 16 connections")
 
 
+def flood6_ns(what):
+    """A network namespace with 2001:db8:a::1..48 and 2001:db8:b::1 on its
+    lo; None (logged: ``what`` skipped) without root or `ip netns`."""
+    ns = "kvph6-%d" % os.getpid()
+    try:
+        relib.netns_add(ns)
+        for a in ["2001:db8:a::%x" % i for i in range(1, 49)] + ["2001:db8:b::1"]:
+            relib.sh("ip", "-6", "addr", "add", a + "/128", "dev", "lo", "nodad", ns=ns)
+    except (OSError, RuntimeError) as e:
+        log("%s: skipped (no network namespace: %s)" % (what, e))
+        return None
+    return ns
+
+
+def case_per64(kvpeerd):
+    """24 addresses of one /64 each open one socket (one header line, held)
+    against http_max_per_ip 4 and a total cap of 64 (never reached): T
+    refuses all but 4 at once and counts them; a client of another /64 gets
+    /healthz. Skipped (logged) without a network namespace."""
+    ns = flood6_ns("per64")
+    if ns is None:
+        return
+    T = relib.Daemon(kvpeerd, "T", ["--listen", "127.0.0.1:0", "--http", "[::1]:0",
+                                    "--num_blocks", "16", "--block_size", "64K",
+                                    "--http_max_conns", "64", "--http_max_per_ip", "4",
+                                    "--http_idle_ms", str(IDLE_MS),
+                                    "--shutdown_drain_ms", "200"], ns=ns).start()
+    sources = ["2001:db8:a::%x" % i for i in range(1, 25)]
+    socks, refused = relib.in_netns(ns, slow_sockets, T.http, sources)
+    try:
+        closed = closed_count(socks, 1.0)  # well inside http_idle_ms: not the idle timeout
+        code = relib.in_netns(ns, slow_request, T.http, "2001:db8:b::1", 0.0)
+    finally:
+        for s in socks:
+            s.close()
+    n = int(re.search(r"^kvpeer_http_addr_refused_total (\d+)$", T.ok("/metrics"),
+                      re.M).group(1))
+    log("per64: 24 sockets from 24 addresses of one /64, max_per_ip 4: %d refused at connect, "
+        "%d closed by T within 1 s, kvpeer_http_addr_refused_total %d; another /64's /healthz: %s"
+        % (refused, closed, n, code))
+    check(refused + closed >= 20, "per64: %d of 24 sockets of one /64 still open past its cap "
+          "of 4" % (24 - refused - closed))
+    check(n >= 20, "per64: T counted %d refusals, want >= 20" % n)
+    check(code == 200, "per64: another /64's /healthz answered %s" % code)
+    check(any("event=http_addr_full" in l for l in log_lines(T)), "per64: no http_addr_full line")
+    T.check_clean_exit(T.stop())
+
+
 def case_flood6(kvpeerd):
     """The flood from 48 IPv6 addresses of one /64 (2001:db8:a::/64, on lo
     of a network namespace made here), each holding about as many
@@ -420,13 +472,8 @@ def case_flood6(kvpeerd):
     client address, so the flood cuts its own (by whole address, every
     address would hold ~1 and the good client, oldest, would be cut).
     Skipped (logged) without root or `ip netns`."""
-    ns = "kvph6-%d" % os.getpid()
-    try:
-        relib.netns_add(ns)
-        for a in ["2001:db8:a::%x" % i for i in range(1, 49)] + ["2001:db8:b::1"]:
-            relib.sh("ip", "-6", "addr", "add", a + "/128", "dev", "lo", "nodad", ns=ns)
-    except (OSError, RuntimeError) as e:
-        log("flood6: skipped (no network namespace: %s)" % e)
+    ns = flood6_ns("flood6")
+    if ns is None:
         return
     flood_run(kvpeerd, "[::1]:0", [["2001:db8:a::%x" % i for i in range(1 + t, 49, 6)]
                                    for t in range(6)],
@@ -624,7 +671,7 @@ def case_corrupt(D, kvpeerd):
 def main():
     kvpeerd = os.path.abspath(sys.argv[1])
     cases = sys.argv[2:] or ["token", "corrupt", "inject", "peer_id", "long_admin", "slowloris",
-                             "trickle", "flood", "flood6", "fds"]
+                             "trickle", "flood", "flood6", "per64", "fds"]
     fp = hostile.fingerprint()
     common = ["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--admin", "--block_size",
               "64K", "--compat", hostile.COMPAT, "--shutdown_drain_ms", "500",
@@ -648,6 +695,8 @@ def main():
             case_flood(kvpeerd)
         elif c == "flood6":
             case_flood6(kvpeerd)
+        elif c == "per64":
+            case_per64(kvpeerd)
         elif c == "fds":
             case_fds(kvpeerd)
         elif c == "inject":
