@@ -10,12 +10,16 @@ another process: direct-cma on one host) fetches all of A's blocks into its
 own memory again and again. Phases: C alone, then C while B fetches.
 Phases: C alone, B alone, C while B fetches. Prints C's LOOKUP latency p50 /
 p99 / max, and B's GB/s alone and beside C (B's figure covers its first
-second too, before C starts). KVPEER_CMA_WRITER (0: A writes on its node
+second too, before C starts). With --at consumer, C's LOOKUPs go to B
+instead (B publishes one block of its own): what B's verification of its
+fetches (on its node thread, split with one helper) costs the peers B
+serves; C alone is then C while B is idle. KVPEER_CMA_WRITER (0: A writes on its node
 thread), KVPEER_CMA_SLICE_KIB (the writer's slices; unset: whole writes) and
 KVPEER_HELPER_THREAD in the environment apply to A and B.
 
 Usage: KVPEER_LIB=build/release/libkvpeer.so .venv/bin/python
-python/bench/serve_fairness.py [--block-kib 2048] [--blocks 16] [--seconds 3]"""
+python/bench/serve_fairness.py [--block-kib 2048] [--blocks 16] [--seconds 3]
+[--at source|consumer]"""
 from __future__ import annotations
 
 import argparse
@@ -35,14 +39,20 @@ def pct(xs: List[float], p: float) -> float:
     return s[min(len(s) - 1, int(len(s) * p / 100))] if s else float("nan")
 
 
-def consumer(a_addr: str, keys: List[bytes], bs: int, stop: mp.Event, out: mp.Queue) -> None:
-    m = mmap.mmap(-1, len(keys) * bs)
-    n = Node(listen_addr="127.0.0.1:0", num_blocks=len(keys), block_size=bs, external_slots=1,
-             region=m)
+def consumer(a_addr: str, keys: List[bytes], bs: int, stop: mp.Event, out: mp.Queue,
+             fetch: bool = True) -> None:
+    """B: its address on ``out``, then fetches of ``keys`` from A until
+    ``stop`` (idle if not ``fetch``), then its GB/s on ``out``. It publishes
+    B_KEY (the slot after the fetched ones) for --at consumer."""
+    m = mmap.mmap(-1, (len(keys) + 1) * bs)
+    n = Node(listen_addr="127.0.0.1:0", num_blocks=len(keys) + 1, block_size=bs,
+             external_slots=1, region=m)
+    n.publish(B_KEY, len(keys))
+    out.put(n.peer_id)
     n.add_peer(a_addr)
     n.wait_peer(a_addr)
     moved, t0, rid = 0, time.monotonic(), 1
-    while not stop.is_set():
+    while fetch and not stop.is_set():
         ev = n.wait(n.lookup(a_addr, keys, rid), 10)
         assert all(ev.results), "B's lookup missed"
         ev = n.wait(n.fetch_into(a_addr, keys, list(range(len(keys))), rid), 10)
@@ -50,9 +60,13 @@ def consumer(a_addr: str, keys: List[bytes], bs: int, stop: mp.Event, out: mp.Qu
         n.finish_request(rid)
         moved += len(keys) * bs
         rid += 1
+    stop.wait()
     out.put(moved / (time.monotonic() - t0) / 1e9)
     n.close()
     m.close()
+
+
+B_KEY = b"fair-b"
 
 
 def lookups(c: Node, a_addr: str, key: bytes, secs: float) -> List[float]:
@@ -73,6 +87,8 @@ def main() -> None:
     ap.add_argument("--block-kib", type=int, default=2048)
     ap.add_argument("--blocks", type=int, default=16)
     ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--at", choices=("source", "consumer"), default="source",
+                    help="whose LOOKUPs C times: A's (the source's) or B's (the consumer's)")
     a = ap.parse_args()
     bs, nb = a.block_kib * 1024, a.blocks + 1
     ma = mmap.mmap(-1, nb * bs)
@@ -87,25 +103,35 @@ def main() -> None:
     C.wait_peer(A.peer_id)
     ctx = mp.get_context("spawn")
 
-    def with_b(during):  # B fetching while during() runs: (B's GB/s, what during() gave)
+    def with_b(during, fetch=True):  # B fetching while during(B) runs: (B's GB/s, its result)
         stop, out = ctx.Event(), ctx.Queue()
-        b = ctx.Process(target=consumer, args=(A.peer_id, keys[:-1], bs, stop, out))
+        b = ctx.Process(target=consumer, args=(A.peer_id, keys[:-1], bs, stop, out, fetch))
         b.start()
         try:
+            b_addr = out.get(timeout=30)
             time.sleep(1.0)  # B connected and fetching
-            got = during()
+            got = during(b_addr)
         finally:
             stop.set()
         gbs = out.get(timeout=30)
         b.join(30)
         return gbs, got
 
+    def c_lookups(b_addr):  # C's LOOKUPs at A, or at B (--at consumer)
+        if a.at == "source":
+            return lookups(C, A.peer_id, keys[-1], a.seconds)
+        C.wait_peer(b_addr)  # each B: a new address
+        return lookups(C, b_addr, B_KEY, a.seconds)
+
     try:
-        alone = lookups(C, A.peer_id, keys[-1], a.seconds)
-        gbs_alone, _ = with_b(lambda: time.sleep(a.seconds))
-        gbs, busy = with_b(lambda: lookups(C, A.peer_id, keys[-1], a.seconds))
+        if a.at == "source":
+            alone = c_lookups(None)
+        else:
+            _, alone = with_b(c_lookups, fetch=False)
+        gbs_alone, _ = with_b(lambda _: time.sleep(a.seconds))
+        gbs, busy = with_b(c_lookups)
         for name, lat in (("C alone", alone), ("C while B fetches", busy)):
-            print(f"serve_fairness: {name}: {len(lat)} LOOKUPs, p50 {pct(lat, 50):.3f} "
+            print(f"serve_fairness: {name}: {len(lat)} LOOKUPs at {a.at}, p50 {pct(lat, 50):.3f} "
                   f"p99 {pct(lat, 99):.3f} max {max(lat):.3f} ms")
         print(f"serve_fairness: B alone fetched {a.blocks} x {a.block_kib} KiB at "
               f"{gbs_alone:.2f} GB/s")
