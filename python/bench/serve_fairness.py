@@ -11,9 +11,9 @@ own memory again and again. Phases: C alone, then C while B fetches.
 Phases: C alone, B alone, C while B fetches. Prints C's LOOKUP latency p50 /
 p99 / max, and B's GB/s alone and beside C (B's figure covers its first
 second too, before C starts). With --at consumer, C's LOOKUPs go to B
-instead (B publishes one block of its own): what B's verification of its
-fetches (on its node thread, split with one helper) costs the peers B
-serves; C alone is then C while B is idle. KVPEER_CMA_WRITER (0: A writes on its node
+instead (B publishes one block of its own): what B's fetches (its
+checksum verify on its node thread included) cost the peers B serves; C
+alone is then C while B is idle. KVPEER_CMA_WRITER (0: A writes on its node
 thread), KVPEER_CMA_SLICE_KIB (the writer's slices; unset: whole writes) and
 KVPEER_HELPER_THREAD in the environment apply to A and B.
 

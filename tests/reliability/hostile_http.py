@@ -418,9 +418,11 @@ def case_flood(kvpeerd):
 
 
 def flood6_ns(what):
-    """A network namespace with 2001:db8:a::1..48 and 2001:db8:b::1 on its
-    lo; None (logged: ``what`` skipped) without root or `ip netns`."""
-    ns = "kvph6-%d" % os.getpid()
+    """A network namespace of case ``what`` with 2001:db8:a::1..48 and
+    2001:db8:b::1 on its lo; None (logged: ``what`` skipped) without root or
+    `ip netns`. Named per case: the namespaces go at exit (relib), not
+    between cases."""
+    ns = "kvp%s-%d" % (what, os.getpid())
     try:
         relib.netns_add(ns)
         for a in ["2001:db8:a::%x" % i for i in range(1, 49)] + ["2001:db8:b::1"]:
