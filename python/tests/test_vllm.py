@@ -410,13 +410,18 @@ def check_zero_copy_failure(b: Engine, res: Any, set_at_result: bool, chunks: Li
         # as the LOAD outcome: the release was already in when vLLM took the
         # result. The records still give the order (checked below).
         print("zero-copy SIGKILL: released in the outcome's batch")
-    else:
-        assert prim.num_deferred_release_chunks == len(chunks)  # every failed key deferred
-        assert len([ch for ch in chunks if node.slots_held(ch, 1) == b"\x01"]) == n_held
     deadline = time.monotonic() + scaled(10)  # proof, or the hold cap (3 s)
-    while not ev.is_set() and time.monotonic() < deadline:
-        # held: the node still has them and vLLM still keeps them out of use
-        assert prim.num_deferred_release_chunks == len(chunks) or ev.is_set()
+    while True:
+        # Under the manager's lock: the tier-poll thread (zero copy polls the
+        # tier off the scheduler thread) sets ev and vLLM frees the chunks
+        # only under it, so while ev is not set vLLM keeps every failed
+        # key's chunk out of use. (Not a look at the node's own hold: the
+        # node thread releases on A's exit proof at any moment, before ev.)
+        with b.manager.lock:
+            if ev.is_set():
+                break
+            assert prim.num_deferred_release_chunks == len(chunks)
+        assert time.monotonic() < deadline, "deferred_release never set"
         b.step()
         time.sleep(0.02)
     assert ev.is_set(), "deferred_release never set"
