@@ -60,14 +60,18 @@ typedef struct hconn {
     bool waiting, cut;
 } hconn_t;
 
+typedef struct hcount { /* connections closed for one cap, logged once a second */
+    uint64_t total, unlogged, last_log_ms;
+} hcount_t;
+
 struct kvpd_hcap {
     pthread_mutex_t lock;
     hconn_t *head, *tail; /* waiting connections, oldest first */
     haddr_t *addrs;       /* addresses with tracked connections */
     uint32_t open;        /* tracked connections not cut */
     uint32_t cap, per_addr;
-    uint64_t cut_total, cut_unlogged, last_log_ms;
-    uint64_t refused_total, refused_unlogged, last_refused_log_ms;
+    hcount_t cut;     /* at the total cap (http_cap_full) */
+    hcount_t refused; /* at an address's cap (http_addr_full) */
 };
 
 static void wait_push(kvpd_hcap_t *h, hconn_t *c)
@@ -163,38 +167,32 @@ static void cut(kvpd_hcap_t *h, hconn_t *c, bool refused)
     c->cut = true;
     c->addr->open--;
     h->open--;
-    if (refused) {
-        h->refused_total++;
-        h->refused_unlogged++;
-    } else {
-        h->cut_total++;
-        h->cut_unlogged++;
-    }
+    hcount_t *n = refused ? &h->refused : &h->cut;
+    n->total++;
+    n->unlogged++;
     shutdown(c->fd, SHUT_RDWR);
 }
 
-/* At most one line a second of each kind, with how many since the last. */
+/* At most one line a second for n, with how many since the last. */
+static void log_count(hcount_t *n, uint64_t now, const char *event, const char *limit,
+                      uint32_t value, const char *note)
+{
+    if (n->unlogged == 0 || now - n->last_log_ms < 1000)
+        return;
+    kvpd_log(KVPD_LOG_WARN, event, "%s=%u closed=%llu closed_total=%llu note=\"%s\"", limit, value,
+             (unsigned long long)n->unlogged, (unsigned long long)n->total, note);
+    n->unlogged = 0;
+    n->last_log_ms = now;
+}
+
 static void log_cuts(kvpd_hcap_t *h)
 {
     uint64_t now = kvpd_now_ms();
-    if (h->cut_unlogged != 0 && now - h->last_log_ms >= 1000) {
-        kvpd_log(KVPD_LOG_WARN, "http_cap_full",
-                 "max_conns=%u cut=%llu cut_total=%llu note=\"closed the connections that "
-                 "waited longest without a request in a handler, of the busiest client "
-                 "addresses\"",
-                 h->cap, (unsigned long long)h->cut_unlogged, (unsigned long long)h->cut_total);
-        h->cut_unlogged = 0;
-        h->last_log_ms = now;
-    }
-    if (h->refused_unlogged != 0 && now - h->last_refused_log_ms >= 1000) {
-        kvpd_log(KVPD_LOG_WARN, "http_addr_full",
-                 "max_per_ip=%u refused=%llu refused_total=%llu note=\"connections past the cap "
-                 "of their client address (IPv6: its /64) refused\"",
-                 h->per_addr, (unsigned long long)h->refused_unlogged,
-                 (unsigned long long)h->refused_total);
-        h->refused_unlogged = 0;
-        h->last_refused_log_ms = now;
-    }
+    log_count(&h->cut, now, "http_cap_full", "max_conns", h->cap,
+              "closed the connections that waited longest without a request in a handler, "
+              "of the busiest client addresses");
+    log_count(&h->refused, now, "http_addr_full", "max_per_ip", h->per_addr,
+              "refused connections past the cap of their client address (IPv6: its /64)");
 }
 
 void kvpd_hcap_on_connection(void *cls, struct MHD_Connection *mc, void **socket_context,
@@ -297,7 +295,7 @@ void kvpd_hcap_totals(kvpd_t *d, uint64_t *cut_total, uint64_t *refused_total)
     if (d->hcap == NULL)
         return;
     pthread_mutex_lock(&d->hcap->lock);
-    *cut_total = d->hcap->cut_total;
-    *refused_total = d->hcap->refused_total;
+    *cut_total = d->hcap->cut.total;
+    *refused_total = d->hcap->refused.total;
     pthread_mutex_unlock(&d->hcap->lock);
 }
