@@ -645,6 +645,9 @@ typedef struct kvp_stats {
      * land (the source is not proven to write our memory directly), not
      * trusted at once. */
     uint64_t loads_landing_awaited;
+    /* Loads of 1 MiB or more whose checksums were verified on the node's
+     * verifier thread while it served its other peers (one at a time). */
+    uint64_t loads_verified_later;
 } kvp_stats_t;
 
 KVP_EXPORT kvp_status_t kvp_node_stats(kvp_node_t *node, kvp_stats_t *out);

@@ -12,9 +12,10 @@ Phases: C alone, B alone, C while B fetches. Prints C's LOOKUP latency p50 /
 p99 / max, and B's GB/s alone and beside C (B's figure covers its first
 second too, before C starts). With --at consumer, C's LOOKUPs go to B
 instead (B publishes one block of its own): what B's fetches (its
-checksum verify on its node thread included) cost the peers B serves; C
-alone is then C while B is idle. KVPEER_CMA_WRITER (0: A writes on its node
-thread), KVPEER_CMA_SLICE_KIB (the writer's slices; unset: whole writes) and
+checksum verify, off its node thread since 2026-12-06 evening) cost the
+peers B serves; C alone is then C while B is idle. KVPEER_CMA_WRITER (0: A
+writes on its node thread), KVPEER_CMA_SLICE_KIB (the writer's slices;
+unset: whole writes), KVPEER_CMA_NICE (the writer's nice; default 10) and
 KVPEER_HELPER_THREAD in the environment apply to A and B.
 
 Usage: KVPEER_LIB=build/release/libkvpeer.so .venv/bin/python

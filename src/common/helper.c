@@ -12,9 +12,14 @@
  * started is not retried (logged once by the caller's prefix). */
 #include "common.h"
 
+#include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 struct kvp_helper {
     pthread_t thread;
@@ -24,11 +29,23 @@ struct kvp_helper {
     void *arg; /* fn non-NULL: posted, not done */
     bool stop;
     bool off;  /* none: disabled, or could not be started */
+    char name[16];
+    int nice;
+    const char *log_prefix; /* helper_main's own log line only: the caller's, alive at start */
 };
+
+void kvp__thread_setup(const char *name, int nice, const char *log_prefix)
+{
+    pthread_setname_np(pthread_self(), name); /* ps -L, top -H: which thread copies */
+    if (nice > 0 && setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), nice) != 0)
+        KVP_WARN(log_prefix, "thread %s keeps its priority: setpriority(%d): %s", name, nice,
+                 strerror(errno));
+}
 
 static void *helper_main(void *a)
 {
     kvp_helper_t *h = a;
+    kvp__thread_setup(h->name, h->nice, h->log_prefix);
     pthread_mutex_lock(&h->mu);
     while (!h->stop) {
         if (h->fn == NULL) {
@@ -47,12 +64,16 @@ static void *helper_main(void *a)
     return NULL;
 }
 
-static kvp_helper_t *helper_start(kvp_helper_t **hp, const char *log_prefix)
+static kvp_helper_t *helper_start(kvp_helper_t **hp, const char *log_prefix, const char *name,
+                                  int nice)
 {
     kvp_helper_t *h = kvp__calloc(1, sizeof(*h));
     if (h == NULL)
         return NULL;
     *hp = h;
+    snprintf(h->name, sizeof(h->name), "%s", name);
+    h->nice = nice;
+    h->log_prefix = log_prefix;
     const char *e = getenv("KVPEER_HELPER_THREAD");
     if (e != NULL && strcmp(e, "0") == 0) {
         h->off = true;
@@ -75,7 +96,7 @@ static kvp_helper_t *helper_start(kvp_helper_t **hp, const char *log_prefix)
 
 bool kvp__helper_post(kvp_helper_t **hp, const char *log_prefix, void (*fn)(void *), void *arg)
 {
-    kvp_helper_t *h = *hp != NULL ? *hp : helper_start(hp, log_prefix);
+    kvp_helper_t *h = *hp != NULL ? *hp : helper_start(hp, log_prefix, "kvp-helper", 0);
     if (h == NULL || h->off)
         return false;
     pthread_mutex_lock(&h->mu);
@@ -85,6 +106,12 @@ bool kvp__helper_post(kvp_helper_t **hp, const char *log_prefix, void (*fn)(void
     pthread_cond_broadcast(&h->cv);
     pthread_mutex_unlock(&h->mu);
     return true;
+}
+
+void kvp__helper_start(kvp_helper_t **hp, const char *log_prefix, const char *name, int nice)
+{
+    if (*hp == NULL)
+        helper_start(hp, log_prefix, name, nice);
 }
 
 void kvp__helper_wait(kvp_helper_t *h)

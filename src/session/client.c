@@ -172,6 +172,7 @@ static void load_emit_released(kvp_load_t *l)
 void kvp__load_free(kvp_load_t *l)
 {
     kvp_session_env_t *n = l->env;
+    KVP_ASSERT(l->verify == NULL); /* settled first: its digests taken */
     if (l->blocks != NULL)
         load_emit_released(l);
     kvp_timer_stop(n->loop, &l->timer);

@@ -103,6 +103,8 @@ void kvp__keyrate_leave(kvp_session_t *s)
 void kvp__session_env_fini(kvp_session_env_t *e)
 {
     KVP_ASSERT(atomic_load(&e->parked) == 0); /* every round freed: none counted PARKED */
+    KVP_ASSERT(e->verifying == NULL); /* every load settled: no verify running */
+    kvp__helper_fini(&e->verifier);
     kvp__helper_fini(&e->verify_helper);
     kvp__free(e->keyrate);
     e->keyrate = NULL;

@@ -106,6 +106,12 @@ typedef struct kvp_session_env {
     /* hashes half of a big load's blocks at FETCH_DONE (client_outcome.c);
      * started at the first such load, joined by kvp__session_env_fini */
     kvp_helper_t *verify_helper;
+    /* issue 29: a big load's verify off the node thread (client_outcome.c):
+     * a thread hashing one half (verify_helper the other), and the load
+     * being verified (at most one; verify_helper is busy with it meanwhile) */
+    kvp_helper_t *verifier;
+    struct kvp_load *verifying;
+    atomic_bool verify_held; /* tests only: the verifier does not start hashing while set */
     /* scratch of the transport's poll and poll_retired (owner thread only;
      * issue 31: was the node's) */
     kvp_xfer_result_t results[256];
@@ -236,8 +242,10 @@ bool kvp__session_poll_xfers(kvp_session_t *s);
 
 /* Of the whole environment: after each transport progress, settle the
  * LANDING loads (env->landing) whose blocks all landed or whose endpoint
- * failed; a key committed locally (pending lookups, parked demand); the
- * embedding's keys wanted (issue 29 step 2). */
+ * failed, and the load verified off the node thread (env->verifying) once
+ * its digests are all hashed (the last half wakes the node's loop); a key
+ * committed locally (pending lookups, parked demand); the embedding's keys
+ * wanted (issue 29 step 2). */
 void kvp__client_check_landing(kvp_session_env_t *e);
 void kvp__server_on_commit(kvp_session_env_t *e, const void *key, uint32_t key_len);
 kvp_status_t kvp__server_wanted_keys(kvp_session_env_t *e, uint64_t op_id, uint8_t *keys,

@@ -65,7 +65,8 @@ typedef enum kvp_load_phase {
     KVP_LOAD_QUEUED = 0,   /* on session->fetchq waiting for byte budget; nothing reserved */
     KVP_LOAD_SENT = 1,     /* FETCH sent; load timer running */
     KVP_LOAD_ABORTING = 2, /* ABORT sent; re-sent until ABORT_ACK / FETCH_DONE */
-    KVP_LOAD_LANDING = 3,  /* AM path: FETCH_DONE here, some blocks not yet landed;
+    KVP_LOAD_LANDING = 3,  /* FETCH_DONE here; AM path: some blocks not yet landed;
+                            * or (verify set) its blocks hashed off the node thread;
                             * on env->landing, timer = the landing bound */
     KVP_LOAD_SETTLED = 4,  /* slots committed/abandoned or quarantined */
 } kvp_load_phase_t;
@@ -98,6 +99,7 @@ struct kvp_load {
     kvp_list_t land_link; /* env->landing while LANDING */
     uint32_t land_next;   /* LANDING: blocks before this one are known landed (or not sent) */
     int32_t done_status;  /* LANDING: the FETCH_DONE's status */
+    struct load_verify *verify; /* LANDING: its digests being hashed (client_outcome.c) */
     kvp_session_env_t *env;
     kvp_session_t *sess; /* NULL once the session is gone */
     kvp_xpeer_id_t xpeer; /* the transport peer WRITEs come through (fence scope) */

@@ -83,6 +83,7 @@ static cma_job_t *next_job(ucx_xport_t *x)
 static void *writer_main(void *arg)
 {
     ucx_xport_t *x = arg;
+    kvp__thread_setup("kvp-cma-writer", x->cma_nice, PFX(x));
     pthread_mutex_lock(&x->cma_lock);
     while (!x->cma_stop) {
         cma_job_t *j = next_job(x);
@@ -130,9 +131,12 @@ static bool writer_start(ucx_xport_t *x)
         (rc = pthread_cond_init(&x->cma_cv, NULL)) != 0)
         pthread_mutex_destroy(&x->cma_lock);
     x->cma_efd = fd;
+    if (rc == 0) /* the writer's helper from now on, at the writer's priority */
+        kvp__helper_start(&x->cma_helper, PFX(x), "kvp-cma-helper", x->cma_nice);
     if (rc == 0 && (rc = pthread_create(&x->cma_thread, NULL, writer_main, x)) != 0) {
         pthread_cond_destroy(&x->cma_cv);
         pthread_mutex_destroy(&x->cma_lock);
+        kvp__helper_fini(&x->cma_helper); /* the node thread's again: restarted at its priority */
     }
     if (rc != 0) {
         if (fd >= 0)

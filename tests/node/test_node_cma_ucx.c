@@ -21,6 +21,13 @@
  *       checksum: exactly those refused (KVP_ERR_CHECKSUM), the rest
  *       byte-exact (mutation: the helper hashing the first half's slots ->
  *       more refused).
+ *   verify later: the same load, its digests hashed on the verifier thread
+ *       (held by the test): no outcome while held, a LOOKUP answered
+ *       meanwhile; the peer removed under it: the teardown waits for the
+ *       digests, the two stale blocks refused, the rest committed, nothing
+ *       quarantined (mutations: the teardown not waiting for the digests ->
+ *       every block refused; settled before the digests -> an outcome while
+ *       held).
  *   tcp: UCX_TLS=tcp in both processes: no shared memory, the source is not
  *       proven, the path is am-tcp, never direct-cma; the blocks still land.
  *
@@ -33,6 +40,9 @@
 #include "realnode.h"
 
 #include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -240,6 +250,79 @@ static void test_cma_verify_split(void **state)
     printf("stale checksums: %u of %u blocks refused, %llu mismatches counted\n", refused, NPUB,
            (unsigned long long)st.checksum_mismatches);
     assert_int_equal(st.checksum_mismatches, 2);
+    assert_int_equal(st.loads_verified_later, 1); /* off the node thread */
+    kvp_finish_request(n, 1);
+    kvp_node_destroy(n);
+    src_end(&s, false);
+    munmap(region, (size_t)NB * BS);
+}
+
+static void *verify_release(void *arg)
+{
+    kvp_node_t *n = arg;
+    usleep(scaled(100) * 1000u);
+    atomic_store(&n->env.verify_held, false);
+    return NULL;
+}
+
+/* The verify split's load, its digests hashed on the verifier thread (held
+ * by the test): no outcome while it is held, the node thread answering a
+ * LOOKUP meanwhile; the session then removed under it: its teardown waits
+ * for the digests and commits what they vouch for (the two stale blocks
+ * refused, the rest byte-exact, nothing quarantined). */
+static void test_cma_verify_later(void **state)
+{
+    (void)state;
+    rn_src_t s;
+    uint8_t *region = region_map(false);
+    assert_non_null(region);
+    src_spawn_mode(&s, "2");
+    kvp_node_t *n = node_start(region, 0);
+    assert_non_null(n);
+    assert_int_equal(kvp_peer_add(n, s.peer), KVP_OK);
+    assert_int_equal(kvp_peer_wait(n, s.peer, (int32_t)scaled(10000)), KVP_OK);
+    uint8_t keys[8 * NPUB + 1], res[NPUB], want[BS];
+    uint32_t lens[NPUB];
+    int32_t bs[NPUB];
+    uint64_t op, load;
+    kvp_event_t ev;
+    kvp_stats_t st = {0};
+    keys_make(0, NPUB, keys, lens);
+    assert_int_equal(kvp_lookup(n, s.peer, 1, keys, lens, NPUB, res, &op), KVP_OK);
+    assert_true(rn_wait_event(n, KVP_EV_LOOKUP, op, scaled(5000), &ev));
+    atomic_store(&n->env.verify_held, true);
+    assert_int_equal(kvp_fetch_into(n, s.peer, 1, keys, lens, NPUB, g_slots, 0, bs, &load),
+                     KVP_OK);
+    for (uint64_t end = rn_real_ms() + scaled(10000);
+         st.loads_verified_later == 0 && rn_real_ms() < end; usleep(1000))
+        assert_int_equal(kvp_node_stats(n, &st), KVP_OK);
+    assert_int_equal(st.loads_verified_later, 1); /* FETCH_DONE here, verify posted */
+    /* held: the node thread serves (a LOOKUP answered), the load has no outcome */
+    assert_int_equal(kvp_lookup(n, s.peer, 2, keys, lens, NPUB, res, &op), KVP_OK);
+    assert_true(rn_wait_event(n, KVP_EV_LOOKUP, op, scaled(5000), &ev));
+    assert_int_equal(ev.n_ok, NPUB);
+    assert_false(rn_wait_event(n, KVP_EV_LOAD, load, 50, &ev));
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, verify_release, n), 0);
+    assert_int_equal(kvp_peer_remove(n, s.peer), KVP_OK); /* teardown: waits for the digests */
+    assert_true(rn_wait_event(n, KVP_EV_LOAD, load, scaled(5000), &ev));
+    pthread_join(t, NULL);
+    for (uint32_t i = 0; i < NPUB; i++) {
+        assert_int_equal(bs[i], bad_sum(i) ? KVP_ERR_CHECKSUM : KVP_OK);
+        if (!bad_sum(i)) {
+            fill(i, want);
+            assert_memory_equal(region + (size_t)g_slots[i] * BS, want, BS);
+        }
+    }
+    assert_int_equal(kvp_node_stats(n, &st), KVP_OK);
+    printf("verified later: held, a LOOKUP answered meanwhile; session removed under it: "
+           "%llu mismatches, %u blocks ok, %llu quarantined\n",
+           (unsigned long long)st.checksum_mismatches, ev.n_ok,
+           (unsigned long long)st.slots_quarantined);
+    assert_int_equal(st.checksum_mismatches, 2);
+    assert_int_equal(ev.n_ok, NPUB - 2);
+    assert_int_equal(st.slots_quarantined, 0);
+    assert_int_equal(ev.n_held, 0); /* every slot reusable now */
     kvp_finish_request(n, 1);
     kvp_node_destroy(n);
     src_end(&s, false);
@@ -337,6 +420,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_cma_fetch_plain),
         cmocka_unit_test(test_cma_fetch_devshm),
         cmocka_unit_test(test_cma_verify_split),
+        cmocka_unit_test(test_cma_verify_later),
         cmocka_unit_test(test_cma_source_killed),
         cmocka_unit_test(test_cma_source_off),
         cmocka_unit_test(test_cma_tcp_not_proven),

@@ -38,12 +38,23 @@
  *              (mutations: the write on the node thread -> the bytes are
  *              there at once; the drop left out of detach -> the cancelled
  *              write's rest lands).
+ *   nice:      the writer and its helper run at nice 10 by default (their
+ *              bulk copies give way to the threads answering peers),
+ *              KVPEER_CMA_NICE=0 keeps them at the node's priority, a value
+ *              not in 0..19 is logged and the default kept; the thread that
+ *              drives the transport stays at its own (mutations: the nice
+ *              left out -> 0 where 10 is wanted; applied on the caller's
+ *              thread -> its nice 10).
  */
 #include "testutil.h"
 #include "transport/ucx_int.h"
 #include "ucx_testlib.h"
 
+#include <dirent.h>
 #include <signal.h>
+#include <stdio.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -442,6 +453,79 @@ static void test_cma_writer(void **state)
     KVP_TEST_ASSERT_NO_LEAKS();
 }
 
+/* The nice of this process's thread named `name` (/proc/self/task/N/stat,
+ * field 19), or -100 if there is none. */
+static int thread_nice(const char *name)
+{
+    DIR *d = opendir("/proc/self/task");
+    assert_non_null(d);
+    int nice = -100;
+    for (struct dirent *e; nice == -100 && (e = readdir(d)) != NULL;) {
+        char path[300], buf[512] = "";
+        snprintf(path, sizeof(path), "/proc/self/task/%s/comm", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (f == NULL)
+            continue;
+        bool match = fgets(buf, sizeof(buf), f) != NULL && strcspn(buf, "\n") == strlen(name) &&
+                     strncmp(buf, name, strlen(name)) == 0;
+        fclose(f);
+        snprintf(path, sizeof(path), "/proc/self/task/%s/stat", e->d_name);
+        if (!match || (f = fopen(path, "r")) == NULL)
+            continue;
+        size_t got = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        buf[got] = '\0';
+        char *t = strrchr(buf, ')'); /* then state, ppid, ... : nice is the 17th field after */
+        for (int i = 0; t != NULL && i < 17; i++)
+            t = strchr(t + 1, ' ');
+        assert_non_null(t);
+        nice = atoi(t + 1);
+    }
+    closedir(d);
+    return nice;
+}
+
+static void nice_case(const char *env, int want, bool warned)
+{
+    ut_pair_t p;
+    kvp_status_t st;
+    kvp_xfer_id_t id = 0;
+    kvp_test_logcap_start(&cap);
+    if (env != NULL)
+        setenv("KVPEER_CMA_NICE", env, 1); /* read when the transport opens */
+    open_cma(&p);
+    unsetenv("KVPEER_CMA_NICE");
+    ut_consumer_add_producer(&p, -1);
+    assert_int_equal(write_reversed(&p, p.peer, &id), KVP_OK); /* starts the writer */
+    assert_true(ut_wait_xfer(p.x, p.peer, id, SC(5 * SEC), &st));
+    assert_int_equal(st, KVP_OK);
+    int w = thread_nice("kvp-cma-writer"), h = thread_nice("kvp-cma-helper");
+    int self = getpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid));
+    print_message("  KVPEER_CMA_NICE=%s: writer at nice %d, its helper %d, the caller's thread %d\n",
+                  env ? env : "(unset)", w, h, self);
+    assert_int_equal(w, want);
+    assert_int_equal(h, want);
+    assert_int_equal(self, 0); /* the thread driving the transport keeps its priority */
+    bool logged = cap.count[KVP_LOG_WARN] > 0 && strstr(cap.last[KVP_LOG_WARN], "KVPEER_CMA_NICE");
+    assert_int_equal(logged, warned);
+    assert_int_equal(p.x->ops->remove_peer(p.x, p.peer), KVP_OK);
+    (void)ut_drain_retired(p.x, 2 * MSEC, SC(2 * SEC));
+    assert_int_equal(p.x->ops->close(p.x, false), KVP_OK);
+    assert_int_equal(thread_nice("kvp-cma-writer"), -100); /* joined at close */
+    kvp_test_logcap_stop();
+}
+
+static void test_cma_nice(void **state)
+{
+    (void)state;
+    nice_case(NULL, 10, false);
+    nice_case("0", 0, false);
+    nice_case("7", 7, false);
+    nice_case("20", 10, true);
+    nice_case("ten", 10, true);
+    KVP_TEST_ASSERT_NO_LEAKS();
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -451,6 +535,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_cma_bounds),   cmocka_unit_test(test_cma_outside),
         cmocka_unit_test(test_cma_other_pid), cmocka_unit_test(test_cma_dead),
         cmocka_unit_test(test_cma_split),    cmocka_unit_test(test_cma_writer),
+        cmocka_unit_test(test_cma_nice),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
