@@ -224,6 +224,15 @@ static kvp_digest_t *load_verify_take(kvp_load_t *l)
     return verify_digests(l, v);
 }
 
+/* The digests load_settle_done verifies against: those hashed later, or
+ * now (NULL: the store hashes each block as it verifies it, or none). */
+static kvp_digest_t *load_digests(kvp_load_t *l, bool verify, bool landing)
+{
+    if (l->verify != NULL)
+        return load_verify_take(l);
+    return verify ? load_hash_blocks(l, landing) : NULL;
+}
+
 /* Apply the FETCH_DONE recorded in the load's blocks: commit the verified
  * blocks (on a LANDING load: only those that landed), abandon the rest,
  * publish (once), settle and free. Every block is refused before its slot
@@ -236,9 +245,7 @@ static void load_settle_done(kvp_load_t *l, kvp_status_t done_status, bool landi
     /* Verification off: the slot takes the source's digest, no hash of the
      * block on the node thread. */
     bool verify = n->cfg->verify_checksums && !KVP_MUTATED(KVP_MUT_SKIP_CHECKSUM);
-    kvp_digest_t *sums = l->verify != NULL                  ? load_verify_take(l)
-                         : verify && done_status == KVP_OK ? load_hash_blocks(l, landing)
-                                                           : NULL;
+    kvp_digest_t *sums = load_digests(l, verify && done_status == KVP_OK, landing);
     for (uint32_t i = 0; i < l->n; i++) {
         kvp_load_block_t *b = &l->blocks[i];
         if (!b->reserved)
