@@ -167,12 +167,14 @@ typedef struct kvp_helper kvp_helper_t;
 bool kvp__helper_post(kvp_helper_t **h, const char *log_prefix, void (*fn)(void *), void *arg);
 void kvp__helper_wait(kvp_helper_t *h);
 void kvp__helper_fini(kvp_helper_t **h);
-/* Start *h now (if not yet) as a thread named ``name`` at nice ``nice``
- * (0: the caller's priority); a later kvp__helper_post uses it. */
+/* Start *h now (if not yet) as a thread named ``name``, ``nice`` steps
+ * below the caller's priority (0: the same); a later kvp__helper_post uses
+ * it. */
 void kvp__helper_start(kvp_helper_t **h, const char *log_prefix, const char *name, int nice);
-/* The calling thread: named ``name`` (15 chars at most), and at nice
- * ``nice`` if above 0 (bulk copies below the threads that answer peers and
- * the engine's own; a failure is logged, the thread runs on). */
+/* The calling thread: named ``name`` (15 chars at most), and ``nice``
+ * steps below the priority it started with if above 0 (at most nice 19;
+ * bulk copies below the threads that answer peers and the engine's own; a
+ * failure is logged, the thread runs on). */
 void kvp__thread_setup(const char *name, int nice, const char *log_prefix);
 
 /* A job of this many bytes or more is split with the helper. */

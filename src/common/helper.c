@@ -37,8 +37,16 @@ struct kvp_helper {
 void kvp__thread_setup(const char *name, int nice, const char *log_prefix)
 {
     pthread_setname_np(pthread_self(), name); /* ps -L, top -H: which thread copies */
-    if (nice > 0 && setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), nice) != 0)
-        KVP_WARN(log_prefix, "thread %s keeps its priority: setpriority(%d): %s", name, nice,
+    if (nice <= 0)
+        return;
+    /* relative to the nice it was started with (its creator's): an engine
+     * run at nice 5 gets its copies at 15, never above its own priority */
+    id_t tid = (id_t)syscall(SYS_gettid);
+    errno = 0;
+    int cur = getpriority(PRIO_PROCESS, tid);
+    int want = cur + nice > 19 ? 19 : cur + nice;
+    if (errno != 0 || (want > cur && setpriority(PRIO_PROCESS, tid, want) != 0))
+        KVP_WARN(log_prefix, "thread %s keeps its priority: nice +%d: %s", name, nice,
                  strerror(errno));
 }
 

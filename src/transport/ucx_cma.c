@@ -71,7 +71,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-/* The writer's nice: its bulk copies give way to the threads that answer
+/* The writer's nice, relative to the node's: its bulk copies give way to the threads that answer
  * peers (the node threads of both sides) and to the engine's own
  * (python/bench/serve_fairness.py: another peer's LOOKUP p99 at the source
  * 1.1 -> 0.08 ms while a consumer fetches; cma_bench the same at 0 and 10;
@@ -93,12 +93,13 @@ void kvp__ucx_cma_open(ucx_xport_t *x)
     x->cma_slice = sl == NULL || end == sl || *end != '\0' || kib == 0 || kib > (1ul << 30)
                        ? SIZE_MAX
                        : (size_t)kib << 10;
-    /* KVPEER_CMA_NICE: the writer's and its helper's nice, 0..19 (0: the
-     * node's priority); unset: 10; anything else: 10, logged */
+    /* KVPEER_CMA_NICE: the writer's and its helper's nice above the
+     * node's, 0..19 (0: the node's priority); unset: 10; anything else: 10,
+     * logged */
     const char *ni = getenv("KVPEER_CMA_NICE");
     long nice = ni != NULL ? strtol(ni, &end, 10) : KVP_CMA_NICE_DEFAULT;
     if (ni != NULL && (end == ni || *end != '\0' || nice < 0 || nice > 19)) {
-        KVP_WARN(PFX(x), "KVPEER_CMA_NICE is not a number 0..19: the writer runs at nice %d",
+        KVP_WARN(PFX(x), "KVPEER_CMA_NICE is not a number 0..19: the writer runs at nice +%d",
                  KVP_CMA_NICE_DEFAULT);
         nice = KVP_CMA_NICE_DEFAULT;
     }

@@ -230,7 +230,7 @@ typedef struct ucx_xport {
     int cma_efd;
     _Atomic bool cma_signalled;
     size_t cma_slice; /* the writer's slice in bytes (KVPEER_CMA_SLICE_KIB; SIZE_MAX: whole) */
-    int cma_nice;     /* the writer's and its helper's nice (KVPEER_CMA_NICE; default 10) */
+    int cma_nice;     /* the writer's and its helper's nice above ours (KVPEER_CMA_NICE; 10) */
 } ucx_xport_t;
 
 #define PFX(x) ((x)->base.log_prefix)
