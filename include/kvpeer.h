@@ -648,6 +648,9 @@ typedef struct kvp_stats {
     /* Loads of 1 MiB or more whose checksums were verified on the node's
      * verifier thread while it served its other peers (one at a time). */
     uint64_t loads_verified_later;
+    /* Such loads that waited for the verifier behind another one (their
+     * FETCH_DONE came while it verified that one). */
+    uint64_t loads_verify_queued;
 } kvp_stats_t;
 
 KVP_EXPORT kvp_status_t kvp_node_stats(kvp_node_t *node, kvp_stats_t *out);

@@ -212,7 +212,7 @@ STATS_FIELDS = (
     "bytes_copied_in bytes_copied_out "  # issue 29
     "wanted_ops wanted_keys wanted_keys_missed wanted_expired wanted_refused "  # 29 step 2
     "cma_bytes_written cma_writes_failed "  # issue 29 item 4
-    "loads_landing_awaited loads_verified_later"
+    "loads_landing_awaited loads_verified_later loads_verify_queued"
 ).split()
 
 

@@ -88,7 +88,8 @@ static void node_settle(kvp_node_t *n)
 {
     for (int i = 0; i < 64 && n->xport->ops->progress(n->xport); i++)
         ;
-    if (!kvp_list_empty(&n->env.landing) || n->env.verifying != NULL)
+    if (!kvp_list_empty(&n->env.landing) || n->env.verifying != NULL ||
+        !kvp_list_empty(&n->env.verify_wait))
         kvp__client_check_landing(&n->env);
     node_poll_sessions(n);
     if (n->xport->ep_failures != n->ep_failures_seen)

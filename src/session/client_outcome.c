@@ -112,17 +112,25 @@ static void verify_free(load_verify_t *v)
     kvp__free(v);
 }
 
-/* The hashing job of l's blocks; NULL (the store hashes each as it
- * verifies it) under KVP_HELPER_SPLIT_BYTES or without memory. */
-static load_verify_t *verify_new(kvp_load_t *l, bool landing)
+/* How many of l's blocks load_settle_done will verify; 0 when too few
+ * bytes to split them over two threads (under KVP_HELPER_SPLIT_BYTES). */
+static uint32_t verify_count(const kvp_load_t *l, bool landing)
 {
-    kvp_session_env_t *n = l->env;
     uint32_t k = 0;
     for (uint32_t i = 0; i < l->n; i++) {
         const kvp_load_block_t *b = &l->blocks[i];
         k += b->reserved && b->sent && (!landing || i < l->land_next || block_landed(l, b));
     }
-    if (k < 2 || (size_t)k * n->cfg->block_size < KVP_HELPER_SPLIT_BYTES)
+    return k < 2 || (size_t)k * l->env->cfg->block_size < KVP_HELPER_SPLIT_BYTES ? 0 : k;
+}
+
+/* The hashing job of l's blocks; NULL (the store hashes each as it
+ * verifies it) under KVP_HELPER_SPLIT_BYTES or without memory. */
+static load_verify_t *verify_new(kvp_load_t *l, bool landing)
+{
+    kvp_session_env_t *n = l->env;
+    uint32_t k = verify_count(l, landing);
+    if (k == 0)
         return NULL;
     load_verify_t *v = kvp__calloc(1, sizeof(*v));
     if (v == NULL)
@@ -177,19 +185,12 @@ static kvp_digest_t *load_hash_blocks(kvp_load_t *l, bool landing)
     return verify_digests(l, v);
 }
 
-/* Issue 29 (serve_fairness.py --at consumer): a big load's blocks hashed by
- * the verifier thread and the helper, a half each, while it waits LANDING,
- * so the node thread answers its other peers meanwhile (a 16 x 2 MiB verify
- * on it put their LOOKUPs at p99 ~1.7-2.1 ms); the last half wakes the node
- * thread, which settles the load (kvp__client_check_landing). One at a
- * time; false: verify at once (another is running, below the split size,
- * verification off, no thread or memory). */
-static bool load_verify_later(kvp_load_t *l, kvp_status_t done)
+/* l's blocks hashed by the verifier thread and the helper, a half each;
+ * false: they cannot be (below the split size, no thread or memory). */
+static bool load_verify_start(kvp_load_t *l)
 {
     kvp_session_env_t *n = l->env;
-    if (done != KVP_OK || !n->cfg->verify_checksums || KVP_MUTATED(KVP_MUT_SKIP_CHECKSUM) ||
-        n->verifying != NULL)
-        return false;
+    KVP_ASSERT(n->verifying == NULL);
     load_verify_t *v = verify_new(l, false);
     if (v == NULL)
         return false;
@@ -209,6 +210,29 @@ static bool load_verify_later(kvp_load_t *l, kvp_status_t done)
     return true;
 }
 
+/* Issue 29 (serve_fairness.py --at consumer): a big load's blocks hashed off
+ * the node thread while the load waits LANDING, so the node thread answers
+ * its other peers meanwhile (a 16 x 2 MiB verify on it put their LOOKUPs at
+ * p99 ~1.7-2.1 ms); the last half wakes the node thread, which settles the
+ * load (kvp__client_check_landing). One load at a time on the two threads:
+ * a big load arriving meanwhile waits its turn on env->verify_wait (FIFO;
+ * kvp__client_check_landing starts it). false: verify at once (below the
+ * split size, verification off, no thread or memory). */
+static bool load_verify_later(kvp_load_t *l, kvp_status_t done)
+{
+    kvp_session_env_t *n = l->env;
+    if (done != KVP_OK || !n->cfg->verify_checksums || KVP_MUTATED(KVP_MUT_SKIP_CHECKSUM))
+        return false;
+    if (n->verifying == NULL)
+        return load_verify_start(l);
+    if (verify_count(l, false) == 0)
+        return false;
+    kvp_list_insert_tail(&n->verify_wait, &l->land_link);
+    l->verify_queued = true;
+    n->st->loads_verify_queued++;
+    return true;
+}
+
 /* The digests of a load verified later: waited for if its job still runs
  * (the landing bound, its session ending). */
 static kvp_digest_t *load_verify_take(kvp_load_t *l)
@@ -216,6 +240,7 @@ static kvp_digest_t *load_verify_take(kvp_load_t *l)
     kvp_session_env_t *n = l->env;
     load_verify_t *v = l->verify;
     KVP_ASSERT(n->verifying == l);
+    atomic_store_explicit(&n->verify_held, false, memory_order_release); /* a test's hold ends */
     kvp__helper_wait(n->verifier); /* both halves returned: nothing touches v after */
     if (v->split)
         kvp__helper_wait(n->verify_helper);
@@ -351,11 +376,25 @@ void kvp__client_on_fetch_done(kvp_session_t *s, const kvp_msg_fetch_done_t *m)
     kvp_timer_start(n->loop, &l->timer, kvp__env_now(n) + KVP_AM_LAND_WAIT_NS);
 }
 
+/* The verifier free: the loads waiting for it, in turn -- the first one
+ * that can be started is, the others before it verified at once. */
+static void load_verify_next(kvp_session_env_t *n)
+{
+    while (n->verifying == NULL && !kvp_list_empty(&n->verify_wait)) {
+        kvp_load_t *l = KVP_CONTAINER_OF(n->verify_wait.next, kvp_load_t, land_link);
+        kvp_list_remove(&l->land_link);
+        l->verify_queued = false;
+        if (!load_verify_start(l))
+            load_settle_done(l, l->done_status, false);
+    }
+}
+
 void kvp__client_check_landing(kvp_session_env_t *n)
 {
     kvp_load_t *v = n->verifying;
     if (v != NULL && atomic_load_explicit(&v->verify->left, memory_order_acquire) == 0)
         load_settle_done(v, v->done_status, false); /* every block here: digests taken */
+    load_verify_next(n);
     kvp_list_t *p, *t;
     kvp_list_foreach_safe(p, t, &n->landing)
     {
@@ -370,7 +409,13 @@ void kvp__client_check_landing(kvp_session_env_t *n)
  * landed is committed, the rest fails. Frees the load. */
 void kvp__load_landing_give_up(kvp_load_t *l)
 {
-    bool landing = l->verify == NULL; /* else every block is here: digests awaited */
+    bool queued = l->verify_queued; /* waiting for the verifier: verified now */
+    if (queued) {
+        kvp_list_remove(&l->land_link);
+        l->verify_queued = false;
+    }
+    /* else with digests being hashed every block is here: they are awaited */
+    bool landing = l->verify == NULL && !queued;
     if (landing)
         load_all_landed(l);
     load_settle_done(l, l->done_status, landing);

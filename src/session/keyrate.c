@@ -104,6 +104,7 @@ void kvp__session_env_fini(kvp_session_env_t *e)
 {
     KVP_ASSERT(atomic_load(&e->parked) == 0); /* every round freed: none counted PARKED */
     KVP_ASSERT(e->verifying == NULL); /* every load settled: no verify running */
+    KVP_ASSERT(kvp_list_empty(&e->verify_wait)); /* nor waiting for one */
     kvp__helper_fini(&e->verifier);
     kvp__helper_fini(&e->verify_helper);
     kvp__free(e->keyrate);

@@ -21,6 +21,7 @@ void kvp__session_env_init(kvp_session_env_t *e)
     kvp_list_init(&e->retained);
     kvp_list_init(&e->quarantined);
     kvp_list_init(&e->landing);
+    kvp_list_init(&e->verify_wait);
     e->n_retained = 0;
     atomic_init(&e->parked, 0);
     e->next_round = 1;

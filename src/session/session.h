@@ -111,7 +111,9 @@ typedef struct kvp_session_env {
      * being verified (at most one; verify_helper is busy with it meanwhile) */
     kvp_helper_t *verifier;
     struct kvp_load *verifying;
-    atomic_bool verify_held; /* tests only: the verifier does not start hashing while set */
+    kvp_list_t verify_wait; /* big loads (LANDING) waiting their turn at the verifier, FIFO */
+    atomic_bool verify_held; /* tests only: the verifier does not start hashing while set;
+                              * a give-up that must wait for its digests ends it */
     /* scratch of the transport's poll and poll_retired (owner thread only;
      * issue 31: was the node's) */
     kvp_xfer_result_t results[256];

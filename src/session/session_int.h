@@ -96,10 +96,11 @@ typedef struct kvp_load_block {
 
 struct kvp_load {
     kvp_list_t link; /* session->fetchq (QUEUED), session->loads, or env->quarantined */
-    kvp_list_t land_link; /* env->landing while LANDING */
+    kvp_list_t land_link; /* LANDING: env->landing (AM blocks), or env->verify_wait */
     uint32_t land_next;   /* LANDING: blocks before this one are known landed (or not sent) */
     int32_t done_status;  /* LANDING: the FETCH_DONE's status */
     struct load_verify *verify; /* LANDING: its digests being hashed (client_outcome.c) */
+    bool verify_queued;         /* LANDING: on env->verify_wait, its verify not started */
     kvp_session_env_t *env;
     kvp_session_t *sess; /* NULL once the session is gone */
     kvp_xpeer_id_t xpeer; /* the transport peer WRITEs come through (fence scope) */

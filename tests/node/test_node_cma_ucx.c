@@ -28,6 +28,11 @@
  *       quarantined (mutations: the teardown not waiting for the digests ->
  *       every block refused; settled before the digests -> an outcome while
  *       held).
+ *   verify queue: two such loads at once, the verifier held: the second
+ *       waits its turn (not hashed on the node thread), neither settles,
+ *       a LOOKUP is answered; released, both verified later in turn; again
+ *       with the peer removed under them (the waiting one hashed at the
+ *       teardown); the same two blocks of each refused.
  *   tcp: UCX_TLS=tcp in both processes: no shared memory, the source is not
  *       proven, the path is am-tcp, never direct-cma; the blocks still land.
  *
@@ -42,6 +47,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -257,6 +263,25 @@ static void test_cma_verify_split(void **state)
     munmap(region, (size_t)NB * BS);
 }
 
+/* The node whose verifier a test holds: released by hold_lift if the test
+ * fails while holding it (else its landing bound would wait forever). */
+static kvp_node_t *g_held;
+
+static void verify_hold(kvp_node_t *n)
+{
+    g_held = n;
+    atomic_store(&n->env.verify_held, true);
+}
+
+static int hold_lift(void **state)
+{
+    (void)state;
+    if (g_held != NULL)
+        atomic_store(&g_held->env.verify_held, false);
+    g_held = NULL;
+    return 0;
+}
+
 static void *verify_release(void *arg)
 {
     kvp_node_t *n = arg;
@@ -290,7 +315,7 @@ static void test_cma_verify_later(void **state)
     keys_make(0, NPUB, keys, lens);
     assert_int_equal(kvp_lookup(n, s.peer, 1, keys, lens, NPUB, res, &op), KVP_OK);
     assert_true(rn_wait_event(n, KVP_EV_LOOKUP, op, scaled(5000), &ev));
-    atomic_store(&n->env.verify_held, true);
+    verify_hold(n);
     assert_int_equal(kvp_fetch_into(n, s.peer, 1, keys, lens, NPUB, g_slots, 0, bs, &load),
                      KVP_OK);
     for (uint64_t end = rn_real_ms() + scaled(10000);
@@ -324,6 +349,114 @@ static void test_cma_verify_later(void **state)
     assert_int_equal(st.slots_quarantined, 0);
     assert_int_equal(ev.n_held, 0); /* every slot reusable now */
     kvp_finish_request(n, 1);
+    g_held = NULL;
+    kvp_node_destroy(n);
+    src_end(&s, false);
+    munmap(region, (size_t)NB * BS);
+}
+
+/* The other eight slots, for a second load beside g_slots' one. */
+static const uint32_t g_slots2[NPUB] = {2, 4, 5, 6, 10, 11, 13, 14};
+
+/* A LOOKUP of the NPUB keys for request req, then their fetch into slots. */
+static uint64_t fetch_req(kvp_node_t *n, const char *peer, uint64_t req, const uint32_t *slots,
+                          int32_t *bs)
+{
+    uint8_t keys[8 * NPUB + 1], res[NPUB];
+    uint32_t lens[NPUB];
+    uint64_t op, load;
+    kvp_event_t ev;
+    keys_make(0, NPUB, keys, lens);
+    assert_int_equal(kvp_lookup(n, peer, req, keys, lens, NPUB, res, &op), KVP_OK);
+    assert_true(rn_wait_event(n, KVP_EV_LOOKUP, op, scaled(5000), &ev));
+    assert_int_equal(ev.n_ok, NPUB);
+    assert_int_equal(kvp_fetch_into(n, peer, req, keys, lens, NPUB, slots, 0, bs, &load), KVP_OK);
+    return load;
+}
+
+/* The node's stats once field `off` of them reaches want (10 s at most). */
+static kvp_stats_t stats_at(kvp_node_t *n, size_t off, uint64_t want)
+{
+    kvp_stats_t st = {0};
+    for (uint64_t end = rn_real_ms() + scaled(10000); rn_real_ms() < end; usleep(1000)) {
+        assert_int_equal(kvp_node_stats(n, &st), KVP_OK);
+        if (*(const uint64_t *)((const char *)&st + off) >= want)
+            break;
+    }
+    return st;
+}
+
+/* Two big loads at once: the second waits its turn at the verifier instead
+ * of being hashed on the node thread. With the verifier held, neither has
+ * an outcome and a LOOKUP is answered meanwhile; released, both are
+ * verified later, in turn. Then again with the peer removed under them: the
+ * first's digests are awaited, the waiting one is verified at once. Each
+ * time exactly the two stale blocks of each load are refused, the others
+ * byte-exact, nothing quarantined, no slot held. */
+static void test_cma_verify_queue(void **state)
+{
+    (void)state;
+    rn_src_t s;
+    uint8_t *region = region_map(false);
+    assert_non_null(region);
+    src_spawn_mode(&s, "2");
+    kvp_node_t *n = node_start(region, 0);
+    assert_non_null(n);
+    assert_int_equal(kvp_peer_add(n, s.peer), KVP_OK);
+    assert_int_equal(kvp_peer_wait(n, s.peer, (int32_t)scaled(10000)), KVP_OK);
+    uint8_t want[BS];
+    for (uint64_t round = 0; round < 2; round++) {
+        const uint32_t *slots[2] = {g_slots, g_slots2};
+        int32_t bs[2][NPUB];
+        uint64_t load[2];
+        kvp_event_t ev;
+        verify_hold(n);
+        load[0] = fetch_req(n, s.peer, 10 + 2 * round, slots[0], bs[0]);
+        kvp_stats_t st = stats_at(n, offsetof(kvp_stats_t, loads_verified_later), 2 * round + 1);
+        assert_int_equal(st.loads_verified_later, 2 * round + 1); /* the first: posted */
+        load[1] = fetch_req(n, s.peer, 11 + 2 * round, slots[1], bs[1]);
+        st = stats_at(n, offsetof(kvp_stats_t, loads_verify_queued), round + 1);
+        assert_int_equal(st.loads_verify_queued, round + 1); /* the second: waits its turn */
+        assert_false(rn_wait_event(n, KVP_EV_LOAD, 0, 50, &ev)); /* neither settled */
+        uint8_t keys[8 * NPUB + 1], res[NPUB];
+        uint32_t lens[NPUB];
+        uint64_t op;
+        keys_make(0, NPUB, keys, lens);
+        assert_int_equal(kvp_lookup(n, s.peer, 9, keys, lens, NPUB, res, &op), KVP_OK);
+        assert_true(rn_wait_event(n, KVP_EV_LOOKUP, op, scaled(5000), &ev)); /* still served */
+        kvp_finish_request(n, 9);
+        pthread_t t;
+        assert_int_equal(pthread_create(&t, NULL, verify_release, n), 0);
+        if (round == 1) /* teardown: the first's digests awaited, the second hashed now */
+            assert_int_equal(kvp_peer_remove(n, s.peer), KVP_OK);
+        for (int j = 0; j < 2; j++) {
+            assert_true(rn_wait_event(n, KVP_EV_LOAD, load[j], scaled(5000), &ev));
+            assert_int_equal(ev.n_ok, NPUB - 2);
+            assert_int_equal(ev.n_held, 0);
+            for (uint32_t i = 0; i < NPUB; i++) {
+                assert_int_equal(bs[j][i], bad_sum(i) ? KVP_ERR_CHECKSUM : KVP_OK);
+                fill(i, want);
+                if (!bad_sum(i))
+                    assert_memory_equal(region + (size_t)slots[j][i] * BS, want, BS);
+            }
+            kvp_finish_request(n, 10 + 2 * round + (uint64_t)j);
+        }
+        pthread_join(t, NULL);
+        assert_int_equal(kvp_node_stats(n, &st), KVP_OK);
+        printf("round %llu%s: %llu verified later, %llu of them waited their turn, %llu "
+               "mismatches, %llu quarantined\n",
+               (unsigned long long)round, round ? " (peer removed under them)" : "",
+               (unsigned long long)st.loads_verified_later,
+               (unsigned long long)st.loads_verify_queued,
+               (unsigned long long)st.checksum_mismatches,
+               (unsigned long long)st.slots_quarantined);
+        /* round 0: the second ran on the verifier too (2); round 1: the first
+         * did (3), the second was hashed at the teardown */
+        assert_int_equal(st.loads_verified_later, round == 0 ? 2 : 3);
+        assert_int_equal(st.checksum_mismatches, 4 * (round + 1));
+        assert_int_equal(st.slots_quarantined, 0);
+    }
+    g_held = NULL;
     kvp_node_destroy(n);
     src_end(&s, false);
     munmap(region, (size_t)NB * BS);
@@ -420,7 +553,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_cma_fetch_plain),
         cmocka_unit_test(test_cma_fetch_devshm),
         cmocka_unit_test(test_cma_verify_split),
-        cmocka_unit_test(test_cma_verify_later),
+        cmocka_unit_test_teardown(test_cma_verify_later, hold_lift),
+        cmocka_unit_test_teardown(test_cma_verify_queue, hold_lift),
         cmocka_unit_test(test_cma_source_killed),
         cmocka_unit_test(test_cma_source_off),
         cmocka_unit_test(test_cma_tcp_not_proven),
