@@ -20,7 +20,13 @@ KVPEER_HELPER_THREAD in the environment apply to A and B.
 
 Usage: KVPEER_LIB=build/release/libkvpeer.so .venv/bin/python
 python/bench/serve_fairness.py [--block-kib 2048] [--blocks 16] [--seconds 3]
-[--at source|consumer]"""
+[--at source|consumer] [--loads N]
+
+--loads N: B keeps N fetches of every block open at once (each into slots
+of its own): with --at consumer, what B's verify of several loads at once
+costs C (one at a time on B's verifier thread, the others waiting their
+turn since 2026-12-06 21:50; before, hashed on B's node thread).
+"""
 from __future__ import annotations
 
 import argparse
@@ -41,28 +47,37 @@ def pct(xs: List[float], p: float) -> float:
 
 
 def consumer(a_addr: str, keys: List[bytes], bs: int, stop: mp.Event, out: mp.Queue,
-             fetch: bool = True) -> None:
+             fetch: bool = True, loads: int = 1) -> None:
     """B: its address on ``out``, then fetches of ``keys`` from A until
-    ``stop`` (idle if not ``fetch``), then its GB/s on ``out``. It publishes
-    B_KEY (the slot after the fetched ones) for --at consumer."""
-    m = mmap.mmap(-1, (len(keys) + 1) * bs)
-    n = Node(listen_addr="127.0.0.1:0", num_blocks=len(keys) + 1, block_size=bs,
+    ``stop`` (idle if not ``fetch``), ``loads`` at a time (each into slots
+    of its own), then (its GB/s, loads it verified later, of those the
+    ones that waited their turn) on ``out``. It publishes B_KEY (the slot
+    after the fetched ones) for --at consumer."""
+    nk = len(keys)
+    m = mmap.mmap(-1, (loads * nk + 1) * bs)
+    n = Node(listen_addr="127.0.0.1:0", num_blocks=loads * nk + 1, block_size=bs,
              external_slots=1, region=m)
-    n.publish(B_KEY, len(keys))
+    n.publish(B_KEY, loads * nk)
     out.put(n.peer_id)
     n.add_peer(a_addr)
     n.wait_peer(a_addr)
     moved, t0, rid = 0, time.monotonic(), 1
     while fetch and not stop.is_set():
-        ev = n.wait(n.lookup(a_addr, keys, rid), 10)
-        assert all(ev.results), "B's lookup missed"
-        ev = n.wait(n.fetch_into(a_addr, keys, list(range(len(keys))), rid), 10)
-        assert ev.ok, ev
-        n.finish_request(rid)
-        moved += len(keys) * bs
-        rid += 1
+        for j in range(loads):
+            ev = n.wait(n.lookup(a_addr, keys, rid + j), 10)
+            assert all(ev.results), "B's lookup missed"
+        ops = [n.fetch_into(a_addr, keys, list(range(j * nk, (j + 1) * nk)), rid + j)
+               for j in range(loads)]
+        for j, op in enumerate(ops):
+            ev = n.wait(op, 10)
+            assert ev.ok, ev
+            n.finish_request(rid + j)
+        moved += loads * nk * bs
+        rid += loads
     stop.wait()
-    out.put(moved / (time.monotonic() - t0) / 1e9)
+    st = n.stats()
+    out.put((moved / (time.monotonic() - t0) / 1e9, st["loads_verified_later"],
+             st.get("loads_verify_queued", 0)))
     n.close()
     m.close()
 
@@ -90,11 +105,16 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--at", choices=("source", "consumer"), default="source",
                     help="whose LOOKUPs C times: A's (the source's) or B's (the consumer's)")
+    ap.add_argument("--loads", type=int, default=1,
+                    help="B's fetches open at once (each of every block, into its own slots)")
     a = ap.parse_args()
+    if a.loads < 1 or a.blocks < 1 or a.block_kib < 1:
+        ap.error("--loads, --blocks and --block-kib must be positive")
     bs, nb = a.block_kib * 1024, a.blocks + 1
     ma = mmap.mmap(-1, nb * bs)
     A = Node(listen_addr="127.0.0.1:0", num_blocks=nb, block_size=bs, external_slots=1, region=ma,
-             max_supply_pins_per_peer=nb, max_supply_pins=nb)  # B pins all its blocks at once
+             max_supply_pins_per_peer=nb * a.loads,
+             max_supply_pins=nb * a.loads)  # B pins all its blocks at once
     keys = [b"fair-%d" % i for i in range(nb)]
     for i, k in enumerate(keys):
         ma[i * bs:(i + 1) * bs] = bytes([i % 251]) * bs
@@ -104,9 +124,12 @@ def main() -> None:
     C.wait_peer(A.peer_id)
     ctx = mp.get_context("spawn")
 
+    verified = [0, 0]  # the last B's loads verified later, and of those queued
+
     def with_b(during, fetch=True):  # B fetching while during(B) runs: (B's GB/s, its result)
         stop, out = ctx.Event(), ctx.Queue()
-        b = ctx.Process(target=consumer, args=(A.peer_id, keys[:-1], bs, stop, out, fetch))
+        b = ctx.Process(target=consumer, args=(A.peer_id, keys[:-1], bs, stop, out, fetch,
+                                                      a.loads))
         b.start()
         try:
             b_addr = out.get(timeout=30)
@@ -114,8 +137,9 @@ def main() -> None:
             got = during(b_addr)
         finally:
             stop.set()
-        gbs = out.get(timeout=30)
+        gbs, later, queued = out.get(timeout=30)
         b.join(30)
+        verified[:] = [later, queued]
         return gbs, got
 
     def c_lookups(b_addr):  # C's LOOKUPs at A, or at B (--at consumer)
@@ -134,12 +158,14 @@ def main() -> None:
         for name, lat in (("C alone", alone), ("C while B fetches", busy)):
             print(f"serve_fairness: {name}: {len(lat)} LOOKUPs at {a.at}, p50 {pct(lat, 50):.3f} "
                   f"p99 {pct(lat, 99):.3f} max {max(lat):.3f} ms")
-        print(f"serve_fairness: B alone fetched {a.blocks} x {a.block_kib} KiB at "
+        print(f"serve_fairness: B alone fetched {a.blocks} x {a.block_kib} KiB, {a.loads} at once, at "
               f"{gbs_alone:.2f} GB/s")
         st = A.stats()
         print(f"serve_fairness: B fetched {a.blocks} x {a.block_kib} KiB at {gbs:.2f} GB/s; "
               f"A wrote {st['cma_bytes_written'] / 1e9:.1f} GB by direct-cma "
-              f"({st['cma_writes_failed']} failed); load average {os.getloadavg()[0]:.2f}")
+              f"({st['cma_writes_failed']} failed); B verified {verified[0]} loads off its node "
+              f"thread, {verified[1]} of them after waiting their turn; "
+              f"load average {os.getloadavg()[0]:.2f}")
     finally:
         C.close()
         A.close()
