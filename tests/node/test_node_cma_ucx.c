@@ -290,6 +290,20 @@ static void *verify_release(void *arg)
     return NULL;
 }
 
+/* A consumer (plain memory) whose session to a source publishing blocks 1
+ * and 7 with a stale checksum (mode "2") is up. */
+static kvp_node_t *node_with_stale_source(rn_src_t *s, uint8_t **region)
+{
+    *region = region_map(false);
+    assert_non_null(*region);
+    src_spawn_mode(s, "2");
+    kvp_node_t *n = node_start(*region, 0);
+    assert_non_null(n);
+    assert_int_equal(kvp_peer_add(n, s->peer), KVP_OK);
+    assert_int_equal(kvp_peer_wait(n, s->peer, (int32_t)scaled(10000)), KVP_OK);
+    return n;
+}
+
 /* The verify split's load, its digests hashed on the verifier thread (held
  * by the test): no outcome while it is held, the node thread answering a
  * LOOKUP meanwhile; the session then removed under it: its teardown waits
@@ -299,13 +313,8 @@ static void test_cma_verify_later(void **state)
 {
     (void)state;
     rn_src_t s;
-    uint8_t *region = region_map(false);
-    assert_non_null(region);
-    src_spawn_mode(&s, "2");
-    kvp_node_t *n = node_start(region, 0);
-    assert_non_null(n);
-    assert_int_equal(kvp_peer_add(n, s.peer), KVP_OK);
-    assert_int_equal(kvp_peer_wait(n, s.peer, (int32_t)scaled(10000)), KVP_OK);
+    uint8_t *region;
+    kvp_node_t *n = node_with_stale_source(&s, &region);
     uint8_t keys[8 * NPUB + 1], res[NPUB], want[BS];
     uint32_t lens[NPUB];
     int32_t bs[NPUB];
@@ -397,13 +406,8 @@ static void test_cma_verify_queue(void **state)
 {
     (void)state;
     rn_src_t s;
-    uint8_t *region = region_map(false);
-    assert_non_null(region);
-    src_spawn_mode(&s, "2");
-    kvp_node_t *n = node_start(region, 0);
-    assert_non_null(n);
-    assert_int_equal(kvp_peer_add(n, s.peer), KVP_OK);
-    assert_int_equal(kvp_peer_wait(n, s.peer, (int32_t)scaled(10000)), KVP_OK);
+    uint8_t *region;
+    kvp_node_t *n = node_with_stale_source(&s, &region);
     uint8_t want[BS];
     for (uint64_t round = 0; round < 2; round++) {
         const uint32_t *slots[2] = {g_slots, g_slots2};
