@@ -128,8 +128,8 @@ def main() -> None:
 
     def with_b(during, fetch=True):  # B fetching while during(B) runs: (B's GB/s, its result)
         stop, out = ctx.Event(), ctx.Queue()
-        b = ctx.Process(target=consumer, args=(A.peer_id, keys[:-1], bs, stop, out, fetch,
-                                                      a.loads))
+        b = ctx.Process(target=consumer,
+                        args=(A.peer_id, keys[:-1], bs, stop, out, fetch, a.loads))
         b.start()
         try:
             b_addr = out.get(timeout=30)
@@ -158,8 +158,8 @@ def main() -> None:
         for name, lat in (("C alone", alone), ("C while B fetches", busy)):
             print(f"serve_fairness: {name}: {len(lat)} LOOKUPs at {a.at}, p50 {pct(lat, 50):.3f} "
                   f"p99 {pct(lat, 99):.3f} max {max(lat):.3f} ms")
-        print(f"serve_fairness: B alone fetched {a.blocks} x {a.block_kib} KiB, {a.loads} at once, at "
-              f"{gbs_alone:.2f} GB/s")
+        print(f"serve_fairness: B alone fetched {a.blocks} x {a.block_kib} KiB, {a.loads} at once, "
+              f"at {gbs_alone:.2f} GB/s")
         st = A.stats()
         print(f"serve_fairness: B fetched {a.blocks} x {a.block_kib} KiB at {gbs:.2f} GB/s; "
               f"A wrote {st['cma_bytes_written'] / 1e9:.1f} GB by direct-cma "
