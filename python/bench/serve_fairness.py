@@ -20,12 +20,15 @@ KVPEER_HELPER_THREAD in the environment apply to A and B.
 
 Usage: KVPEER_LIB=build/release/libkvpeer.so .venv/bin/python
 python/bench/serve_fairness.py [--block-kib 2048] [--blocks 16] [--seconds 3]
-[--at source|consumer] [--loads N]
+[--at source|consumer] [--loads N] [--sources N]
 
 --loads N: B keeps N fetches of every block open at once (each into slots
 of its own): with --at consumer, what B's verify of several loads at once
 costs C (one at a time on B's verifier thread, the others waiting their
 turn since 2026-12-06 21:50; before, hashed on B's node thread).
+--sources N: N sources (each its own node and writer in this process)
+publish the same blocks, B's load j comes from source j mod N: with
+--loads 2 --sources 2 B's two FETCH_DONEs come about together.
 """
 from __future__ import annotations
 
@@ -46,12 +49,13 @@ def pct(xs: List[float], p: float) -> float:
     return s[min(len(s) - 1, int(len(s) * p / 100))] if s else float("nan")
 
 
-def consumer(a_addr: str, keys: List[bytes], bs: int, stop: mp.Event, out: mp.Queue,
+def consumer(a_addrs: List[str], keys: List[bytes], bs: int, stop: mp.Event, out: mp.Queue,
              fetch: bool = True, loads: int = 1) -> None:
-    """B: its address on ``out``, then fetches of ``keys`` from A until
-    ``stop`` (idle if not ``fetch``), ``loads`` at a time (each into slots
-    of its own), then (its GB/s, loads it verified later, of those the
-    ones that waited their turn) on ``out``. It publishes B_KEY (the slot
+    """B: its address on ``out``, then fetches of ``keys`` from the sources
+    ``a_addrs`` until ``stop`` (idle if not ``fetch``), ``loads`` at a time
+    (each into slots of its own, load j from source j mod their number),
+    then (its GB/s, loads it verified later, of those the ones that waited
+    their turn) on ``out``. It publishes B_KEY (the slot
     after the fetched ones) for --at consumer."""
     nk = len(keys)
     m = mmap.mmap(-1, (loads * nk + 1) * bs)
@@ -59,14 +63,17 @@ def consumer(a_addr: str, keys: List[bytes], bs: int, stop: mp.Event, out: mp.Qu
              external_slots=1, region=m)
     n.publish(B_KEY, loads * nk)
     out.put(n.peer_id)
-    n.add_peer(a_addr)
-    n.wait_peer(a_addr)
+    for a in a_addrs:
+        n.add_peer(a)
+    for a in a_addrs:
+        n.wait_peer(a)
+    src = [a_addrs[j % len(a_addrs)] for j in range(loads)]
     moved, t0, rid = 0, time.monotonic(), 1
     while fetch and not stop.is_set():
         for j in range(loads):
-            ev = n.wait(n.lookup(a_addr, keys, rid + j), 10)
+            ev = n.wait(n.lookup(src[j], keys, rid + j), 10)
             assert all(ev.results), "B's lookup missed"
-        ops = [n.fetch_into(a_addr, keys, list(range(j * nk, (j + 1) * nk)), rid + j)
+        ops = [n.fetch_into(src[j], keys, list(range(j * nk, (j + 1) * nk)), rid + j)
                for j in range(loads)]
         for j, op in enumerate(ops):
             ev = n.wait(op, 10)
@@ -107,18 +114,26 @@ def main() -> None:
                     help="whose LOOKUPs C times: A's (the source's) or B's (the consumer's)")
     ap.add_argument("--loads", type=int, default=1,
                     help="B's fetches open at once (each of every block, into its own slots)")
+    ap.add_argument("--sources", type=int, default=1,
+                    help="sources publishing the same blocks (B's load j from source j mod N; "
+                         "C's LOOKUPs at --at source go to the first)")
     a = ap.parse_args()
-    if a.loads < 1 or a.blocks < 1 or a.block_kib < 1:
-        ap.error("--loads, --blocks and --block-kib must be positive")
+    if min(a.loads, a.sources, a.blocks, a.block_kib) < 1:
+        ap.error("--loads, --sources, --blocks and --block-kib must be positive")
     bs, nb = a.block_kib * 1024, a.blocks + 1
-    ma = mmap.mmap(-1, nb * bs)
-    A = Node(listen_addr="127.0.0.1:0", num_blocks=nb, block_size=bs, external_slots=1, region=ma,
-             max_supply_pins_per_peer=nb * a.loads,
-             max_supply_pins=nb * a.loads)  # B pins all its blocks at once
     keys = [b"fair-%d" % i for i in range(nb)]
-    for i, k in enumerate(keys):
-        ma[i * bs:(i + 1) * bs] = bytes([i % 251]) * bs
-        A.publish(k, i)
+    regions, srcs = [], []
+    for _ in range(a.sources):
+        ma = mmap.mmap(-1, nb * bs)
+        regions.append(ma)
+        s = Node(listen_addr="127.0.0.1:0", num_blocks=nb, block_size=bs, external_slots=1,
+                 region=ma, max_supply_pins_per_peer=nb * a.loads,
+                 max_supply_pins=nb * a.loads)  # B pins all its blocks at once
+        srcs.append(s)
+        for i, k in enumerate(keys):
+            ma[i * bs:(i + 1) * bs] = bytes([i % 251]) * bs
+            s.publish(k, i)
+    A = srcs[0]
     C = Node(listen_addr="127.0.0.1:0", num_blocks=4, block_size=bs)
     C.add_peer(A.peer_id)
     C.wait_peer(A.peer_id)
@@ -129,7 +144,8 @@ def main() -> None:
     def with_b(during, fetch=True):  # B fetching while during(B) runs: (B's GB/s, its result)
         stop, out = ctx.Event(), ctx.Queue()
         b = ctx.Process(target=consumer,
-                        args=(A.peer_id, keys[:-1], bs, stop, out, fetch, a.loads))
+                        args=([x.peer_id for x in srcs], keys[:-1], bs, stop, out, fetch,
+                              a.loads))
         b.start()
         try:
             b_addr = out.get(timeout=30)
@@ -158,18 +174,21 @@ def main() -> None:
         for name, lat in (("C alone", alone), ("C while B fetches", busy)):
             print(f"serve_fairness: {name}: {len(lat)} LOOKUPs at {a.at}, p50 {pct(lat, 50):.3f} "
                   f"p99 {pct(lat, 99):.3f} max {max(lat):.3f} ms")
-        print(f"serve_fairness: B alone fetched {a.blocks} x {a.block_kib} KiB, {a.loads} at once, "
-              f"at {gbs_alone:.2f} GB/s")
-        st = A.stats()
+        print(f"serve_fairness: B alone fetched {a.blocks} x {a.block_kib} KiB, {a.loads} at once "
+              f"from {a.sources} source(s), at {gbs_alone:.2f} GB/s")
+        sts = [x.stats() for x in srcs]
         print(f"serve_fairness: B fetched {a.blocks} x {a.block_kib} KiB at {gbs:.2f} GB/s; "
-              f"A wrote {st['cma_bytes_written'] / 1e9:.1f} GB by direct-cma "
-              f"({st['cma_writes_failed']} failed); B verified {verified[0]} loads off its node "
-              f"thread, {verified[1]} of them after waiting their turn; "
+              f"the sources wrote {sum(st['cma_bytes_written'] for st in sts) / 1e9:.1f} GB by "
+              f"direct-cma ({sum(st['cma_writes_failed'] for st in sts)} failed); "
+              f"B verified {verified[0]} loads off its node thread, {verified[1]} of them "
+              f"after waiting their turn; "
               f"load average {os.getloadavg()[0]:.2f}")
     finally:
         C.close()
-        A.close()
-        ma.close()
+        for x in srcs:
+            x.close()
+        for ma in regions:
+            ma.close()
 
 
 if __name__ == "__main__":
